@@ -1,0 +1,42 @@
+"""Shared fixtures: real text from ../shared/data (skipped with a reason where it is absent)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = Path(os.environ.get("WIKI_PIPELINE_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+# The suite shares 2 cores; keep torch from oversubscribing them.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def _shared_file(name: str) -> Path:
+    path = SHARED_DATA / name
+    if not path.is_file():
+        pytest.skip(f"real test text {path} is absent (set WIKI_PIPELINE_SHARED_DATA to the folder holding {name})")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shakespeare_path() -> Path:
+    return _shared_file("tinyshakespeare.txt")
+
+
+@pytest.fixture(scope="session")
+def shakespeare_text(shakespeare_path: Path) -> str:
+    return shakespeare_path.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def wikitext2_path() -> Path:
+    return _shared_file("wikitext2-valid.txt")
+
+
+@pytest.fixture(scope="session")
+def wikitext2_text(wikitext2_path: Path) -> str:
+    return wikitext2_path.read_text(encoding="utf-8")
