@@ -40,3 +40,23 @@ def wikitext2_path() -> Path:
 @pytest.fixture(scope="session")
 def wikitext2_text(wikitext2_path: Path) -> str:
     return wikitext2_path.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """A real Prefect server on 127.0.0.1 (temp PREFECT_HOME, SQLite); this process's settings point at it."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    from tests.prefect_server import PrefectServer
+
+    server = PrefectServer(tmp_path_factory.mktemp("prefect-home")).start()
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_HOME: str(server.home)}):
+            yield server
+    finally:
+        # Flush Prefect's background log/event senders while the server still answers; otherwise they
+        # retry a dead server for a minute at interpreter exit.
+        from prefect._internal.concurrency.services import QueueService
+
+        QueueService.drain_all(timeout=15)
+        server.stop()

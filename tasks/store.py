@@ -1,0 +1,309 @@
+"""The artifact store: versioned, immutable, atomically published stage outputs.
+
+Layout under the root (``artifacts/`` by default, ``WIKI_PIPELINE_ARTIFACTS`` or an explicit path)::
+
+    <root>/<stage>/<version>/...files...   a published version; manifest.json is written last
+    <root>/<stage>/.staging/<version>/     a build in progress: out/ (to publish) and work/ (resume state)
+    <root>/<stage>/.locks/<version>.lock   one builder per version at a time (fcntl lock, freed on SIGKILL)
+    <root>/<stage>/.trash/                 damaged or replaced versions, moved aside before deletion
+    <root>/.prefect-results/               Prefect's cache records for the stage tasks
+
+A version id is a short hash of the stage name, its parameters, its inputs (each upstream version plus
+that version's build id, so rebuilding an upstream stage gives new downstream versions) and the stage's
+code version. A version directory appears only through one ``os.rename`` of a complete staging
+``out/`` directory whose files were fsynced and whose manifest was written last, so a reader never
+sees a half-built version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from mygpt.atomic import atomic_write_text, fsync_dir
+
+STAGES = ("corpus", "tokenizer", "shards", "model", "samples")
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+ENV_ROOT = "WIKI_PIPELINE_ARTIFACTS"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+log = logging.getLogger("wiki_pipeline.store")
+
+
+def default_root() -> Path:
+    """``$WIKI_PIPELINE_ARTIFACTS`` if set, else ``artifacts/`` in the repository."""
+    return Path(os.environ.get(ENV_ROOT) or REPO_ROOT / "artifacts")
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def version_id(stage: str, params: dict, inputs: dict[str, str], code_version: str) -> str:
+    """12 hex digits of sha256 over the stage, its parameters, its inputs' ids and its code version."""
+    payload = canonical_json({"stage": stage, "params": params, "inputs": inputs, "code": code_version})
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:12]
+
+
+def sha256_file(path: Path, bufsize: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(bufsize):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _is_temp_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    stage: str
+    version: str
+    path: Path
+    manifest: dict
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f["size"] for f in self.manifest.get("files", {}).values())
+
+
+class ArtifactStore:
+    """One artifact root. All stages read and publish through this class."""
+
+    def __init__(self, root: str | os.PathLike | None = None) -> None:
+        self.root = Path(root) if root is not None else default_root()
+        self.root = self.root.expanduser().absolute()
+
+    # ---- paths -------------------------------------------------------------------------------
+    def stage_dir(self, stage: str) -> Path:
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+        return self.root / stage
+
+    def version_path(self, stage: str, version: str) -> Path:
+        return self.stage_dir(stage) / version
+
+    def staging_path(self, stage: str, version: str) -> Path:
+        return self.stage_dir(stage) / ".staging" / version
+
+    @property
+    def results_dir(self) -> Path:
+        """Where Prefect keeps the stage tasks' cache records for this root."""
+        return self.root / ".prefect-results"
+
+    # ---- reading -----------------------------------------------------------------------------
+    def read_manifest(self, stage: str, version: str) -> dict | None:
+        try:
+            text = (self.version_path(stage, version) / MANIFEST).read_text(encoding="utf-8")
+            manifest = json.loads(text)
+        except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        return manifest if isinstance(manifest, dict) else None
+
+    def verify(self, stage: str, version: str, full: bool = False) -> tuple[bool, str]:
+        """Check a published version. Returns (ok, reason); reason is "ok", "missing" or what is wrong.
+
+        Quick check: manifest present and well-formed, every listed file present with its size, no stray
+        files. ``full=True`` also recomputes every file's sha256.
+        """
+        path = self.version_path(stage, version)
+        if not path.is_dir():
+            return False, "missing"
+        manifest = self.read_manifest(stage, version)
+        if manifest is None:
+            return False, f"{MANIFEST} is missing or unreadable in {path}"
+        if manifest.get("stage") != stage or manifest.get("version") != version:
+            return False, f"{MANIFEST} in {path} names {manifest.get('stage')}/{manifest.get('version')}"
+        files = manifest.get("files")
+        if not isinstance(files, dict):
+            return False, f"{MANIFEST} in {path} has no file list"
+        for rel, meta in sorted(files.items()):
+            fpath = path / rel
+            try:
+                size = fpath.stat().st_size
+            except FileNotFoundError:
+                return False, f"{rel} is missing"
+            if size != meta.get("size"):
+                return False, f"{rel} is {size} bytes, manifest says {meta.get('size')}"
+            if full and sha256_file(fpath) != meta.get("sha256"):
+                return False, f"{rel} does not match its sha256 in the manifest"
+        present = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {MANIFEST}
+        stray = sorted(present - set(files))
+        if stray:
+            return False, f"unexpected file(s) not in the manifest: {', '.join(stray[:5])}"
+        return True, "ok"
+
+    def get(self, stage: str, version: str) -> VersionInfo:
+        manifest = self.read_manifest(stage, version)
+        if manifest is None:
+            raise FileNotFoundError(f"no published version {stage}/{version} under {self.root}")
+        return VersionInfo(stage, version, self.version_path(stage, version), manifest)
+
+    def versions(self, stage: str | None = None) -> list[VersionInfo]:
+        """Published versions (those with a manifest), oldest first."""
+        found = []
+        for st in [stage] if stage else STAGES:
+            sdir = self.stage_dir(st)
+            if not sdir.is_dir():
+                continue
+            for child in sdir.iterdir():
+                if child.name.startswith(".") or not child.is_dir():
+                    continue
+                manifest = self.read_manifest(st, child.name)
+                if manifest is not None:
+                    found.append(VersionInfo(st, child.name, child, manifest))
+        return sorted(found, key=lambda v: (STAGES.index(v.stage), v.manifest.get("created_at", "")))
+
+    # ---- writing -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, stage: str, version: str, on_wait=None) -> Iterator[None]:
+        """Hold the per-version build lock. Blocks (calling ``on_wait`` once) while another holds it."""
+        lock_dir = self.stage_dir(stage) / ".locks"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with open(lock_dir / f"{version}.lock", "a+") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if on_wait:
+                    on_wait()
+                fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def discard(self, stage: str, version: str, reason: str) -> None:
+        """Move a published (damaged or replaced) version aside atomically, then delete it."""
+        path = self.version_path(stage, version)
+        if not path.exists():
+            return
+        trash = self.stage_dir(stage) / ".trash"
+        trash.mkdir(parents=True, exist_ok=True)
+        target = trash / f"{version}.{uuid.uuid4().hex[:8]}"
+        os.rename(path, target)
+        fsync_dir(path.parent)
+        log.info("discarded %s/%s (%s)", stage, version, reason)
+        shutil.rmtree(target, ignore_errors=True)
+
+    def open_build(self, stage: str, version: str) -> "Build":
+        """Staging area for building ``stage/version``. Call under ``lock``. Survives crashes for resume."""
+        return Build(self, stage, version)
+
+    def clean_trash(self) -> None:
+        for st in STAGES:
+            shutil.rmtree(self.stage_dir(st) / ".trash", ignore_errors=True)
+
+
+class Build:
+    """A version being built: ``out/`` becomes the version on publish; ``work/`` is scratch/resume state."""
+
+    def __init__(self, store: ArtifactStore, stage: str, version: str) -> None:
+        self.store, self.stage, self.version = store, stage, version
+        self.dir = store.staging_path(stage, version)
+        self.out = self.dir / "out"
+        self.work = self.dir / "work"
+        # An earlier attempt that died leaves its staging dir: a stage may resume from it.
+        self.resumed = self.dir.exists() and any(self.dir.rglob("*"))
+        for d in (self.out, self.work):
+            d.mkdir(parents=True, exist_ok=True)
+        self._sweep_temp_files()
+
+    def _sweep_temp_files(self) -> None:
+        """Remove half-written temp files that a killed writer left (their real targets are intact)."""
+        for p in self.dir.rglob("*"):
+            if p.is_file() and _is_temp_name(p.name):
+                p.unlink(missing_ok=True)
+
+    def reset(self) -> None:
+        """Throw away everything an earlier attempt left (for stages that cannot resume)."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        for d in (self.out, self.work):
+            d.mkdir(parents=True, exist_ok=True)
+        self.resumed = False
+
+    def publish(
+        self,
+        *,
+        params: dict,
+        inputs: dict[str, dict],
+        code_version: str,
+        metrics: dict | None = None,
+        timings: dict | None = None,
+        extra: dict | None = None,
+    ) -> dict:
+        """fsync every file of ``out/``, write the manifest last, rename into place, drop the staging dir."""
+        self._sweep_temp_files()
+        files: dict[str, dict] = {}
+        for p in sorted(self.out.rglob("*")):
+            if p.is_dir():
+                continue
+            rel = str(p.relative_to(self.out))
+            if rel == MANIFEST:
+                raise RuntimeError(f"stage {self.stage} must not write its own {MANIFEST}")
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+            files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for d in sorted({p.parent for p in self.out.rglob("*")} | {self.out}):
+            fsync_dir(d)
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "stage": self.stage,
+            "version": self.version,
+            "build_id": uuid.uuid4().hex[:12],
+            "code_version": code_version,
+            "params": params,
+            "inputs": inputs,
+            "files": files,
+            "metrics": metrics or {},
+            "timings": timings or {},
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": socket.gethostname(),
+            **(extra or {}),
+        }
+        atomic_write_text(self.out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+        final = self.store.version_path(self.stage, self.version)
+        if final.exists():
+            self.store.discard(self.stage, self.version, "replaced by a rebuild")
+        os.rename(self.out, final)
+        fsync_dir(final.parent)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return manifest
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def format_listing(store: ArtifactStore) -> str:
+    """Every published version: stage/version, size, creation time, and the inputs it was built from."""
+    versions = store.versions()
+    if not versions:
+        return f"no artifacts under {store.root}"
+    lines = [f"artifacts under {store.root}", f"{'version':<28} {'size':>10}  {'created (UTC)':<20}  built from"]
+    for v in versions:
+        inputs = v.manifest.get("inputs") or {}
+        lineage = ", ".join(f"{name}/{ref.get('version')}" for name, ref in sorted(inputs.items()))
+        lines.append(f"{v.stage + '/' + v.version:<28} {_human_bytes(v.size_bytes):>10}  "
+                     f"{v.manifest.get('created_at', '?'):<20}  {('<- ' + lineage) if lineage else '(source)'}")
+    return "\n".join(lines)
