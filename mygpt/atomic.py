@@ -11,6 +11,9 @@ import os
 import tempfile
 from typing import IO, Iterator
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 
 def fsync_dir(path: str | os.PathLike) -> None:
     """Flush a directory entry (after a rename/create inside it) to disk."""
@@ -34,6 +37,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None 
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
         with os.fdopen(fd, mode, encoding=encoding if "b" not in mode else None) as f:
             yield f
             f.flush()

@@ -10,8 +10,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("WIKI_PIPELINE_SHARED_DATA", REPO.parent / "shared" / "data"))
 
-# The suite shares 2 cores; keep torch from oversubscribing them.
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# The suite shares 2 cores with the servers and runners it starts: one torch thread per process.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 

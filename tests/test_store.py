@@ -161,3 +161,10 @@ def test_atomic_open_keeps_old_file_on_error(tmp_path):
             raise RuntimeError("crash mid-write")
     assert target.read_text() == "old"
     assert os.listdir(tmp_path) == ["f.txt"]
+
+
+def test_atomic_writes_get_umask_permissions(tmp_path):
+    from mygpt.atomic import _UMASK, atomic_write_text
+
+    atomic_write_text(tmp_path / "f.txt", "x")
+    assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o666 & ~_UMASK

@@ -1,0 +1,408 @@
+"""Byte-pair-encoding tokenizer (chapter 23's teaching BPE + chapter 28's fast path).
+
+Vocabulary and ids
+------------------
+``vocab = chars + [a + b for (a, b) in merges]`` and a token's id is its position in that list, exactly as
+in the chapter. ``stoi`` maps a symbol string to its id (if two merges produce the same string, the later
+id wins, as the chapter's ``{s: i for i, s in enumerate(vocab)}`` does).
+
+With ``byte_fallback=True`` 256 byte tokens are appended *after* the merges: byte ``b`` has id
+``len(chars) + len(merges) + b`` and the display name ``"<0xHH>"`` in ``vocab`` (byte tokens are not in
+``stoi``). The ids of the characters and merges are therefore the same with and without byte fallback.
+A character that is not in ``chars`` is encoded as the byte tokens of its UTF-8 encoding, so every string
+can be encoded and ``decode(encode(x)) == x``. ``decode`` turns each run of byte tokens back into text with
+UTF-8 (invalid runs, which the encoders never produce, become U+FFFD).
+
+Training and the tie-break
+--------------------------
+Both trainers repeatedly merge the most frequent adjacent pair of symbols. Ties are broken
+deterministically: **highest count wins; among equal counts the lexicographically greatest pair
+``(a, b)`` (Python tuple comparison of the two symbol strings) wins.** This replaces the chapter's
+``max(pairs, key=pairs.get)``, which picks whichever tied pair was inserted first.
+
+* ``from_text`` -- the chapter-23 teaching trainer over the whole text as one symbol sequence
+  (``O(num_merges x len(text))``).
+* ``from_corpus`` -- the chapter-28 word-level trainer: the text is pre-tokenised with ``\\s*\\S+|\\s+``
+  (a whitespace run plus the following non-whitespace run is one word), pairs are counted inside words
+  weighted by word frequency (every adjacent position counts, so ``'aaa'`` gives ``('a','a')`` count 2),
+  the winning pair is replaced left to right without overlap in every word, and training stops early when
+  no pairs remain. :mod:`mygpt.bpe_train` produces exactly those merges, incrementally.
+
+Encoding
+--------
+* ``encode`` -- the chapter-23 teaching encoder: applies the merges one after the other over the whole
+  text; returns a ``torch.long`` tensor.
+* ``encode_corpus`` -- the chapter-28 fast encoder (:mod:`mygpt.bpe_encode`): pre-tokenises, applies merges
+  inside each word lowest rank first (the chapter's ``_encode_word``), memoises per unique word and returns
+  a numpy array (``uint16`` when ``vocab_size <= 65536``, else ``uint32``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .atomic import atomic_write_text
+from .errors import UserError
+
+__all__ = ["BPETokenizer", "WORD_PATTERN", "WORD_RE", "NUM_BYTE_TOKENS", "describe_chars"]
+
+#: The chapter's pre-tokeniser: a whitespace run plus the following non-whitespace run is one word.
+WORD_PATTERN = r"\s*\S+|\s+"
+WORD_RE = re.compile(WORD_PATTERN)
+NUM_BYTE_TOKENS = 256
+
+
+def describe_chars(chars: Iterable[str], limit: int = 20) -> str:
+    """``'Z' (U+005A), '€' (U+20AC)`` for a list of characters (at most ``limit`` shown)."""
+    chars = list(chars)
+    shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in chars[:limit])
+    if len(chars) > limit:
+        shown += f", ... ({len(chars) - limit} more)"
+    return shown
+
+
+def _check_num_merges(num_merges: Any) -> int:
+    if isinstance(num_merges, bool) or not isinstance(num_merges, (int, np.integer)):
+        raise UserError(f"num_merges must be a non-negative integer, got {num_merges!r}")
+    if num_merges < 0:
+        raise UserError(f"num_merges must be >= 0, got {num_merges}")
+    return int(num_merges)
+
+
+def _check_training_text(text: Any) -> str:
+    if not isinstance(text, str):
+        raise UserError(f"BPE training text must be a str, got {type(text).__name__}")
+    if not text:
+        raise UserError("BPE training text is empty; give the trainer some text")
+    return text
+
+
+def _best_pair(pairs: dict) -> tuple[str, str]:
+    """The tie-break: highest count, then the lexicographically greatest pair."""
+    return max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]
+
+
+def _merge_symbols(symbols: list[str], a: str, b: str) -> list[str]:
+    """Replace every adjacent ``a, b`` by ``a + b``, left to right, without overlap."""
+    merged = a + b
+    out: list[str] = []
+    i = 0
+    n = len(symbols)
+    while i < n:
+        if i < n - 1 and symbols[i] == a and symbols[i + 1] == b:
+            out.append(merged)
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return out
+
+
+def _decode_bytes(buf: bytearray) -> str:
+    try:  # surrogatepass: a lone surrogate encoded by the byte fallback comes back unchanged
+        return buf.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return buf.decode("utf-8", "replace")
+
+
+class BPETokenizer:
+    """Byte-pair-encoding tokenizer. ``kind == "bpe"``.
+
+    Tie-break used by every trainer here: the highest pair count wins; among equal counts the
+    lexicographically greatest pair ``(a, b)`` by Python tuple comparison wins (deterministic, unlike the
+    chapter's first-inserted ``max(pairs, key=pairs.get)``).
+
+    ``BPETokenizer(chars, merges, byte_fallback=False)``: ``vocab = chars + [a + b for a, b in merges]``
+    (+ 256 byte tokens ``<0x00>..<0xFF>`` after them when ``byte_fallback``), id = position.
+    """
+
+    kind = "bpe"
+
+    def __init__(self, chars: Sequence[str], merges: Sequence[Sequence[str]], byte_fallback: bool = False) -> None:
+        chars, merges = self._validate(chars, merges, byte_fallback)
+        self.chars: list[str] = chars
+        self.merges: list[tuple[str, str]] = merges
+        self.byte_fallback: bool = bool(byte_fallback)
+        base = list(chars)
+        base.extend(a + b for a, b in merges)
+        #: id of the first byte token (== number of char + merge tokens)
+        self.byte_offset: int = len(base)
+        self.stoi: dict[str, int] = {s: i for i, s in enumerate(base)}
+        vocab = base
+        if self.byte_fallback:
+            vocab = base + [f"<0x{b:02X}>" for b in range(NUM_BYTE_TOKENS)]
+        self.vocab: list[str] = vocab
+        self.vocab_size: int = len(vocab)
+        # merge_ranks[(a, b)] = rank (lower = applied first); a repeated merge keeps its last rank, as in
+        # the chapter's dict comprehension.
+        self.merge_ranks: dict[tuple[str, str], int] = {m: i for i, m in enumerate(merges)}
+        self._charset = frozenset(chars)
+        self._fast = None  # lazily built mygpt.bpe_encode.WordEncoder
+
+    @staticmethod
+    def _validate(chars: Any, merges: Any, byte_fallback: Any) -> tuple[list[str], list[tuple[str, str]]]:
+        if not isinstance(byte_fallback, bool):
+            raise UserError(f"byte_fallback must be true or false, got {byte_fallback!r}")
+        if isinstance(chars, (str, bytes)) or not isinstance(chars, Sequence):
+            raise UserError(f"BPE 'chars' must be a list of single characters, got {type(chars).__name__}")
+        chars = list(chars)
+        for c in chars:
+            if not isinstance(c, str) or len(c) != 1:
+                raise UserError(f"BPE 'chars' entries must be single characters, got {c!r}")
+        if len(set(chars)) != len(chars):
+            seen: set[str] = set()
+            dups = sorted({c for c in chars if c in seen or seen.add(c)})
+            raise UserError(f"BPE 'chars' has duplicate characters: {describe_chars(dups)}")
+        if isinstance(merges, (str, bytes)) or not isinstance(merges, Sequence):
+            raise UserError(f"BPE 'merges' must be a list of [a, b] pairs, got {type(merges).__name__}")
+        known = set(chars)
+        out: list[tuple[str, str]] = []
+        seen_merges: set[tuple[str, str]] = set()
+        for i, m in enumerate(merges):
+            if isinstance(m, (str, bytes)) or not isinstance(m, Sequence) or len(m) != 2:
+                raise UserError(f"BPE merge #{i} must be a pair [a, b] of strings, got {m!r}")
+            a, b = m
+            if not isinstance(a, str) or not isinstance(b, str):
+                raise UserError(f"BPE merge #{i} must be a pair [a, b] of strings, got {m!r}")
+            for s in (a, b):
+                if s not in known:
+                    raise UserError(
+                        f"BPE merge #{i} {[a, b]!r} refers to {s!r}, which is neither a character nor the "
+                        f"result of an earlier merge (the merges list is corrupt or hand-edited)"
+                    )
+            if (a, b) in seen_merges:
+                raise UserError(f"BPE merge #{i} {[a, b]!r} is a duplicate of an earlier merge")
+            seen_merges.add((a, b))
+            known.add(a + b)
+            out.append((a, b))
+        return chars, out
+
+    # -- state / files ----------------------------------------------------------------------------
+    def state(self) -> dict:
+        """JSON-able state: ``{"chars": [...], "merges": [[a, b], ...]}`` (+ ``"byte_fallback": true``)."""
+        st: dict[str, Any] = {"chars": list(self.chars), "merges": [[a, b] for a, b in self.merges]}
+        if self.byte_fallback:
+            st["byte_fallback"] = True
+        return st
+
+    @classmethod
+    def from_state(cls, state: Any) -> "BPETokenizer":
+        if not isinstance(state, dict):
+            raise UserError(f"BPE tokenizer state must be a JSON object, got {type(state).__name__}")
+        missing = [k for k in ("chars", "merges") if k not in state]
+        if missing:
+            raise UserError(f"BPE tokenizer state is missing key(s) {missing}; expected 'chars' and 'merges'")
+        extra = sorted(set(state) - {"chars", "merges", "byte_fallback"})
+        if extra:
+            raise UserError(f"BPE tokenizer state has unknown key(s) {extra}")
+        return cls(state["chars"], state["merges"], byte_fallback=state.get("byte_fallback", False))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the state as JSON to ``path`` (atomically)."""
+        atomic_write_text(path, json.dumps(self.state(), ensure_ascii=False))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "BPETokenizer":
+        """Read a tokenizer written by :meth:`save`; a malformed file raises ``UserError`` naming it."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raise UserError(f"tokenizer file {os.fspath(path)!r} does not exist") from None
+        except UnicodeDecodeError as e:
+            raise UserError(f"tokenizer file {os.fspath(path)!r} is not UTF-8 text ({e})") from None
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise UserError(f"tokenizer file {os.fspath(path)!r} is not valid JSON: {e}") from None
+        try:
+            return cls.from_state(data)
+        except UserError as e:
+            raise UserError(f"tokenizer file {os.fspath(path)!r}: {e}") from None
+
+    # -- training ---------------------------------------------------------------------------------
+    @classmethod
+    def from_text(cls, text: str, num_merges: int, byte_fallback: bool = False) -> "BPETokenizer":
+        """Chapter 23's teaching trainer: the whole text is one symbol sequence.
+
+        Each iteration counts all adjacent pairs, merges the winner (tie-break: highest count, then the
+        lexicographically greatest pair) left to right, and stops early when no pairs remain.
+        ``O(num_merges x len(text))``; use :meth:`from_corpus` for real corpora.
+        """
+        text = _check_training_text(text)
+        num_merges = _check_num_merges(num_merges)
+        chars = sorted(set(text))
+        symbols = list(text)
+        merges: list[tuple[str, str]] = []
+        for _ in range(num_merges):
+            pairs: dict[tuple[str, str], int] = {}
+            for p in zip(symbols, symbols[1:]):
+                pairs[p] = pairs.get(p, 0) + 1
+            if not pairs:
+                break
+            a, b = _best_pair(pairs)
+            merges.append((a, b))
+            symbols = _merge_symbols(symbols, a, b)
+        return cls(chars, merges, byte_fallback=byte_fallback)
+
+    @classmethod
+    def from_corpus(cls, text: str, num_merges: int, byte_fallback: bool = False) -> "BPETokenizer":
+        """Chapter 28's word-level trainer, implemented incrementally (see :mod:`mygpt.bpe_train`).
+
+        Produces exactly the merges of the chapter's ``from_corpus`` with the tie-break above.
+        """
+        text = _check_training_text(text)
+        num_merges = _check_num_merges(num_merges)
+        from .bpe_train import train_bpe
+
+        chars, merges = train_bpe(text, num_merges)
+        return cls(chars, merges, byte_fallback=byte_fallback)
+
+    # -- encoding ---------------------------------------------------------------------------------
+    def unknown_chars(self, text: str) -> list[str]:
+        """Distinct characters of ``text`` this tokenizer cannot encode, sorted ([] with byte fallback)."""
+        if self.byte_fallback:
+            return []
+        return sorted(set(text) - self._charset)
+
+    def _unknown_error(self, unknown: Iterable[str]) -> UserError:
+        return UserError(
+            f"characters not in the tokenizer's vocabulary: {describe_chars(sorted(unknown))} "
+            "(retrain the tokenizer on text that contains them, use unk_policy='skip', "
+            "or use byte_fallback=True)"
+        )
+
+    def _byte_ids(self, s: str) -> list[int]:
+        off = self.byte_offset
+        return [off + b for b in s.encode("utf-8", "surrogatepass")]
+
+    def encode(self, text: str):
+        """Chapter 23's teaching encoder: apply the merges in order over the whole text.
+
+        Returns a 1-D ``torch.long`` tensor. Unknown characters raise ``UserError`` naming them, unless
+        ``byte_fallback`` (then they become their UTF-8 byte tokens). ``O(num_merges x len(text))``.
+        """
+        import torch
+
+        if not isinstance(text, str):
+            raise UserError(f"text to encode must be a str, got {type(text).__name__}")
+        unknown = set(text) - self._charset
+        if unknown and not self.byte_fallback:
+            raise self._unknown_error(unknown)
+        symbols = list(text)
+        for a, b in self.merges:
+            if a not in symbols:  # cheap C-level precheck; the loop below would change nothing
+                continue
+            symbols = _merge_symbols(symbols, a, b)
+        stoi = self.stoi
+        if unknown:
+            ids: list[int] = []
+            for s in symbols:
+                i = stoi.get(s)
+                if i is None:
+                    ids.extend(self._byte_ids(s))
+                else:
+                    ids.append(i)
+        else:
+            ids = [stoi[s] for s in symbols]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def _encode_word(self, word: str) -> list[str]:
+        """The chapter's per-word encoder: merge the lowest-rank adjacent pair until none applies.
+
+        Returns symbol strings (unknown characters stay as themselves).
+        """
+        return self._fast_encoder().encode_word_symbols(word)
+
+    def _fast_encoder(self):
+        if self._fast is None:
+            from .bpe_encode import WordEncoder
+
+            self._fast = WordEncoder(self)
+        return self._fast
+
+    @property
+    def _word_cache(self) -> dict:
+        """The fast encoder's per-unique-word cache (word -> tuple of ids)."""
+        return self._fast_encoder().cache
+
+    @property
+    def id_dtype(self) -> type:
+        """numpy dtype of :meth:`encode_corpus` output: uint16 if ``vocab_size <= 65536`` else uint32."""
+        return np.uint16 if self.vocab_size <= 65536 else np.uint32
+
+    def encode_corpus(self, text: str, unk_policy: str = "skip", return_stats: bool = False):
+        """Chapter 28's fast encoder: pre-tokenise, merge by rank inside each word, memoise per word.
+
+        ``unk_policy``: ``"skip"`` drops characters that are not in the vocabulary (and counts them in the
+        stats), ``"error"`` raises ``UserError`` naming them. With ``byte_fallback`` unknown characters
+        become their UTF-8 byte tokens under either policy. Returns a numpy array of ids (``id_dtype``);
+        with ``return_stats=True`` returns ``(ids, EncodeStats)``.
+        """
+        if not isinstance(text, str):
+            raise UserError(f"text to encode must be a str, got {type(text).__name__}")
+        if unk_policy not in ("skip", "error"):
+            raise UserError(f"unk_policy must be 'skip' or 'error', got {unk_policy!r}")
+        ids, stats = self._fast_encoder().encode_text(text, unk_policy)
+        return (ids, stats) if return_stats else ids
+
+    # -- decoding ---------------------------------------------------------------------------------
+    def decode(self, ids) -> str:
+        """Ids (list / ndarray / tensor, 1-D) -> text. Byte-token runs are decoded as UTF-8."""
+        if hasattr(ids, "detach"):  # torch tensor
+            ids = ids.detach().cpu().numpy()
+        arr = np.asarray(ids)
+        if arr.ndim != 1:
+            arr = arr.reshape(-1)
+        if arr.size == 0:
+            return ""
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise UserError(f"token ids must be integers, got dtype {arr.dtype}")
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise UserError(f"token id {bad} is out of range for a vocabulary of {self.vocab_size}")
+        vocab = self.vocab
+        if hi < self.byte_offset:
+            return "".join([vocab[i] for i in arr.tolist()])
+        off = self.byte_offset
+        parts: list[str] = []
+        buf = bytearray()
+        for i in arr.tolist():
+            if i >= off:
+                buf.append(i - off)
+            else:
+                if buf:
+                    parts.append(_decode_bytes(buf))
+                    buf.clear()
+                parts.append(vocab[i])
+        if buf:
+            parts.append(_decode_bytes(buf))
+        return "".join(parts)
+
+    # -- misc -------------------------------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        return self.state()
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["chars"], state["merges"], byte_fallback=state.get("byte_fallback", False))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, BPETokenizer)
+            and other.chars == self.chars
+            and other.merges == self.merges
+            and other.byte_fallback == self.byte_fallback
+        )
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.chars), tuple(self.merges), self.byte_fallback))
+
+    def __repr__(self) -> str:
+        fb = ", byte_fallback=True" if self.byte_fallback else ""
+        return f"BPETokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}{fb})"

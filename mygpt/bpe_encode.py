@@ -1,0 +1,717 @@
+"""Fast BPE encoding: a memoised per-word encoder and a streaming, optionally parallel, file encoder.
+
+``WordEncoder`` (behind :meth:`mygpt.bpe.BPETokenizer.encode_corpus`)
+    Splits text with the chapter's pre-tokeniser ``\\s*\\S+|\\s+``, encodes each *unique* word once with the
+    chapter's ``_encode_word`` rule (repeatedly merge the adjacent pair of lowest merge rank; the merge is
+    applied left to right without overlap from its first occurrence) and caches ``word -> ids``. New
+    words are encoded in batches with numpy (``batch_symbol_ids``: all new words of a piece advance one
+    merge round at a time), single words with the plain loop (``_symbol_ids``). Cached ids live in one
+    flat numpy store (``word -> slot``, ``slot -> start, length``), so the ids of a piece are gathered
+    straight into a numpy array with one fancy-indexing step; no Python list of all ids is ever built. Text is processed in pieces of about ``PIECE_CHARS`` characters, cut at
+    tokenisation-safe points, so memory stays bounded for any input size. The cache holds at most
+    ``cache_limit`` words; when it is full it is emptied (the next pieces refill it with what is common).
+
+``iter_encode_file`` streams a UTF-8 file in chunks of about ``chunk_bytes`` bytes and yields
+    ``(chunk_index, byte_start, byte_end, ids, stats)`` in file order, encoding in worker processes when
+    ``workers > 1`` (see "worker processes" below).
+
+Safe cut points. With ``\\s*\\S+|\\s+`` every word ends at the end of a non-whitespace run (or at the end
+of the text), so a position ``p`` where a non-whitespace character ends and a whitespace character starts
+is always a word boundary, and the words on either side of ``p`` do not depend on the text on the other
+side. Cutting *inside* a whitespace run (or a non-whitespace run) would change the words. Chunk ``k + 1``
+starts at the first such position at or after ``start_k + chunk_bytes`` (``\\s`` is Python's Unicode
+whitespace; a position is always the start of a UTF-8 character); a chunk with no such position before the
+end of the file runs to the end of the file. Boundaries therefore depend only on the file's bytes and
+``chunk_bytes`` -- never on the worker count -- and the concatenation of all chunks' ids equals
+``encode_corpus`` of the whole text.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import re
+from dataclasses import dataclass, field, asdict
+from typing import Iterator
+
+import numpy as np
+
+from .errors import UserError
+
+__all__ = ["EncodeStats", "WordEncoder", "iter_encode_file", "chunk_bounds", "find_safe_cut", "PIECE_CHARS"]
+
+WORD_RE = re.compile(r"\s*\S+|\s+")
+# A safe cut: the position of a whitespace character that follows a non-whitespace character.
+SAFE_CUT_RE = re.compile(r"(?<=\S)\s")
+PIECE_CHARS = 1 << 20
+_SHIFT = 32
+_NO_RANK = 1 << 62
+
+
+@dataclass
+class EncodeStats:
+    """Counts for one encoded text or chunk; ``merge`` adds another one in (chunk stats -> file stats).
+
+    ``chars``: characters read; ``tokens``: ids produced; ``skipped_positions`` / ``skipped_chars``: the
+    characters dropped by ``unk_policy="skip"`` (``skipped_chars`` maps each distinct one to its count);
+    ``fallback_positions`` / ``fallback_chars``: characters encoded as UTF-8 byte tokens (byte fallback).
+    """
+
+    chars: int = 0
+    tokens: int = 0
+    skipped_positions: int = 0
+    skipped_chars: dict[str, int] = field(default_factory=dict)
+    fallback_positions: int = 0
+    fallback_chars: dict[str, int] = field(default_factory=dict)
+
+    def merge(self, other: "EncodeStats") -> "EncodeStats":
+        """Add ``other`` into this one (in place) and return ``self``."""
+        self.chars += other.chars
+        self.tokens += other.tokens
+        self.skipped_positions += other.skipped_positions
+        for c, n in other.skipped_chars.items():
+            self.skipped_chars[c] = self.skipped_chars.get(c, 0) + n
+        self.fallback_positions += other.fallback_positions
+        for c, n in other.fallback_chars.items():
+            self.fallback_chars[c] = self.fallback_chars.get(c, 0) + n
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _unknown_error(unknown) -> UserError:
+    from .bpe import describe_chars
+
+    return UserError(
+        f"characters not in the tokenizer's vocabulary: {describe_chars(sorted(unknown))} "
+        "(retrain the tokenizer on text that contains them, use unk_policy='skip', or use byte_fallback=True)"
+    )
+
+
+class WordEncoder:
+    """Memoised per-word BPE encoder for one tokenizer (see the module docstring)."""
+
+    def __init__(self, tokenizer, cache_limit: int = 250_000) -> None:
+        stoi = tokenizer.stoi
+        self.vocab = tokenizer.vocab
+        self.byte_fallback = tokenizer.byte_fallback
+        self.byte_offset = tokenizer.byte_offset
+        self.dtype = tokenizer.id_dtype
+        self.char_id: dict[str, int] = {c: stoi[c] for c in tokenizer.chars}
+        # Symbols are canonical ids (stoi of the symbol string), so equal strings are equal symbols.
+        ranks: dict[int, int] = {}
+        merged: dict[int, int] = {}
+        for r, (a, b) in enumerate(tokenizer.merges):
+            k = (stoi[a] << _SHIFT) | stoi[b]
+            ranks[k] = r  # a repeated merge keeps its last rank, like the chapter's merge_ranks dict
+            merged[k] = stoi[a + b]
+        self.ranks = ranks
+        self.merged = merged
+        # The same tables as sorted numpy arrays, for the batched (vectorised) word encoder.
+        keys = np.array(sorted(ranks), dtype=np.int64)
+        self._pair_keys = keys
+        self._pair_rank = np.array([ranks[k] for k in keys.tolist()], dtype=np.int64)
+        self._pair_merged = np.array([merged[k] for k in keys.tolist()], dtype=np.int64)
+        # Small vocabularies (<= 2048 ids: <= 16 MB) also get a dense pair -> rank table (faster than
+        # searchsorted); merged id by rank in _rank_merged.
+        self._base = tokenizer.byte_offset
+        self._dense = None
+        self._rank_merged = np.zeros(len(tokenizer.merges), dtype=np.int64)
+        self._rank_merged[self._pair_rank] = self._pair_merged
+        if 0 < self._base <= 2048 and keys.size:
+            dense = np.full(self._base * self._base, np.iinfo(np.int32).max, dtype=np.int32)
+            dense[(keys >> 32) * self._base + (keys & 0xFFFFFFFF)] = self._pair_rank
+            self._dense = dense
+        order = sorted(range(len(tokenizer.chars)), key=lambda i: ord(tokenizer.chars[i]))
+        self._char_cps = np.array([ord(tokenizer.chars[i]) for i in order], dtype=np.int64)
+        self._char_ids = np.array([stoi[tokenizer.chars[i]] for i in order], dtype=np.int64)
+        self.cache_limit = cache_limit
+        self._reset_cache()
+
+    def _reset_cache(self) -> None:
+        # word -> slot; slot -> its ids live at store[start[slot] : start[slot] + length[slot]].
+        self.cache: dict[str, int] = {}
+        self._start = np.zeros(1024, dtype=np.int64)
+        self._length = np.zeros(1024, dtype=np.int64)
+        self._has_unknown = np.zeros(1024, dtype=bool)
+        self._store = np.zeros(4096, dtype=self.dtype)
+        self._used = 0  # ids in the store
+        # slot -> the unknown characters of that word (with repeats); only words that have any.
+        self.unknown: dict[int, tuple[str, ...]] = {}
+
+    # -- one word ---------------------------------------------------------------------------------
+    def _symbol_ids(self, word: str) -> list[int]:
+        """The chapter's ``_encode_word`` on canonical ids; unknown characters get negative ids.
+
+        Each round finds the lowest merge rank among adjacent pairs (the leftmost one on ties) and
+        merges that pair left to right, without overlap, from there on -- the chapter's loop. A negative
+        (unknown) id never forms a pair key that has a rank, so unknown characters are never merged.
+        """
+        cid = self.char_id
+        s = [cid.get(c, -1 - ord(c)) for c in word]
+        rget = self.ranks.get
+        merged = self.merged
+        none = _NO_RANK
+        while len(s) > 1:
+            best_r = none
+            best_i = -1
+            prev = s[0]
+            i = 0
+            for x in s[1:]:
+                r = rget((prev << 32) | x, none)
+                if r < best_r:
+                    best_r = r
+                    best_i = i
+                prev = x
+                i += 1
+            if best_i < 0:
+                break
+            a = s[best_i]
+            b = s[best_i + 1]
+            m = merged[(a << 32) | b]
+            out = s[:best_i]
+            out.append(m)
+            i = best_i + 2
+            n = len(s)
+            while i < n:
+                x = s[i]
+                if x == a and i + 1 < n and s[i + 1] == b:
+                    out.append(m)
+                    i += 2
+                else:
+                    out.append(x)
+                    i += 1
+            s = out
+        return s
+
+    def encode_word_symbols(self, word: str) -> list[str]:
+        """The chapter's ``_encode_word``: symbol strings (unknown characters stay as themselves)."""
+        vocab = self.vocab
+        return [vocab[i] if i >= 0 else chr(-1 - i) for i in self._symbol_ids(word)]
+
+    def word_ids(self, word: str) -> list[int]:
+        """Final ids of one word (unknown characters dropped, or byte tokens with byte fallback)."""
+        s = self._symbol_ids(word)
+        if not s or min(s) >= 0:
+            return s
+        if not self.byte_fallback:
+            return [i for i in s if i >= 0]
+        off = self.byte_offset
+        out: list[int] = []
+        for i in s:
+            if i >= 0:
+                out.append(i)
+            else:
+                out.extend(off + b for b in chr(-1 - i).encode("utf-8", "surrogatepass"))
+        return out
+
+    def batch_symbol_ids(self, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``_symbol_ids`` for many words at once, vectorised with numpy: ``(flat ids, lengths)``.
+
+        All words advance together, one merge round at a time: in each round every word finds its
+        lowest-rank adjacent pair and merges all its occurrences left to right without overlap (in a run
+        of overlapping occurrences, as in ``'aaaa'`` with ``('a','a')``, every other one from the left) --
+        exactly one round of the chapter's loop. Words with no mergeable pair leave the batch.
+        """
+        nw = len(words)
+        lens = np.fromiter(map(len, words), dtype=np.int64, count=nw)
+        cps = np.frombuffer("".join(words).encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.int64)
+        if self._char_cps.size:
+            at = np.minimum(np.searchsorted(self._char_cps, cps), self._char_cps.size - 1)
+            sym = np.where(self._char_cps[at] == cps, self._char_ids[at], -1 - cps)
+        else:
+            sym = -1 - cps
+        wid = np.arange(nw, dtype=np.int64)
+        keys, rank_of = self._pair_keys, self._pair_rank
+        rank_merged = self._rank_merged
+        dense, base = self._dense, self._base
+        inf32 = np.iinfo(np.int32).max
+        nk = keys.size
+        inf = np.iinfo(np.int64).max
+        out_sym: list[np.ndarray] = []
+        out_wid: list[np.ndarray] = []
+        while sym.size:
+            starts = np.cumsum(lens) - lens
+            r = np.full(sym.size, inf, dtype=np.int64)
+            if nk:
+                left, right = sym[:-1], sym[1:]
+                valid = (left >= 0) & (right >= 0)
+                valid[starts[1:] - 1] = False  # no pairs across words
+                if dense is not None:
+                    rr = dense[np.where(valid, left * base + right, 0)].astype(np.int64)
+                    rr[~valid | (rr == inf32)] = inf
+                    r[:-1] = rr
+                else:
+                    key = (left << 32) | right
+                    at = np.minimum(np.searchsorted(keys, key), nk - 1)
+                    valid &= keys[at] == key
+                    r[:-1] = np.where(valid, rank_of[at], inf)
+            best = np.minimum.reduceat(r, starts)
+            done = best == inf
+            if done.any():
+                done_pos = np.repeat(done, lens)
+                out_sym.append(sym[done_pos])
+                out_wid.append(np.repeat(wid[done], lens[done]))
+                live = ~done
+                live_pos = ~done_pos
+                sym, r, wid, lens, best = sym[live_pos], r[live_pos], wid[live], lens[live], best[live]
+                if not sym.size:
+                    break
+                starts = np.cumsum(lens) - lens
+            hit = r == np.repeat(best, lens)
+            # keep every other position of each run of consecutive hits, starting with the run's first
+            idx = np.arange(sym.size, dtype=np.int64)
+            run_start = hit.copy()
+            run_start[1:] &= ~hit[:-1]
+            first = np.maximum.accumulate(np.where(run_start, idx, 0))
+            keep = hit & (((idx - first) & 1) == 0)
+            kp = np.flatnonzero(keep)
+            sym[kp] = rank_merged[r[kp]]
+            alive = np.ones(sym.size, dtype=bool)
+            alive[kp + 1] = False
+            lens = lens - np.add.reduceat(keep.astype(np.int64), starts)
+            sym = sym[alive]
+        flat_wid = np.concatenate(out_wid) if out_wid else np.zeros(0, np.int64)
+        flat = np.concatenate(out_sym) if out_sym else np.zeros(0, np.int64)
+        order = np.argsort(flat_wid, kind="stable")
+        return flat[order], np.bincount(flat_wid, minlength=nw)
+
+    def _add_words(self, words: list[str]) -> None:
+        """Encode new (distinct, uncached) words and append them to the cache and the store."""
+        cache = self.cache
+        slot = len(cache)
+        n_new = len(words)
+        need = slot + n_new
+        if need > len(self._start):
+            cap = max(need, 2 * len(self._start))
+            self._start = np.resize(self._start, cap)
+            self._length = np.resize(self._length, cap)
+            self._has_unknown = np.resize(self._has_unknown, cap)
+            self._has_unknown[slot:] = False
+        if n_new < 8 and sum(map(len, words)) < 256:  # a few short words: the plain loop is faster
+            per = [self._symbol_ids(w) for w in words]
+            lens_a = np.fromiter(map(len, per), dtype=np.int64, count=n_new)
+            flat = np.fromiter(itertools.chain.from_iterable(per), dtype=np.int64, count=int(lens_a.sum()))
+        else:
+            flat, lens_a = self.batch_symbol_ids(words)
+        if flat.size and flat.min() < 0:  # words with unknown characters (rare): fix them up one by one
+            ends = np.cumsum(lens_a)
+            bad_words = np.unique(np.searchsorted(ends, np.flatnonzero(flat < 0), side="right"))
+            pieces = []
+            prev = 0
+            new_lens = lens_a.copy()
+            for k in bad_words.tolist():
+                s = flat[ends[k] - lens_a[k] : ends[k]].tolist()
+                self.unknown[slot + k] = tuple(chr(-1 - i) for i in s if i < 0)
+                self._has_unknown[slot + k] = True
+                fixed = self.word_ids(words[k])
+                pieces.append(flat[prev : ends[k] - lens_a[k]])
+                pieces.append(np.array(fixed, dtype=np.int64))
+                new_lens[k] = len(fixed)
+                prev = ends[k]
+            pieces.append(flat[prev:])
+            flat = np.concatenate(pieces)
+            lens_a = new_lens
+        cache.update(zip(words, range(slot, need)))
+        self._length[slot:need] = lens_a
+        self._start[slot:need] = self._used + np.cumsum(lens_a) - lens_a
+        end = self._used + flat.size
+        if end > len(self._store):
+            self._store = np.resize(self._store, max(end, 2 * len(self._store)))
+        self._store[self._used : end] = flat
+        self._used = end
+
+    # -- text -------------------------------------------------------------------------------------
+    def encode_text(self, text: str, unk_policy: str = "skip") -> tuple[np.ndarray, EncodeStats]:
+        """Encode ``text`` -> (ids array, stats); processes pieces of ~``PIECE_CHARS`` characters."""
+        from .bpe_train import gc_paused
+
+        with gc_paused():
+            return self._encode_text(text, unk_policy)
+
+    def _encode_text(self, text: str, unk_policy: str) -> tuple[np.ndarray, EncodeStats]:
+        stats = EncodeStats()
+        parts: list[np.ndarray] = []
+        n = len(text)
+        start = 0
+        while start < n:
+            end = n
+            if n - start > PIECE_CHARS:
+                m = SAFE_CUT_RE.search(text, start + PIECE_CHARS)
+                if m is not None:
+                    end = m.start()
+            parts.append(self._encode_piece(text[start:end] if (start or end < n) else text, unk_policy, stats))
+            start = end
+        if not parts:
+            return np.zeros(0, dtype=self.dtype), stats
+        ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        stats.tokens = int(ids.size)
+        return ids, stats
+
+    def _encode_piece(self, piece: str, unk_policy: str, stats: EncodeStats) -> np.ndarray:
+        words = WORD_RE.findall(piece)
+        stats.chars += len(piece)
+        if not words:
+            return np.zeros(0, dtype=self.dtype)
+        if len(self.cache) > self.cache_limit:
+            self._reset_cache()
+        cache = self.cache
+        slots = np.fromiter(map(cache.get, words, itertools.repeat(-1)), dtype=np.int64, count=len(words))
+        miss = np.flatnonzero(slots < 0)
+        if miss.size:
+            if miss.size * 4 > len(words):  # mostly new words (a cold cache)
+                self._add_words([w for w in dict.fromkeys(words) if w not in cache])
+                slots = np.fromiter(map(cache.__getitem__, words), dtype=np.int64, count=len(words))
+            else:
+                missing = [words[i] for i in miss.tolist()]
+                self._add_words(list(dict.fromkeys(missing)))
+                slots[miss] = list(map(cache.__getitem__, missing))
+        if self.unknown:
+            unk_pos = np.flatnonzero(self._has_unknown[slots])
+            if unk_pos.size:
+                self._account_unknown(slots[unk_pos], unk_policy, stats)
+        lens = self._length[slots]
+        out_end = np.cumsum(lens)
+        total = int(out_end[-1])
+        # ids of word k are store[start_k : start_k + len_k]; gather them all at once
+        shift = np.repeat(self._start[slots] - (out_end - lens), lens)
+        shift += np.arange(total, dtype=np.int64)
+        return self._store[shift]
+
+    def _account_unknown(self, unk_slots: np.ndarray, unk_policy: str, stats: EncodeStats) -> None:
+        slots, freq = np.unique(unk_slots, return_counts=True)
+        if unk_policy == "error" and not self.byte_fallback:
+            chars: set[str] = set()
+            for sl in slots.tolist():
+                chars.update(self.unknown[sl])
+            raise _unknown_error(chars)
+        per_char: collections.Counter = collections.Counter()
+        for sl, f in zip(slots.tolist(), freq.tolist()):
+            for c in self.unknown[sl]:
+                per_char[c] += f
+        total = sum(per_char.values())
+        target = stats.fallback_chars if self.byte_fallback else stats.skipped_chars
+        for c, k in per_char.items():
+            target[c] = target.get(c, 0) + k
+        if self.byte_fallback:
+            stats.fallback_positions += total
+        else:
+            stats.skipped_positions += total
+
+
+# ---------------------------------------------------------------------------------------------------
+# Streaming file encoder
+# ---------------------------------------------------------------------------------------------------
+
+
+def _not_utf8(path, offset: int) -> UserError:
+    return UserError(
+        f"{os.fspath(path)!r} is not valid UTF-8: invalid byte at offset {offset}; "
+        "re-encode the file as UTF-8 (e.g. iconv -t UTF-8)"
+    )
+
+
+def find_safe_cut(f, path, target: int, size: int, floor: int = 0) -> int:
+    """The first safe cut position ``p >= target`` in the open binary file ``f`` (``size`` if none).
+
+    A safe cut is the byte offset of a whitespace character that follows a non-whitespace character.
+    ``floor`` is the start of the current chunk (nothing before it is read).
+    """
+    if target >= size:
+        return size
+    q = max(floor, target - 4)
+    f.seek(q)
+    head = f.read(4)
+    # Move q to the start of a UTF-8 character (skip continuation bytes 10xxxxxx).
+    k = 0
+    while k < len(head) and (head[k] & 0xC0) == 0x80:
+        k += 1
+    q += k
+    window = 1 << 16
+    while True:
+        f.seek(q)
+        data = f.read(window)
+        at_eof = q + len(data) >= size
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            truncated = not at_eof and e.reason == "unexpected end of data"
+            text = data[: e.start].decode("utf-8")
+            if not truncated:
+                # Invalid byte: a cut before it is fine (its chunk will report it), else report it now.
+                for m in SAFE_CUT_RE.finditer(text):
+                    p = q + len(text[: m.start()].encode("utf-8"))
+                    if p >= target:
+                        return p
+                raise _not_utf8(path, q + e.start)
+        for m in SAFE_CUT_RE.finditer(text):
+            p = q + len(text[: m.start()].encode("utf-8"))
+            if p >= target:
+                return p
+        if at_eof:
+            return size
+        window *= 2
+
+
+def chunk_bounds(path, chunk_bytes: int) -> Iterator[tuple[int, int, int]]:
+    """Yield ``(chunk_index, byte_start, byte_end)`` for the file (see the module docstring)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        start = 0
+        idx = 0
+        while start < size:
+            end = find_safe_cut(f, path, start + chunk_bytes, size, floor=start)
+            yield idx, start, end
+            idx += 1
+            start = end
+
+
+def _read_chunk(f, path, start: int, end: int) -> str:
+    f.seek(start)
+    data = f.read(end - start)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, start + e.start) from None
+
+
+# --- worker processes ----------------------------------------------------------------------------
+# Workers are plain ``python -c`` subprocesses that talk to the parent over their stdin/stdout with
+# length-prefixed pickles. They load this module (and mygpt/bpe.py, errors.py, bpe_train.py) under a
+# private package name, so they never run ``mygpt/__init__.py`` (which pulls in torch, ~200 MB per
+# process) nor re-import the parent's ``__main__`` (as multiprocessing's spawn would): a worker costs
+# numpy plus its own word cache, starts in a fraction of a second, and any script may call
+# ``iter_encode_file(..., workers=N)`` without an ``if __name__ == "__main__"`` guard.
+
+_WORKER_BOOT = """
+import importlib, sys, types
+name = "_mygpt_bpe_worker"
+pkg = types.ModuleType(name)
+pkg.__path__ = [sys.argv[1]]
+sys.modules[name] = pkg
+importlib.import_module(name + ".bpe_encode")._worker_main()
+"""
+_HEADER = 8
+
+
+def _send(f, obj) -> None:
+    import pickle
+
+    data = pickle.dumps(obj, protocol=5)
+    f.write(len(data).to_bytes(_HEADER, "little"))
+    f.write(data)
+    f.flush()
+
+
+def _recv(f):
+    import pickle
+
+    head = f.read(_HEADER)
+    if len(head) < _HEADER:
+        raise EOFError
+    n = int.from_bytes(head, "little")
+    data = f.read(n)
+    if len(data) < n:
+        raise EOFError
+    return pickle.loads(data)
+
+
+def _worker_main() -> None:
+    """Worker loop: first message (tokenizer state, path, unk_policy), then (index, start, end) tasks."""
+    import sys
+    import traceback
+
+    fin = sys.stdin.buffer
+    fout = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints cannot corrupt the protocol
+    sys.stdout = sys.stderr
+    try:
+        state, path, unk_policy = _recv(fin)
+    except EOFError:
+        return
+    from .bpe import BPETokenizer
+
+    enc = BPETokenizer.from_state(state)._fast_encoder()
+    with open(path, "rb") as f:
+        while True:
+            try:
+                task = _recv(fin)
+            except EOFError:
+                return
+            if task is None:
+                return
+            idx, start, end = task
+            try:
+                ids, stats = enc.encode_text(_read_chunk(f, path, start, end), unk_policy)
+                _send(fout, ("ok", idx, ids, stats.to_dict()))
+            except UserError as e:
+                _send(fout, ("user", idx, str(e)))
+            except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+                _send(fout, ("fail", idx, traceback.format_exc()))
+
+
+class _Worker:
+    def __init__(self, first_message) -> None:
+        import subprocess
+        import sys
+
+        pkg_dir = os.path.dirname(os.path.abspath(__file__))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_BOOT, pkg_dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        _send(self.proc.stdin, first_message)
+
+    def run(self, task):
+        _send(self.proc.stdin, task)
+        return _recv(self.proc.stdout)
+
+    def close(self, kill: bool) -> None:
+        if kill and self.proc.poll() is None:
+            self.proc.kill()
+        else:
+            try:
+                _send(self.proc.stdin, None)
+            except OSError:
+                pass
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()
+            self.proc.wait()
+
+
+def iter_encode_file(
+    tokenizer,
+    path,
+    *,
+    chunk_bytes: int = 8 << 20,
+    workers: int = 1,
+    unk_policy: str = "skip",
+    start_chunk: int = 0,
+    max_in_flight: int | None = None,
+) -> Iterator[tuple[int, int, int, np.ndarray, EncodeStats]]:
+    """Encode a UTF-8 file chunk by chunk; yield ``(chunk_index, byte_start, byte_end, ids, stats)``.
+
+    Chunks are cut at tokenisation-safe points that depend only on the file and ``chunk_bytes``, so the
+    concatenated ids equal ``tokenizer.encode_corpus(whole_text, unk_policy)`` for any ``chunk_bytes`` and
+    ``workers``. ``start_chunk`` skips the chunks before it (resume; boundaries are recomputed from the
+    start of the file, which reads only a few KB per chunk). With ``workers > 1`` chunks are encoded by
+    that many worker processes, each reading its byte ranges from the file itself and getting the
+    tokenizer once at start-up; at most ``max_in_flight`` (default ``2 * workers``) chunks are being
+    encoded or waiting to be consumed, so memory stays bounded, and results come back in file order.
+    A file that is not UTF-8 raises ``UserError`` naming the file and the byte offset.
+    """
+    if unk_policy not in ("skip", "error"):
+        raise UserError(f"unk_policy must be 'skip' or 'error', got {unk_policy!r}")
+    for name, v, lo in (("chunk_bytes", chunk_bytes, 1), ("workers", workers, 1), ("start_chunk", start_chunk, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise UserError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if max_in_flight is not None and (not isinstance(max_in_flight, int) or max_in_flight < 1):
+        raise UserError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise UserError(f"input file {path!r} does not exist")
+    bounds = (b for b in chunk_bounds(path, chunk_bytes) if b[0] >= start_chunk)
+    if workers == 1:
+        enc = tokenizer._fast_encoder()
+        with open(path, "rb") as f:
+            for idx, start, end in bounds:
+                ids, stats = enc.encode_text(_read_chunk(f, path, start, end), unk_policy)
+                yield idx, start, end, ids, stats
+        return
+    yield from _iter_parallel(tokenizer, path, bounds, workers, unk_policy, max_in_flight or 2 * workers)
+
+
+def _iter_parallel(tokenizer, path, bounds, workers, unk_policy, max_in_flight):
+    import threading
+
+    lock = threading.Condition()
+    slots = threading.Semaphore(max_in_flight)
+    stop = threading.Event()
+    order: list[tuple[int, int, int]] = []  # dispatched chunks, in file order
+    results: dict[int, tuple] = {}
+    feed = {"done": False, "error": None, "crash": None}
+
+    def next_task():
+        with lock:
+            if feed["done"]:
+                return None
+            try:
+                b = next(bounds)
+            except StopIteration:
+                b = None
+            except UserError as e:  # the boundary scan met invalid UTF-8: raised after earlier chunks
+                feed["error"] = e
+                b = None
+            if b is None:
+                feed["done"] = True
+                lock.notify_all()
+                return None
+            order.append(b)
+            return b
+
+    def pump(w: _Worker) -> None:
+        try:
+            while not stop.is_set():
+                while not slots.acquire(timeout=0.1):
+                    if stop.is_set():
+                        return
+                b = next_task()
+                if b is None:
+                    slots.release()
+                    return
+                res = w.run(b)
+                with lock:
+                    results[b[0]] = res
+                    lock.notify_all()
+        except BaseException as e:  # noqa: BLE001
+            if not stop.is_set():
+                code = w.proc.poll()
+                with lock:
+                    feed["crash"] = RuntimeError(f"BPE encode worker failed (exit code {code}): {e!r}")
+                    lock.notify_all()
+
+    pool = [_Worker((tokenizer.state(), path, unk_policy)) for _ in range(workers)]
+    threads = [threading.Thread(target=pump, args=(w,), daemon=True) for w in pool]
+    for t in threads:
+        t.start()
+    clean = False
+    try:
+        pos = 0
+        while True:
+            with lock:
+                while True:
+                    if pos < len(order) and order[pos][0] in results:
+                        b, res = order[pos], results.pop(order[pos][0])
+                        break
+                    if feed["crash"] is not None:
+                        raise feed["crash"]
+                    if pos >= len(order) and feed["done"]:
+                        b = res = None
+                        break
+                    lock.wait()
+            if b is None:
+                break
+            pos += 1
+            slots.release()
+            if res[0] == "user":
+                raise UserError(res[2])
+            if res[0] == "fail":
+                raise RuntimeError(f"BPE encode worker failed on chunk {b[0]} (bytes {b[1]}..{b[2]}):\n{res[2]}")
+            yield b[0], b[1], b[2], res[2], EncodeStats(**res[3])
+        if feed["error"] is not None:
+            raise feed["error"]
+        clean = True
+    finally:
+        stop.set()
+        for w in pool:
+            w.close(kill=not clean)
+        for t in threads:
+            t.join(timeout=10)

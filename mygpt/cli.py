@@ -1,0 +1,241 @@
+"""``mygpt train TEXT_FILE`` and ``mygpt generate`` with the chapter's flags, defaults and header block.
+
+Bad input a user can fix is reported as ``error: <message>`` on stderr with exit code 2 and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from .errors import UserError
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mygpt", description="Train and sample a small GPT.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model on a UTF-8 text file")
+    p.add_argument("text_file", help="UTF-8 text file to train on")
+    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    p.add_argument("--precision", default="fp32", choices=["auto", "fp32", "bf16"],
+                   help="fp32 (default) or bf16 autocast; auto = bf16 on cuda/mps, fp32 on cpu")
+    p.add_argument("--embed-dim", type=int, default=64)
+    p.add_argument("--num-layers", type=int, default=4)
+    p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--num-kv-heads", type=int, default=None,
+                   help="key/value heads for grouped-query attention; default: same as --num-heads (full MHA). "
+                        "Must divide --num-heads.")
+    p.add_argument("--max-seq-len", type=int, default=64)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--norm", choices=["layer", "rms"], default="layer")
+    p.add_argument("--position", choices=["learned", "rope"], default="learned")
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--print-every", type=int, default=500)
+    p.add_argument("--schedule", choices=["constant", "cosine"], default="constant")
+    p.add_argument("--warmup", type=int, default=0, help="linear warmup steps (default 0)")
+    p.add_argument("--max-grad-norm", type=float, default=0.0, help="gradient clipping norm (0 = off, default)")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--val-fraction", type=float, default=0.0,
+                   help="hold out this fraction of the tokens (the end of the corpus) for validation loss "
+                        "(default 0 = no validation, as in the chapter)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="validation every N steps (0 = at every print point); needs --val-fraction > 0")
+    p.add_argument("--eval-batches", type=int, default=20)
+    p.add_argument("--tokenizer", choices=["char", "bpe"], default="char",
+                   help="Tokenizer to use. 'char' (default; CharTokenizer) or 'bpe' (BPETokenizer). "
+                        "BPE training runs on the corpus before model training.")
+    p.add_argument("--num-merges", type=int, default=1024,
+                   help="Number of BPE merges (only meaningful when --tokenizer=bpe). Default 1024.")
+    p.add_argument("--bpe-train-bytes", type=int, default=0,
+                   help="Train BPE on the first N bytes of the corpus (0 = full corpus, default). The encoder "
+                        "still runs on the full corpus and skips characters that did not appear in the slice.")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="Save the checkpoint every N steps (0 = save only at end, default). Atomic write: a "
+                        "Ctrl-C mid-save does not corrupt the file.")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the resume state in --output if it exists (same settings required)")
+    p.add_argument("--output", default="model.ckpt", help="checkpoint path (default model.ckpt)")
+    p.set_defaults(func=_train_command)
+
+    g = sub.add_parser("generate", help="sample text from a checkpoint")
+    g.add_argument("--checkpoint", default="model.ckpt")
+    g.add_argument("--prompt", default="\n")
+    g.add_argument("--max-new-tokens", type=int, default=200)
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
+    g.add_argument("--top-k", type=int, default=40, help="sample from the k most likely tokens (0 = all)")
+    g.add_argument("--device", default="auto")
+    g.add_argument("--precision", default="fp32", choices=["auto", "fp32", "bf16"])
+    g.add_argument("--seed", type=int, default=1337)
+    g.add_argument("--no-cache", action="store_true", help="recompute the whole context each step (no KV cache)")
+    g.set_defaults(func=_generate_command)
+    return parser
+
+
+def _read_text(path: str) -> tuple[str, bytes]:
+    if not os.path.exists(path):
+        raise UserError(f"text file {path} does not exist")
+    if os.path.isdir(path):
+        raise UserError(f"text file {path} is a directory; give a UTF-8 text file")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read text file {path}: {e.strerror or e}") from e
+    if not raw:
+        raise UserError(f"text file {path} is empty; give a text file with some content")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"text file {path} is not valid UTF-8 (bad byte 0x{raw[e.start]:02x} at byte offset {e.start:,}); "
+            f"convert it to UTF-8"
+        ) from e
+    return text, raw
+
+
+def _utf8_prefix(raw: bytes, n: int) -> str:
+    """The first ``n`` bytes of ``raw``, cut back to a character boundary, decoded."""
+    if n <= 0 or n >= len(raw):
+        return raw.decode("utf-8")
+    while n > 0 and (raw[n] & 0xC0) == 0x80:  # raw[n] is a continuation byte: the cut splits a character
+        n -= 1
+    return raw[:n].decode("utf-8")
+
+
+def _train_command(args) -> int:
+    import torch
+
+    from .device import resolve_device, resolve_precision
+    from .model import GPT, validate_config
+    from .train import TrainConfig, train
+
+    # Validate everything cheap before reading or tokenising the corpus.
+    validate_config(1, args.embed_dim, args.num_heads, args.num_kv_heads, args.num_layers, args.max_seq_len,
+                    args.dropout, args.norm, args.position)
+    num_kv_heads = args.num_kv_heads if args.num_kv_heads is not None else args.num_heads
+    config = TrainConfig(
+        steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, schedule=args.schedule,
+        warmup=args.warmup, max_grad_norm=args.max_grad_norm, precision=args.precision,
+        print_every=args.print_every, eval_every=args.eval_every, eval_batches=args.eval_batches,
+        checkpoint_every=args.checkpoint_every, seed=args.seed, weight_decay=args.weight_decay,
+    ).validate()
+    if args.seq_len > args.max_seq_len:
+        raise UserError(
+            f"--seq-len ({args.seq_len}) is larger than --max-seq-len ({args.max_seq_len}); "
+            f"lower --seq-len or raise --max-seq-len"
+        )
+    if not 0.0 <= args.val_fraction < 1.0:
+        raise UserError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
+    if args.num_merges < 0:
+        raise UserError(f"--num-merges must be >= 0, got {args.num_merges}")
+    if args.bpe_train_bytes < 0:
+        raise UserError(f"--bpe-train-bytes must be >= 0 (0 = whole corpus), got {args.bpe_train_bytes}")
+    device = resolve_device(args.device)
+    precision = resolve_precision(device, args.precision)
+
+    text, raw = _read_text(args.text_file)
+    if args.tokenizer == "bpe":
+        from .bpe import BPETokenizer
+
+        train_text = _utf8_prefix(raw, args.bpe_train_bytes)
+        del raw
+        print(f"training BPE tokenizer ({args.num_merges} merges, {len(train_text):,} chars)…", flush=True)
+        t0 = time.perf_counter()
+        tokenizer = BPETokenizer.from_corpus(train_text, args.num_merges)
+        del train_text
+        print(f"BPE trained in {time.perf_counter() - t0:.1f}s", flush=True)
+        print(f"encoding corpus ({len(text):,} chars)…", flush=True)
+        t0 = time.perf_counter()
+        data = tokenizer.encode_corpus(text, unk_policy="skip")
+        print(f"corpus encoded in {time.perf_counter() - t0:.1f}s", flush=True)
+    else:
+        from .char_tokenizer import CharTokenizer
+
+        del raw
+        tokenizer = CharTokenizer.from_text(text)
+        data = tokenizer.encode_array(text)
+
+    n = len(data)
+    n_val = int(n * args.val_fraction) if args.val_fraction > 0 else 0
+    train_data = data[: n - n_val]
+    val_data = data[n - n_val :] if n_val > 0 else None
+
+    torch.manual_seed(args.seed)  # initial weights come from --seed, not from what this process drew before
+    model = GPT(
+        vocab_size=tokenizer.vocab_size, embed_dim=args.embed_dim, num_heads=args.num_heads,
+        num_kv_heads=num_kv_heads, num_layers=args.num_layers, max_seq_len=args.max_seq_len,
+        dropout=args.dropout, norm_type=args.norm, position_type=args.position,
+    )
+    print(f"device: {device}")
+    print(f"precision: {precision}")
+    print(f"tokenizer: {args.tokenizer}")
+    print(f"norm: {args.norm}")
+    print(f"position: {args.position}")
+    print(f"num_heads: {args.num_heads}")
+    print(f"num_kv_heads: {num_kv_heads}")
+    print(f"corpus chars: {len(text):,}")
+    print(f"train chars: {len(train_data):,}")
+    if val_data is not None:
+        print(f"val chars: {len(val_data):,}")
+    print(f"vocab_size: {tokenizer.vocab_size}")
+    print(f"params: {model.num_params():,}")
+    print(f"steps: {args.steps}")
+    print(f"schedule: {args.schedule} (warmup={args.warmup})")
+    print(f"max_grad_norm:{args.max_grad_norm}")
+    if args.checkpoint_every > 0:
+        print(f"checkpoint_every: {args.checkpoint_every}")
+    sys.stdout.flush()
+    del text
+
+    result = train(
+        model, tokenizer, train_data, config=config, val_tokens=val_data, device=device,
+        checkpoint_path=args.output, resume=args.resume, log=lambda msg: print(msg, flush=True),
+        meta={"text_file": os.path.abspath(args.text_file), "tokenizer": args.tokenizer},
+    )
+    del result  # the chapter's output ends with "saved checkpoint to ..."; tokens/sec is in the result
+    return 0
+
+
+def _generate_command(args) -> int:
+    from .checkpoint import load_checkpoint
+    from .device import resolve_device, resolve_precision
+    from .generate import generate
+
+    device = resolve_device(args.device)
+    precision = resolve_precision(device, args.precision)
+    model, tokenizer = load_checkpoint(args.checkpoint)
+    print(f"device: {device}", flush=True)
+    text = generate(
+        model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        top_k=args.top_k, seed=args.seed, device=device, precision=precision, use_cache=not args.no_cache,
+    )
+    print(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        sys.stdout.flush()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""GPT: a small decoder-only transformer in one readable file (nanoGPT style).
+
+Architecture (pre-norm):
+
+    idx -> token embedding (+ learned position embedding when position_type="learned")
+        -> num_layers x [ x + Attention(Norm(x)) ; x + MLP(Norm(x)) ]
+        -> final Norm -> logits = x @ token_embedding.weight.T      (tied LM head)
+
+* Norm is ``LayerNorm`` (weight + bias, ``norm_type="layer"``) or ``RMSNorm`` (weight only, ``"rms"``).
+* Attention has bias-free q/k/v/o projections and grouped-query attention: ``num_kv_heads`` key/value heads
+  are shared by ``num_heads // num_kv_heads`` query heads each (``num_kv_heads == num_heads`` is plain MHA).
+* Positions are a learned ``nn.Embedding(max_seq_len, embed_dim)`` or rotary embeddings (RoPE, applied to q
+  and k inside attention, so they add no parameters).
+* The MLP is ``Linear(E, 4E) -> GELU -> Linear(4E, E)``, both with biases.
+
+Parameter counts (checked in tests): the Part I config (vocab 65, embed 64, 4 heads, 4 layers, max_seq_len 64,
+layer norm, learned positions) has 207,296; the chapter-28 config (vocab 3046, embed 192, 6 heads, 2 kv heads,
+4 layers, max_seq_len 256, rms, rope) has 2,163,264.
+
+KV cache: pass a ``KVCache`` (``model.new_kv_cache()``) to ``forward``; each call appends the new tokens' keys
+and values and attends over everything cached so far. The absolute position of the first new token is
+``kv_cache.length`` -- used for the learned position embedding and for RoPE -- so the cached path computes the
+same function as running the whole sequence at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .errors import UserError
+
+__all__ = ["GPT", "KVCache", "RMSNorm", "validate_config", "NORM_TYPES", "POSITION_TYPES"]
+
+NORM_TYPES = ("layer", "rms")
+POSITION_TYPES = ("learned", "rope")
+
+
+def validate_config(
+    vocab_size: int,
+    embed_dim: int,
+    num_heads: int,
+    num_kv_heads: int | None,
+    num_layers: int,
+    max_seq_len: int,
+    dropout: float = 0.0,
+    norm_type: str = "layer",
+    position_type: str = "learned",
+) -> int:
+    """Check a model configuration; raise ``UserError`` naming the bad parameter. Returns num_kv_heads."""
+    for name, value in (
+        ("vocab_size", vocab_size),
+        ("embed_dim", embed_dim),
+        ("num_heads", num_heads),
+        ("num_layers", num_layers),
+        ("max_seq_len", max_seq_len),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise UserError(f"{name} must be a positive integer, got {value!r}")
+    if num_kv_heads is None:
+        num_kv_heads = num_heads
+    if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads <= 0:
+        raise UserError(f"num_kv_heads must be a positive integer, got {num_kv_heads!r}")
+    if embed_dim % num_heads != 0:
+        raise UserError(
+            f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}); "
+            f"pick --embed-dim a multiple of --num-heads"
+        )
+    if num_heads % num_kv_heads != 0:
+        raise UserError(
+            f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads}); "
+            f"pick --num-kv-heads a divisor of --num-heads"
+        )
+    if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        raise UserError(f"dropout must be in [0, 1), got {dropout!r}")
+    if norm_type not in NORM_TYPES:
+        raise UserError(f"norm_type must be one of {', '.join(NORM_TYPES)}; got {norm_type!r}")
+    if position_type not in POSITION_TYPES:
+        raise UserError(f"position_type must be one of {', '.join(POSITION_TYPES)}; got {position_type!r}")
+    if position_type == "rope" and (embed_dim // num_heads) % 2 != 0:
+        raise UserError(
+            f"position_type 'rope' needs an even head size, but embed_dim/num_heads = "
+            f"{embed_dim}/{num_heads} = {embed_dim // num_heads}"
+        )
+    return num_kv_heads
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm: ``x / rms(x) * weight`` (no mean subtraction, no bias)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+def make_norm(norm_type: str, dim: int) -> nn.Module:
+    return nn.LayerNorm(dim) if norm_type == "layer" else RMSNorm(dim)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables of shape (max_seq_len, head_dim // 2) for rotary position embeddings."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, T, D) ``x`` pairwise: dims i and i + D/2 form one 2-D rotation by angle pos * freq_i."""
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.to(x.dtype)
+
+
+@dataclass
+class KVCache:
+    """Per-layer cached keys/values, each (B, num_kv_heads, length, head_dim); grows as tokens are fed."""
+
+    keys: list = field(default_factory=list)
+    values: list = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return 0 if not self.keys else self.keys[0].size(2)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(embed_dim, num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(embed_dim, num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x, rope=None, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        B, T, E = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            if len(cache.keys) > layer:
+                k = torch.cat((cache.keys[layer], k), dim=2)
+                v = torch.cat((cache.values[layer], v), dim=2)
+                cache.keys[layer], cache.values[layer] = k, v
+            else:
+                cache.keys.append(k)
+                cache.values.append(v)
+        if self.num_kv_heads != self.num_heads:  # GQA: each kv head serves a group of query heads
+            group = self.num_heads // self.num_kv_heads
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+        T_k = k.size(2)
+        mask, is_causal = None, False
+        if T_k == T:
+            is_causal = T > 1
+        elif T > 1:  # new tokens at absolute positions T_k-T .. T_k-1 see every key up to their own position
+            q_pos = torch.arange(T_k - T, T_k, device=x.device)
+            mask = torch.arange(T_k, device=x.device)[None, :] <= q_pos[:, None]
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, E)
+        return self.resid_dropout(self.o_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, embed_dim: int, dropout: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(embed_dim, 4 * embed_dim)
+        self.proj = nn.Linear(4 * embed_dim, embed_dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, embed_dim, num_heads, num_kv_heads, dropout, norm_type) -> None:
+        super().__init__()
+        self.norm1 = make_norm(norm_type, embed_dim)
+        self.attn = CausalSelfAttention(embed_dim, num_heads, num_kv_heads, dropout)
+        self.norm2 = make_norm(norm_type, embed_dim)
+        self.mlp = MLP(embed_dim, dropout)
+
+    def forward(self, x, rope=None, cache=None, layer=0):
+        x = x + self.attn(self.norm1(x), rope=rope, cache=cache, layer=layer)
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int = 64,
+        num_heads: int = 4,
+        num_kv_heads: int | None = None,
+        num_layers: int = 4,
+        max_seq_len: int = 64,
+        dropout: float = 0.0,
+        norm_type: str = "layer",
+        position_type: str = "learned",
+    ) -> None:
+        super().__init__()
+        num_kv_heads = validate_config(
+            vocab_size, embed_dim, num_heads, num_kv_heads, num_layers, max_seq_len, dropout, norm_type, position_type
+        )
+        self.vocab_size = vocab_size
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.num_layers = num_layers
+        self.max_seq_len = max_seq_len
+        self.dropout = float(dropout)
+        self.norm_type = norm_type
+        self.position_type = position_type
+
+        self.token_embedding = nn.Embedding(vocab_size, embed_dim)
+        if position_type == "learned":
+            self.position_embedding = nn.Embedding(max_seq_len, embed_dim)
+        else:
+            self.position_embedding = None
+            cos, sin = rope_tables(embed_dim // num_heads, max_seq_len)
+            # Derived tables, not weights: kept out of the state_dict so checkpoints hold parameters only.
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            Block(embed_dim, num_heads, num_kv_heads, dropout, norm_type) for _ in range(num_layers)
+        )
+        self.norm_f = make_norm(norm_type, embed_dim)
+        self._init_weights()
+
+    # -- init -----------------------------------------------------------------------------------
+    def _init_weights(self) -> None:
+        """GPT-2 init: N(0, 0.02) weights, zero biases, residual output projections scaled by 1/sqrt(2L)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        resid_std = 0.02 / math.sqrt(2 * self.num_layers)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.o_proj.weight, mean=0.0, std=resid_std)
+            nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=resid_std)
+
+    # -- introspection --------------------------------------------------------------------------
+    def config(self) -> dict:
+        """The checkpoint ``config`` fields (without ``tokenizer_kind``)."""
+        return {
+            "vocab_size": self.vocab_size,
+            "embed_dim": self.embed_dim,
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "num_layers": self.num_layers,
+            "max_seq_len": self.max_seq_len,
+            "norm_type": self.norm_type,
+            "position_type": self.position_type,
+        }
+
+    def num_params(self) -> int:
+        """Number of parameters (the tied LM head is the token embedding, counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def new_kv_cache(self) -> KVCache:
+        return KVCache()
+
+    # -- forward --------------------------------------------------------------------------------
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None):
+        """``idx`` (B, T) token ids -> ``(logits (B, T, vocab), loss or None)``.
+
+        With ``kv_cache``, ``idx`` holds only the new tokens; they sit at absolute positions
+        ``kv_cache.length ..`` and the cache is extended in place.
+        """
+        B, T = idx.shape
+        start = kv_cache.length if kv_cache is not None else 0
+        if start + T > self.max_seq_len:
+            raise ValueError(
+                f"sequence of {start + T} tokens is longer than max_seq_len={self.max_seq_len}; crop the context"
+            )
+        x = self.token_embedding(idx)
+        rope = None
+        if self.position_embedding is not None:
+            pos = torch.arange(start, start + T, device=idx.device)
+            x = x + self.position_embedding(pos)
+        else:
+            rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])
+        x = self.drop(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope=rope, cache=kv_cache, layer=i)
+        x = self.norm_f(x)
+        logits = F.linear(x, self.token_embedding.weight)  # tied LM head
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss

@@ -1,0 +1,372 @@
+"""The training loop as a library function, with exact resume.
+
+``train(model, tokenizer, train_tokens, config=TrainConfig(...))`` runs AdamW on random windows of
+``train_tokens`` (any 1-D integer array-like; a numpy memmap is the main case), with an optional linear warmup and
+cosine decay, gradient clipping, bf16 autocast, periodic validation and periodic atomic checkpoints.
+
+Learning rate at step ``s`` (1-based), peak ``lr``, ``warmup`` steps, ``steps`` total:
+
+* ``s <= warmup``: ``lr * s / warmup``
+* constant schedule: ``lr``
+* cosine schedule: ``lr * 0.5 * (1 + cos(pi * (s - warmup) / (steps - warmup)))`` -- reaches 0 at ``s == steps``.
+
+(With ``--lr 1e-3 --warmup 500 --steps 10000`` this prints ``lr = 2.00e-06`` at step 1, ``9.93e-04`` at step 1000,
+``5.41e-04`` at step 5000 and ``0.00e+00`` at step 10000, as in the chapter.)
+
+Resume: every checkpoint written here carries a ``resume`` key with the step, the optimizer state, the train
+config, the RNG states (torch global -- used by dropout --, the dedicated batch generator, numpy, python) and the
+loss history. ``train(..., checkpoint_path=p, resume=True)`` with such a file at ``p`` loads the weights into
+``model`` and continues from the saved step; on CPU/fp32 with a fixed seed the result is bit-identical to an
+uninterrupted run. Validation batches come from their own generator re-seeded at every evaluation, so evaluating
+never shifts the training batch stream.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .checkpoint import load_checkpoint_payload, save_checkpoint
+from .data import get_batch, num_tokens
+from .device import autocast, resolve_device, resolve_precision
+from .errors import UserError
+
+__all__ = ["TrainConfig", "TrainResult", "train", "lr_at", "estimate_loss"]
+
+SCHEDULES = ("constant", "cosine")
+# Train-config fields that change the trajectory: a resumed run must use the same values.
+_RESUME_MUST_MATCH = ("batch_size", "seq_len", "lr", "schedule", "warmup", "max_grad_norm", "precision", "seed",
+                      "weight_decay")
+
+
+@dataclass
+class TrainConfig:
+    """Training hyper-parameters (field names follow the chapter's flags; defaults are the chapter's Part I ones).
+
+    ``eval_every``: evaluate on ``val_tokens`` every N steps (and at the last step); 0 = at every print point.
+    ``checkpoint_every``: also save every N steps (0 = only at the end). ``max_grad_norm`` 0 = no clipping.
+    """
+
+    steps: int = 2000
+    batch_size: int = 16
+    seq_len: int = 64
+    lr: float = 1e-3
+    schedule: str = "constant"
+    warmup: int = 0
+    max_grad_norm: float = 0.0
+    precision: str = "fp32"
+    print_every: int = 500
+    eval_every: int = 0
+    eval_batches: int = 20
+    checkpoint_every: int = 0
+    seed: int = 1337
+    weight_decay: float = 0.01
+
+    def validate(self) -> "TrainConfig":
+        def positive_int(name, minimum=1):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+                raise UserError(f"{name} must be an integer >= {minimum}, got {v!r}")
+
+        positive_int("steps")
+        positive_int("batch_size")
+        positive_int("seq_len")
+        positive_int("warmup", 0)
+        positive_int("print_every", 0)
+        positive_int("eval_every", 0)
+        positive_int("eval_batches")
+        positive_int("checkpoint_every", 0)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise UserError(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.lr, (int, float)) or not math.isfinite(self.lr) or self.lr <= 0:
+            raise UserError(f"lr must be a positive number, got {self.lr!r}")
+        if self.schedule not in SCHEDULES:
+            raise UserError(f"schedule must be one of {', '.join(SCHEDULES)}; got {self.schedule!r}")
+        if not isinstance(self.max_grad_norm, (int, float)) or not self.max_grad_norm >= 0:
+            raise UserError(f"max_grad_norm must be >= 0 (0 = no clipping), got {self.max_grad_norm!r}")
+        if not isinstance(self.weight_decay, (int, float)) or not self.weight_decay >= 0:
+            raise UserError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise UserError(f"precision must be one of auto, fp32, bf16; got {self.precision!r}")
+        return self
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    start_step: int
+    final_loss: float | None
+    final_val_loss: float | None
+    history: list = field(default_factory=list)
+    tokens_per_sec: float = 0.0
+    device: str = "cpu"
+    precision: str = "fp32"
+    params: int = 0
+    seconds: float = 0.0
+
+
+def lr_at(config: TrainConfig, step: int) -> float:
+    """Learning rate for 1-based ``step`` (see the module docstring)."""
+    if config.warmup > 0 and step <= config.warmup:
+        return config.lr * step / config.warmup
+    if config.schedule == "constant":
+        return config.lr
+    span = config.steps - config.warmup
+    progress = min(max((step - config.warmup) / span, 0.0), 1.0) if span > 0 else 1.0
+    return config.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@torch.no_grad()
+def estimate_loss(model, tokens, config: TrainConfig, device, precision: str) -> float:
+    """Mean loss over ``config.eval_batches`` windows drawn from a generator seeded with ``seed + 1``."""
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(config.seed + 1)
+    total = 0.0
+    for _ in range(config.eval_batches):
+        x, y = get_batch(tokens, config.batch_size, config.seq_len, gen, device)
+        with autocast(device, precision):
+            _, loss = model(x, y)
+        total += loss.item()
+    model.train(was_training)
+    return total / config.eval_batches
+
+
+# -- RNG state capture (kept as tensors / plain lists so checkpoints load with weights_only=True) -------------
+def _capture_rng(gen: torch.Generator, device: torch.device) -> dict:
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    rng = {
+        "torch": torch.get_rng_state(),
+        "generator": gen.get_state(),
+        "numpy": {
+            "kind": np_state[0],
+            "keys": np_state[1].tolist(),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "python": [py_state[0], list(py_state[1]), py_state[2]],
+    }
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(device)
+    return rng
+
+
+def _restore_rng(rng: dict, gen: torch.Generator, device: torch.device) -> None:
+    torch.set_rng_state(rng["torch"])
+    gen.set_state(rng["generator"])
+    n = rng.get("numpy")
+    if n:
+        np.random.set_state(
+            (n["kind"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+        )
+    p = rng.get("python")
+    if p:
+        random.setstate((p[0], tuple(p[1]), p[2]))
+    if device.type == "cuda" and "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"], device)
+
+
+def _check_resume_compatible(payload: dict, model, tokenizer, config: TrainConfig, path: str) -> None:
+    fix = f"delete {path} (or pass resume=False / a different output) to start over"
+    saved_model = {k: v for k, v in payload["config"].items() if k != "tokenizer_kind"}
+    saved_model.setdefault("num_kv_heads", saved_model.get("num_heads"))
+    saved_model.setdefault("norm_type", "layer")
+    saved_model.setdefault("position_type", "learned")
+    current = model.config()
+    diff = [k for k in current if saved_model.get(k) != current[k]]
+    if diff:
+        detail = ", ".join(f"{k}: checkpoint {saved_model.get(k)!r} vs now {current[k]!r}" for k in diff)
+        raise UserError(f"cannot resume from {path}: the model differs ({detail}); {fix}")
+    kind = payload["config"].get("tokenizer_kind", payload.get("tokenizer_kind", "char"))
+    state = payload.get("tokenizer_state") or {"chars": payload.get("tokenizer_chars")}
+    if kind != tokenizer.kind or _norm_state(state) != _norm_state(tokenizer.state()):
+        raise UserError(f"cannot resume from {path}: it was trained with a different tokenizer; {fix}")
+    saved_cfg = payload["resume"].get("train_config", {})
+    now = asdict(config)
+    diff = [k for k in _RESUME_MUST_MATCH if k in saved_cfg and saved_cfg[k] != now[k]]
+    if diff:
+        detail = ", ".join(f"{k}: checkpoint {saved_cfg[k]!r} vs now {now[k]!r}" for k in diff)
+        raise UserError(f"cannot resume from {path}: the training settings differ ({detail}); {fix}")
+
+
+def _norm_state(state) -> object:
+    """Tuples -> lists, recursively, so a state compares equal after a save/load round trip."""
+    if isinstance(state, dict):
+        return {k: _norm_state(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return [_norm_state(v) for v in state]
+    return state
+
+
+def train(
+    model,
+    tokenizer,
+    train_tokens,
+    *,
+    config: TrainConfig,
+    val_tokens=None,
+    device="auto",
+    checkpoint_path=None,
+    resume: bool = True,
+    log: Callable[[str], None] | None = print,
+    on_progress: Callable[[dict], None] | None = None,
+    on_checkpoint: Callable[[int, str], None] | None = None,
+    meta: dict | None = None,
+) -> TrainResult:
+    """Train ``model`` in place on ``train_tokens``; see the module docstring. Returns a ``TrainResult``."""
+    log = log or (lambda _msg: None)
+    config.validate()
+    dev = resolve_device(device)
+    precision = resolve_precision(dev, config.precision)
+    if config.seq_len > model.max_seq_len:
+        raise UserError(
+            f"seq_len ({config.seq_len}) is larger than the model's max_seq_len ({model.max_seq_len}); "
+            f"lower --seq-len or raise --max-seq-len"
+        )
+    if tokenizer.vocab_size != model.vocab_size:
+        raise UserError(f"tokenizer vocab_size ({tokenizer.vocab_size}) != model vocab_size ({model.vocab_size})")
+    window = config.seq_len + 1
+    n_train = num_tokens(train_tokens)
+    if n_train < window:
+        raise UserError(
+            f"the training corpus has {n_train:,} tokens, fewer than one training window of seq_len + 1 = "
+            f"{window:,} tokens; use a longer text or a smaller --seq-len"
+        )
+    if val_tokens is not None:
+        n_val = num_tokens(val_tokens)
+        if n_val < window:
+            raise UserError(
+                f"the validation split has {n_val:,} tokens, fewer than one window of seq_len + 1 = {window:,} "
+                f"tokens; raise the validation fraction, use a longer text or a smaller --seq-len"
+            )
+    checkpoint_path = os.fspath(checkpoint_path) if checkpoint_path is not None else None
+
+    torch.manual_seed(config.seed)  # dropout draws from the global generator
+    gen = torch.Generator().manual_seed(config.seed)  # batch offsets: a dedicated, checkpointed generator
+    model.to(dev)
+    model.train()
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=dev.type == "cuda" or None
+    )
+
+    start_step = 0
+    history: list[dict] = []
+    if resume and checkpoint_path and os.path.exists(checkpoint_path):
+        payload = load_checkpoint_payload(checkpoint_path)
+        state = payload.get("resume")
+        if not state:
+            log(f"note: {checkpoint_path} holds no resume state; training from step 0 and overwriting it")
+        else:
+            _check_resume_compatible(payload, model, tokenizer, config, checkpoint_path)
+            model.load_state_dict(payload["model_state_dict"])
+            optimizer.load_state_dict(state["optimizer"])
+            _restore_rng(state["rng"], gen, dev)
+            history = list(state.get("history", []))
+            start_step = int(state["step"])
+            log(f"resuming from {checkpoint_path} at step {start_step}")
+
+    def resume_state(step: int) -> dict:
+        return {
+            "step": step,
+            "optimizer": optimizer.state_dict(),
+            "train_config": asdict(config),
+            "rng": _capture_rng(gen, dev),
+            "history": list(history),
+        }
+
+    def save(step: int) -> None:
+        save_checkpoint(model, tokenizer, checkpoint_path, resume=resume_state(step), meta=meta)
+        if on_checkpoint is not None:
+            on_checkpoint(step, checkpoint_path)
+
+    show_lr = config.schedule != "constant" or config.warmup > 0
+    tokens_per_step = config.batch_size * config.seq_len
+    final_loss = history[-1]["loss"] if history else None
+    final_val_loss = next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None)
+    t_start = time.perf_counter()
+    train_seconds = 0.0
+    interval_start, interval_steps = time.perf_counter(), 0
+
+    if start_step >= config.steps:
+        log(f"checkpoint is already at step {start_step} >= steps ({config.steps}); nothing to train")
+
+    for step in range(start_step + 1, config.steps + 1):
+        lr = lr_at(config, step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        x, y = get_batch(train_tokens, config.batch_size, config.seq_len, gen, dev)
+        with autocast(dev, precision):
+            _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+        interval_steps += 1
+
+        last = step == config.steps
+        is_print = config.print_every > 0 and (step == 1 or step % config.print_every == 0 or last)
+        if val_tokens is None:
+            is_eval = False
+        elif config.eval_every > 0:
+            is_eval = step % config.eval_every == 0 or last
+        else:
+            is_eval = is_print or last
+        is_ckpt = bool(checkpoint_path) and config.checkpoint_every > 0 and step % config.checkpoint_every == 0
+
+        if is_print or is_eval or is_ckpt or last:
+            final_loss = loss.item()  # synchronises the device, so the interval timing below is honest
+            elapsed = time.perf_counter() - interval_start
+            train_seconds += elapsed
+            tps = interval_steps * tokens_per_step / elapsed if elapsed > 0 else 0.0
+            point = {"step": step, "loss": final_loss, "lr": lr, "tokens_per_sec": tps}
+            if is_eval:
+                final_val_loss = estimate_loss(model, val_tokens, config, dev, precision)
+                point["val_loss"] = final_val_loss
+            if is_print or is_eval:
+                history.append(point)
+                line = f"step {step}: loss = {final_loss:.4f}"
+                if show_lr:
+                    line += f" lr = {lr:.2e}"
+                if "val_loss" in point:
+                    line += f" val_loss = {point['val_loss']:.4f}"
+                log(line)
+                if on_progress is not None:
+                    on_progress(dict(point))
+            if is_ckpt and not last:
+                save(step)
+                log(f"  [checkpoint saved at step {step}]")
+            interval_start, interval_steps = time.perf_counter(), 0
+
+    ran = config.steps - start_step
+    if checkpoint_path and ran > 0:
+        save(config.steps)
+        log(f"saved checkpoint to {checkpoint_path}")
+
+    steps_done = max(ran, 0)
+    return TrainResult(
+        steps=max(config.steps, start_step),
+        start_step=start_step,
+        final_loss=final_loss,
+        final_val_loss=final_val_loss,
+        history=history,
+        tokens_per_sec=steps_done * tokens_per_step / train_seconds if train_seconds > 0 else 0.0,
+        device=str(dev),
+        precision=precision,
+        params=model.num_params(),
+        seconds=time.perf_counter() - t_start,
+    )

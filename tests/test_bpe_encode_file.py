@@ -1,0 +1,172 @@
+"""The streaming file encoder: same ids for any chunk size and worker count, safe cuts, resume, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mygpt.bpe import BPETokenizer
+from mygpt.bpe_encode import EncodeStats, chunk_bounds, iter_encode_file
+from mygpt.errors import UserError
+
+
+def _concat(parts, dtype=np.uint16):
+    return np.concatenate([p[3] for p in parts]) if parts else np.zeros(0, dtype)
+
+
+def _merged_stats(parts):
+    total = EncodeStats()
+    for p in parts:
+        total.merge(p[4])
+    return total
+
+
+@pytest.fixture(scope="module")
+def multibyte_file(tmp_path_factory, wikitext2_text):
+    """~300 KB of real text with multibyte characters and unusual Unicode whitespace mixed in."""
+    extra = " naïve café 你好世界 😀😀 x\u3000y\xa0z\u2028\u2029 \u200a—–… Ωμέγα \x1c\x85end\r\n"
+    pieces = []
+    text = wikitext2_text[:300_000]
+    for i in range(0, len(text), 20_000):
+        pieces.append(text[i : i + 20_000])
+        pieces.append(extra)
+    body = "".join(pieces)
+    path = tmp_path_factory.mktemp("enc") / "mb.txt"
+    path.write_bytes(body.encode("utf-8"))
+    return path, body
+
+
+@pytest.fixture(scope="module")
+def tok(wikitext2_text):
+    # trained on part of the text only, so 'skip' really drops characters (the CJK, emoji, ...)
+    return BPETokenizer.from_corpus(wikitext2_text[:200_000], 300)
+
+
+def test_chunking_never_changes_the_ids(multibyte_file, tok):
+    path, body = multibyte_file
+    want, want_stats = tok.encode_corpus(body, return_stats=True)
+    assert want_stats.skipped_positions > 0
+    for chunk in (64, 1000, 4099, 1 << 16, 8 << 20):
+        parts = list(iter_encode_file(tok, path, chunk_bytes=chunk))
+        np.testing.assert_array_equal(_concat(parts), want)
+        st = _merged_stats(parts)
+        assert st == want_stats
+        data = body.encode("utf-8")
+        assert [p[0] for p in parts] == list(range(len(parts)))
+        assert parts[0][1] == 0 and parts[-1][2] == len(data)
+        for (_, _, end, _, _), (_, start, _, _, _) in zip(parts, parts[1:]):
+            assert end == start
+            before = data[:end].decode("utf-8")  # raises if the cut splits a character
+            after = data[end:].decode("utf-8")
+            assert not before[-1].isspace() and after[0].isspace()
+        if chunk == 64:
+            assert len(parts) > 1000
+
+
+def test_two_workers_match_one_worker(multibyte_file, tok):
+    path, body = multibyte_file
+    one = list(iter_encode_file(tok, path, chunk_bytes=20_000, workers=1))
+    two = list(iter_encode_file(tok, path, chunk_bytes=20_000, workers=2, max_in_flight=3))
+    assert [p[:3] for p in one] == [p[:3] for p in two]  # boundaries do not depend on workers
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a[3], b[3])
+        assert a[4] == b[4]
+    np.testing.assert_array_equal(_concat(two), tok.encode_corpus(body))
+
+
+def test_two_workers_tiny_chunks_and_resume(multibyte_file, tok):
+    path, body = multibyte_file
+    small = body[:30_000]
+    p2 = path.parent / "small.txt"
+    p2.write_bytes(small.encode("utf-8"))
+    parts = list(iter_encode_file(tok, p2, chunk_bytes=64, workers=2))
+    np.testing.assert_array_equal(_concat(parts), tok.encode_corpus(small))
+    # resume from chunk k: the same tail
+    k = len(parts) // 2
+    tail = list(iter_encode_file(tok, p2, chunk_bytes=64, workers=2, start_chunk=k))
+    assert [p[:3] for p in tail] == [p[:3] for p in parts[k:]]
+    np.testing.assert_array_equal(_concat(tail), _concat(parts[k:]))
+    tail1 = list(iter_encode_file(tok, p2, chunk_bytes=64, start_chunk=k))
+    assert [p[:3] for p in tail1] == [p[:3] for p in parts[k:]]
+
+
+def test_chunk_without_safe_cut_grows(tmp_path, tok):
+    body = "x" * 5000 + "   " + "y" * 300 + " " + "\n\n\n"
+    path = tmp_path / "long.txt"
+    path.write_text(body, encoding="utf-8")
+    bounds = list(chunk_bounds(path, 64))
+    assert bounds == [(0, 0, 5000), (1, 5000, 5303), (2, 5303, len(body))]
+    parts = list(iter_encode_file(tok, path, chunk_bytes=64))
+    np.testing.assert_array_equal(_concat(parts), tok.encode_corpus(body))
+
+
+def test_whitespace_only_and_empty_files(tmp_path, tok):
+    ws = tmp_path / "ws.txt"
+    ws.write_text(" \n\t  \n", encoding="utf-8")
+    parts = list(iter_encode_file(tok, ws, chunk_bytes=2))
+    assert len(parts) == 1
+    np.testing.assert_array_equal(_concat(parts), tok.encode_corpus(" \n\t  \n"))
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    assert list(iter_encode_file(tok, empty)) == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_not_utf8_names_file_and_offset(tmp_path, tok, workers):
+    good = ("the cat sat on the mat " * 40).encode()
+    data = good + b"caf\xe9 au lait " + good
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(data)
+    with pytest.raises(UserError, match=rf"latin1\.txt.*offset {len(good) + 3}"):
+        list(iter_encode_file(tok, path, chunk_bytes=100, workers=workers))
+    if workers == 1:
+        with pytest.raises(UserError, match=rf"offset {len(good) + 3}"):
+            list(iter_encode_file(tok, path, chunk_bytes=1 << 20, workers=workers))
+
+
+def test_error_policy_and_bad_arguments(tmp_path, tok):
+    path = tmp_path / "unk.txt"
+    path.write_text("the cat 你好 sat", encoding="utf-8")
+    with pytest.raises(UserError, match="U\\+4F60"):
+        list(iter_encode_file(tok, path, unk_policy="error"))
+    for kwargs in ({"chunk_bytes": 0}, {"workers": 0}, {"start_chunk": -1}, {"unk_policy": "drop"}):
+        with pytest.raises(UserError):
+            list(iter_encode_file(tok, path, **kwargs))
+    with pytest.raises(UserError, match="does not exist"):
+        list(iter_encode_file(tok, tmp_path / "missing.txt"))
+
+
+def test_byte_fallback_file_round_trip(multibyte_file, wikitext2_text):
+    path, body = multibyte_file
+    tok = BPETokenizer.from_corpus(wikitext2_text[:100_000], 100, byte_fallback=True)
+    parts = list(iter_encode_file(tok, path, chunk_bytes=5000))
+    ids = _concat(parts)
+    np.testing.assert_array_equal(ids, tok.encode_corpus(body))
+    assert tok.decode(ids) == body
+
+
+def test_stopping_early_shuts_the_workers_down(multibyte_file, tok):
+    import psutil
+
+    path, body = multibyte_file
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    gen = iter_encode_file(tok, path, chunk_bytes=4096, workers=2, max_in_flight=2)
+    first = [next(gen) for _ in range(3)]
+    assert [p[0] for p in first] == [0, 1, 2]
+    gen.close()
+    left = [p for p in me.children(recursive=True) if p.pid not in before and p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE]
+    assert left == []
+
+
+def test_worker_errors_are_raised_in_order(tmp_path, tok):
+    # chunk 0 is fine, a later chunk has an unknown character under unk_policy="error"
+    text = ("the cat sat on the mat " * 200) + "你 " + ("the end " * 50)
+    path = tmp_path / "late.txt"
+    path.write_text(text, encoding="utf-8")
+    got = []
+    with pytest.raises(UserError, match="U\\+4F60"):
+        for part in iter_encode_file(tok, path, chunk_bytes=512, workers=2, unk_policy="error"):
+            got.append(part[0])
+    assert got == list(range(len(got))) and len(got) >= 8
