@@ -1,0 +1,102 @@
+"""Wall time of a fully cached rerun of download → bpe → encode (a Prefect flow against a loopback mirror).
+
+    .venv/bin/python -m bench.cached_rerun [--with-shakespeare] [--num-merges 256]
+
+Serves a wikitext-103-style zip (``bench.mirror``) on 127.0.0.1, runs a flow that chains the three stage
+tasks three times into a fresh artifact root: the first run builds, the second must be all ``Cached``
+(that is the figure of interest), the third is a cached run with ``full_check=True`` (every published
+file's sha256 recomputed). Uses the Prefect server at ``PREFECT_API_URL`` when set, else starts a
+temporary one on 127.0.0.1 (``tests.prefect_server``). Results: ``bench/out/cached_rerun.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+OUT = REPO / "bench" / "out"
+
+
+def _drain_prefect_workers() -> None:
+    try:
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=10)
+        EventsWorker.drain_all(timeout=10)
+    except Exception as exc:  # pragma: no cover - best effort
+        print(f"(could not drain Prefect workers: {exc})")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--with-shakespeare", action="store_true")
+    ap.add_argument("--num-merges", type=int, default=256)
+    ap.add_argument("--bpe-train-bytes", type=int, default=1_000_000)
+    ap.add_argument("--shard-tokens", type=int, default=100_000)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+    server = None
+    if not os.environ.get("PREFECT_API_URL"):
+        from tests.prefect_server import PrefectServer
+
+        home = Path(tempfile.mkdtemp(prefix="cached-rerun-prefect-"))
+        t0 = time.time()
+        server = PrefectServer(home).start()
+        print(f"started a Prefect server at {server.api_url} in {time.time() - t0:.1f}s", flush=True)
+        os.environ["PREFECT_API_URL"] = server.api_url
+        os.environ["PREFECT_HOME"] = str(home)
+    try:
+        from prefect import flow
+
+        from bench.mirror import Mirror, build_wikitext_zip
+        from tasks import bpe as B
+        from tasks import download as D
+        from tasks import encode as E
+        from tests.prefect_server import task_run_states
+
+        @flow(name="data-stages-bench")
+        def data_stages(root: str, url: str, full_check: bool = False):
+            corpus = D.download(root, source_url=url, full_check=full_check)
+            tok = B.bpe(root, corpus, num_merges=args.num_merges, bpe_train_bytes=args.bpe_train_bytes,
+                        full_check=full_check)
+            shards = E.encode(root, corpus, tok, shard_tokens=args.shard_tokens, full_check=full_check)
+            return {"corpus": corpus, "tokenizer": tok, "shards": shards}
+
+        data = build_wikitext_zip(with_shakespeare=args.with_shakespeare)
+        root = Path(tempfile.mkdtemp(prefix="cached-rerun-art-"))
+        results = {"zip_bytes": len(data), "params": vars(args), "runs": []}
+        with Mirror({"/wikitext-103-raw-v1.zip": data}) as mirror:
+            for label, full in (("first (builds)", False), ("second (cached)", False),
+                                ("third (cached, full_check)", True)):
+                t0 = time.time()
+                state = data_stages(str(root), mirror.url(), full_check=full, return_state=True)
+                wall = time.time() - t0
+                state.result()
+                states = task_run_states(state.state_details.flow_run_id)
+                run = {"run": label, "wall_s": round(wall, 3), "states": states, "http_requests": len(mirror.requests)}
+                results["runs"].append(run)
+                print(json.dumps(run), flush=True)
+        text_bytes = sum(p.stat().st_size for p in root.glob("corpus/*/wikipedia.txt"))
+        results["wikipedia_txt_bytes"] = text_bytes
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "cached_rerun.json").write_text(json.dumps(results, indent=2) + "\n")
+        shutil.rmtree(root, ignore_errors=True)
+    finally:
+        if server is not None:
+            _drain_prefect_workers()  # send queued logs/events while the server still answers
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

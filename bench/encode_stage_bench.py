@@ -1,0 +1,140 @@
+"""Benchmark the encode stage on a generated Wikipedia-shaped corpus: MB/s and peak memory.
+
+    .venv/bin/python -m bench.encode_stage_bench [--bytes 500000000] [--workers 1 2] [--merges 1024]
+
+The corpus comes from ``bench/make_corpus.py`` (``bench/out/wiki{N}.txt``, generated when missing) and
+is the ``train`` split (hard-linked, not copied); valid/test are small slices of it. The tokenizer is
+trained with ``BPETokenizer.from_corpus`` on the first 5 MB (``--merges`` merges). The corpus and
+tokenizer are handed to the stage as ready-made inputs (no download/bpe stage), then the encode stage runs
+once per worker count, each into a fresh artifact root, through ``tasks.stage.execute`` (what the Prefect
+task runs). Peak memory: sampled every 0.1 s, the resident memory of the process plus its worker processes
+during the stage (``rss_before_stage_mb`` is the process before it: Python, numpy, torch imported by
+``mygpt``, the tokenizer), and the process's ``ru_maxrss`` high-water mark. Results: ``bench/out/encode_stage_bench.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+OUT = REPO / "bench" / "out"
+
+
+def corpus_file(nbytes: int) -> Path:
+    path = OUT / ("wiki500m.txt" if nbytes == 500_000_000 else f"wiki{nbytes}.txt")
+    if not path.exists() or path.stat().st_size != nbytes:
+        print(f"generating {path} with bench/make_corpus.py ...", flush=True)
+        subprocess.run([sys.executable, str(REPO / "bench" / "make_corpus.py"), "--bytes", str(nbytes),
+                        "--out", str(path)], check=True)
+    return path
+
+
+class RssSampler(threading.Thread):
+    """Max over time of (RSS of this process + RSS of all its descendants)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        import psutil
+
+        self.proc = psutil.Process()
+        self.peak = 0
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        while not self.stop_event.wait(0.1):
+            total = 0
+            for p in [self.proc] + self.proc.children(recursive=True):
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bytes", type=int, default=500_000_000)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--merges", type=int, default=1024)
+    ap.add_argument("--shard-tokens", type=int, default=10_000_000)
+    ap.add_argument("--keep", action="store_true", help="keep the artifact roots under bench/out/")
+    args = ap.parse_args(argv)
+
+    from mygpt.bpe import BPETokenizer
+    from tasks import encode as E
+    from tasks.stage import StageRef, execute
+
+    src = corpus_file(args.bytes)
+    work = OUT / "encode-bench"
+    shutil.rmtree(work, ignore_errors=True)
+    cdir = work / "inputs" / "corpus"
+    cdir.mkdir(parents=True)
+    os.link(src, cdir / "wiki.train.txt")
+    with open(src, "rb") as f:
+        head = f.read(2_000_000).decode("utf-8", errors="ignore")
+    (cdir / "wiki.valid.txt").write_text(head[:1_000_000], encoding="utf-8")
+    (cdir / "wiki.test.txt").write_text(head[1_000_000:], encoding="utf-8")
+    tdir = work / "inputs" / "tokenizer"
+    tdir.mkdir(parents=True)
+    with open(src, "rb") as f:
+        slice_text = f.read(5_000_000).decode("utf-8", errors="ignore")
+    t0 = time.time()
+    tok = BPETokenizer.from_corpus(slice_text, args.merges)
+    print(f"tokenizer: {args.merges} merges on 5 MB in {time.time() - t0:.1f}s, vocab {tok.vocab_size}", flush=True)
+    tok.save(tdir / "tokenizer.json")
+    inputs = {"corpus": StageRef(stage="corpus", version="bench", build_id="bench", path=str(cdir)),
+              "tokenizer": StageRef(stage="tokenizer", version="bench", build_id="bench", path=str(tdir))}
+    text_bytes = sum((cdir / f"wiki.{s}.txt").stat().st_size for s in ("train", "valid", "test"))
+
+    results = {"corpus": str(src), "text_bytes": text_bytes, "vocab_size": tok.vocab_size,
+               "shard_tokens": args.shard_tokens, "cpu_count": os.cpu_count(),
+               "load_avg_start": os.getloadavg(), "runs": []}
+    shas = {}
+    for workers in args.workers:
+        root = work / f"art-w{workers}"
+        import psutil
+
+        rss_before = psutil.Process().memory_info().rss
+        sampler = RssSampler()
+        sampler.start()
+        t0 = time.time()
+        ref = execute(E.SPEC, root, E.validate(shard_tokens=args.shard_tokens), inputs,
+                      options={"workers": workers})
+        wall = time.time() - t0
+        sampler.stop_event.set()
+        sampler.join()
+        manifest = json.loads((Path(ref["path"]) / "manifest.json").read_text())
+        m = manifest["metrics"]
+        shas[workers] = manifest["files"]
+        run = {"workers": workers, "wall_s": round(wall, 2), "mb_per_s": round(text_bytes / 1e6 / wall, 2),
+               "stage_mb_per_s": m["mb_per_s"], "tokens": m["tokens"],
+               "shards": len(m["shards"]), "shard_bytes": sum(f["size"] for f in manifest["files"].values()),
+               "rss_before_stage_mb": round(rss_before / 2**20, 1),
+               "peak_rss_total_sampled_mb": round(sampler.peak / 2**20, 1),
+               "peak_rss_self_maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+               "load_avg_end": os.getloadavg()}
+        results["runs"].append(run)
+        print(json.dumps(run), flush=True)
+    results["identical_across_workers"] = len({json.dumps(v, sort_keys=True) for v in shas.values()}) == 1
+    (OUT / "encode_stage_bench.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(f"identical bytes across worker counts: {results['identical_across_workers']}")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

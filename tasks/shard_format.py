@@ -1,0 +1,173 @@
+"""The token-shard format of the ``shards`` stage, in one place.
+
+Readers need nothing from this project: every shard is a plain Parquet file (see :data:`SCHEMA`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from mygpt.atomic import atomic_open
+from mygpt.errors import UserError
+
+SPLITS = ("train", "valid", "test")
+COLUMN = "token_id"
+COMPRESSION = "zstd"  # default level; ~1/3 of the raw uint16 size on Wikipedia tokens, fast to decode
+ROW_GROUP_TOKENS = 1 << 20  # 1 Mi tokens per row group: readers can stream a shard in ~2 MiB pieces
+SHARD_NAME = "{split}-{index:05d}.parquet"
+_SHARD_RE = re.compile(r"^(train|valid|test)-(\d{5})\.parquet$")
+
+SCHEMA = f"""\
+Token shards (stage `shards`)
+=============================
+
+Files: `{{split}}-{{index:05d}}.parquet` for split in train, valid, test (e.g. `train-00000.parquet`),
+numbered from 00000 with no gaps. Concatenating a split's shards in index order gives the token ids of
+`wiki.{{split}}.txt` from the corpus version, encoded with the tokenizer version
+(`BPETokenizer.encode_corpus`; characters outside the tokenizer's alphabet are skipped and counted in the
+manifest metrics).
+
+Each shard is a Parquet file (written by pyarrow) with exactly one column:
+
+| column     | Parquet/Arrow type                                          | nullable |
+|------------|-------------------------------------------------------------|----------|
+| `{COLUMN}` | uint16 when the tokenizer's vocab_size <= 65536, else uint32 | no       |
+
+Every shard of a split holds exactly `shard_tokens` rows except the last one, which holds the rest
+(1..shard_tokens rows; a split with no tokens at all has one empty shard). Row order is token order.
+Compression: {COMPRESSION} (default level) with Parquet dictionary encoding, row groups of
+{ROW_GROUP_TOKENS:,} rows.
+
+`shards.json` lists every shard with its token count and the offsets of its first and last token within
+the split; the version's `manifest.json` has every file's size and sha256.
+
+Reading without this project:
+
+    pyarrow: pyarrow.parquet.read_table("train-00000.parquet")["{COLUMN}"].to_numpy()
+    pandas:  pandas.read_parquet("train-00000.parquet")["{COLUMN}"]
+    duckdb:  SELECT {COLUMN} FROM read_parquet('train-*.parquet', filename=true)
+             ORDER BY filename, file_row_number   -- or read the files one by one in name order
+"""
+
+
+def arrow_type(dtype):
+    import pyarrow as pa
+
+    dtype = np.dtype(dtype)
+    if dtype == np.uint16:
+        return pa.uint16()
+    if dtype == np.uint32:
+        return pa.uint32()
+    raise ValueError(f"token shards hold uint16 or uint32 ids, not {dtype}")
+
+
+def dtype_for_vocab(vocab_size: int):
+    return np.dtype(np.uint16 if vocab_size <= 65536 else np.uint32)
+
+
+def shard_name(split: str, index: int) -> str:
+    return SHARD_NAME.format(split=split, index=index)
+
+
+def write_shard(path: str | os.PathLike, ids: np.ndarray) -> int:
+    """Write ``ids`` (1-D uint16/uint32) as one shard, atomically (temp beside it, fsync, rename).
+
+    Returns the file size. The bytes depend only on ``ids`` (and the pyarrow version).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids = np.ascontiguousarray(ids)
+    if ids.ndim != 1:
+        raise ValueError(f"a shard holds a 1-D array of token ids, got shape {ids.shape}")
+    schema = pa.schema([pa.field(COLUMN, arrow_type(ids.dtype), nullable=False)])
+    table = pa.Table.from_arrays([pa.array(ids, type=schema.field(0).type)], schema=schema)
+    with atomic_open(path, "wb") as f:
+        pq.write_table(table, f, compression=COMPRESSION, use_dictionary=True,
+                       row_group_size=ROW_GROUP_TOKENS, write_statistics=True)
+    return os.path.getsize(path)
+
+
+def shard_tokens_in(path: str | os.PathLike) -> int:
+    """Number of tokens in a shard, from the Parquet footer (cheap)."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def shard_dtype(path: str | os.PathLike) -> np.dtype:
+    import pyarrow.parquet as pq
+
+    arrow = pq.read_schema(path).field(COLUMN).type
+    return np.dtype(arrow.to_pandas_dtype())
+
+
+def read_shard(path: str | os.PathLike) -> np.ndarray:
+    """A shard's token ids as a 1-D numpy array (uint16 or uint32)."""
+    import pyarrow.parquet as pq
+
+    col = pq.read_table(path, columns=[COLUMN]).column(COLUMN)
+    dtype = np.dtype(col.type.to_pandas_dtype())
+    if col.num_chunks == 0:
+        return np.zeros(0, dtype)
+    return col.combine_chunks().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+
+def shard_paths(shards_dir: str | os.PathLike, split: str) -> list[Path]:
+    """A split's shard files in index order; ``UserError`` when there are none or the numbering has a gap."""
+    if split not in SPLITS:
+        raise UserError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    shards_dir = Path(shards_dir)
+    found = {}
+    for p in shards_dir.glob(f"{split}-*.parquet"):
+        m = _SHARD_RE.match(p.name)
+        if m:
+            found[int(m.group(2))] = p
+    if not found:
+        raise UserError(f"no {split} shards ({split}-00000.parquet ...) in {shards_dir}; "
+                        "point at a published version of the shards stage")
+    missing = sorted(set(range(max(found) + 1)) - set(found))
+    if missing:
+        raise UserError(f"{shards_dir} is missing shard {shard_name(split, missing[0])}; "
+                        "the version is incomplete: rebuild the encode stage")
+    return [found[i] for i in sorted(found)]
+
+
+def materialize_tokens(shards_dir: str | os.PathLike, split: str, dest: str | os.PathLike) -> np.ndarray:
+    """Stream a split's shards into one flat binary token file ``dest``; return it memory-mapped (read-only).
+
+    ``dest`` holds the ids back to back in the shards' dtype (native byte order, no header). It is written
+    atomically (temp file beside it, fsync, rename); when it already exists with the right size nothing is
+    rewritten. Memory stays at one row group. A split with no tokens gives an empty (non-mapped) array,
+    since an empty file cannot be memory-mapped.
+    """
+    import pyarrow.parquet as pq
+
+    paths = shard_paths(shards_dir, split)
+    dtype = shard_dtype(paths[0])
+    total = 0
+    for p in paths:
+        if shard_dtype(p) != dtype:
+            raise UserError(f"{p} has token type {shard_dtype(p)}, {paths[0].name} has {dtype}; rebuild the shards")
+        total += shard_tokens_in(p)
+    if total == 0:
+        return np.zeros(0, dtype)
+    dest = Path(dest)
+    want = total * dtype.itemsize
+    if not (dest.is_file() and dest.stat().st_size == want):
+        written = 0
+        with atomic_open(dest, "wb") as f:
+            for p in paths:
+                pf = pq.ParquetFile(p)
+                for batch in pf.iter_batches(batch_size=ROW_GROUP_TOKENS, columns=[COLUMN]):
+                    arr = batch.column(0).to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+                    f.write(arr.tobytes())
+                    written += arr.size
+        if written != total:  # pragma: no cover - footer and data disagree
+            dest.unlink(missing_ok=True)
+            raise UserError(f"shards in {shards_dir} hold {written} {split} tokens, their footers say {total}")
+    return np.memmap(dest, dtype=dtype, mode="r", shape=(total,))
