@@ -1,0 +1,266 @@
+"""``wiki-pipeline``: run the flow, serve its deployment, list the artifacts.
+
+    wiki-pipeline run [--tiny] [--mirror] [--param K=V ...] [--force STAGE ...] [--only STAGE]
+    wiki-pipeline serve [--tiny] [--param K=V ...]     the deployment runner for wiki-pipeline/wiki-pipeline
+    wiki-pipeline artifacts [--stage S] [--json]       versions, sizes and lineage in the artifact store
+    wiki-pipeline params [--tiny] [--param K=V ...]    the parameters as JSON (for prefect deployment run --params)
+    wiki-pipeline wait FLOW_RUN_ID                     follow a flow run (e.g. one started by the deployment)
+
+A ``--param`` value is read as JSON when it parses (``steps=100``, ``force=["bpe"]``), else as a string
+(``prompt=The history of``). Bad input a user can fix ends with ``error: ...`` on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+from mygpt.errors import UserError
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOYMENT = "wiki-pipeline"
+MIRROR_PORT = 8765  # the loopback mirror of --mirror and scripts/pipeline --demo
+
+
+def parse_param(text: str) -> tuple[str, object]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"--param {text!r} is not KEY=VALUE (e.g. --param steps=100)")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.strip(), value
+
+
+def chosen_params(args) -> dict:
+    """The parameters the user chose (the flow's defaults fill in the rest): --tiny, --params, --param, flags."""
+    from flows.params import TINY
+
+    values: dict = dict(TINY) if args.tiny else {}
+    if getattr(args, "params", None):
+        try:
+            extra = json.loads(args.params)
+        except ValueError as e:
+            raise UserError(f"--params is not a JSON object: {e}") from None
+        if not isinstance(extra, dict):
+            raise UserError(f"--params must be a JSON object, got {args.params!r}")
+        values.update(extra)
+    values.update(parse_param(p) for p in args.param)
+    for flag in ("artifacts_dir", "source_url", "only"):
+        if getattr(args, flag, None):
+            values[flag] = getattr(args, flag)
+    if getattr(args, "force", None):
+        values["force"] = list(args.force)
+    if getattr(args, "full_check", False):
+        values["full_check"] = True
+    return values
+
+
+def checked(values: dict) -> dict:
+    """Validate ``values`` on top of the flow's defaults (fast, before Prefect starts); return ``values``."""
+    from flows import params as P
+
+    P.validate({**P.flow_defaults(), **values})
+    return values
+
+
+@contextlib.contextmanager
+def loopback_mirror():
+    """Serve a wikitext-103-style zip built from ../shared/data on 127.0.0.1 (bench/mirror.py)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    try:
+        from bench.mirror import ZIP_NAME, Mirror, build_wikitext_zip
+        data = build_wikitext_zip()
+    except (ImportError, OSError) as e:
+        raise UserError(f"--mirror needs bench/mirror.py and ../shared/data/wikitext2-valid.txt: {e}") from None
+    try:  # a fixed port keeps source_url, and so every version, the same from one run to the next
+        mirror = Mirror({"/" + ZIP_NAME: data}, port=MIRROR_PORT).start()
+    except OSError:
+        mirror = Mirror({"/" + ZIP_NAME: data}).start()
+        print(f"note: port {MIRROR_PORT} is busy; the mirror URL (and so the versions) differ from other runs",
+              file=sys.stderr)
+    try:
+        print(f"loopback mirror: {mirror.url()} ({len(data):,} bytes)", file=sys.stderr)
+        yield mirror.url()
+    finally:
+        mirror.stop()
+
+
+def cmd_run(args) -> int:
+    values = chosen_params(args)
+    with contextlib.ExitStack() as stack:
+        if args.mirror:
+            if "source_url" in values:
+                raise UserError("--mirror and source_url both choose the source; give one of them")
+            values["source_url"] = stack.enter_context(loopback_mirror())
+        checked(values)
+        from flows.wiki_pipeline import wiki_pipeline
+
+        state = wiki_pipeline(**values, return_state=True)
+        if not state.is_completed():
+            try:
+                state.result()  # re-raises the flow's exception (a UserError becomes exit code 2)
+            except UserError:
+                raise
+            except Exception as e:
+                print(f"error: the flow run ended {state.name}: {type(e).__name__}: {e}", file=sys.stderr)
+                return 1
+            return 1
+        refs = state.result()
+    for stage, ref in refs.items():
+        print(f"{stage:10s} {ref['path']}")
+    samples = refs.get("samples")
+    if samples:
+        print()
+        print((Path(samples["path"]) / "samples.md").read_text(encoding="utf-8"))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from prefect.types.entrypoint import EntrypointType
+
+    from flows.wiki_pipeline import wiki_pipeline
+
+    values = checked(chosen_params(args))
+    wiki_pipeline.serve(name=DEPLOYMENT, parameters=values or None, limit=args.limit,
+                        entrypoint_type=EntrypointType.MODULE_PATH,
+                        description="Wikipedia -> BPE -> token shards -> mygpt -> samples (chapter 28)")
+    return 0
+
+
+def cmd_params(args) -> int:
+    print(json.dumps(checked(chosen_params(args))))
+    return 0
+
+
+def cmd_wait(args) -> int:
+    """Follow a flow run (by id) until it ends, printing each stage's state once it is final."""
+    import time
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    try:
+        run_id = uuid.UUID(args.flow_run_id)
+    except ValueError:
+        raise UserError(f"{args.flow_run_id!r} is not a flow run id (a UUID)") from None
+    shown: set = set()
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(run_id)
+            tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+            for t in sorted(tasks, key=lambda t: t.expected_start_time or t.created):
+                if t.state and t.state.is_final() and t.id not in shown:
+                    shown.add(t.id)
+                    print(f"  {t.name:10s} {t.state.name}", flush=True)
+            if run.state and run.state.is_final():
+                print(f"flow run {run.name} ({run_id}): {run.state.name}", flush=True)
+                return 0 if run.state.is_completed() else 1
+            if deadline and time.monotonic() > deadline:
+                print(f"flow run {run.name} is still {run.state.name if run.state else '?'} after "
+                      f"{args.timeout}s; it keeps running", file=sys.stderr)
+                return 1
+            time.sleep(args.interval)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def cmd_artifacts(args) -> int:
+    from tasks.store import ArtifactStore
+
+    store = ArtifactStore(args.artifacts_dir)
+    stages = [args.stage] if args.stage else None
+    if args.stage:
+        from flows.params import STORE_NAMES, stage_name
+
+        stages = [STORE_NAMES[stage_name(args.stage, "--stage")]]
+    rows = [v for st in (stages or [None]) for v in store.versions(st)]
+    if args.json:
+        print(json.dumps([{"stage": v.stage, "version": v.version, "path": str(v.path), "bytes": v.size_bytes,
+                           "build_id": v.manifest.get("build_id"), "created_at": v.manifest.get("created_at"),
+                           "inputs": {k: i["version"] for k, i in v.manifest.get("inputs", {}).items()},
+                           "params": v.manifest.get("params")} for v in rows], indent=1))
+        return 0
+    if not rows:
+        print(f"no published versions under {store.root}")
+        return 0
+    print(f"artifacts under {store.root}")
+    print(f"{'stage':10s} {'version':12s} {'created (UTC)':20s} {'size':>9s}  inputs")
+    for v in rows:
+        inputs = ", ".join(f"{k}/{i['version']}" for k, i in sorted(v.manifest.get("inputs", {}).items()))
+        print(f"{v.stage:10s} {v.version:12s} {v.manifest.get('created_at', ''):20s} "
+              f"{_human(v.size_bytes):>9s}  {inputs or '-'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="wiki-pipeline", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    def add_params(p, serve=False):
+        p.add_argument("--tiny", action="store_true", help="the tiny preset (flows/params.py TINY)")
+        p.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
+                       help="a flow parameter (repeatable); VALUE is JSON or a plain string")
+        p.add_argument("--params", metavar="JSON", help="a JSON object of flow parameters (--param wins)")
+        p.add_argument("--artifacts-dir", help="artifact root (default: artifacts/ or $WIKI_PIPELINE_ARTIFACTS)")
+        p.add_argument("--source-url", help="where to download the wikitext-103-raw-v1 zip from")
+
+    run = sub.add_parser("run", help="run the flow in this process")
+    add_params(run)
+    run.add_argument("--mirror", action="store_true",
+                     help="serve ../shared/data as a wikitext-103-style zip on 127.0.0.1 for this run (no internet)")
+    run.add_argument("--force", action="append", metavar="STAGE", help="rebuild STAGE (and so everything after it)")
+    run.add_argument("--only", metavar="STAGE", help="run only STAGE, against the latest upstream versions")
+    run.add_argument("--full-check", action="store_true", help="verify every reused file's sha256")
+    run.set_defaults(func=cmd_run)
+
+    serve = sub.add_parser("serve", help=f"serve the deployment wiki-pipeline/{DEPLOYMENT} (runs until Ctrl-C)")
+    add_params(serve)
+    serve.add_argument("--limit", type=int, default=1, help="flow runs at a time (default 1)")
+    serve.set_defaults(func=cmd_serve)
+
+    params = sub.add_parser("params", help="print the chosen parameters as JSON")
+    add_params(params)
+    params.set_defaults(func=cmd_params)
+
+    wait = sub.add_parser("wait", help="follow a flow run until it ends (exit 0 when Completed)")
+    wait.add_argument("flow_run_id")
+    wait.add_argument("--timeout", type=float, default=0, help="give up after this many seconds (0 = never)")
+    wait.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
+    wait.set_defaults(func=cmd_wait)
+
+    art = sub.add_parser("artifacts", help="list published versions, sizes and lineage")
+    art.add_argument("--artifacts-dir", help="artifact root (default: artifacts/ or $WIKI_PIPELINE_ARTIFACTS)")
+    art.add_argument("--stage", help="only this stage (download/bpe/encode/train/sample or corpus/...)")
+    art.add_argument("--json", action="store_true")
+    art.set_defaults(func=cmd_artifacts)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; rerun the same command to resume (finished stages are reused)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
