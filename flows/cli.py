@@ -170,16 +170,8 @@ def cmd_wait(args) -> int:
             time.sleep(args.interval)
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
-
-
 def cmd_artifacts(args) -> int:
-    from tasks.store import ArtifactStore
+    from tasks.store import ArtifactStore, format_listing
 
     store = ArtifactStore(args.artifacts_dir)
     stages = [args.stage] if args.stage else None
@@ -194,15 +186,7 @@ def cmd_artifacts(args) -> int:
                            "inputs": {k: i["version"] for k, i in v.manifest.get("inputs", {}).items()},
                            "params": v.manifest.get("params")} for v in rows], indent=1))
         return 0
-    if not rows:
-        print(f"no published versions under {store.root}")
-        return 0
-    print(f"artifacts under {store.root}")
-    print(f"{'stage':10s} {'version':12s} {'created (UTC)':20s} {'size':>9s}  inputs")
-    for v in rows:
-        inputs = ", ".join(f"{k}/{i['version']}" for k, i in sorted(v.manifest.get("inputs", {}).items()))
-        print(f"{v.stage:10s} {v.version:12s} {v.manifest.get('created_at', ''):20s} "
-              f"{_human(v.size_bytes):>9s}  {inputs or '-'}")
+    print(format_listing(store, rows))
     return 0
 
 

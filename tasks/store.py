@@ -206,6 +206,10 @@ class ArtifactStore:
         """Staging area for building ``stage/version``. Call under ``lock``. Survives crashes for resume."""
         return Build(self, stage, version)
 
+    def drop_staging(self, stage: str, version: str) -> None:
+        """Delete the staging dir of ``stage/version`` (call under ``lock``, once the version is published)."""
+        shutil.rmtree(self.staging_path(stage, version), ignore_errors=True)
+
     def clean_trash(self) -> None:
         for st in STAGES:
             shutil.rmtree(self.stage_dir(st) / ".trash", ignore_errors=True)
@@ -224,6 +228,9 @@ class Build:
         for d in (self.out, self.work):
             d.mkdir(parents=True, exist_ok=True)
         self._sweep_temp_files()
+        # A publish killed after writing the manifest but before the rename leaves out/manifest.json; the
+        # rebuild writes a new one (and publish refuses a manifest it did not write).
+        (self.out / MANIFEST).unlink(missing_ok=True)
 
     def _sweep_temp_files(self) -> None:
         """Remove half-written temp files that a killed writer left (their real targets are intact)."""
@@ -247,8 +254,12 @@ class Build:
         metrics: dict | None = None,
         timings: dict | None = None,
         extra: dict | None = None,
+        fault=None,
     ) -> dict:
-        """fsync every file of ``out/``, write the manifest last, rename into place, drop the staging dir."""
+        """fsync every file of ``out/``, write the manifest last, rename into place, drop the staging dir.
+
+        ``fault`` (test hook, see ``tasks.stage.fault_point``) is called with ``"publish"`` after the manifest is
+        written and with ``"published"`` after the rename, before the staging dir is deleted."""
         self._sweep_temp_files()
         files: dict[str, dict] = {}
         for p in sorted(self.out.rglob("*")):
@@ -278,32 +289,35 @@ class Build:
             **(extra or {}),
         }
         atomic_write_text(self.out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+        if fault:
+            fault("publish")
         final = self.store.version_path(self.stage, self.version)
         if final.exists():
             self.store.discard(self.stage, self.version, "replaced by a rebuild")
         os.rename(self.out, final)
         fsync_dir(final.parent)
+        if fault:
+            fault("published")
         shutil.rmtree(self.dir, ignore_errors=True)
         return manifest
 
 
-def _human_bytes(n: float) -> str:
+def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
 
 
-def format_listing(store: ArtifactStore) -> str:
-    """Every published version: stage/version, size, creation time, and the inputs it was built from."""
-    versions = store.versions()
+def format_listing(store: ArtifactStore, versions: list[VersionInfo] | None = None) -> str:
+    """Published versions (all, or ``versions``): stage, version, creation time, size, and lineage."""
+    versions = store.versions() if versions is None else versions
     if not versions:
-        return f"no artifacts under {store.root}"
-    lines = [f"artifacts under {store.root}", f"{'version':<28} {'size':>10}  {'created (UTC)':<20}  built from"]
+        return f"no published versions under {store.root}"
+    lines = [f"artifacts under {store.root}", f"{'stage':10s} {'version':12s} {'created (UTC)':20s} {'size':>9s}  inputs"]
     for v in versions:
-        inputs = v.manifest.get("inputs") or {}
-        lineage = ", ".join(f"{name}/{ref.get('version')}" for name, ref in sorted(inputs.items()))
-        lines.append(f"{v.stage + '/' + v.version:<28} {_human_bytes(v.size_bytes):>10}  "
-                     f"{v.manifest.get('created_at', '?'):<20}  {('<- ' + lineage) if lineage else '(source)'}")
+        inputs = ", ".join(f"{k}/{i['version']}" for k, i in sorted((v.manifest.get("inputs") or {}).items()))
+        lines.append(f"{v.stage:10s} {v.version:12s} {v.manifest.get('created_at', ''):20s} "
+                     f"{human_bytes(v.size_bytes):>9s}  {inputs or '-'}")
     return "\n".join(lines)
