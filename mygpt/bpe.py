@@ -47,23 +47,15 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .atomic import atomic_write_text
-from .errors import UserError
+from .errors import UserError, describe_chars
 
-__all__ = ["BPETokenizer", "WORD_PATTERN", "WORD_RE", "NUM_BYTE_TOKENS", "describe_chars"]
+__all__ = ["BPETokenizer", "WORD_PATTERN", "WORD_RE", "NUM_BYTE_TOKENS"]
 
 #: The chapter's pre-tokeniser: a whitespace run plus the following non-whitespace run is one word.
 WORD_PATTERN = r"\s*\S+|\s+"
 WORD_RE = re.compile(WORD_PATTERN)
 NUM_BYTE_TOKENS = 256
 
-
-def describe_chars(chars: Iterable[str], limit: int = 20) -> str:
-    """``'Z' (U+005A), '€' (U+20AC)`` for a list of characters (at most ``limit`` shown)."""
-    chars = list(chars)
-    shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in chars[:limit])
-    if len(chars) > limit:
-        shown += f", ... ({len(chars) - limit} more)"
-    return shown
 
 
 def _check_num_merges(num_merges: Any) -> int:

@@ -82,7 +82,7 @@ class EncodeStats:
 
 
 def _unknown_error(unknown) -> UserError:
-    from .bpe import describe_chars
+    from .errors import describe_chars
 
     return UserError(
         f"characters not in the tokenizer's vocabulary: {describe_chars(sorted(unknown))} "

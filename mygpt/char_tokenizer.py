@@ -7,23 +7,15 @@ turned into an id array without building a Python list per character.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from .errors import UserError
+from .errors import UserError, describe_chars
 
-__all__ = ["CharTokenizer", "describe_chars"]
+__all__ = ["CharTokenizer"]
 
-
-def describe_chars(chars: Iterable[str], limit: int = 20) -> str:
-    """``'Z' (U+005A), '€' (U+20AC)`` for a list of characters (at most ``limit`` shown)."""
-    chars = list(chars)
-    shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in chars[:limit])
-    if len(chars) > limit:
-        shown += f", … ({len(chars) - limit} more)"
-    return shown
 
 
 def ids_to_numpy(ids) -> np.ndarray:

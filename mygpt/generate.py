@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .char_tokenizer import describe_chars
 from .device import autocast, resolve_device, resolve_precision
-from .errors import UserError
+from .errors import UserError, describe_chars
 
 __all__ = ["generate", "generate_ids"]
 

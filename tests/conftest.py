@@ -60,3 +60,30 @@ def prefect_server(tmp_path_factory):
 
         QueueService.drain_all(timeout=15)
         server.stop()
+
+
+# ---- the tiny pipeline's upstream versions, built once per session (train and sample stage tests) ------
+@pytest.fixture(scope="session")
+def upstream(tmp_path_factory):
+    """(artifacts root, corpus, tokenizer, shards) built once with the tiny preset, outside Prefect."""
+    from tasks.bpe import bpe
+    from tasks.download import download
+    from tasks.encode import encode
+
+    from tests.tiny import TINY, tiny_zip_url
+
+    tmp = tmp_path_factory.mktemp("upstream")
+    root = tmp / "art"
+    corpus = download(root, source_url=tiny_zip_url(tmp))
+    tokenizer = bpe(root, corpus, num_merges=TINY["num_merges"], bpe_train_bytes=TINY["bpe_train_bytes"])
+    shards = encode(root, corpus, tokenizer, shard_tokens=TINY["shard_tokens"], workers=1)
+    return root, corpus, tokenizer, shards
+
+
+@pytest.fixture(scope="session")
+def trained(upstream):
+    from tasks import train as train_stage
+    from tests.tiny import TRAIN
+
+    root, _, tokenizer, shards = upstream
+    return train_stage.train(root, shards, tokenizer, **TRAIN)

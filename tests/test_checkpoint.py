@@ -18,15 +18,6 @@ from mygpt.checkpoint import load_checkpoint_payload
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small models on 2 shared cores: one intra-op thread is faster and steadier than two fighting other jobs."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _same_weights(a: GPT, b: GPT) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

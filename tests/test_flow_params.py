@@ -12,7 +12,7 @@ from mygpt.errors import UserError
 from tasks import sample as sample_stage
 from tasks import train as train_stage
 from tests.prefect_server import task_run_states
-from tests.test_train_stage import tiny_zip_url
+from tests.tiny import tiny_zip_url
 
 BAD = [
     ({"num_heads": 5}, r"num_heads \(5\) must divide embed_dim \(192\)"),

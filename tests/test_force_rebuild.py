@@ -10,7 +10,7 @@ import pytest
 from flows.params import TINY
 from tasks.store import ArtifactStore
 from tests.prefect_server import task_run_states
-from tests.test_train_stage import tiny_zip_url
+from tests.tiny import tiny_zip_url
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,6 @@ from mygpt import GPT, CharTokenizer, TrainConfig, UserError, generate, train
 from mygpt.generate import generate_ids
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Token-by-token decoding of tiny models is all small ops: one thread is faster on shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tok(shakespeare_text):
     return CharTokenizer.from_text(shakespeare_text)

@@ -18,15 +18,6 @@ TINY = ["--embed-dim", "32", "--num-layers", "1", "--num-heads", "4", "--max-seq
         "--batch-size", "4", "--device", "cpu"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on 2 shared cores: one intra-op thread is much faster than two fighting other processes."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def small_text(shakespeare_text, tmp_path_factory):
     path = tmp_path_factory.mktemp("cli") / "small.txt"

@@ -22,7 +22,7 @@ import torch
 from flows.params import TINY
 from tasks.train import CHECKPOINT, STALL_ENV
 from tests.prefect_server import task_run_states
-from tests.test_train_stage import tiny_zip_url
+from tests.tiny import tiny_zip_url
 
 
 def _kill_after_first_checkpoint(cmd, env, root: Path, log_path: Path, timeout: float = 180) -> Path:

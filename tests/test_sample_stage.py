@@ -11,10 +11,10 @@ from mygpt.errors import UserError
 from tasks import sample as sample_stage
 from tasks.store import ArtifactStore
 from tasks.train import load_tokenizer
-from tests.test_train_stage import SAMPLE, trained, upstream  # noqa: F401  (shared session fixtures)
+from tests.tiny import SAMPLE
 
 
-def test_sample_publishes_markdown_and_json(upstream, trained):  # noqa: F811
+def test_sample_publishes_markdown_and_json(upstream, trained):
     root = upstream[0]
     prompts = ["The history of", "In 1999 , the"]
     ref = sample_stage.sample(root, trained, **{**SAMPLE, "prompt": prompts})
@@ -44,7 +44,7 @@ def test_sample_publishes_markdown_and_json(upstream, trained):  # noqa: F811
     assert texts(alone) == [samples[1]["continuation"]]
 
 
-def test_prompt_characters_the_tokenizer_cannot_encode(upstream, trained):  # noqa: F811
+def test_prompt_characters_the_tokenizer_cannot_encode(upstream, trained):
     root = upstream[0]
     tok = load_tokenizer(upstream[2]["path"])
     with pytest.raises(UserError, match=r"prompt '🦜🦜' is made only of characters the tokenizer cannot encode"):

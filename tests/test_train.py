@@ -14,15 +14,6 @@ from mygpt.data import get_batch
 from mygpt.train import lr_at
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small models on 2 shared cores: one intra-op thread is faster and steadier than two fighting other jobs."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_lr_schedule_matches_chapter_figures():
     cfg = TrainConfig(steps=10_000, lr=1e-3, schedule="cosine", warmup=500)
     assert f"{lr_at(cfg, 1):.2e}" == "2.00e-06"

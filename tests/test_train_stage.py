@@ -10,45 +10,13 @@ import xml.dom.minidom
 from pathlib import Path
 
 import numpy as np
-import pytest
 from flows.params import TINY
-from tasks import sample as sample_stage
 from tasks import train as train_stage
-from tasks.bpe import bpe
-from tasks.download import download
-from tasks.encode import encode
 from tasks.store import ArtifactStore
 
-TRAIN = {k: v for k, v in TINY.items() if k in train_stage.DEFAULTS or k == "threads"}
-SAMPLE = {k: v for k, v in TINY.items() if k in sample_stage.DEFAULTS or k == "threads"}
+from tests.tiny import TRAIN
 
 
-def tiny_zip_url(tmp: Path) -> str:
-    """A wikitext-103-style zip built from ../shared/data, as a file:// URL (no HTTP needed)."""
-    from bench.mirror import build_wikitext_zip
-
-    try:
-        build_wikitext_zip(tmp / "wikitext-103-raw-v1.zip")
-    except FileNotFoundError as e:
-        pytest.skip(f"real test text is absent: {e}")
-    return (tmp / "wikitext-103-raw-v1.zip").as_uri()
-
-
-@pytest.fixture(scope="session")
-def upstream(tmp_path_factory):
-    """(artifacts root, corpus, tokenizer, shards) built once with the tiny preset, outside Prefect."""
-    tmp = tmp_path_factory.mktemp("upstream")
-    root = tmp / "art"
-    corpus = download(root, source_url=tiny_zip_url(tmp))
-    tokenizer = bpe(root, corpus, num_merges=TINY["num_merges"], bpe_train_bytes=TINY["bpe_train_bytes"])
-    shards = encode(root, corpus, tokenizer, shard_tokens=TINY["shard_tokens"], workers=1)
-    return root, corpus, tokenizer, shards
-
-
-@pytest.fixture(scope="session")
-def trained(upstream):
-    root, _, tokenizer, shards = upstream
-    return train_stage.train(root, shards, tokenizer, **TRAIN)
 
 
 def test_train_publishes_checkpoint_history_and_metrics(upstream, trained):
