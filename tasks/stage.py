@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,52 @@ from typing import Any, Callable, TypedDict
 from tasks.store import ArtifactStore, Build, version_id
 
 log = logging.getLogger("wiki_pipeline")
+
+
+# ---- fault injection (test hook, off by default) -------------------------------------------------------
+FAULT_ENV = "WIKI_PIPELINE_FAULT"
+FAULT_TRACE_ENV = "WIKI_PIPELINE_FAULT_TRACE"
+_fault_calls: dict[str, int] = {}
+
+
+class FaultInjected(BaseException):
+    """Raised by :func:`fault_point` in ``raise`` mode: an in-process stand-in for a crash (BaseException, so
+    no ``except Exception`` swallows it)."""
+
+
+def reset_faults() -> None:
+    """Forget the per-point call counts (for in-process use)."""
+    _fault_calls.clear()
+
+
+def fault_point(name: str) -> None:
+    """A named point where bench/reliability.py can crash the pipeline. Does nothing unless the environment says so.
+
+    Points (``<task>`` is download, bpe, encode, train or sample): ``<task>.start`` (staging opened, build not
+    started), ``<task>.progress`` (every :meth:`BuildContext.progress` call, before its throttling),
+    ``<task>.publish`` (manifest written in staging, not yet renamed into place) and ``<task>.published``
+    (renamed into place, staging not yet deleted).
+
+    ``WIKI_PIPELINE_FAULT=<point>@<n>`` SIGKILLs this process at the n-th call of ``<point>`` (counted per
+    process); ``<point>@<n>:raise`` raises :class:`FaultInjected` instead. ``WIKI_PIPELINE_FAULT_TRACE=<file>``
+    appends ``<point> <n>`` for every call (so a harness can pick random points that a run really reaches).
+    """
+    spec = os.environ.get(FAULT_ENV)
+    trace = os.environ.get(FAULT_TRACE_ENV)
+    if not spec and not trace:
+        return
+    n = _fault_calls[name] = _fault_calls.get(name, 0) + 1
+    if trace:
+        with open(trace, "a", encoding="utf-8") as f:
+            f.write(f"{name} {n}\n")
+    if spec:
+        target, _, mode = spec.partition(":")
+        point, _, count = target.rpartition("@")
+        if point == name and count.isdigit() and n == int(count):
+            if mode == "raise":
+                raise FaultInjected(f"fault injected at {name}@{n}")
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class StageRef(TypedDict):
@@ -113,6 +160,7 @@ class BuildContext:
 
     def progress(self, done: float, total: float, message: str = "", force: bool = False) -> None:
         """Report progress: a log line (every ~10 s or 10 %) and a Prefect progress artifact."""
+        fault_point(f"{self.spec.task_name}.progress")
         pct = 100.0 * done / total if total else 100.0
         now = time.monotonic()
         last_t, last_pct = self._progress_last
@@ -162,6 +210,7 @@ def execute(spec: StageSpec, artifacts_dir: str | os.PathLike, params: dict,
         ok, reason = store.verify(spec.name, version, full=full_check)
         if ok and not force:
             logger.info("%s: reusing %s/%s", spec.task_name, spec.name, version)
+            store.drop_staging(spec.name, version)  # left by a run killed between publish and clean-up
             return ref(store.read_manifest(spec.name, version))
         if force and ok:
             logger.info("%s: rebuilding %s/%s (forced)", spec.task_name, spec.name, version)
@@ -172,6 +221,7 @@ def execute(spec: StageSpec, artifacts_dir: str | os.PathLike, params: dict,
         logger.info("%s: building %s/%s%s", spec.task_name, spec.name, version,
                     " (resuming from an interrupted attempt)" if build.resumed else "")
         ctx = BuildContext(spec, store, version, params, inputs, build, logger, options)
+        fault_point(f"{spec.task_name}.start")
         t0 = time.time()
         metrics = spec.build(ctx) or {}
         seconds = round(time.time() - t0, 3)
@@ -182,6 +232,7 @@ def execute(spec: StageSpec, artifacts_dir: str | os.PathLike, params: dict,
             metrics=metrics,
             timings={"build_seconds": seconds},
             extra={"flow_run_id": _flow_run_id()},
+            fault=lambda where: fault_point(f"{spec.task_name}.{where}"),
         )
         logger.info("%s: published %s/%s in %.1fs", spec.task_name, spec.name, version, seconds)
     if _in_prefect_run():
