@@ -39,7 +39,6 @@ import logging
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys

@@ -13,13 +13,12 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from bench import reliability as R
 from tasks.stage import FAULT_ENV, FAULT_TRACE_ENV, FaultInjected, StageSpec, execute, fault_point, reset_faults
-from tasks.store import MANIFEST, ArtifactStore
+from tasks.store import ArtifactStore
 
 
 @pytest.fixture(scope="module")
