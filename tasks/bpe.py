@@ -29,7 +29,7 @@ from mygpt.atomic import atomic_write_text
 from mygpt.bpe import BPETokenizer
 from mygpt.errors import UserError
 from tasks.download import CORPUS_FILE, SPLIT_FILES, call_stage
-from tasks.stage import StageRef, StageSpec, stage_task
+from tasks.stage import StageRef, StageSpec, stage_task, summary_table
 
 DEFAULT_NUM_MERGES = 1024
 DEFAULT_TRAIN_BYTES = 50_000_000
@@ -157,17 +157,17 @@ def report(manifest: dict) -> str:
     lines = [
         f"# tokenizer `{manifest['version']}`",
         "",
-        "| | |",
-        "|---|---|",
-        f"| merges | {m.get('num_merges')} (asked {p.get('num_merges')}) |",
-        f"| vocab size | {m.get('vocab_size'):,} (alphabet {m.get('alphabet_size'):,}) |",
-        f"| training slice | {m.get('train_bytes', 0):,} bytes / {m.get('train_chars', 0):,} chars of wiki.train.txt |",
-        f"| chars per token (slice) | {m.get('chars_per_token')} |",
-        f"| corpus chars missing from the slice | {m.get('missing_distinct', 0):,} distinct, "
-        f"{m.get('missing_positions', 0):,} positions of {m.get('corpus_chars', 0):,} "
-        f"({100 * m.get('missing_fraction', 0):.4f} %) |",
-        f"| time | train {m.get('train_seconds', 0):.1f} s, encode slice {m.get('encode_seconds', 0):.1f} s, "
-        f"analysis {m.get('analysis_seconds', 0):.1f} s |",
+        summary_table([
+            ("merges", f"{m.get('num_merges')} (asked {p.get('num_merges')})"),
+            ("vocab size", f"{m.get('vocab_size'):,} (alphabet {m.get('alphabet_size'):,})"),
+            ("training slice", f"{m.get('train_bytes', 0):,} bytes / {m.get('train_chars', 0):,} chars of wiki.train.txt"),
+            ("chars per token (slice)", m.get("chars_per_token")),
+            ("corpus chars missing from the slice", f"{m.get('missing_distinct', 0):,} distinct, "
+             f"{m.get('missing_positions', 0):,} positions of {m.get('corpus_chars', 0):,} "
+             f"({100 * m.get('missing_fraction', 0):.4f} %)"),
+            ("time", f"train {m.get('train_seconds', 0):.1f} s, encode slice {m.get('encode_seconds', 0):.1f} s, "
+             f"analysis {m.get('analysis_seconds', 0):.1f} s"),
+        ]),
         "",
         "First merges: " + " ".join(_show(a) + "+" + _show(b) for a, b in m.get("first_merges", [])[:FIRST_MERGES]),
     ]

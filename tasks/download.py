@@ -45,7 +45,7 @@ from typing import Iterable, Iterator
 
 from mygpt.atomic import atomic_open, atomic_write_text
 from mygpt.errors import UserError
-from tasks.stage import StageRef, StageSpec, execute, run_stage, stage_task
+from tasks.stage import StageRef, StageSpec, execute, run_stage, stage_task, summary_table
 
 DEFAULT_URL = "https://wikitext.smerity.com/wikitext-103-raw-v1.zip"
 PINNED_BYTES = 191_984_949  # the chapter's EXPECTED_BYTES for DEFAULT_URL
@@ -494,14 +494,14 @@ def report(manifest: dict) -> str:
     lines = [
         f"# corpus `{manifest['version']}`",
         "",
-        "| | |",
-        "|---|---|",
-        f"| source | {m.get('source_url')} |",
-        f"| zip | {m.get('zip_bytes', 0):,} bytes, sha256 `{m.get('zip_sha256')}` (not kept) |",
-        f"| download | {m.get('download_seconds', 0):.1f} s; {d.get('tries', 0)} request(s), "
-        f"{d.get('range_requests', 0)} of them resuming (Range); {d.get('resumed_bytes', 0):,} bytes kept from "
-        "an interrupted run |",
-        f"| unzip + strip | {m.get('extract_seconds', 0):.1f} s |",
+        summary_table([
+            ("source", m.get("source_url")),
+            ("zip", f"{m.get('zip_bytes', 0):,} bytes, sha256 `{m.get('zip_sha256')}` (not kept)"),
+            ("download", f"{m.get('download_seconds', 0):.1f} s; {d.get('tries', 0)} request(s), "
+             f"{d.get('range_requests', 0)} of them resuming (Range); {d.get('resumed_bytes', 0):,} bytes kept "
+             "from an interrupted run"),
+            ("unzip + strip", f"{m.get('extract_seconds', 0):.1f} s"),
+        ]),
         "",
         "| file | bytes | chars | lines | header matches stripped | lines removed | sha256 |",
         "|---|---:|---:|---:|---:|---:|---|",

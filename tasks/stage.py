@@ -179,6 +179,11 @@ class BuildContext:
                                          description=f"{self.spec.task_name} {self.version}: {message}")
 
 
+def summary_table(rows: list[tuple[str, object]]) -> str:
+    """The two-column "what | value" markdown table at the top of every stage's UI artifact."""
+    return "\n".join(["| | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)])
+
+
 def stage_version(spec: StageSpec, params: dict, inputs: dict[str, StageRef]) -> str:
     return version_id(spec.name, params, input_ids(inputs), spec.code_version)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from mygpt.errors import UserError
-from tasks.stage import StageRef, StageSpec, stage_task
+from tasks.stage import StageRef, StageSpec, stage_task, summary_table
 
 CODE_VERSION = "1"
 CHECKPOINT = "train.ckpt"  # in ctx.work: the resume checkpoint
@@ -225,22 +225,24 @@ def report(manifest: dict) -> str:
     table = "\n".join(f"| {s:,} | {_fmt(l)} | {_fmt(v)} |" for s, l, v in rows)
     where = manifest.get("path", f"model/{manifest['version']}")
     resumed = f" (resumed from step {m['resumed_from']:,} after a crash)" if m.get("resumed_from") else ""
+    summary = summary_table([
+        ("final train loss", _fmt(m.get("final_loss"))),
+        ("final val loss", _fmt(m.get("final_val_loss"))),
+        ("steps", f"{m.get('steps', 0):,}{resumed}"),
+        ("tokens/s", f"{m.get('tokens_per_sec', 0):,.0f}"),
+        ("device / precision", f"{m.get('device')} / {m.get('precision')}"),
+        ("params", f"{m.get('params', 0):,}"),
+        ("model", f"embed {p['embed_dim']}, {p['num_layers']} layers, {p['num_heads']} heads ({p['num_kv_heads']} kv), "
+                  f"{p['norm']} norm, {p['position']} positions, max_seq_len {p['max_seq_len']}, "
+                  f"vocab {m.get('vocab_size')}"),
+        ("recipe", f"batch {p['batch_size']} x seq {p['seq_len']}, lr {p['lr']:g} {p['schedule']} "
+                   f"(warmup {p['warmup']}), clip {p['max_grad_norm']}, seed {p['seed']}, splits {p['train_splits']}"),
+        ("tokens", f"{m.get('train_tokens', 0):,} train, {m.get('val_tokens', 0):,} validation"),
+        ("checkpoint", f"`{where}/model.ckpt` (`mygpt generate --checkpoint {where}/model.ckpt`)"),
+    ])
     return f"""# Training: model/{manifest['version']}
 
-{picture}| | |
-|---|---|
-| final train loss | {_fmt(m.get('final_loss'))} |
-| final val loss | {_fmt(m.get('final_val_loss'))} |
-| steps | {m.get('steps', 0):,}{resumed} |
-| tokens/s | {m.get('tokens_per_sec', 0):,.0f} |
-| device / precision | {m.get('device')} / {m.get('precision')} |
-| params | {m.get('params', 0):,} |
-| model | embed {p['embed_dim']}, {p['num_layers']} layers, {p['num_heads']} heads ({p['num_kv_heads']} kv), \
-{p['norm']} norm, {p['position']} positions, max_seq_len {p['max_seq_len']}, vocab {m.get('vocab_size')} |
-| recipe | batch {p['batch_size']} x seq {p['seq_len']}, lr {p['lr']:g} {p['schedule']} (warmup {p['warmup']}), \
-clip {p['max_grad_norm']}, seed {p['seed']}, splits {p['train_splits']} |
-| tokens | {m.get('train_tokens', 0):,} train, {m.get('val_tokens', 0):,} validation |
-| checkpoint | `{where}/model.ckpt` (`mygpt generate --checkpoint {where}/model.ckpt`) |
+{picture}{summary}
 
 | step | train loss | val loss |
 |---:|---:|---:|
