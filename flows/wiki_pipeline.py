@@ -48,7 +48,7 @@ def wiki_pipeline(
     steps: int = 10_000,
     batch_size: int = 16,
     seq_len: int = 256,
-    lr: float = 3e-4,
+    lr: float = 1e-3,
     schedule: str = "cosine",
     warmup: int = 500,
     max_grad_norm: float = 1.0,

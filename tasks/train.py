@@ -41,7 +41,7 @@ STALL_ENV = "WIKI_PIPELINE_TEST_STALL_AFTER_CHECKPOINT"
 # Parameters of this stage with the chapter's defaults (§28.6); flows/params.py validates them.
 DEFAULTS = dict(
     embed_dim=192, num_layers=4, num_heads=6, num_kv_heads=2, max_seq_len=256, norm="rms", position="rope",
-    steps=10_000, batch_size=16, seq_len=256, lr=3e-4, schedule="cosine", warmup=500, max_grad_norm=1.0,
+    steps=10_000, batch_size=16, seq_len=256, lr=1e-3, schedule="cosine", warmup=500, max_grad_norm=1.0,
     precision="auto", print_every=200, eval_every=500, eval_batches=20, checkpoint_every=1000, seed=1337,
     device="auto", train_splits="train",
 )

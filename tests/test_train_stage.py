@@ -108,4 +108,4 @@ def test_chapter_defaults_and_resolved_device():
     assert v["device"] in ("cpu", "cuda", "mps") and v["precision"] in ("fp32", "bf16")
     assert (v["embed_dim"], v["num_layers"], v["num_heads"], v["num_kv_heads"], v["max_seq_len"]) == (192, 4, 6, 2, 256)
     assert (v["seq_len"], v["batch_size"], v["lr"], v["warmup"], v["steps"], v["checkpoint_every"]) == (
-        256, 16, 3e-4, 500, 10000, 1000)
+        256, 16, 1e-3, 500, 10000, 1000)
