@@ -28,8 +28,8 @@ from pathlib import Path
 from mygpt.atomic import atomic_write_text
 from mygpt.bpe import BPETokenizer
 from mygpt.errors import UserError
-from tasks.download import CORPUS_FILE, SPLIT_FILES, call_stage
-from tasks.stage import StageRef, StageSpec, stage_task, summary_table
+from tasks.download import CORPUS_FILE, SPLIT_FILES
+from tasks.stage import StageRef, StageSpec, call_stage, stage_task, summary_table
 
 DEFAULT_NUM_MERGES = 1024
 DEFAULT_TRAIN_BYTES = 50_000_000

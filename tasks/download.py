@@ -45,7 +45,8 @@ from typing import Iterable, Iterator
 
 from mygpt.atomic import atomic_open, atomic_write_text
 from mygpt.errors import UserError
-from tasks.stage import StageRef, StageSpec, execute, run_stage, stage_task, summary_table
+from tasks.stage import StageRef, StageSpec, call_stage, stage_task, summary_table
+from tasks.store import human_bytes, sha256_file
 
 DEFAULT_URL = "https://wikitext.smerity.com/wikitext-103-raw-v1.zip"
 PINNED_BYTES = 191_984_949  # the chapter's EXPECTED_BYTES for DEFAULT_URL
@@ -122,14 +123,6 @@ def _knob(ctx_options: dict, key: str, env: str, default: float, cast=float):
 # ---- downloading -------------------------------------------------------------------------------------
 class _Transient(Exception):
     """A failure worth retrying (5xx, truncated body, ...)."""
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 def fetch(url: str, dest: Path, *, attempts: int = 6, base_delay: float = 2.0, read_timeout: float = 60.0,
@@ -209,7 +202,7 @@ def fetch(url: str, dest: Path, *, attempts: int = 6, base_delay: float = 2.0, r
                             f.write(chunk)
                             have += len(chunk)
                             if progress:
-                                progress(have, total or have, f"{_human(have)} / {_human(total or have)}")
+                                progress(have, total or have, f"{human_bytes(have)} / {human_bytes(total or have)}")
                     finally:
                         f.flush()
                         os.fsync(f.fileno())
@@ -232,7 +225,7 @@ def fetch(url: str, dest: Path, *, attempts: int = 6, base_delay: float = 2.0, r
             delay = min(60.0, base_delay * 2 ** (failures - 1))
             if log:
                 log.warning("download: try %d failed (%s) with %s downloaded; retrying in %.1fs",
-                            tries, _describe(exc), _human(now_have), delay)
+                            tries, _describe(exc), human_bytes(now_have), delay)
             time.sleep(delay)
     os.replace(part, dest)
     meta_path.unlink(missing_ok=True)
@@ -243,14 +236,6 @@ def fetch(url: str, dest: Path, *, attempts: int = 6, base_delay: float = 2.0, r
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) < 300 else text[:300] + "..."
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ---- header stripping --------------------------------------------------------------------------------
@@ -432,7 +417,7 @@ def _check_zip(path: Path, params: dict, *, ours: bool) -> tuple[int, str]:
         raise UserError(f"{url} gave {size:,} bytes but expected_bytes is {want:,}; the mirror may serve a "
                         f"different file: check source_url, or pass expected_bytes={size} (0 = no size check) "
                         "if you trust it")
-    sha = sha256_of(path)
+    sha = sha256_file(path)
     if params["expected_sha256"] and sha != params["expected_sha256"]:
         if ours:
             path.unlink(missing_ok=True)
@@ -466,7 +451,7 @@ def build(ctx) -> dict:
                 log=ctx.log, progress=lambda d, t, m: ctx.progress(d, t, "downloading " + m))
     size, sha = _check_zip(zip_path, params, ours=ours)
     download_seconds = round(time.monotonic() - t0, 3)
-    ctx.log.info("download: %s is %s, sha256 %s", url, _human(size), sha)
+    ctx.log.info("download: %s is %s, sha256 %s", url, human_bytes(size), sha)
     t1 = time.monotonic()
     try:
         corpus = extract_corpus(zip_path, ctx.out, source=url,
@@ -528,24 +513,6 @@ SPEC = StageSpec(
     report=report,
 )
 TASK = stage_task(SPEC)
-
-
-def _in_flow() -> bool:
-    try:
-        from prefect.context import FlowRunContext
-
-        return FlowRunContext.get() is not None
-    except Exception:  # pragma: no cover
-        return False
-
-
-def call_stage(spec: StageSpec, prefect_task, artifacts_dir, params: dict, inputs: dict | None = None, *,
-               force: bool = False, full_check: bool = False, options: dict | None = None) -> StageRef:
-    """Inside a flow run: the stage's Prefect task (via ``run_stage``); outside: a plain ``execute`` call."""
-    if _in_flow():
-        return run_stage(prefect_task, artifacts_dir, params, inputs, force=force, full_check=full_check,
-                         options=options)
-    return execute(spec, artifacts_dir, params, inputs, force=force, full_check=full_check, options=options)
 
 
 def download(artifacts_dir: str | os.PathLike, *, source_url: str = DEFAULT_URL, expected_bytes: int | None = None,

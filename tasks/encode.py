@@ -23,7 +23,6 @@ uninterrupted run.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -37,8 +36,9 @@ from mygpt.bpe import BPETokenizer
 from mygpt.bpe_encode import EncodeStats, iter_encode_file
 from mygpt.errors import UserError
 from tasks import shard_format
-from tasks.download import SPLIT_FILES, SPLITS, call_stage
-from tasks.stage import StageRef, StageSpec, stage_task
+from tasks.download import SPLIT_FILES, SPLITS
+from tasks.stage import StageRef, StageSpec, call_stage, stage_task
+from tasks.store import sha256_file
 
 DEFAULT_SHARD_TOKENS = 10_000_000  # ~20 MB of uint16 per shard; ~20 shards for wikitext-103 at 1024 merges
 DEFAULT_CHUNK_BYTES = 8 << 20
@@ -71,14 +71,6 @@ def validate(*, shard_tokens: int = DEFAULT_SHARD_TOKENS, unk_policy: str = "ski
 
 
 # ---- progress record ---------------------------------------------------------------------------------
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _load_record(path: Path, expect: dict) -> dict:
     try:
         rec = json.loads(path.read_text(encoding="utf-8"))
@@ -96,7 +88,7 @@ def _kept_shards(out: Path, split: str, srec: dict, log) -> list[dict]:
         path = out / shard_format.shard_name(split, sh["index"])
         try:
             ok = (sh["index"] == len(good) and path.stat().st_size == sh["size"]
-                  and shard_format.shard_tokens_in(path) == sh["tokens"] and _sha256(path) == sh["sha256"])
+                  and shard_format.shard_tokens_in(path) == sh["tokens"] and sha256_file(path) == sh["sha256"])
         except Exception:  # missing or unreadable
             ok = False
         if not ok:
@@ -167,7 +159,7 @@ def build(ctx) -> dict:
                 nbytes = shard_format.write_shard(spath, ids)
                 srec["shards"].append({
                     "index": index, "tokens": int(ids.size), "first_token": offset, "size": nbytes,
-                    "sha256": _sha256(spath), "next_chunk": next_chunk, "skip": next_skip,
+                    "sha256": sha256_file(spath), "next_chunk": next_chunk, "skip": next_skip,
                     "stats": stats_before.to_dict()})
                 save_record()
                 index += 1

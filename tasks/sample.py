@@ -13,7 +13,7 @@ import os
 import re
 
 from mygpt.errors import UserError
-from tasks.stage import StageRef, StageSpec, stage_task
+from tasks.stage import StageRef, StageSpec, call_stage, stage_task
 from tasks.train import check_threads, resolve_device_params, torch_threads
 
 CODE_VERSION = "1"
@@ -152,7 +152,6 @@ def sample(artifacts_dir: str | os.PathLike, model: StageRef, *, threads: int | 
            full_check: bool = False, **params) -> StageRef:
     """Run (or reuse) the sample stage: the ``sample`` task inside a flow, a plain call outside one.
     ``params``: any of ``DEFAULTS``; ``threads`` (torch CPU threads) is a run option, not in the version."""
-    from tasks.download import call_stage
 
     return call_stage(SPEC, TASK, artifacts_dir, validate(threads, **params), {"model": model}, force=force,
                       full_check=full_check, options={"threads": threads} if threads else None)

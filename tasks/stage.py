@@ -307,3 +307,21 @@ def run_stage(prefect_task, artifacts_dir: str | os.PathLike, params: dict,
     return prefect_task.with_options(result_storage=store.results_dir)(
         artifacts_dir=str(store.root), params=params, inputs=inputs or {}, force=force, full_check=full_check,
         options=options or {})
+
+
+def _in_flow() -> bool:
+    try:
+        from prefect.context import FlowRunContext
+
+        return FlowRunContext.get() is not None
+    except Exception:  # pragma: no cover
+        return False
+
+
+def call_stage(spec: StageSpec, prefect_task, artifacts_dir, params: dict, inputs: dict | None = None, *,
+               force: bool = False, full_check: bool = False, options: dict | None = None) -> StageRef:
+    """Inside a flow run: the stage's Prefect task (via ``run_stage``); outside: a plain ``execute`` call."""
+    if _in_flow():
+        return run_stage(prefect_task, artifacts_dir, params, inputs, force=force, full_check=full_check,
+                         options=options)
+    return execute(spec, artifacts_dir, params, inputs, force=force, full_check=full_check, options=options)

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from mygpt.errors import UserError
-from tasks.stage import StageRef, StageSpec, stage_task, summary_table
+from tasks.stage import StageRef, StageSpec, call_stage, stage_task, summary_table
 
 CODE_VERSION = "1"
 CHECKPOINT = "train.ckpt"  # in ctx.work: the resume checkpoint
@@ -349,7 +349,6 @@ def train(artifacts_dir: str | os.PathLike, shards: StageRef, tokenizer: StageRe
 
     ``params``: any of ``DEFAULTS`` (the chapter's recipe). ``threads`` (torch CPU threads) is a run option:
     not in the version (it changes the speed; on CPU the weights agree to float rounding at most)."""
-    from tasks.download import call_stage
 
     return call_stage(SPEC, TASK, artifacts_dir, validate(threads, **params),
                       {"shards": shards, "tokenizer": tokenizer}, force=force, full_check=full_check,
