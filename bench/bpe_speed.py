@@ -1,10 +1,10 @@
 """BPE speed bench: chapter algorithm vs our fast path vs HF ``tokenizers``; big-file encoding.
 
-    .venv/bin/python bench/bpe_speed.py                 # everything (generates bench/out/wiki500m.txt once)
-    .venv/bin/python bench/bpe_speed.py --big-bytes 0   # only the 1.1 MB WikiText-2 part
+    .venv/bin/python -m bench.bpe_speed                 # everything (generates bench/out/wiki500m.txt once)
+    .venv/bin/python -m bench.bpe_speed --big-bytes 0   # only the 1.1 MB WikiText-2 part
 
 Part 1, real text (../shared/data/wikitext2-valid.txt, 1.1 MB), 1024 merges:
-  * train: the chapter's word-level algorithm (tests/bpe_reference.py, same tie-break), our
+  * train: the chapter's word-level algorithm (mygpt/bpe_reference.py, same tie-break), our
     ``BPETokenizer.from_corpus``, and HF ``tokenizers`` BpeTrainer (pre-tokeniser ``Split(\\s*\\S+|\\s+,
     "isolated")``, the same alphabet, no min_frequency, no special tokens, vocab = alphabet + 1024), fed
     the text as one string and as ~64 KB pieces cut at safe points (which lets HF use its threads);
@@ -31,17 +31,39 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from mygpt.bpe import BPETokenizer  # noqa: E402
-from mygpt.bpe_encode import iter_encode_file  # noqa: E402
+from flows.mirror import REPO, SHARED_DATA
+from mygpt import bpe_reference
+from mygpt.bpe import BPETokenizer
+from mygpt.bpe_encode import iter_encode_file
 
 OUT = REPO / "bench" / "out"
-WIKITEXT = REPO.parent / "shared" / "data" / "wikitext2-valid.txt"
+WIKITEXT = SHARED_DATA / "wikitext2-valid.txt"
 SAFE = re.compile(r"(?<=\S)\s")
+
+
+class ChapterEncoder:
+    """The chapter's ``encode_corpus`` as printed (§28.4: per-word cache of symbol lists, a Python list of ids,
+    a tensor at the end): the baseline our encoder is timed against."""
+
+    def __init__(self, chars: list[str], merges: list[tuple[str, str]]) -> None:
+        vocab = list(chars) + [a + b for a, b in merges]
+        self.stoi = {s: i for i, s in enumerate(vocab)}
+        self.ranks = {(a, b): i for i, (a, b) in enumerate(merges)}
+        self._word_cache: dict[str, list[str]] = {}
+
+    def encode_corpus(self, text: str):
+        import torch
+
+        ids: list[int] = []
+        for match in bpe_reference.WORD_RE.finditer(text):
+            word = match.group()
+            syms = self._word_cache.get(word)
+            if syms is None:
+                syms = self._word_cache[word] = bpe_reference.encode_word(word, self.ranks)
+            ids.extend(self.stoi[s] for s in syms if s in self.stoi)
+        return torch.tensor(ids, dtype=torch.long)
 
 
 def best_of(fn, repeat: int):
@@ -85,8 +107,6 @@ def mb(n_bytes: int, seconds: float) -> float:
 
 
 def part1(results: dict, repeat: int, chapter_train: bool) -> None:
-    from tests.bpe_reference import ChapterEncoder, reference_train
-
     text = WIKITEXT.read_text(encoding="utf-8")
     nbytes = len(text.encode("utf-8"))
     print(f"== WikiText-2 valid: {len(text):,} chars, {nbytes:,} bytes, 1024 merges")
@@ -96,7 +116,7 @@ def part1(results: dict, repeat: int, chapter_train: bool) -> None:
     print(f"  train  ours from_corpus          {t_ours:8.3f} s   vocab={tok.vocab_size}")
     if chapter_train:
         t0 = time.perf_counter()
-        chars, merges = reference_train(text, 1024)
+        chars, merges = bpe_reference.train(text, 1024)
         r["train_chapter_s"] = time.perf_counter() - t0
         r["train_same_merges"] = merges == tok.merges and chars == tok.chars
         print(f"  train  chapter algorithm         {r['train_chapter_s']:8.3f} s   "
@@ -185,7 +205,7 @@ def run_encode_child(path: Path, tok_path: Path, workers: int, chunk_bytes: int)
     """
     import psutil
 
-    cmd = [sys.executable, __file__, "--encode-child", str(path), str(tok_path), str(workers), str(chunk_bytes)]
+    cmd = [sys.executable, "-m", "bench.bpe_speed", "--encode-child", str(path), str(tok_path), str(workers), str(chunk_bytes)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)
     ps = psutil.Process(proc.pid)
     peak_rss = peak_pss = 0
@@ -221,7 +241,6 @@ def run_encode_child(path: Path, tok_path: Path, workers: int, chunk_bytes: int)
 def part2(results: dict, big_bytes: int, train_bytes: int, workers_list: list[int], chunk_bytes: int,
           chapter_slice: int) -> None:
     from bench.make_corpus import make_corpus
-    from tests.bpe_reference import ChapterEncoder
 
     OUT.mkdir(parents=True, exist_ok=True)
     big = OUT / f"wiki{big_bytes // 1_000_000}m.txt"

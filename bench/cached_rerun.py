@@ -1,12 +1,12 @@
-"""Wall time of a fully cached rerun of download → bpe → encode (a Prefect flow against a loopback mirror).
+"""Wall time of a fully cached rerun of corpus → tokenizer → shards (a Prefect flow against a loopback mirror).
 
     .venv/bin/python -m bench.cached_rerun [--with-shakespeare] [--num-merges 256]
 
-Serves a wikitext-103-style zip (``bench.mirror``) on 127.0.0.1, runs a flow that chains the three stage
+Serves a wikitext-103-style zip (``flows.mirror``) on 127.0.0.1, runs a flow that chains the three stage
 tasks three times into a fresh artifact root: the first run builds, the second must be all ``Cached``
 (that is the figure of interest), the third is a cached run with ``full_check=True`` (every published
 file's sha256 recomputed). Uses the Prefect server at ``PREFECT_API_URL`` when set, else starts a
-temporary one on 127.0.0.1 (``tests.prefect_server``). Results: ``bench/out/cached_rerun.json``.
+temporary one on 127.0.0.1 (``flows.server``). Results: ``bench/out/cached_rerun.json``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from flows.mirror import REPO
+
 OUT = REPO / "bench" / "out"
 
 
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
 
     server = None
     if not os.environ.get("PREFECT_API_URL"):
-        from tests.prefect_server import PrefectServer
+        from flows.server import PrefectServer
 
         home = Path(tempfile.mkdtemp(prefix="cached-rerun-prefect-"))
         t0 = time.time()
@@ -58,19 +58,30 @@ def main(argv=None) -> int:
     try:
         from prefect import flow
 
-        from bench.mirror import Mirror, build_wikitext_zip
-        from tasks import bpe as B
-        from tasks import download as D
-        from tasks import encode as E
-        from tests.prefect_server import task_run_states
+        from flows.mirror import Mirror, build_wikitext_zip
+        from tasks.corpus import CorpusSettings, download_corpus
+        from tasks.settings import RunOptions
+        from tasks.shards import ShardsSettings, encode_shards
+        from tasks.tokenizer import TokenizerSettings, train_tokenizer
 
         @flow(name="data-stages-bench")
         def data_stages(root: str, url: str, full_check: bool = False):
-            corpus = D.download(root, source_url=url, full_check=full_check)
-            tok = B.bpe(root, corpus, num_merges=args.num_merges, bpe_train_bytes=args.bpe_train_bytes,
-                        full_check=full_check)
-            shards = E.encode(root, corpus, tok, shard_tokens=args.shard_tokens, full_check=full_check)
+            run = RunOptions(artifacts_dir=root, full_check=full_check)
+            corpus = download_corpus(CorpusSettings(source_url=url), run, return_state=True).result()
+            tok = train_tokenizer(corpus, TokenizerSettings(num_merges=args.num_merges,
+                                                            bpe_train_bytes=args.bpe_train_bytes),
+                                  run, return_state=True).result()
+            shards = encode_shards(corpus, tok, ShardsSettings(shard_tokens=args.shard_tokens), run,
+                                   return_state=True).result()
             return {"corpus": corpus, "tokenizer": tok, "shards": shards}
+
+        def task_run_states(flow_run_id) -> dict[str, str]:
+            from prefect import get_client
+            from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+            with get_client(sync_client=True) as client:
+                runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            return {r.name: r.state.name for r in runs}
 
         data = build_wikitext_zip(with_shakespeare=args.with_shakespeare)
         root = Path(tempfile.mkdtemp(prefix="cached-rerun-art-"))

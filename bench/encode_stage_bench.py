@@ -5,9 +5,9 @@
 The corpus comes from ``bench/make_corpus.py`` (``bench/out/wiki{N}.txt``, generated when missing) and
 is the ``train`` split (hard-linked, not copied); valid/test are small slices of it. The tokenizer is
 trained with ``BPETokenizer.from_corpus`` on the first 5 MB (``--merges`` merges). The corpus and
-tokenizer are handed to the stage as ready-made inputs (no download/bpe stage), then the encode stage runs
-once per worker count, each into a fresh artifact root, through ``tasks.stage.execute`` (what the Prefect
-task runs). Peak memory: sampled every 0.1 s, the resident memory of the process plus its worker processes
+tokenizer are published into a fresh artifact root as ready-made versions (no corpus/tokenizer stage), then
+the shards stage runs once per worker count (forced, so each count builds), through ``encode_shards.fn``
+(what the Prefect task runs). Peak memory: sampled every 0.1 s, the resident memory of the process plus its worker processes
 during the stage (``rss_before_stage_mb`` is the process before it: Python, numpy, torch imported by
 ``mygpt``, the tokenizer), and the process's ``ru_maxrss`` high-water mark. Results: ``bench/out/encode_stage_bench.json``.
 """
@@ -25,8 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from flows.mirror import REPO
 
 OUT = REPO / "bench" / "out"
 
@@ -35,8 +34,8 @@ def corpus_file(nbytes: int) -> Path:
     path = OUT / ("wiki500m.txt" if nbytes == 500_000_000 else f"wiki{nbytes}.txt")
     if not path.exists() or path.stat().st_size != nbytes:
         print(f"generating {path} with bench/make_corpus.py ...", flush=True)
-        subprocess.run([sys.executable, str(REPO / "bench" / "make_corpus.py"), "--bytes", str(nbytes),
-                        "--out", str(path)], check=True)
+        subprocess.run([sys.executable, "-m", "bench.make_corpus", "--bytes", str(nbytes), "--out", str(path)],
+                       check=True, cwd=REPO)
     return path
 
 
@@ -74,45 +73,51 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from mygpt.bpe import BPETokenizer
-    from tasks import encode as E
-    from tasks.stage import StageRef, execute
+    from tasks.settings import RunOptions
+    from tasks.shards import ShardsSettings, encode_shards
+    from tasks.stage import StageRef
+    from tasks.store import ArtifactStore
 
     src = corpus_file(args.bytes)
     work = OUT / "encode-bench"
     shutil.rmtree(work, ignore_errors=True)
-    cdir = work / "inputs" / "corpus"
-    cdir.mkdir(parents=True)
+    root = work / "art"
+    store = ArtifactStore(root)
+    corpus_build = store.open_build("corpus", "bench")
+    cdir = corpus_build.out
     os.link(src, cdir / "wiki.train.txt")
     with open(src, "rb") as f:
         head = f.read(2_000_000).decode("utf-8", errors="ignore")
     (cdir / "wiki.valid.txt").write_text(head[:1_000_000], encoding="utf-8")
     (cdir / "wiki.test.txt").write_text(head[1_000_000:], encoding="utf-8")
-    tdir = work / "inputs" / "tokenizer"
-    tdir.mkdir(parents=True)
+    tokenizer_build = store.open_build("tokenizer", "bench")
+    tdir = tokenizer_build.out
     with open(src, "rb") as f:
         slice_text = f.read(5_000_000).decode("utf-8", errors="ignore")
     t0 = time.time()
     tok = BPETokenizer.from_corpus(slice_text, args.merges)
     print(f"tokenizer: {args.merges} merges on 5 MB in {time.time() - t0:.1f}s, vocab {tok.vocab_size}", flush=True)
     tok.save(tdir / "tokenizer.json")
-    inputs = {"corpus": StageRef(stage="corpus", version="bench", build_id="bench", path=str(cdir)),
-              "tokenizer": StageRef(stage="tokenizer", version="bench", build_id="bench", path=str(tdir))}
     text_bytes = sum((cdir / f"wiki.{s}.txt").stat().st_size for s in ("train", "valid", "test"))
+    refs = {}
+    for name, build in (("corpus", corpus_build), ("tokenizer", tokenizer_build)):
+        manifest = build.publish(settings={}, inputs={}, code_version="bench")
+        refs[name] = StageRef(stage=name, version="bench", build_id=manifest["build_id"],
+                              path=str(store.version_path(name, "bench")))
 
     results = {"corpus": str(src), "text_bytes": text_bytes, "vocab_size": tok.vocab_size,
                "shard_tokens": args.shard_tokens, "cpu_count": os.cpu_count(),
                "load_avg_start": os.getloadavg(), "runs": []}
     shas = {}
     for workers in args.workers:
-        root = work / f"art-w{workers}"
         import psutil
 
         rss_before = psutil.Process().memory_info().rss
         sampler = RssSampler()
         sampler.start()
         t0 = time.time()
-        ref = execute(E.SPEC, root, E.validate(shard_tokens=args.shard_tokens), inputs,
-                      options={"workers": workers})
+        ref = encode_shards.fn(refs["corpus"], refs["tokenizer"], ShardsSettings(shard_tokens=args.shard_tokens),
+                               RunOptions(artifacts_dir=str(root), workers=workers, force=["shards"]))
         wall = time.time() - t0
         sampler.stop_event.set()
         sampler.join()

@@ -1,6 +1,6 @@
 """Write a deterministic, Wikipedia-shaped text corpus of any size, grown from WikiText-2.
 
-    python bench/make_corpus.py --bytes 500000000 --seed 0 --out bench/out/wiki500m.txt
+    python -m bench.make_corpus --bytes 500000000 --seed 0 --out bench/out/wiki500m.txt
 
 How the text is made (everything is driven by one ``numpy.random.Generator(PCG64(seed))``):
 
@@ -28,18 +28,16 @@ import argparse
 import bisect
 import collections
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from mygpt.atomic import atomic_open  # noqa: E402
+from flows.mirror import SHARED_DATA
+from mygpt.atomic import atomic_open
 
-DEFAULT_SOURCE = REPO.parent / "shared" / "data" / "wikitext2-valid.txt"
+DEFAULT_SOURCE = SHARED_DATA / "wikitext2-valid.txt"
 ARTICLES_PER_BLOCK = 64
 
 

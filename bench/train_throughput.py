@@ -11,8 +11,8 @@ Each is timed in fp32 and, where the device supports it, bf16 autocast. A timed 
 loop's step (``get_batch`` from a token array, forward, backward, grad clipping at 1.0, AdamW), after a few
 untimed warm-up steps; the device is synchronised before the clock is read.
 
-    .venv/bin/python bench/train_throughput.py                       # auto device, 20 timed steps
-    .venv/bin/python bench/train_throughput.py --device cpu --steps 10 --configs ch28 --precisions fp32
+    .venv/bin/python -m bench.train_throughput                       # auto device, 20 timed steps
+    .venv/bin/python -m bench.train_throughput --device cpu --steps 10 --configs ch28 --precisions fp32
 """
 
 from __future__ import annotations
@@ -21,16 +21,13 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mygpt import GPT, UserError  # noqa: E402
-from mygpt.data import get_batch  # noqa: E402
-from mygpt.device import autocast, resolve_device, resolve_precision  # noqa: E402
+from mygpt import GPT, UserError
+from mygpt.data import get_batch
+from mygpt.device import autocast, resolve_device, resolve_precision
 
 CONFIGS = {
     "part1": dict(model=dict(vocab_size=65, embed_dim=64, num_layers=4, num_heads=4, max_seq_len=64),

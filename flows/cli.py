@@ -3,11 +3,14 @@
     wiki-pipeline run [--tiny] [--mirror] [--param K=V ...] [--force STAGE ...] [--only STAGE]
     wiki-pipeline serve [--tiny] [--param K=V ...]     the deployment runner for wiki-pipeline/wiki-pipeline
     wiki-pipeline artifacts [--stage S] [--json]       versions, sizes and lineage in the artifact store
-    wiki-pipeline params [--tiny] [--param K=V ...]    the parameters as JSON (for prefect deployment run --params)
+    wiki-pipeline params [--tiny] [--param K=V ...]    the flow parameters as JSON (for prefect deployment run --params)
     wiki-pipeline wait FLOW_RUN_ID                     follow a flow run (e.g. one started by the deployment)
 
-A ``--param`` value is read as JSON when it parses (``steps=100``, ``force=["bpe"]``), else as a string
-(``prompt=The history of``). Bad input a user can fix ends with ``error: ...`` on stderr and exit code 2.
+``--param KEY=VALUE`` takes a flat key (``steps=100``: the field of whichever stage has it; ``seed``, ``device``
+and ``precision`` set the model's and the samples'), a dotted one (``samples.seed=7``) or a whole stage
+(``model={"steps": 100}``); see ``flows.settings``. VALUE is read as JSON when it parses (``steps=100``,
+``force=["tokenizer"]``), else as a string (``prompt=The history of``). Bad input a user can fix ends with
+``error: ...`` on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from pathlib import Path
 
 from mygpt.errors import UserError
 
-REPO = Path(__file__).resolve().parent.parent
 DEPLOYMENT = "wiki-pipeline"
 MIRROR_PORT = 8765  # the loopback mirror of --mirror and scripts/pipeline --demo
 
@@ -36,11 +38,19 @@ def parse_param(text: str) -> tuple[str, object]:
     return key.strip(), value
 
 
-def chosen_params(args) -> dict:
-    """The parameters the user chose (the flow's defaults fill in the rest): --tiny, --params, --param, flags."""
-    from flows.params import TINY
+def chosen_groups(args) -> dict[str, dict]:
+    """The settings the user chose, per stage (the stages' defaults fill in the rest): --tiny, --params,
+    --param and the flags, later ones winning."""
+    from flows.settings import TINY, Pipeline
 
-    values: dict = dict(TINY) if args.tiny else {}
+    groups: dict[str, dict] = {}
+
+    def add(flat: dict) -> None:
+        for group, values in Pipeline.group_flat(flat).items():
+            groups.setdefault(group, {}).update(values)
+
+    if args.tiny:
+        add(TINY)
     if getattr(args, "params", None):
         try:
             extra = json.loads(args.params)
@@ -48,36 +58,31 @@ def chosen_params(args) -> dict:
             raise UserError(f"--params is not a JSON object: {e}") from None
         if not isinstance(extra, dict):
             raise UserError(f"--params must be a JSON object, got {args.params!r}")
-        values.update(extra)
-    values.update(parse_param(p) for p in args.param)
-    for flag in ("artifacts_dir", "source_url", "only"):
-        if getattr(args, flag, None):
-            values[flag] = getattr(args, flag)
-    if getattr(args, "force", None):
-        values["force"] = list(args.force)
+        add(extra)
+    add(dict(parse_param(p) for p in args.param))
+    flags = {flag: getattr(args, flag, None) for flag in ("artifacts_dir", "source_url", "only", "force")}
+    add({k: v for k, v in flags.items() if v})
     if getattr(args, "full_check", False):
-        values["full_check"] = True
-    return values
+        add({"full_check": True})
+    return groups
 
 
-def checked(values: dict) -> dict:
-    """Validate ``values`` on top of the flow's defaults (fast, before Prefect starts); return ``values``."""
-    from flows import params as P
+def checked(args):
+    """The chosen settings, checked (fast, before Prefect starts): a ``flows.settings.Pipeline``."""
+    from flows.settings import Pipeline
 
-    P.validate({**P.flow_defaults(), **values})
-    return values
+    return Pipeline.parse(**chosen_groups(args))
 
 
 @contextlib.contextmanager
 def loopback_mirror():
-    """Serve a wikitext-103-style zip built from ../shared/data on 127.0.0.1 (bench/mirror.py)."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
+    """Serve a wikitext-103-style zip built from ../shared/data on 127.0.0.1 (flows/mirror.py)."""
+    from flows.mirror import ZIP_NAME, Mirror, build_wikitext_zip
+
     try:
-        from bench.mirror import ZIP_NAME, Mirror, build_wikitext_zip
         data = build_wikitext_zip()
-    except (ImportError, OSError) as e:
-        raise UserError(f"--mirror needs bench/mirror.py and ../shared/data/wikitext2-valid.txt: {e}") from None
+    except OSError as e:
+        raise UserError(f"--mirror needs ../shared/data/wikitext2-valid.txt (or WIKI_PIPELINE_SHARED_DATA): {e}") from None
     try:  # a fixed port keeps source_url, and so every version, the same from one run to the next
         mirror = Mirror({"/" + ZIP_NAME: data}, port=MIRROR_PORT).start()
     except OSError:
@@ -92,16 +97,16 @@ def loopback_mirror():
 
 
 def cmd_run(args) -> int:
-    values = chosen_params(args)
     with contextlib.ExitStack() as stack:
+        settings = checked(args)
         if args.mirror:
-            if "source_url" in values:
+            if "source_url" in chosen_groups(args).get("corpus", {}):
                 raise UserError("--mirror and source_url both choose the source; give one of them")
-            values["source_url"] = stack.enter_context(loopback_mirror())
-        checked(values)
+            url = stack.enter_context(loopback_mirror())
+            settings = settings.model_copy(update={"corpus": settings.corpus.model_copy(update={"source_url": url})})
         from flows.wiki_pipeline import wiki_pipeline
 
-        state = wiki_pipeline(**values, return_state=True)
+        state = wiki_pipeline(**dict(settings), return_state=True)
         if not state.is_completed():
             try:
                 state.result()  # re-raises the flow's exception (a UserError becomes exit code 2)
@@ -126,15 +131,15 @@ def cmd_serve(args) -> int:
 
     from flows.wiki_pipeline import wiki_pipeline
 
-    values = checked(chosen_params(args))
-    wiki_pipeline.serve(name=DEPLOYMENT, parameters=values or None, limit=args.limit,
+    parameters = checked(args).flow_parameters()
+    wiki_pipeline.serve(name=DEPLOYMENT, parameters=parameters or None, limit=args.limit,
                         entrypoint_type=EntrypointType.MODULE_PATH,
                         description="Wikipedia -> BPE -> token shards -> mygpt -> samples (chapter 28)")
     return 0
 
 
 def cmd_params(args) -> int:
-    print(json.dumps(checked(chosen_params(args))))
+    print(json.dumps(checked(args).flow_parameters()))
     return 0
 
 
@@ -176,15 +181,15 @@ def cmd_artifacts(args) -> int:
     store = ArtifactStore(args.artifacts_dir)
     stages = [args.stage] if args.stage else None
     if args.stage:
-        from flows.params import STORE_NAMES, stage_name
+        from tasks.settings import stage_name
 
-        stages = [STORE_NAMES[stage_name(args.stage, "--stage")]]
+        stages = [stage_name(args.stage, "--stage")]
     rows = [v for st in (stages or [None]) for v in store.versions(st)]
     if args.json:
         print(json.dumps([{"stage": v.stage, "version": v.version, "path": str(v.path), "bytes": v.size_bytes,
                            "build_id": v.manifest.get("build_id"), "created_at": v.manifest.get("created_at"),
                            "inputs": {k: i["version"] for k, i in v.manifest.get("inputs", {}).items()},
-                           "params": v.manifest.get("params")} for v in rows], indent=1))
+                           "settings": v.manifest.get("settings")} for v in rows], indent=1))
         return 0
     print(format_listing(store, rows))
     return 0
@@ -195,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     def add_params(p, serve=False):
-        p.add_argument("--tiny", action="store_true", help="the tiny preset (flows/params.py TINY)")
+        p.add_argument("--tiny", action="store_true", help="the tiny preset (flows/settings.py TINY)")
         p.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
                        help="a flow parameter (repeatable); VALUE is JSON or a plain string")
         p.add_argument("--params", metavar="JSON", help="a JSON object of flow parameters (--param wins)")
@@ -228,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     art = sub.add_parser("artifacts", help="list published versions, sizes and lineage")
     art.add_argument("--artifacts-dir", help="artifact root (default: artifacts/ or $WIKI_PIPELINE_ARTIFACTS)")
-    art.add_argument("--stage", help="only this stage (download/bpe/encode/train/sample or corpus/...)")
+    art.add_argument("--stage", help="only this stage (corpus, tokenizer, shards, model, samples; or download, ...)")
     art.add_argument("--json", action="store_true")
     art.set_defaults(func=cmd_artifacts)
     return ap

@@ -1,109 +1,83 @@
 """The wiki-pipeline flow: download Wikipedia, train a BPE tokenizer on it, encode it into token shards, train
 mygpt on the shards and sample from the model.
 
-Every parameter has the chapter's default (§28.6-28.7). All of them are checked before any stage runs
-(``flows.params.validate``); the prompt is checked against the tokenizer as soon as the bpe stage has it.
-Each stage reuses its version when it exists (Prefect shows it as Cached); ``force=["bpe"]`` rebuilds the
-bpe stage and, because the downstream versions depend on its build, everything after it. ``only="train"``
-runs just that stage against the latest published upstream versions (following their lineage).
+One parameter per stage -- its settings, with the chapter's defaults (§28.6-28.7) -- plus the run options. The
+first line checks them all (``Pipeline.parse``: a ``UserError`` naming the field, before any stage runs); the
+prompt is checked against the tokenizer as soon as the tokenizer exists. Each stage reuses its version when the
+artifact store has it (the task run then ends ``Cached``); ``run.force=["tokenizer"]`` rebuilds that stage and,
+because downstream versions depend on its build, everything after it; ``run.only="model"`` runs just that
+stage against the latest published upstream versions (following their lineage).
+
+Stage tasks are called with ``return_state=True`` and ``.result()``: a reused version comes back as a state
+named Cached (see ``tasks.stage``), and ``.result()`` is its ``StageRef`` whether it was built or reused.
 """
 
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from flows import params as P
+from flows.settings import Pipeline
 from mygpt.errors import UserError
-from tasks.bpe import bpe
-from tasks.download import DEFAULT_URL, download
-from tasks.encode import encode
-from tasks.sample import check_prompts, sample
+from tasks import corpus as corpus_stage
+from tasks import model as model_stage
+from tasks import samples as samples_stage
+from tasks import shards as shards_stage
+from tasks import tokenizer as tokenizer_stage
+from tasks.corpus import CorpusSettings, download_corpus
+from tasks.model import ModelSettings, load_tokenizer, train_model
+from tasks.samples import SamplesSettings, check_prompts, sample_model
+from tasks.settings import RunOptions
+from tasks.shards import ShardsSettings, encode_shards
 from tasks.stage import StageRef
-from tasks.store import ArtifactStore
-from tasks.train import train
+from tasks.store import STAGES, ArtifactStore
+from tasks.tokenizer import TokenizerSettings, train_tokenizer
 
 
-@flow(name="wiki-pipeline", description=__doc__.split("\n\n")[0], log_prints=True)
+@flow(name="wiki-pipeline", description=__doc__.split("\n\n")[0], log_prints=True, validate_parameters=False)
 def wiki_pipeline(
-    # download
-    source_url: str = DEFAULT_URL,
-    expected_bytes: int | None = None,
-    expected_sha256: str | None = None,
-    # bpe
-    num_merges: int = 1024,
-    bpe_train_bytes: int = 50_000_000,
-    # encode
-    shard_tokens: int = 10_000_000,
-    unk_policy: str = "skip",
-    workers: int | None = None,
-    # train: the model
-    embed_dim: int = 192,
-    num_layers: int = 4,
-    num_heads: int = 6,
-    num_kv_heads: int = 2,
-    max_seq_len: int = 256,
-    norm: str = "rms",
-    position: str = "rope",
-    # train: the recipe
-    steps: int = 10_000,
-    batch_size: int = 16,
-    seq_len: int = 256,
-    lr: float = 1e-3,
-    schedule: str = "cosine",
-    warmup: int = 500,
-    max_grad_norm: float = 1.0,
-    print_every: int = 200,
-    eval_every: int = 500,
-    eval_batches: int = 20,
-    checkpoint_every: int = 1000,
-    train_splits: str = "train",
-    device: str = "auto",
-    precision: str = "auto",
-    seed: int = 1337,
-    threads: int | None = None,
-    # sample
-    prompt: str | list[str] = "The history of",
-    max_new_tokens: int = 200,
-    temperature: float = 1.0,
-    top_k: int = 40,
-    # how to run
-    artifacts_dir: str | None = None,
-    force: list[str] = [],
-    full_check: bool = False,
-    only: str | None = None,
+    corpus: CorpusSettings = CorpusSettings(),
+    tokenizer: TokenizerSettings = TokenizerSettings(),
+    shards: ShardsSettings = ShardsSettings(),
+    model: ModelSettings = ModelSettings(),
+    samples: SamplesSettings = SamplesSettings(),
+    run: RunOptions = RunOptions(),
 ) -> dict[str, StageRef]:
-    p = P.validate(dict(locals()))
-    if p.only:
-        return run_only(p)
-    root = p.artifacts_dir
+    # Prefect passes JSON objects for these parameters (validate_parameters=False): Pipeline.parse checks them
+    # with the stages' own classes and raises UserError naming the field.
+    s = Pipeline.parse(corpus=corpus, tokenizer=tokenizer, shards=shards, model=model, samples=samples, run=run)
+    if s.run.only:
+        return run_only(s)
 
-    corpus = download(root, **p.stage("download"))
-    tokenizer = bpe(root, corpus, **p.stage("bpe"))
-    check_prompt(tokenizer, prompt)
-    shards = encode(root, corpus, tokenizer, **p.stage("encode"))
-    model = train(root, shards, tokenizer, **p.stage("train"))
-    samples = sample(root, model, **p.stage("sample"))
+    corpus_ref = download_corpus(s.corpus, s.run, return_state=True).result()
+    tokenizer_ref = train_tokenizer(corpus_ref, s.tokenizer, s.run, return_state=True).result()
+    check_prompt(tokenizer_ref, s.samples)
+    shards_ref = encode_shards(corpus_ref, tokenizer_ref, s.shards, s.run, return_state=True).result()
+    model_ref = train_model(shards_ref, tokenizer_ref, s.model, s.run, return_state=True).result()
+    samples_ref = sample_model(model_ref, s.samples, s.run, return_state=True).result()
 
-    return {"corpus": corpus, "tokenizer": tokenizer, "shards": shards, "model": model, "samples": samples}
+    return {"corpus": corpus_ref, "tokenizer": tokenizer_ref, "shards": shards_ref, "model": model_ref,
+            "samples": samples_ref}
 
 
-def check_prompt(tokenizer: StageRef, prompt) -> None:
+def check_prompt(tokenizer: StageRef, samples: SamplesSettings) -> None:
     """Refuse a prompt the tokenizer cannot encode at all, before the expensive stages run."""
-    from tasks.train import load_tokenizer
-
-    for warning in check_prompts(load_tokenizer(tokenizer["path"]), prompt):
+    for warning in check_prompts(load_tokenizer(tokenizer["path"]), samples.prompt):
         get_run_logger().warning(warning)
 
 
-STAGE_FUNCTIONS = {"download": download, "bpe": bpe, "encode": encode, "train": train, "sample": sample}
+#: Each stage's module (its ``STAGE``: name and inputs) and task, for ``only=``; a task takes its inputs by
+#: stage name, then its settings and the run options.
+STAGE_TASKS = {m.STAGE.name: (m.STAGE, task) for m, task in [
+    (corpus_stage, download_corpus), (tokenizer_stage, train_tokenizer), (shards_stage, encode_shards),
+    (model_stage, train_model), (samples_stage, sample_model)]}
 
 
 def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
     """The inputs of ``stage`` from the latest published versions: the nearest upstream stage's latest
     version, and the versions it was built from for the others (so tokenizer and shards always match)."""
-    needed = P.MODULES[stage].SPEC.inputs
+    needed = STAGE_TASKS[stage][0].inputs
     refs: dict[str, StageRef] = {}
-    for name in sorted(needed, key=lambda s: list(P.STORE_NAMES.values()).index(s), reverse=True):
+    for name in sorted(needed, key=STAGES.index, reverse=True):
         if name in refs:
             continue
         versions = store.versions(name)
@@ -125,14 +99,15 @@ def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
     return {name: refs[name] for name in needed}
 
 
-def run_only(p: P.PipelineParams) -> dict[str, StageRef]:
-    """Run one stage against the latest upstream versions (``only=...``)."""
-    stage = p.only
-    inputs = latest_upstream(ArtifactStore(p.artifacts_dir), stage)
+def run_only(s: Pipeline) -> dict[str, StageRef]:
+    """Run one stage against the latest upstream versions (``run.only``)."""
+    stage = s.run.only
+    inputs = latest_upstream(ArtifactStore(s.run.root()), stage)
     get_run_logger().info("only %s: inputs %s", stage,
                           ", ".join(f"{k}/{v['version']}" for k, v in inputs.items()) or "(none)")
-    ref = STAGE_FUNCTIONS[stage](p.artifacts_dir, *inputs.values(), **p.stage(stage))
-    return {**inputs, P.STORE_NAMES[stage]: ref}
+    task = STAGE_TASKS[stage][1]
+    ref = task(**inputs, settings=getattr(s, stage), run=s.run, return_state=True).result()
+    return {**inputs, stage: ref}
 
 
 if __name__ == "__main__":

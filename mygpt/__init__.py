@@ -1,27 +1,49 @@
 """mygpt: a small modern GPT in plain PyTorch (tokenizers, model, training, checkpoints, generation).
 
-This package never imports Prefect; the pipeline layers (``tasks/``, ``flows/``) build on it.
-(BPE encode worker processes load ``mygpt.bpe_encode`` without running this file, so they never import
-torch: see ``bpe_encode._WORKER_BOOT``.)
+This package never imports Prefect; the pipeline layers (``tasks/``, ``flows/``) build on it. Importing it
+is cheap: the names below load their module (and torch, where that module needs it) on first use, so
+``import mygpt`` or ``from mygpt.bpe import BPETokenizer`` never pays for torch.
+
+The training loop and text generation are the functions ``mygpt.train.train`` and
+``mygpt.generate.generate`` (their modules share their names, so they are not re-exported here).
 """
 
-from .bpe import BPETokenizer
-from .char_tokenizer import CharTokenizer
-from .checkpoint import load_checkpoint, save_checkpoint
-from .errors import UserError
-from .generate import generate
-from .model import GPT
-from .train import TrainConfig, TrainResult, train
+from __future__ import annotations
 
-__all__ = [
-    "BPETokenizer",
-    "CharTokenizer",
-    "GPT",
-    "TrainConfig",
-    "TrainResult",
-    "UserError",
-    "generate",
-    "load_checkpoint",
-    "save_checkpoint",
-    "train",
-]
+import importlib
+from typing import TYPE_CHECKING
+
+__all__ = ["BPETokenizer", "CharTokenizer", "GPT", "TrainConfig", "TrainResult", "UserError", "load_checkpoint",
+           "save_checkpoint"]
+
+_HOME = {
+    "BPETokenizer": "bpe",
+    "CharTokenizer": "char_tokenizer",
+    "GPT": "model",
+    "TrainConfig": "train",
+    "TrainResult": "train",
+    "UserError": "errors",
+    "load_checkpoint": "checkpoint",
+    "save_checkpoint": "checkpoint",
+}
+
+if TYPE_CHECKING:  # editors and type checkers see the real names
+    from .bpe import BPETokenizer
+    from .char_tokenizer import CharTokenizer
+    from .checkpoint import load_checkpoint, save_checkpoint
+    from .errors import UserError
+    from .model import GPT
+    from .train import TrainConfig, TrainResult
+
+
+def __getattr__(name: str):
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mygpt' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -41,29 +41,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from . import bpe_reference
 from .atomic import atomic_write_text
-from .errors import UserError, describe_chars
+from .bpe_encode import WordEncoder, unknown_chars_error
+from .errors import UserError, check_int, describe_chars
 
-__all__ = ["BPETokenizer", "WORD_PATTERN", "WORD_RE", "NUM_BYTE_TOKENS"]
+__all__ = ["BPETokenizer", "NUM_BYTE_TOKENS"]
 
-#: The chapter's pre-tokeniser: a whitespace run plus the following non-whitespace run is one word.
-WORD_PATTERN = r"\s*\S+|\s+"
-WORD_RE = re.compile(WORD_PATTERN)
 NUM_BYTE_TOKENS = 256
-
-
-
-def _check_num_merges(num_merges: Any) -> int:
-    if isinstance(num_merges, bool) or not isinstance(num_merges, (int, np.integer)):
-        raise UserError(f"num_merges must be a non-negative integer, got {num_merges!r}")
-    if num_merges < 0:
-        raise UserError(f"num_merges must be >= 0, got {num_merges}")
-    return int(num_merges)
 
 
 def _check_training_text(text: Any) -> str:
@@ -72,27 +61,6 @@ def _check_training_text(text: Any) -> str:
     if not text:
         raise UserError("BPE training text is empty; give the trainer some text")
     return text
-
-
-def _best_pair(pairs: dict) -> tuple[str, str]:
-    """The tie-break: highest count, then the lexicographically greatest pair."""
-    return max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]
-
-
-def _merge_symbols(symbols: list[str], a: str, b: str) -> list[str]:
-    """Replace every adjacent ``a, b`` by ``a + b``, left to right, without overlap."""
-    merged = a + b
-    out: list[str] = []
-    i = 0
-    n = len(symbols)
-    while i < n:
-        if i < n - 1 and symbols[i] == a and symbols[i + 1] == b:
-            out.append(merged)
-            i += 2
-        else:
-            out.append(symbols[i])
-            i += 1
-    return out
 
 
 def _decode_bytes(buf: bytearray) -> str:
@@ -227,19 +195,7 @@ class BPETokenizer:
         ``O(num_merges x len(text))``; use :meth:`from_corpus` for real corpora.
         """
         text = _check_training_text(text)
-        num_merges = _check_num_merges(num_merges)
-        chars = sorted(set(text))
-        symbols = list(text)
-        merges: list[tuple[str, str]] = []
-        for _ in range(num_merges):
-            pairs: dict[tuple[str, str], int] = {}
-            for p in zip(symbols, symbols[1:]):
-                pairs[p] = pairs.get(p, 0) + 1
-            if not pairs:
-                break
-            a, b = _best_pair(pairs)
-            merges.append((a, b))
-            symbols = _merge_symbols(symbols, a, b)
+        chars, merges = bpe_reference.train_text(text, check_int("num_merges", num_merges, 0))
         return cls(chars, merges, byte_fallback=byte_fallback)
 
     @classmethod
@@ -249,10 +205,9 @@ class BPETokenizer:
         Produces exactly the merges of the chapter's ``from_corpus`` with the tie-break above.
         """
         text = _check_training_text(text)
-        num_merges = _check_num_merges(num_merges)
         from .bpe_train import train_bpe
 
-        chars, merges = train_bpe(text, num_merges)
+        chars, merges = train_bpe(text, check_int("num_merges", num_merges, 0))
         return cls(chars, merges, byte_fallback=byte_fallback)
 
     # -- encoding ---------------------------------------------------------------------------------
@@ -261,13 +216,6 @@ class BPETokenizer:
         if self.byte_fallback:
             return []
         return sorted(set(text) - self._charset)
-
-    def _unknown_error(self, unknown: Iterable[str]) -> UserError:
-        return UserError(
-            f"characters not in the tokenizer's vocabulary: {describe_chars(sorted(unknown))} "
-            "(retrain the tokenizer on text that contains them, use unk_policy='skip', "
-            "or use byte_fallback=True)"
-        )
 
     def _byte_ids(self, s: str) -> list[int]:
         off = self.byte_offset
@@ -285,12 +233,8 @@ class BPETokenizer:
             raise UserError(f"text to encode must be a str, got {type(text).__name__}")
         unknown = set(text) - self._charset
         if unknown and not self.byte_fallback:
-            raise self._unknown_error(unknown)
-        symbols = list(text)
-        for a, b in self.merges:
-            if a not in symbols:  # cheap C-level precheck; the loop below would change nothing
-                continue
-            symbols = _merge_symbols(symbols, a, b)
+            raise unknown_chars_error(unknown)
+        symbols = bpe_reference.encode_in_merge_order(text, self.merges)
         stoi = self.stoi
         if unknown:
             ids: list[int] = []
@@ -311,10 +255,8 @@ class BPETokenizer:
         """
         return self._fast_encoder().encode_word_symbols(word)
 
-    def _fast_encoder(self):
+    def _fast_encoder(self) -> WordEncoder:
         if self._fast is None:
-            from .bpe_encode import WordEncoder
-
             self._fast = WordEncoder(self)
         return self._fast
 

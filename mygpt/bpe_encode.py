@@ -37,11 +37,11 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import UserError
+from .bpe_reference import WORD_RE
+from .errors import UserError, check_int, describe_chars
 
 __all__ = ["EncodeStats", "WordEncoder", "iter_encode_file", "chunk_bounds", "find_safe_cut", "PIECE_CHARS"]
 
-WORD_RE = re.compile(r"\s*\S+|\s+")
 # A safe cut: the position of a whitespace character that follows a non-whitespace character.
 SAFE_CUT_RE = re.compile(r"(?<=\S)\s")
 PIECE_CHARS = 1 << 20
@@ -81,9 +81,8 @@ class EncodeStats:
         return asdict(self)
 
 
-def _unknown_error(unknown) -> UserError:
-    from .errors import describe_chars
-
+def unknown_chars_error(unknown) -> UserError:
+    """The ``UserError`` for characters a tokenizer cannot encode (``unk_policy="error"``)."""
     return UserError(
         f"characters not in the tokenizer's vocabulary: {describe_chars(sorted(unknown))} "
         "(retrain the tokenizer on text that contains them, use unk_policy='skip', or use byte_fallback=True)"
@@ -386,7 +385,7 @@ class WordEncoder:
             chars: set[str] = set()
             for sl in slots.tolist():
                 chars.update(self.unknown[sl])
-            raise _unknown_error(chars)
+            raise unknown_chars_error(chars)
         per_char: collections.Counter = collections.Counter()
         for sl, f in zip(slots.tolist(), freq.tolist()):
             for c in self.unknown[sl]:
@@ -479,19 +478,14 @@ def _read_chunk(f, path, start: int, end: int) -> str:
 
 # --- worker processes ----------------------------------------------------------------------------
 # Workers are plain ``python -c`` subprocesses that talk to the parent over their stdin/stdout with
-# length-prefixed pickles. They load this module (and mygpt/bpe.py, errors.py, bpe_train.py) under a
-# private package name, so they never run ``mygpt/__init__.py`` (which pulls in torch, ~200 MB per
-# process) nor re-import the parent's ``__main__`` (as multiprocessing's spawn would): a worker costs
-# numpy plus its own word cache, starts in a fraction of a second, and any script may call
-# ``iter_encode_file(..., workers=N)`` without an ``if __name__ == "__main__"`` guard.
+# length-prefixed pickles; they import only the BPE modules (``import mygpt`` loads no torch), so a worker
+# costs numpy plus its own word cache.
 
 _WORKER_BOOT = """
-import importlib, sys, types
-name = "_mygpt_bpe_worker"
-pkg = types.ModuleType(name)
-pkg.__path__ = [sys.argv[1]]
-sys.modules[name] = pkg
-importlib.import_module(name + ".bpe_encode")._worker_main()
+import sys
+sys.path.insert(0, sys.argv[1])
+from mygpt.bpe_encode import _worker_main
+_worker_main()
 """
 _HEADER = 8
 
@@ -519,7 +513,7 @@ def _recv(f):
 
 
 def _worker_main() -> None:
-    """Worker loop: first message (tokenizer state, path, unk_policy), then (index, start, end) tasks."""
+    """Worker loop: first message (tokenizer, path, unk_policy), then (index, start, end) tasks."""
     import sys
     import traceback
 
@@ -528,12 +522,10 @@ def _worker_main() -> None:
     os.dup2(2, 1)  # stray prints cannot corrupt the protocol
     sys.stdout = sys.stderr
     try:
-        state, path, unk_policy = _recv(fin)
+        tokenizer, path, unk_policy = _recv(fin)
     except EOFError:
         return
-    from .bpe import BPETokenizer
-
-    enc = BPETokenizer.from_state(state)._fast_encoder()
+    enc = WordEncoder(tokenizer)
     with open(path, "rb") as f:
         while True:
             try:
@@ -557,7 +549,7 @@ class _Worker:
         import subprocess
         import sys
 
-        pkg_dir = os.path.dirname(os.path.abspath(__file__))
+        pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _WORKER_BOOT, pkg_dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
@@ -611,10 +603,9 @@ def iter_encode_file(
     if unk_policy not in ("skip", "error"):
         raise UserError(f"unk_policy must be 'skip' or 'error', got {unk_policy!r}")
     for name, v, lo in (("chunk_bytes", chunk_bytes, 1), ("workers", workers, 1), ("start_chunk", start_chunk, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise UserError(f"{name} must be an integer >= {lo}, got {v!r}")
-    if max_in_flight is not None and (not isinstance(max_in_flight, int) or max_in_flight < 1):
-        raise UserError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
+        check_int(name, v, lo)
+    if max_in_flight is not None:
+        check_int("max_in_flight", max_in_flight, 1)
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise UserError(f"input file {path!r} does not exist")
@@ -678,7 +669,7 @@ def _iter_parallel(tokenizer, path, bounds, workers, unk_policy, max_in_flight):
                     feed["crash"] = RuntimeError(f"BPE encode worker failed (exit code {code}): {e!r}")
                     lock.notify_all()
 
-    pool = [_Worker((tokenizer.state(), path, unk_policy)) for _ in range(workers)]
+    pool = [_Worker((tokenizer, path, unk_policy)) for _ in range(workers)]
     threads = [threading.Thread(target=pump, args=(w,), daemon=True) for w in pool]
     for t in threads:
         t.start()

@@ -1,12 +1,13 @@
 """The fast word-level BPE trainer behind :meth:`mygpt.bpe.BPETokenizer.from_corpus`.
 
-It returns exactly the merges of the chapter's ``from_corpus`` (pre-tokenise with ``\\s*\\S+|\\s+``, count
-adjacent pairs inside words weighted by word frequency, merge the winner left to right without overlap in
-every word, stop when no pairs remain) under the fixed tie-break: highest count, then the
-lexicographically greatest pair ``(a, b)``. Instead of recounting every pair of every word per merge it
-keeps the counts up to date incrementally:
+It returns exactly the merges of :func:`mygpt.bpe_reference.train` (the plain statement of the chapter's
+word-level algorithm: pre-tokenise, count adjacent pairs inside words weighted by word frequency, merge the
+winner left to right without overlap in every word, stop when no pairs remain; tie-break: highest count,
+then the lexicographically greatest pair ``(a, b)``); the tests prove it on real text and generated cases.
 
-* the text becomes a table of *unique* words with frequencies (``Counter(re.findall(...))``); words of a
+Instead of recounting every pair of every word per merge it keeps the counts up to date incrementally:
+
+* the text becomes a table of *unique* words with frequencies (``Counter(WORD_RE.findall(...))``); words of a
   single character have no pairs and are dropped;
 * symbols are small ints (one per distinct symbol *string*, so two merges that produce the same string
   produce the same symbol, as with the chapter's strings); a pair is the int ``a * 2**32 + b``;
@@ -36,13 +37,13 @@ import collections
 import contextlib
 import gc
 import heapq
-import re
 
 import numpy as np
 
+from .bpe_reference import WORD_RE
+
 __all__ = ["train_bpe", "train_from_word_counts", "count_words", "gc_paused"]
 
-WORD_RE = re.compile(r"\s*\S+|\s+")
 _SHIFT = 32
 _LOW = (1 << _SHIFT) - 1
 
@@ -52,16 +53,27 @@ def count_words(text: str) -> collections.Counter:
     return collections.Counter(WORD_RE.findall(text))
 
 
-def _inv_key(s: str) -> tuple:
-    # Reverse lexicographic order: inv(s) < inv(t)  <=>  s > t.
-    return tuple([-ord(c) for c in s]) + (1,)
-
-
 def train_bpe(text: str, num_merges: int) -> tuple[list[str], list[tuple[str, str]]]:
-    """Return ``(chars, merges)`` for ``text`` (see the module docstring)."""
+    """Return ``(chars, merges)`` for ``text``: :func:`mygpt.bpe_reference.train`, fast."""
     with gc_paused():
-        word_counts = count_words(text)
-        return train_from_word_counts(word_counts, num_merges)
+        return train_from_word_counts(count_words(text), num_merges)
+
+
+def train_from_word_counts(word_counts: dict[str, int], num_merges: int) -> tuple[list[str], list[tuple[str, str]]]:
+    """The trainer on a ``{word: frequency}`` table (the pre-tokenised corpus): ``(chars, merges)``."""
+    chars = sorted(set("".join(word_counts)))
+    if num_merges <= 0:
+        return chars, []
+    state = _PairState(chars, word_counts)
+    merges: list[tuple[str, str]] = []
+    while len(merges) < num_merges:
+        best = state.pop_best()  # step 3: the most frequent pair (greatest among ties)
+        if best < 0:
+            break  # no pairs remain
+        a, b = best >> _SHIFT, best & _LOW
+        merges.append((state.sym_str[a], state.sym_str[b]))
+        state.merge(best, a, b)  # step 4, in the words that hold the pair, with the counts kept current
+    return chars, merges
 
 
 @contextlib.contextmanager
@@ -77,102 +89,103 @@ def gc_paused():
             gc.enable()
 
 
-def train_from_word_counts(
-    word_counts: dict[str, int], num_merges: int
-) -> tuple[list[str], list[tuple[str, str]]]:
-    """The trainer proper, on a ``{word: frequency}`` table (the pre-tokenised corpus)."""
-    chars = sorted(set("".join(word_counts)))
-    if num_merges <= 0:
-        return chars, []
+def _inv_key(s: str) -> tuple:
+    # Reverse lexicographic order: inv(s) < inv(t)  <=>  s > t.
+    return tuple([-ord(c) for c in s]) + (1,)
 
-    # --- symbols -----------------------------------------------------------------------------
-    sym_str: list[str] = list(chars)  # symbol id -> string
-    str_id: dict[str, int] = {c: i for i, c in enumerate(chars)}
-    inv: list[tuple] = [_inv_key(c) for c in chars]
 
-    # --- words with >= 2 characters, as symbol-id lists ----------------------------------------
-    multi = [(w, f) for w, f in word_counts.items() if len(w) > 1]
-    if not multi:
-        return chars, []
-    nw = len(multi)
-    freqs = [f for _, f in multi]
-    joined = "".join(w for w, _ in multi)
-    cps = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    char_cps = np.array([ord(c) for c in chars], dtype=np.uint32)
-    ids = np.searchsorted(char_cps, cps).astype(np.int64)  # chars are sorted by code point
-    lens = np.fromiter((len(w) for w, _ in multi), dtype=np.int64, count=nw)
-    ends = np.cumsum(lens)
-    starts = ends - lens
-    flat = ids.tolist()
-    words: list[list[int]] = [flat[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
+class _PairState:
+    """Words as symbol-id lists, pair counts, the pair -> words index and the max-heap of pairs."""
 
-    # --- initial pair counts and the pair -> words index (vectorised) ---------------------------
-    word_of = np.repeat(np.arange(nw, dtype=np.int64), lens)
-    same = word_of[:-1] == word_of[1:]
-    pos = np.nonzero(same)[0]
-    keys = (ids[pos] << _SHIFT) | ids[pos + 1]
-    pair_word = word_of[pos]
-    ukeys, inverse = np.unique(keys, return_inverse=True)
-    weights = np.asarray(freqs, dtype=np.int64)[pair_word]
-    sums = np.zeros(len(ukeys), dtype=np.int64)
-    np.add.at(sums, inverse, weights)
-    order = np.argsort(inverse, kind="stable")
-    grouped_words = pair_word[order]
-    group_ends = np.cumsum(np.bincount(inverse, minlength=len(ukeys)))
-    group_starts = group_ends - np.bincount(inverse, minlength=len(ukeys))
-    ukeys_l = ukeys.tolist()
-    counts: dict[int, int] = dict(zip(ukeys_l, sums.tolist()))
-    init_group: dict[int, tuple[int, int]] = dict(zip(ukeys_l, zip(group_starts.tolist(), group_ends.tolist())))
-    where: dict[int, set[int]] = {}
+    def __init__(self, chars: list[str], word_counts: dict[str, int]) -> None:
+        self.sym_str: list[str] = list(chars)  # symbol id -> string
+        self.str_id: dict[str, int] = {c: i for i, c in enumerate(chars)}
+        self.inv: list[tuple] = [_inv_key(c) for c in chars]
+        self.words: list[list[int]] = []
+        self.freqs: list[int] = []
+        self.counts: dict[int, int] = {}
+        self.where: dict[int, set[int]] = {}  # pair -> words it was created in by a merge
+        self._initial_words: dict[int, tuple[int, int]] = {}  # pair -> slice of _grouped_words
+        self._grouped_words = np.zeros(0, dtype=np.int64)
+        multi = [(w, f) for w, f in word_counts.items() if len(w) > 1]  # one character: no pairs
+        if multi:
+            self._index(chars, multi)
+        self.heap = [(-c, self.inv[k >> _SHIFT], self.inv[k & _LOW], k) for k, c in self.counts.items()]
+        heapq.heapify(self.heap)
 
-    heap = [(-c, inv[k >> _SHIFT], inv[k & _LOW], k) for k, c in counts.items()]
-    heapq.heapify(heap)
-    heappush, heappop = heapq.heappush, heapq.heappop
-    cget = counts.get
+    def _index(self, chars: list[str], multi: list[tuple[str, int]]) -> None:
+        """Symbol-id words, initial pair counts and the pair -> words index, vectorised with numpy."""
+        nw = len(multi)
+        self.freqs = [f for _, f in multi]
+        cps = np.frombuffer("".join(w for w, _ in multi).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        ids = np.searchsorted(np.array([ord(c) for c in chars], dtype=np.uint32), cps).astype(np.int64)
+        lens = np.fromiter((len(w) for w, _ in multi), dtype=np.int64, count=nw)
+        ends = np.cumsum(lens)
+        flat = ids.tolist()
+        self.words = [flat[s:e] for s, e in zip((ends - lens).tolist(), ends.tolist())]
+        word_of = np.repeat(np.arange(nw, dtype=np.int64), lens)
+        pos = np.nonzero(word_of[:-1] == word_of[1:])[0]  # adjacent positions inside one word
+        keys = (ids[pos] << _SHIFT) | ids[pos + 1]
+        pair_word = word_of[pos]
+        ukeys, inverse = np.unique(keys, return_inverse=True)
+        sums = np.zeros(len(ukeys), dtype=np.int64)
+        np.add.at(sums, inverse, np.asarray(self.freqs, dtype=np.int64)[pair_word])
+        self._grouped_words = pair_word[np.argsort(inverse, kind="stable")]
+        sizes = np.bincount(inverse, minlength=len(ukeys))
+        group_ends = np.cumsum(sizes)
+        keys_l = ukeys.tolist()
+        self.counts = dict(zip(keys_l, sums.tolist()))
+        self._initial_words = dict(zip(keys_l, zip((group_ends - sizes).tolist(), group_ends.tolist())))
 
-    merges: list[tuple[str, str]] = []
-    while len(merges) < num_merges:
-        # --- pick the winner --------------------------------------------------------------------
-        best = -1
+    def pop_best(self) -> int:
+        """The pair with the highest count (the greatest pair among ties), or -1 when none is left.
+
+        Heap entries are upper bounds: an entry whose count has shrunk is pushed back with the true count."""
+        heap, counts, inv = self.heap, self.counts, self.inv
         while heap:
             negc, _, _, k = heap[0]
             c = counts.get(k, 0)
             if c == -negc:
-                best = k
-                break
-            heappop(heap)
+                return k
+            heapq.heappop(heap)
             if 0 < c < -negc:
-                heappush(heap, (-c, inv[k >> _SHIFT], inv[k & _LOW], k))
-        if best < 0:
-            break  # no pairs remain
-        a = best >> _SHIFT
-        b = best & _LOW
-        sa, sb = sym_str[a], sym_str[b]
-        merges.append((sa, sb))
-        ms = sa + sb
-        m = str_id.get(ms)
-        if m is None:
-            m = len(sym_str)
-            sym_str.append(ms)
-            str_id[ms] = m
-            inv.append(_inv_key(ms))
+                heapq.heappush(heap, (-c, inv[k >> _SHIFT], inv[k & _LOW], k))
+        return -1
 
-        # --- the words that may contain (a, b) ----------------------------------------------------
+    def _symbol(self, s: str) -> int:
+        """The id of symbol string ``s`` (new ids for new strings; equal strings are one symbol)."""
+        m = self.str_id.get(s)
+        if m is None:
+            m = len(self.sym_str)
+            self.sym_str.append(s)
+            self.str_id[s] = m
+            self.inv.append(_inv_key(s))
+        return m
+
+    def _words_with(self, best: int) -> set[int]:
+        """The words that may hold pair ``best`` (a superset: stale entries cost a check, never a result)."""
         cand: set[int] = set()
-        g = init_group.pop(best, None)
+        g = self._initial_words.pop(best, None)
         if g is not None:
-            cand.update(grouped_words[g[0] : g[1]].tolist())
-        extra = where.pop(best, None)
+            cand.update(self._grouped_words[g[0]:g[1]].tolist())
+        extra = self.where.pop(best, None)
         if extra:
             cand |= extra
+        return cand
 
-        # --- rewrite them, updating the counts around each occurrence -------------------------------
-        # For an occurrence of (a, b) at i (old positions): (a, b) loses f; the pair on its left changes
-        # from (s[i-1], a) to (t[-1], m), where t[-1] is m itself if the previous occurrence ended at i;
-        # the pair on its right changes from (b, s[i+2]) to (m, s[i+2]) unless s[i+2:i+4] is the next
-        # occurrence (then that occurrence's left step accounts for it).
+    def merge(self, best: int, a: int, b: int) -> None:
+        """Merge pair ``best`` = ``(a, b)`` left to right without overlap in every word that holds it.
+
+        For an occurrence at old position i: ``(a, b)`` loses the word's frequency f; the pair on its left
+        turns from ``(s[i-1], a)`` into ``(t[-1], m)``, where ``t[-1]`` is ``m`` itself when the previous
+        occurrence ended at i (``'aaaa'``); the pair on its right turns from ``(b, s[i+2])`` into
+        ``(m, s[i+2])`` unless ``s[i+2:i+4]`` is the next occurrence (whose left step accounts for it).
+        """
+        m = self._symbol(self.sym_str[a] + self.sym_str[b])
+        words, freqs, counts, where = self.words, self.freqs, self.counts, self.where
+        cget = counts.get
         grown: set[int] = set()
-        for wi in cand:
+        for wi in self._words_with(best):
             s = words[wi]
             n = len(s)
             last = n - 1
@@ -197,8 +210,7 @@ def train_from_word_counts(
                 if i:
                     k = (s[i - 1] << _SHIFT) | a
                     counts[k] -= f
-                    x = t[-1]
-                    k = (x << _SHIFT) | m
+                    k = (t[-1] << _SHIFT) | m
                     counts[k] = cget(k, 0) + f
                     grown.add(k)
                     ws = where.get(k)
@@ -226,10 +238,9 @@ def train_from_word_counts(
                 if copied < n:
                     t.extend(s[copied:])
                 words[wi] = t
-
+        inv, heap = self.inv, self.heap
         for k in grown:
             c = counts[k]
             if c > 0:
-                heappush(heap, (-c, inv[k >> _SHIFT], inv[k & _LOW], k))
+                heapq.heappush(heap, (-c, inv[k >> _SHIFT], inv[k & _LOW], k))
         counts.pop(best, None)  # every occurrence was merged
-    return chars, merges

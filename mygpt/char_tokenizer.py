@@ -10,17 +10,15 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from .errors import UserError, describe_chars
 
 __all__ = ["CharTokenizer"]
 
 
-
 def ids_to_numpy(ids) -> np.ndarray:
     """Any 1-D integer sequence / ndarray / tensor -> 1-D int64 ndarray."""
-    if isinstance(ids, torch.Tensor):
+    if hasattr(ids, "detach"):  # a torch tensor
         arr = ids.detach().to("cpu").numpy()
     else:
         arr = np.asarray(ids)
@@ -94,8 +92,10 @@ class CharTokenizer:
             dtype = np.uint16 if self.vocab_size <= 65536 else np.int32
         return ids.astype(dtype)
 
-    def encode(self, text: str) -> torch.Tensor:
+    def encode(self, text: str):
         """Encode ``text`` to a 1-D ``torch.long`` tensor; unknown characters raise ``UserError``."""
+        import torch
+
         return torch.from_numpy(self.encode_array(text, dtype=np.int64))
 
     def decode(self, ids) -> str:

@@ -1,16 +1,29 @@
-"""The one exception type for problems a user can fix.
+"""The one exception type for problems a user can fix, and the one integer check.
 
 A ``UserError`` message names the input that is wrong, what is wrong with it, and what to do.
 CLIs turn it into ``error: <message>`` on stderr and exit code 2, without a traceback.
 It subclasses ``ValueError`` so library callers can catch it as the usual bad-value error.
 """
 
+from __future__ import annotations
 
+import numbers
 from typing import Iterable
 
 
 class UserError(ValueError):
     """Bad input that the user can fix; the message says which input and how."""
+
+
+def check_int(name: str, value: object, minimum: int | None = None, hint: str = "") -> int:
+    """``value`` as an ``int`` if it is a whole number (not a bool) ``>= minimum``; else ``UserError``.
+
+    The message reads ``<name> must be an integer >= <minimum>, got <value>; <hint>``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or minimum is not None and value < minimum:
+        bound = f" >= {minimum}" if minimum is not None else ""
+        raise UserError(f"{name} must be an integer{bound}, got {value!r}" + (f"; {hint}" if hint else ""))
+    return int(value)
 
 
 def describe_chars(chars: Iterable[str], limit: int = 20) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .device import autocast, resolve_device, resolve_precision
-from .errors import UserError, describe_chars
+from .errors import UserError, check_int, describe_chars
 
 __all__ = ["generate", "generate_ids"]
 
@@ -87,12 +87,10 @@ def generate(
     use_cache: bool = True,
 ) -> str:
     """Return ``prompt`` + ``max_new_tokens`` sampled tokens, decoded. Moves ``model`` to ``device``."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise UserError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    check_int("max_new_tokens", max_new_tokens, 0)
     if not isinstance(temperature, (int, float)) or not temperature >= 0:
         raise UserError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise UserError(f"top_k must be an integer >= 0 (0 = no top-k filtering), got {top_k!r}")
+    check_int("top_k", top_k, 0, "0 = no top-k filtering")
     if not prompt:
         raise UserError("the prompt is empty; give at least one character with --prompt")
     unknown = tokenizer.unknown_chars(prompt)

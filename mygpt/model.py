@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .errors import UserError
+from .errors import UserError, check_int
 
 __all__ = ["GPT", "KVCache", "RMSNorm", "validate_config", "NORM_TYPES", "POSITION_TYPES"]
 
@@ -59,21 +59,19 @@ def validate_config(
         ("num_layers", num_layers),
         ("max_seq_len", max_seq_len),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise UserError(f"{name} must be a positive integer, got {value!r}")
+        check_int(name, value, 1)
     if num_kv_heads is None:
         num_kv_heads = num_heads
-    if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads <= 0:
-        raise UserError(f"num_kv_heads must be a positive integer, got {num_kv_heads!r}")
+    check_int("num_kv_heads", num_kv_heads, 1)
     if embed_dim % num_heads != 0:
         raise UserError(
-            f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}); "
-            f"pick --embed-dim a multiple of --num-heads"
+            f"num_heads ({num_heads}) must divide embed_dim ({embed_dim}); pick an embed_dim that is a multiple "
+            f"of num_heads (the chapter uses embed_dim 192, num_heads 6: head size 32)"
         )
     if num_heads % num_kv_heads != 0:
         raise UserError(
-            f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads}); "
-            f"pick --num-kv-heads a divisor of --num-heads"
+            f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads}); pick a divisor of num_heads "
+            f"(the chapter uses num_heads 6, num_kv_heads 2)"
         )
     if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
         raise UserError(f"dropout must be in [0, 1), got {dropout!r}")
@@ -83,8 +81,8 @@ def validate_config(
         raise UserError(f"position_type must be one of {', '.join(POSITION_TYPES)}; got {position_type!r}")
     if position_type == "rope" and (embed_dim // num_heads) % 2 != 0:
         raise UserError(
-            f"position_type 'rope' needs an even head size, but embed_dim/num_heads = "
-            f"{embed_dim}/{num_heads} = {embed_dim // num_heads}"
+            f"position 'rope' needs an even head size, but embed_dim/num_heads = "
+            f"{embed_dim}/{num_heads} = {embed_dim // num_heads}; change num_heads or use learned positions"
         )
     return num_kv_heads
 

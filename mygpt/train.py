@@ -36,7 +36,7 @@ import torch
 from .checkpoint import load_checkpoint_payload, save_checkpoint
 from .data import get_batch, num_tokens
 from .device import autocast, resolve_device, resolve_precision
-from .errors import UserError
+from .errors import UserError, check_int
 
 __all__ = ["TrainConfig", "TrainResult", "train", "lr_at", "estimate_loss"]
 
@@ -70,21 +70,11 @@ class TrainConfig:
     weight_decay: float = 0.01
 
     def validate(self) -> "TrainConfig":
-        def positive_int(name, minimum=1):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-                raise UserError(f"{name} must be an integer >= {minimum}, got {v!r}")
-
-        positive_int("steps")
-        positive_int("batch_size")
-        positive_int("seq_len")
-        positive_int("warmup", 0)
-        positive_int("print_every", 0)
-        positive_int("eval_every", 0)
-        positive_int("eval_batches")
-        positive_int("checkpoint_every", 0)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise UserError(f"seed must be an integer, got {self.seed!r}")
+        for name in ("steps", "batch_size", "seq_len", "eval_batches"):
+            check_int(name, getattr(self, name), 1)
+        for name in ("warmup", "print_every", "eval_every", "checkpoint_every"):
+            check_int(name, getattr(self, name), 0)
+        check_int("seed", self.seed)
         if not isinstance(self.lr, (int, float)) or not math.isfinite(self.lr) or self.lr <= 0:
             raise UserError(f"lr must be a positive number, got {self.lr!r}")
         if self.schedule not in SCHEDULES:

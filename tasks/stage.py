@@ -1,16 +1,29 @@
-"""The one wrapper every stage runs through.
+"""Running a stage: reuse its version from the artifact store, or build it in staging and publish it.
 
-A stage module declares a :class:`StageSpec` (its store name, Prefect UI artifact key, code version, a
-``build(ctx) -> metrics`` function and a ``report(manifest) -> markdown`` function) and gets a Prefect
-task from :func:`stage_task`. Running it:
+A stage module holds the stage's settings (a :class:`~tasks.settings.Settings` subclass), a ``build``
+function, a ``report`` function for its Prefect UI artifact, ``STAGE = Stage(...)`` and one Prefect task with
+an explicit signature -- its inputs, its settings, the run options -- whose body is one call of the one verb,
+:meth:`Stage.run`::
 
-1. computes the version id from the parameters, the inputs (upstream version + build id) and the code
-   version;
-2. reuses that version if it verifies (Prefect shows the task as Cached: the cache key is
-   ``<stage>-<version>``, and the key function drops the cache record whenever the version is missing,
-   damaged, forced or was rebuilt since the record was written);
-3. otherwise takes the version's lock, builds into the staging area (which survives a crash so a stage
-   may resume), publishes atomically with the manifest last, and posts the stage's UI artifact.
+    @stage_task(STAGE)
+    def train_tokenizer(corpus: StageRef, settings: TokenizerSettings = TokenizerSettings(),
+                        run: RunOptions = RunOptions()) -> StageRef:
+        return STAGE.run(build_tokenizer, settings, run, corpus=corpus)
+
+:meth:`Stage.run`
+
+1. computes the version id from the settings, the inputs (each upstream version plus its build id, so a
+   rebuilt upstream gives new downstream versions) and the stage's code version;
+2. reuses that version if the store verifies it (and ``run.force`` does not name the stage); inside a Prefect
+   task run it then returns a ``Completed`` state named ``Cached`` (Prefect's documented way for a task to set
+   its own final state), so the UI shows the reuse; the artifact store is the only cache -- Prefect keeps no
+   cache records and no results for these tasks;
+3. otherwise takes the version's lock, builds into the staging area (which survives a crash, so a stage may
+   resume), publishes atomically with the manifest written last, and posts the stage's UI artifact under
+   ``wiki-<stage>``.
+
+A flow calls a stage task with ``return_state=True`` and takes ``.result()`` (the :class:`StageRef`, built or
+reused); outside Prefect, ``task.fn(...)`` runs the same code and returns the ref.
 """
 
 from __future__ import annotations
@@ -20,13 +33,26 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypedDict
+from typing import Any, Callable, Generic, TypedDict, TypeVar
 
+from mygpt.errors import UserError
+from tasks.settings import RunOptions, Settings
 from tasks.store import ArtifactStore, Build, version_id
 
 log = logging.getLogger("wiki_pipeline")
+
+S = TypeVar("S", bound=Settings)
+
+
+class StageRef(TypedDict):
+    """A published version, as stage tasks return it and downstream stages take it (JSON-serialisable)."""
+
+    stage: str
+    version: str
+    build_id: str
+    path: str
 
 
 # ---- fault injection (test hook, off by default) -------------------------------------------------------
@@ -46,11 +72,11 @@ def reset_faults() -> None:
 
 
 def fault_point(name: str) -> None:
-    """A named point where bench/reliability.py can crash the pipeline. Does nothing unless the environment says so.
+    """A named point where the reliability harness can crash the pipeline. Does nothing unless the environment says so.
 
-    Points (``<task>`` is download, bpe, encode, train or sample): ``<task>.start`` (staging opened, build not
-    started), ``<task>.progress`` (every :meth:`BuildContext.progress` call, before its throttling),
-    ``<task>.publish`` (manifest written in staging, not yet renamed into place) and ``<task>.published``
+    Points (``<stage>`` is corpus, tokenizer, shards, model or samples): ``<stage>.start`` (staging opened,
+    build not started), ``<stage>.progress`` (every :meth:`BuildContext.progress` call, before its throttling),
+    ``<stage>.publish`` (manifest written in staging, not yet renamed into place) and ``<stage>.published``
     (renamed into place, staging not yet deleted).
 
     ``WIKI_PIPELINE_FAULT=<point>@<n>`` SIGKILLs this process at the n-th call of ``<point>`` (counted per
@@ -75,38 +101,15 @@ def fault_point(name: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-class StageRef(TypedDict):
-    """What a stage task returns and downstream stages take as input (JSON-serialisable)."""
+# ---- Prefect context, when there is one ------------------------------------------------------------------
+def in_task_run() -> bool:
+    from prefect.context import TaskRunContext
 
-    stage: str
-    version: str
-    build_id: str
-    path: str
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    name: str  # store name: corpus, tokenizer, shards, model, samples
-    task_name: str  # Prefect task name: download, bpe, encode, train, sample
-    artifact_key: str  # Prefect UI artifact key: wiki-corpus, ...
-    code_version: str  # bump when the stage's output for the same inputs changes
-    build: Callable[["BuildContext"], dict]
-    report: Callable[[dict], str]
-    inputs: tuple[str, ...] = ()  # upstream store names this stage takes
-    task_options: dict = field(default_factory=dict)  # retries etc. for the Prefect task
-
-
-def _in_prefect_run() -> bool:
-    try:
-        from prefect.context import TaskRunContext
-
-        return TaskRunContext.get() is not None
-    except Exception:  # pragma: no cover - prefect import problems
-        return False
+    return TaskRunContext.get() is not None
 
 
 def stage_logger(stage: str):
-    if _in_prefect_run():
+    if in_task_run():
         from prefect.logging import get_run_logger
 
         return get_run_logger()
@@ -114,7 +117,7 @@ def stage_logger(stage: str):
 
 
 def _flow_run_id() -> str | None:
-    if not _in_prefect_run():
+    if not in_task_run():
         return None
     from prefect.runtime import flow_run
 
@@ -126,15 +129,13 @@ def input_ids(inputs: dict[str, StageRef]) -> dict[str, str]:
     return {name: f"{ref['version']}.{ref['build_id']}" for name, ref in sorted(inputs.items())}
 
 
-class BuildContext:
-    """What a stage's build function gets: parameters, inputs, staging dirs, logger, progress."""
+class BuildContext(Generic[S]):
+    """What a stage's build function gets besides its settings and input directories."""
 
-    def __init__(self, spec: StageSpec, store: ArtifactStore, version: str, params: dict,
-                 inputs: dict[str, StageRef], build: Build, logger, options: dict | None = None) -> None:
-        self.spec, self.store, self.version = spec, store, version
-        self.params, self.inputs, self.build, self.log = params, inputs, build, logger
-        # Run options that do not change the output (worker counts, chunk sizes): not in the version.
-        self.options = dict(options or {})
+    def __init__(self, stage: str, store: ArtifactStore, version: str, run: RunOptions, build: Build,
+                 inputs: dict[str, StageRef], logger) -> None:
+        self.stage, self.store, self.version, self.run = stage, store, version, run
+        self.build, self.inputs, self.log = build, inputs, logger
         self._progress_id = None
         self._progress_last = (0.0, -1.0)  # (time, percent) of the last report
 
@@ -152,31 +153,27 @@ class BuildContext:
     def resumed(self) -> bool:
         return self.build.resumed
 
-    def input_path(self, stage: str) -> Path:
-        return Path(self.inputs[stage]["path"])
-
     def input_manifest(self, stage: str) -> dict:
         return self.store.get(stage, self.inputs[stage]["version"]).manifest
 
     def progress(self, done: float, total: float, message: str = "", force: bool = False) -> None:
         """Report progress: a log line (every ~10 s or 10 %) and a Prefect progress artifact."""
-        fault_point(f"{self.spec.task_name}.progress")
+        fault_point(f"{self.stage}.progress")
         pct = 100.0 * done / total if total else 100.0
         now = time.monotonic()
         last_t, last_pct = self._progress_last
         if not force and now - last_t < 10 and pct - last_pct < 10 and pct < 100:
             return
         self._progress_last = (now, pct)
-        self.log.info("%s: %5.1f%% %s", self.spec.task_name, pct, message)
-        if _in_prefect_run():
+        self.log.info("%s: %5.1f%% %s", self.stage, pct, message)
+        if in_task_run():
             from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+            description = f"{self.stage} {self.version}: {message}"
             if self._progress_id is None:
-                self._progress_id = create_progress_artifact(
-                    progress=pct, description=f"{self.spec.task_name} {self.version}: {message}")
+                self._progress_id = create_progress_artifact(progress=pct, description=description)
             else:
-                update_progress_artifact(self._progress_id, progress=pct,
-                                         description=f"{self.spec.task_name} {self.version}: {message}")
+                update_progress_artifact(self._progress_id, progress=pct, description=description)
 
 
 def summary_table(rows: list[tuple[str, object]]) -> str:
@@ -184,144 +181,110 @@ def summary_table(rows: list[tuple[str, object]]) -> str:
     return "\n".join(["| | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)])
 
 
-def stage_version(spec: StageSpec, params: dict, inputs: dict[str, StageRef]) -> str:
-    return version_id(spec.name, params, input_ids(inputs), spec.code_version)
+def settings_table(settings: dict) -> str:
+    """The settings a version was built with, one named row each (the end of every stage's UI artifact)."""
+    def cell(value) -> str:
+        return json.dumps(value, ensure_ascii=False).replace("|", "\\|")
+
+    rows = "\n".join(f"| `{name}` | `{cell(value)}` |" for name, value in settings.items())
+    return f"\n## Settings\n\n| setting | value |\n|---|---|\n{rows}\n"
 
 
-def execute(spec: StageSpec, artifacts_dir: str | os.PathLike, params: dict,
-            inputs: dict[str, StageRef] | None = None, force: bool = False,
-            full_check: bool = False, options: dict | None = None) -> StageRef:
-    """Reuse or build one stage version. Works inside a Prefect task run or as a plain call.
+@dataclass(frozen=True)
+class Stage:
+    """One stage: its name (the noun it makes), code version, UI report and the stages it reads."""
 
-    ``options`` reach the build as ``ctx.options`` but not the version id (settings that cannot change
-    the output, e.g. a worker count).
-    """
-    inputs = dict(inputs or {})
-    missing = set(spec.inputs) - set(inputs)
-    if missing:
-        raise ValueError(f"stage {spec.task_name} needs inputs {sorted(missing)}")
-    store = ArtifactStore(artifacts_dir)
-    logger = stage_logger(spec.name)
-    version = stage_version(spec, params, inputs)
+    name: str  # corpus, tokenizer, shards, model, samples: the store folder, the Prefect task, the UI key
+    code_version: str  # bump when the stage's output for the same settings and inputs changes
+    report: Callable[[dict], str]  # manifest -> markdown for the Prefect UI
+    inputs: tuple[str, ...] = ()  # upstream stages, passed to the build function as directories
 
-    def ref(manifest: dict) -> StageRef:
-        return StageRef(stage=spec.name, version=version, build_id=manifest["build_id"],
-                        path=str(store.version_path(spec.name, version)))
+    @property
+    def artifact_key(self) -> str:
+        return f"wiki-{self.name}"
 
-    def waiting() -> None:
-        logger.info("%s %s: another run is building this version; waiting for it", spec.task_name, version)
+    def version(self, settings: Settings, inputs: dict[str, StageRef]) -> str:
+        """The version id of this stage for ``settings`` (resolved, see :meth:`Settings.resolved`) and ``inputs``."""
+        return version_id(self.name, settings.version_params(), input_ids(inputs), self.code_version)
 
-    with store.lock(spec.name, version, on_wait=waiting):
-        ok, reason = store.verify(spec.name, version, full=full_check)
-        if ok and not force:
-            logger.info("%s: reusing %s/%s", spec.task_name, spec.name, version)
-            store.drop_staging(spec.name, version)  # left by a run killed between publish and clean-up
-            return ref(store.read_manifest(spec.name, version))
-        if force and ok:
-            logger.info("%s: rebuilding %s/%s (forced)", spec.task_name, spec.name, version)
-        elif reason != "missing":
-            logger.warning("%s: %s/%s is damaged (%s); rebuilding it", spec.task_name, spec.name, version, reason)
-            store.discard(spec.name, version, reason)
-        build = store.open_build(spec.name, version)
-        logger.info("%s: building %s/%s%s", spec.task_name, spec.name, version,
-                    " (resuming from an interrupted attempt)" if build.resumed else "")
-        ctx = BuildContext(spec, store, version, params, inputs, build, logger, options)
-        fault_point(f"{spec.task_name}.start")
-        t0 = time.time()
-        metrics = spec.build(ctx) or {}
-        seconds = round(time.time() - t0, 3)
-        manifest = build.publish(
-            params=params,
-            inputs={k: dict(v) for k, v in inputs.items()},
-            code_version=spec.code_version,
-            metrics=metrics,
-            timings={"build_seconds": seconds},
-            extra={"flow_run_id": _flow_run_id()},
-            fault=lambda where: fault_point(f"{spec.task_name}.{where}"),
-        )
-        logger.info("%s: published %s/%s in %.1fs", spec.task_name, spec.name, version, seconds)
-    if _in_prefect_run():
-        from prefect.artifacts import create_markdown_artifact
+    def run(self, build: Callable[..., dict], settings: S, run: RunOptions, **inputs: StageRef) -> Any:
+        """Reuse or build this stage's version: the one verb every stage task calls (see the module docstring).
 
-        create_markdown_artifact(key=spec.artifact_key, markdown=spec.report(manifest),
-                                 description=f"{spec.task_name} {spec.name}/{version}")
-    return ref(manifest)
+        ``build(ctx, settings, **input_dirs)`` writes the version's files into ``ctx.out`` and returns its
+        metrics; ``input_dirs`` maps each input stage to its published directory under ``run``'s artifact root.
+        Returns the :class:`StageRef`, or inside a Prefect task run a ``Cached`` state holding it when reused.
+        """
+        if set(inputs) != set(self.inputs):
+            raise ValueError(f"stage {self.name} takes inputs {list(self.inputs)}, got {sorted(inputs)}")
+        settings = settings.resolved()
+        store = ArtifactStore(run.root())
+        logger = stage_logger(self.name)
+        input_dirs = {}
+        for name, ref in inputs.items():
+            if store.read_manifest(name, ref["version"]) is None:
+                raise UserError(f"{self.name} needs {name}/{ref['version']}, which is not published under "
+                                f"{store.root}; run the stages before it first")
+            input_dirs[name] = store.version_path(name, ref["version"])
+        version = self.version(settings, inputs)
+        force = self.name in run.force
+
+        def ref(manifest: dict) -> StageRef:
+            return StageRef(stage=self.name, version=version, build_id=manifest["build_id"],
+                            path=str(store.version_path(self.name, version)))
+
+        def waiting() -> None:
+            logger.info("%s %s: another run is building this version; waiting for it", self.name, version)
+
+        with store.lock(self.name, version, on_wait=waiting):
+            ok, reason = store.verify(self.name, version, full=run.full_check)
+            if ok and not force:
+                logger.info("%s: reusing %s/%s", self.name, self.name, version)
+                store.drop_staging(self.name, version)  # left by a run killed between publish and clean-up
+                return self._reused(ref(store.read_manifest(self.name, version)))
+            if ok:
+                logger.info("%s: rebuilding %s/%s (forced)", self.name, self.name, version)
+            elif reason != "missing":
+                logger.warning("%s: %s/%s is damaged (%s); rebuilding it", self.name, self.name, version, reason)
+                store.discard(self.name, version, reason)
+            staging = store.open_build(self.name, version)
+            if force:
+                staging.reset()  # a forced build starts from nothing, whatever an earlier attempt left
+            logger.info("%s: building %s/%s%s", self.name, self.name, version,
+                        " (resuming from an interrupted attempt)" if staging.resumed else "")
+            ctx: BuildContext[S] = BuildContext(self.name, store, version, run, staging, dict(inputs), logger)
+            fault_point(f"{self.name}.start")
+            t0 = time.time()
+            metrics = build(ctx, settings, **input_dirs) or {}
+            seconds = round(time.time() - t0, 3)
+            manifest = staging.publish(
+                settings=settings.version_params(),
+                inputs={k: dict(v) for k, v in inputs.items()},
+                code_version=self.code_version,
+                metrics=metrics,
+                timings={"build_seconds": seconds},
+                extra={"flow_run_id": _flow_run_id()},
+                fault=lambda where: fault_point(f"{self.name}.{where}"),
+            )
+            logger.info("%s: published %s/%s in %.1fs", self.name, self.name, version, seconds)
+        if in_task_run():
+            from prefect.artifacts import create_markdown_artifact
+
+            create_markdown_artifact(key=self.artifact_key, description=f"built {self.name}/{version}",
+                                     markdown=self.report(manifest) + settings_table(manifest["settings"]))
+        return ref(manifest)
+
+    def _reused(self, ref: StageRef) -> Any:
+        if not in_task_run():
+            return ref
+        from prefect.states import Completed
+
+        return Completed(name="Cached", message=f"reused {ref['stage']}/{ref['version']}", data=ref)
 
 
-def _recorded_build_id(record: Path) -> str | None:
-    """The build id inside a Prefect cache record (JSON serializer), or None if unreadable."""
-    try:
-        data = json.loads(record.read_text(encoding="utf-8"))
-        result = data.get("result")
-        if isinstance(result, str):
-            result = json.loads(result)
-        return result.get("build_id") if isinstance(result, dict) else None
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _cache_key_fn(spec: StageSpec):
-    def key(context: Any, parameters: dict) -> str:
-        store = ArtifactStore(parameters["artifacts_dir"])
-        version = stage_version(spec, parameters["params"], parameters.get("inputs") or {})
-        key = f"{spec.name}-{version}"
-        record = store.results_dir / key
-        if record.exists():
-            ok, _ = store.verify(spec.name, version, full=bool(parameters.get("full_check")))
-            manifest = store.read_manifest(spec.name, version) if ok else None
-            if parameters.get("force") or manifest is None or _recorded_build_id(record) != manifest["build_id"]:
-                record.unlink(missing_ok=True)
-        return key
-
-    return key
-
-
-def stage_task(spec: StageSpec):
-    """The Prefect task for a stage: cached on ``<stage>-<version>`` with JSON-persisted results."""
+def stage_task(stage: Stage):
+    """The Prefect task decorator for a stage's task function: named after the stage, no Prefect caching (the
+    artifact store decides reuse, see :meth:`Stage.run`), no persisted results."""
     from prefect import task
+    from prefect.cache_policies import NO_CACHE
 
-    def run(artifacts_dir: str, params: dict, inputs: dict[str, StageRef] | None = None,
-            force: bool = False, full_check: bool = False, options: dict | None = None) -> StageRef:
-        return execute(spec, artifacts_dir, params, inputs, force=force, full_check=full_check,
-                       options=options)
-
-    run.__name__ = spec.task_name
-    run.__qualname__ = spec.task_name
-    return task(
-        run,
-        name=spec.task_name,
-        task_run_name=f"{spec.task_name}",
-        cache_key_fn=_cache_key_fn(spec),
-        persist_result=True,
-        result_serializer="json",
-        **spec.task_options,
-    )
-
-
-def run_stage(prefect_task, artifacts_dir: str | os.PathLike, params: dict,
-              inputs: dict[str, StageRef] | None = None, force: bool = False,
-              full_check: bool = False, options: dict | None = None) -> StageRef:
-    """Call a stage task inside a flow, keeping its cache records beside the artifacts."""
-    store = ArtifactStore(artifacts_dir)
-    store.results_dir.mkdir(parents=True, exist_ok=True)
-    return prefect_task.with_options(result_storage=store.results_dir)(
-        artifacts_dir=str(store.root), params=params, inputs=inputs or {}, force=force, full_check=full_check,
-        options=options or {})
-
-
-def _in_flow() -> bool:
-    try:
-        from prefect.context import FlowRunContext
-
-        return FlowRunContext.get() is not None
-    except Exception:  # pragma: no cover
-        return False
-
-
-def call_stage(spec: StageSpec, prefect_task, artifacts_dir, params: dict, inputs: dict | None = None, *,
-               force: bool = False, full_check: bool = False, options: dict | None = None) -> StageRef:
-    """Inside a flow run: the stage's Prefect task (via ``run_stage``); outside: a plain ``execute`` call."""
-    if _in_flow():
-        return run_stage(prefect_task, artifacts_dir, params, inputs, force=force, full_check=full_check,
-                         options=options)
-    return execute(spec, artifacts_dir, params, inputs, force=force, full_check=full_check, options=options)
+    return task(name=stage.name, task_run_name=stage.name, cache_policy=NO_CACHE, persist_result=False)

@@ -6,9 +6,8 @@ Layout under the root (``artifacts/`` by default, ``WIKI_PIPELINE_ARTIFACTS`` or
     <root>/<stage>/.staging/<version>/     a build in progress: out/ (to publish) and work/ (resume state)
     <root>/<stage>/.locks/<version>.lock   one builder per version at a time (fcntl lock, freed on SIGKILL)
     <root>/<stage>/.trash/                 damaged or replaced versions, moved aside before deletion
-    <root>/.prefect-results/               Prefect's cache records for the stage tasks
 
-A version id is a short hash of the stage name, its parameters, its inputs (each upstream version plus
+A version id is a short hash of the stage name, its settings, its inputs (each upstream version plus
 that version's build id, so rebuilding an upstream stage gives new downstream versions) and the stage's
 code version. A version directory appears only through one ``os.rename`` of a complete staging
 ``out/`` directory whose files were fsynced and whose manifest was written last, so a reader never
@@ -52,9 +51,9 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def version_id(stage: str, params: dict, inputs: dict[str, str], code_version: str) -> str:
-    """12 hex digits of sha256 over the stage, its parameters, its inputs' ids and its code version."""
-    payload = canonical_json({"stage": stage, "params": params, "inputs": inputs, "code": code_version})
+def version_id(stage: str, settings: dict, inputs: dict[str, str], code_version: str) -> str:
+    """12 hex digits of sha256 over the stage, its settings, its inputs' ids and its code version."""
+    payload = canonical_json({"stage": stage, "settings": settings, "inputs": inputs, "code": code_version})
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:12]
 
 
@@ -100,11 +99,6 @@ class ArtifactStore:
 
     def staging_path(self, stage: str, version: str) -> Path:
         return self.stage_dir(stage) / ".staging" / version
-
-    @property
-    def results_dir(self) -> Path:
-        """Where Prefect keeps the stage tasks' cache records for this root."""
-        return self.root / ".prefect-results"
 
     # ---- reading -----------------------------------------------------------------------------
     def read_manifest(self, stage: str, version: str) -> dict | None:
@@ -248,7 +242,7 @@ class Build:
     def publish(
         self,
         *,
-        params: dict,
+        settings: dict,
         inputs: dict[str, dict],
         code_version: str,
         metrics: dict | None = None,
@@ -279,7 +273,7 @@ class Build:
             "version": self.version,
             "build_id": uuid.uuid4().hex[:12],
             "code_version": code_version,
-            "params": params,
+            "settings": settings,
             "inputs": inputs,
             "files": files,
             "metrics": metrics or {},

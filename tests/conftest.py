@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED_DATA = Path(os.environ.get("WIKI_PIPELINE_SHARED_DATA", REPO.parent / "shared" / "data"))
+from flows.mirror import SHARED_DATA
 
 # The suite shares 2 cores with the servers and runners it starts: one torch thread per process.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -47,7 +46,7 @@ def prefect_server(tmp_path_factory):
     """A real Prefect server on 127.0.0.1 (temp PREFECT_HOME, SQLite); this process's settings point at it."""
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-    from tests.prefect_server import PrefectServer
+    from flows.server import PrefectServer
 
     server = PrefectServer(tmp_path_factory.mktemp("prefect-home")).start()
     try:
@@ -66,24 +65,24 @@ def prefect_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def upstream(tmp_path_factory):
     """(artifacts root, corpus, tokenizer, shards) built once with the tiny preset, outside Prefect."""
-    from tasks.bpe import bpe
-    from tasks.download import download
-    from tasks.encode import encode
-
-    from tests.tiny import TINY, tiny_zip_url
+    from tasks.corpus import CorpusSettings, download_corpus
+    from tasks.shards import encode_shards
+    from tasks.tokenizer import train_tokenizer
+    from tests.support.tiny import SETTINGS, run_in, tiny_zip_url
 
     tmp = tmp_path_factory.mktemp("upstream")
     root = tmp / "art"
-    corpus = download(root, source_url=tiny_zip_url(tmp))
-    tokenizer = bpe(root, corpus, num_merges=TINY["num_merges"], bpe_train_bytes=TINY["bpe_train_bytes"])
-    shards = encode(root, corpus, tokenizer, shard_tokens=TINY["shard_tokens"], workers=1)
+    run = run_in(root)
+    corpus = download_corpus.fn(CorpusSettings(source_url=tiny_zip_url(tmp)), run)
+    tokenizer = train_tokenizer.fn(corpus, SETTINGS.tokenizer, run)
+    shards = encode_shards.fn(corpus, tokenizer, SETTINGS.shards, run)
     return root, corpus, tokenizer, shards
 
 
 @pytest.fixture(scope="session")
 def trained(upstream):
-    from tasks import train as train_stage
-    from tests.tiny import TRAIN
+    from tasks.model import train_model
+    from tests.support.tiny import SETTINGS, run_in
 
     root, _, tokenizer, shards = upstream
-    return train_stage.train(root, shards, tokenizer, **TRAIN)
+    return train_model.fn(shards, tokenizer, SETTINGS.model, run_in(root))

@@ -1,0 +1,138 @@
+"""Stage ``samples`` (task ``sample_model``): ``model/<version>/model.ckpt`` -> ``samples.md`` + ``samples.json``.
+
+Generates ``max_new_tokens`` BPE tokens after each prompt (the chapter's §28.7: "The history of", 200 tokens,
+temperature 1.0, top-k 40), seeded, so the same version always holds the same text. Every prompt is sampled with
+the same ``seed``, so a prompt's continuation does not depend on its place in the list. Characters the tokenizer
+cannot encode are dropped from a prompt with a warning (the flow already refused prompts made only of them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from pydantic import Field, field_validator
+
+from mygpt.errors import UserError
+from tasks.model import torch_threads
+from tasks.settings import DeviceSettings, RunOptions
+from tasks.stage import BuildContext, Stage, StageRef, stage_task
+
+
+class SamplesSettings(DeviceSettings):
+    """What to generate (the chapter's §28.7): prompts, length, sampling. ``device``/``precision``: DeviceSettings."""
+
+    prompt: tuple[str, ...] = Field(("The history of",), strict=False,
+                                    description="one prompt or a list of them; the chapter uses 'The history of'")
+    max_new_tokens: int = Field(200, ge=1, description="tokens to generate after each prompt; the chapter uses 200")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature; 0 = greedy; the chapter uses 1.0")
+    top_k: int = Field(40, ge=0, description="sample from the k most likely tokens; 0 = all; the chapter uses 40")
+    seed: int = Field(1337, description="sampling seed: the same version always holds the same text")
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompts(cls, value):
+        prompts = [value] if isinstance(value, str) else value
+        if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, str) for p in prompts):
+            raise ValueError(f"prompt must be a string or a non-empty list of strings, got {value!r}")
+        empty = [p for p in prompts if not p.strip()]
+        if empty:
+            raise ValueError(f"prompt {empty[0]!r} is empty; give some text to continue (the chapter uses "
+                             "'The history of')")
+        return tuple(prompts)
+
+
+def usable_prompt(tokenizer, prompt: str) -> tuple[str, list[str]]:
+    """``(prompt without the characters the tokenizer cannot encode, those characters)``."""
+    unknown = tokenizer.unknown_chars(prompt)
+    return "".join(c for c in prompt if c not in set(unknown)), unknown
+
+
+def build_samples(ctx: BuildContext, settings: SamplesSettings, model: Path) -> dict:
+    """Generate from the checkpoint, one seeded continuation per prompt; write samples.md and samples.json."""
+    import time
+
+    from mygpt.checkpoint import load_checkpoint
+    from mygpt.errors import describe_chars
+    from mygpt.generate import generate
+
+    s = settings
+    gpt, tokenizer = load_checkpoint(model / "model.ckpt")
+    check_prompts(tokenizer, s.prompt)  # the flow checked already, but only= and plain calls skip that
+    samples = []
+    for i, prompt in enumerate(s.prompt):
+        usable, unknown = usable_prompt(tokenizer, prompt)
+        if unknown:
+            ctx.log.warning("samples: dropping characters the tokenizer cannot encode from prompt %r: %s",
+                            prompt, describe_chars(unknown))
+        t0 = time.perf_counter()
+        with torch_threads(ctx.run.threads):
+            text = generate(gpt, tokenizer, usable, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                            top_k=s.top_k, seed=s.seed, device=s.device, precision=s.precision)
+        samples.append({"prompt": prompt, "used_prompt": usable, "continuation": text[len(usable):],
+                        "seconds": round(time.perf_counter() - t0, 3)})
+        ctx.progress(i + 1, len(s.prompt), f"prompt {i + 1}/{len(s.prompt)}")
+    p = s.version_params()
+    (ctx.out / "samples.json").write_text(json.dumps(samples, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    (ctx.out / "samples.md").write_text(samples_markdown(samples, p), encoding="utf-8")
+    return {"samples": samples, "device": s.device, "precision": s.precision}
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~])")
+
+
+def _escape(text: str) -> str:
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
+def samples_markdown(samples: list[dict], p: dict) -> str:
+    """The samples as markdown: one blockquote per prompt, the prompt in bold, markdown syntax escaped."""
+    parts = [f"{p['max_new_tokens']} tokens per prompt, temperature {p['temperature']}, top-k {p['top_k']}, "
+             f"seed {p['seed']}, device {p['device']} ({p['precision']}). The prompt is in bold.\n"]
+    for i, s in enumerate(samples, 1):
+        note = f" (characters the tokenizer cannot encode dropped: used {s['used_prompt']!r})" \
+            if s["used_prompt"] != s["prompt"] else ""
+        prompt = s["used_prompt"]
+        core = prompt.strip()  # ** must hug the text to render as bold
+        lead, tail = prompt[:len(prompt) - len(prompt.lstrip())], prompt[len(prompt.rstrip()):]
+        text = f"{lead}**{_escape(core)}**{tail}{_escape(s['continuation'])}"
+        quote = "\n".join(f"> {line}  " for line in text.split("\n"))
+        parts.append(f"## {i}. {_escape(s['prompt'])}{note}\n\n{quote}\n")
+    return "\n".join(parts)
+
+
+def report(manifest: dict) -> str:
+    where = manifest.get("path", f"samples/{manifest['version']}")
+    return (f"# Samples: samples/{manifest['version']}\n\n"
+            + samples_markdown(manifest["metrics"]["samples"], manifest["settings"])
+            + f"\nFiles: `{where}/samples.md`, `{where}/samples.json`\n")
+
+
+def check_prompts(tokenizer, prompt) -> list[str]:
+    """Refuse prompts made only of characters ``tokenizer`` cannot encode (known right after the bpe stage).
+
+    Returns warnings for prompts that merely contain some (the sample stage drops those characters)."""
+    from mygpt.errors import describe_chars
+
+    warnings = []
+    for text in [prompt] if isinstance(prompt, str) else prompt:
+        usable, unknown = usable_prompt(tokenizer, text)
+        if unknown and not usable.strip():
+            raise UserError(f"prompt {text!r} is made only of characters the tokenizer cannot encode "
+                            f"({describe_chars(unknown)}), so there is nothing to continue; use text in the "
+                            "corpus's alphabet")
+        if unknown:
+            warnings.append(f"prompt {text!r}: the tokenizer cannot encode {describe_chars(unknown)}; "
+                            "the sample stage drops them")
+    return warnings
+
+
+STAGE = Stage(name="samples", code_version="2", report=report, inputs=("model",))
+
+
+@stage_task(STAGE)
+def sample_model(model: StageRef, settings: SamplesSettings = SamplesSettings(),
+                 run: RunOptions = RunOptions()) -> StageRef:
+    """Sample text from a model version (or reuse that version). ``run.threads``: speed only."""
+    return STAGE.run(build_samples, settings, run, model=model)

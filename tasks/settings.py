@@ -1,0 +1,203 @@
+"""Typed stage settings: one frozen model per stage, the only home of its defaults (the chapter's).
+
+Every stage module declares its settings as a subclass of :class:`Settings` (a frozen pydantic model that
+refuses unknown fields and validates strictly: ``2.0`` is not an integer, ``"yes"`` is not a boolean). The
+flow takes one settings object per stage as a named parameter, so Prefect's parameter schema -- and the
+deployment's "Run" form in the UI -- shows each stage's fields with their types, defaults and descriptions.
+A stage's version id is a hash of its settings (:meth:`Settings.version_params`), its inputs and its code
+version.
+
+:meth:`Settings.parse` turns a dict (what Prefect passes for a JSON parameter) or an instance into a valid
+instance, and a validation failure into one :class:`~mygpt.errors.UserError` that names the field, says what
+it must be and what was given, and repeats the field's description (which carries the chapter's value):
+``tokenizer.num_merges must be an integer >= 0, got -1 (BPE merges to learn; the chapter uses 1024)``.
+
+:class:`RunOptions` says how to run rather than what to build (artifact root, ``force``, ``full_check``,
+``only``, worker and thread counts): nothing in it enters a version id.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+import typing
+from typing import Any, Literal
+
+import annotated_types
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mygpt.errors import UserError
+from tasks.store import STAGES
+
+#: Older names for the stages (what each one does), still accepted wherever a stage is named.
+ALIASES = {"download": "corpus", "bpe": "tokenizer", "encode": "shards", "train": "model", "sample": "samples"}
+
+
+def stage_name(name: object, what: str) -> str:
+    """The stage called ``name`` (its output noun, or the older verb); ``UserError`` naming ``what``."""
+    key = name.strip().lower() if isinstance(name, str) else None
+    if key in STAGES:
+        return key
+    if key in ALIASES:
+        return ALIASES[key]
+    raise UserError(f"{what} names no stage: {name!r}; stages are {', '.join(ALIASES)} by what they do, or "
+                    f"{', '.join(STAGES)} by what they make")
+
+
+class Settings(BaseModel):
+    """Base of every stage's settings (see the module docstring)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    @classmethod
+    def parse(cls, value: Any, name: str = "") -> "typing.Self":
+        """``value`` (an instance, a dict or ``None`` for the defaults) as a valid instance; ``UserError`` otherwise.
+
+        ``name`` prefixes field names in messages (``"tokenizer"`` gives ``tokenizer.num_merges ...``)."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, BaseModel):  # e.g. another Settings class, or an instance from a reloaded module
+            value = value.model_dump()
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise UserError(f"{name or cls.__name__} must be an object of settings ({', '.join(cls.model_fields)}), "
+                            f"got {value!r}")
+        try:
+            return cls.model_validate(value)
+        except ValidationError as e:
+            raise UserError(cls._explain(e, value, name)) from None
+
+    def resolved(self) -> "typing.Self":
+        """These settings with whatever depends on this machine settled (e.g. ``device="auto"`` -> ``"cpu"``);
+        the stage builds with, and computes its version from, the resolved settings. Default: unchanged."""
+        return self
+
+    def version_params(self) -> dict:
+        """What this stage's version id is computed from (all fields, JSON-shaped)."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def _explain(cls, error: ValidationError, value: dict, prefix: str) -> str:
+        err = error.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else ""
+        where = f"{prefix}." if prefix else ""
+        if err["type"] == "extra_forbidden":
+            unknown = sorted(set(value) - set(cls.model_fields))
+            return (f"unknown {prefix or cls.__name__} setting(s) {', '.join(unknown)}; the settings are "
+                    f"{', '.join(cls.model_fields)}")
+        if err["type"] == "value_error":  # one of our own checks: its message says it all
+            message = str(err.get("ctx", {}).get("error", err["msg"]))
+            if not field:
+                return f"{prefix or cls.__name__}: {message}"
+            return f"{where}{message}" if message.startswith(field + " ") else f"{where}{field}: {message}"
+        info = cls.model_fields[field]
+        got = value.get(field, err.get("input"))
+        hint = f" ({info.description})" if info.description else ""
+        return f"{where}{field} must be {_requirement(info.annotation, info.metadata)}, got {got!r}{hint}"
+
+
+def _requirement(annotation: Any, metadata: list) -> str:
+    """``an integer >= 1``, ``a positive number``, ``one of a, b``, ``true or false``, ... for a field."""
+    bounds = []
+    for m in metadata:
+        if isinstance(m, annotated_types.Ge):
+            bounds.append(f">= {m.ge}")
+        elif isinstance(m, annotated_types.Gt):
+            bounds.append(f"> {m.gt}")
+        elif isinstance(m, annotated_types.Le):
+            bounds.append(f"<= {m.le}")
+    args = typing.get_args(annotation)
+    is_union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    options = [a for a in args if a is not type(None)] if is_union else [annotation]
+    kinds = []
+    for t in options:
+        if typing.get_origin(t) is Literal:
+            kinds.append("one of " + ", ".join(map(str, typing.get_args(t))))
+        elif t is float and bounds == ["> 0"]:
+            kinds.append("a positive number")
+            bounds = []
+        else:
+            kinds.append(_KINDS.get(t) or _KINDS.get(typing.get_origin(t)) or getattr(t, "__name__", str(t)))
+    text = " or ".join(kinds) + "".join(" " + b for b in bounds)
+    return text + (" (or null)" if is_union and type(None) in args else "")
+
+
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list of strings",
+          tuple: "a list of strings"}
+
+
+class RunOptions(Settings):
+    """How to run the pipeline, not what it builds: nothing here enters a version id."""
+
+    artifacts_dir: str | None = Field(
+        None, description="the artifact root; null = $WIKI_PIPELINE_ARTIFACTS, else artifacts/ in the checkout")
+    force: tuple[str, ...] = Field(
+        (), strict=False, description="stages to rebuild even though a valid version exists, e.g. [\"tokenizer\"]")
+    full_check: bool = Field(False, description="verify every reused file's sha256, not only its size")
+    only: str | None = Field(None, description="run only this stage, against the latest published upstream versions")
+    workers: int | None = Field(None, ge=1, description="encode worker processes; null = CPU count (at most 8)")
+    chunk_bytes: int | None = Field(None, ge=1, description="bytes of text per encode chunk; null = 8 MiB (speed "
+                                                            "and memory only: the shards are the same)")
+    threads: int | None = Field(None, ge=0, description="torch CPU threads for training and sampling; null or 0 = "
+                                                        "torch's default")
+
+    @field_validator("force", mode="before")
+    @classmethod
+    def _force_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple, set, frozenset)):
+            raise ValueError(f"force must be a list of stage names, got {value!r}")
+        return tuple(sorted({stage_name(v, "force") for v in value}, key=STAGES.index))
+
+    @field_validator("only", mode="before")
+    @classmethod
+    def _only_name(cls, value: Any) -> Any:
+        return stage_name(value, "only") if value not in (None, "") else None
+
+    @field_validator("artifacts_dir")
+    @classmethod
+    def _root_is_a_directory(cls, value: str | None) -> str | None:
+        if value and os.path.exists(os.path.expanduser(value)) and not os.path.isdir(os.path.expanduser(value)):
+            raise ValueError(f"artifacts_dir {value} is a file, not a directory; give a directory for the artifacts")
+        return value
+
+    def root(self) -> str:
+        """The artifact root as an absolute path (``artifacts_dir``, else the store's default)."""
+        from tasks.store import default_root
+
+        return os.path.abspath(os.path.expanduser(self.artifacts_dir)) if self.artifacts_dir else str(default_root())
+
+
+class DeviceSettings(Settings):
+    """``device`` and ``precision``, for the stages that run the model (training and sampling).
+
+    They are part of the version once resolved (:meth:`resolved`): ``auto`` becomes what this machine runs,
+    because a model trained in bf16 on a GPU is not the one fp32 on a CPU would give."""
+
+    device: str = Field("auto", description="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="auto = bf16 on cuda (with bf16) and mps, fp32 elsewhere; fp32; bf16 (autocast)")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value.strip().lower()):
+            raise ValueError(f"unknown device {value!r}; expected auto, cpu, cuda, cuda:N or mps")
+        return value.strip().lower()
+
+    def resolved(self) -> "typing.Self":
+        """``device``/``precision`` as this machine runs them; ``UserError`` when one is not available here."""
+        from mygpt.device import resolve_device, resolve_precision
+
+        try:
+            device = resolve_device(self.device)
+        except UserError as e:
+            raise UserError(f"device: {e}") from None
+        try:
+            precision = resolve_precision(device, self.precision)
+        except UserError as e:
+            raise UserError(f"precision: {e}") from None
+        return self.model_copy(update={"device": str(device), "precision": precision})

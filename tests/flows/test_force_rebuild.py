@@ -1,0 +1,67 @@
+"""Rerunning parts of the pipeline: force=["bpe"] rebuilds the tokenizer and everything after it; only= runs one
+stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.store import ArtifactStore
+from tests.support.prefect_server import task_run_states
+from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
+
+
+@pytest.fixture(scope="module")
+def tiny_run(prefect_server, tmp_path_factory):
+    from flows.wiki_pipeline import wiki_pipeline
+
+    tmp = tmp_path_factory.mktemp("force")
+    url = tiny_zip_url(tmp)
+
+    def run(**groups):
+        state = wiki_pipeline(**tiny_flow_parameters(url, tmp / "art", **groups), return_state=True)
+        return state.result(), task_run_states(state.state_details.flow_run_id)
+
+    return run, ArtifactStore(tmp / "art")
+
+
+def test_force_bpe_rebuilds_bpe_and_everything_after_it(tiny_run):
+    run, store = tiny_run
+    first, states = run()
+    assert set(states.values()) == {"Completed"} and len(states) == 5
+
+    again, states = run()
+    assert states == dict.fromkeys(["corpus", "tokenizer", "shards", "model", "samples"], "Cached")
+    assert again == first
+
+    forced, states = run(run={"force": ["bpe"]})  # the old task name still works
+    assert states == {"corpus": "Cached", "tokenizer": "Completed", "shards": "Completed", "model": "Completed",
+                      "samples": "Completed"}
+    assert forced["corpus"] == first["corpus"], "download reused"
+    assert forced["tokenizer"]["version"] == first["tokenizer"]["version"], "same parameters, same version ..."
+    assert forced["tokenizer"]["build_id"] != first["tokenizer"]["build_id"], "... rebuilt"
+    for stage in ("shards", "model", "samples"):
+        assert forced[stage]["version"] != first[stage]["version"], f"{stage}: new lineage, new version"
+        assert store.verify(stage, first[stage]["version"]) == (True, "ok"), f"{stage}: old version kept"
+        inputs = store.get(stage, forced[stage]["version"]).manifest["inputs"]
+        assert all(ref["build_id"] == forced[name]["build_id"] for name, ref in inputs.items())
+
+
+def test_only_sample_runs_one_stage_against_the_latest_model(tiny_run):
+    run, store = tiny_run
+    latest_model = store.versions("model")[-1]
+    out, states = run(run={"only": "samples"}, samples={"prompt": "In 1999 , the"})
+    assert states == {"samples": "Completed"}
+    assert out["model"]["version"] == latest_model.version
+    samples = json.loads((Path(out["samples"]["path"]) / "samples.json").read_text())
+    assert samples[0]["prompt"] == "In 1999 , the"
+    inputs = store.get("samples", out["samples"]["version"]).manifest["inputs"]
+    assert inputs["model"]["version"] == latest_model.version
+
+    out, states = run(run={"only": "train"}, model={"steps": 20})  # follows the lineage: latest shards + tokenizer
+    assert states == {"model": "Completed"}
+    shards = store.versions("shards")[-1]
+    assert out["shards"]["version"] == shards.version
+    assert out["tokenizer"]["version"] == shards.manifest["inputs"]["tokenizer"]["version"]

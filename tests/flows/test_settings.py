@@ -1,0 +1,156 @@
+"""The flow's settings: typed per stage, checked up front (every bad input is refused, naming the field, before
+any stage runs), flat keys mapped onto them in one place, and the flow's signature is the same six groups."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from flows.cli import main, parse_param
+from flows.settings import TINY, Pipeline
+from mygpt.errors import UserError
+from tasks.model import ModelSettings
+from tasks.samples import SamplesSettings
+from tests.support.prefect_server import task_run_states
+from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
+
+BAD = [
+    ({"num_heads": 5}, r"num_heads \(5\) must divide embed_dim \(192\)"),
+    ({"embed_dim": 64, "num_heads": 4, "num_kv_heads": 3}, r"num_kv_heads \(3\) must divide num_heads \(4\)"),
+    ({"seq_len": 512}, r"seq_len \(512\) must be <= max_seq_len \(256\)"),
+    ({"steps": 0}, r"steps must be an integer >= 1"),
+    ({"steps": "many"}, r"steps must be an integer"),
+    ({"device": "tpu"}, r"device: unknown device 'tpu'"),
+    ({"precision": "fp16"}, r"precision must be one of auto, fp32, bf16"),
+    ({"force": ["tokenize"]}, r"force names no stage: 'tokenize'; stages are download, bpe, encode, train, sample"),
+    ({"force": "nope"}, r"force names no stage: 'nope'"),
+    ({"only": "evaluate"}, r"only names no stage: 'evaluate'"),
+    ({"train_splits": "most"}, r"train_splits must be one of train, all"),
+    ({"lr": 0}, r"lr must be a positive number"),
+    ({"norm": "batch"}, r"norm must be one of layer, rms"),
+    ({"embed_dim": 27, "num_heads": 3, "num_kv_heads": 1}, r"position 'rope' needs an even head size"),
+    ({"num_merges": -1}, r"num_merges must be an integer >= 0"),
+    ({"source_url": "ftp://example.org/x.zip"}, r"source_url .* has scheme 'ftp'"),
+    ({"expected_sha256": "abc"}, r"expected_sha256 must be 64 hexadecimal digits"),
+    ({"shard_tokens": 0}, r"shard_tokens must be an integer >= 1"),
+    ({"prompt": "  "}, r"prompt '  ' is empty"),
+    ({"max_new_tokens": 0}, r"max_new_tokens must be an integer >= 1"),
+    ({"top_k": -1}, r"top_k must be an integer >= 0"),
+    ({"temperature": -0.5}, r"temperature must be a number >= 0"),
+    ({"full_check": "yes"}, r"full_check must be true or false"),
+    ({"threads": -2}, r"threads must be an integer >= 0"),
+    ({"num_layer": 2}, r"unknown parameter\(s\) num_layer"),
+]
+
+
+@pytest.mark.parametrize("bad, message", BAD, ids=[next(iter(b)) for b, _ in BAD])
+def test_bad_parameter_is_refused_naming_it(bad, message):
+    with pytest.raises(UserError, match=message):
+        Pipeline.from_flat(bad)
+
+
+def test_defaults_are_the_chapters_and_live_in_the_stage_settings():
+    d = Pipeline()
+    assert (d.model.embed_dim, d.model.num_layers, d.model.num_heads, d.model.num_kv_heads, d.model.max_seq_len) == (
+        192, 4, 6, 2, 256)
+    assert (d.model.steps, d.model.batch_size, d.model.seq_len, d.model.lr, d.model.warmup) == (10_000, 16, 256, 1e-3, 500)
+    assert d.samples.prompt == ("The history of",) and d.tokenizer.num_merges == 1024
+    assert d.tokenizer.bpe_train_bytes == 50_000_000
+    assert (d.samples.temperature, d.samples.top_k, d.samples.max_new_tokens, d.run.force, d.run.full_check) == (
+        1.0, 40, 200, (), False)
+    assert d.corpus.source_url.endswith("wikitext-103-raw-v1.zip")
+    assert ModelSettings.model_fields["seed"].default == SamplesSettings.model_fields["seed"].default == 1337
+
+
+def test_flow_signature_is_the_pipeline_settings():
+    """The flow's parameters are exactly Pipeline's groups, with the same types and defaults (one home)."""
+    from flows.wiki_pipeline import wiki_pipeline
+
+    sig = inspect.signature(wiki_pipeline.fn)
+    assert list(sig.parameters) == list(Pipeline.model_fields)
+    for name, p in sig.parameters.items():
+        assert p.annotation == Pipeline.model_fields[name].annotation.__name__ or \
+            p.annotation is Pipeline.model_fields[name].annotation
+        assert p.default == Pipeline.model_fields[name].default
+
+
+def test_flat_keys_map_onto_the_stages():
+    p = Pipeline.from_flat({"steps": 5, "seed": 3, "samples.seed": 9, "prompt": "Hi", "num_merges": 12,
+                            "tokenizer": {"bpe_train_bytes": 7}, "threads": 1})
+    assert (p.model.steps, p.model.seed, p.samples.seed, p.samples.prompt) == (5, 3, 9, ("Hi",))
+    assert (p.tokenizer.num_merges, p.tokenizer.bpe_train_bytes, p.run.threads) == (12, 7, 1)
+    assert p.flow_parameters() == {"tokenizer": {"num_merges": 12, "bpe_train_bytes": 7},
+                                   "model": {"steps": 5, "seed": 3}, "samples": {"prompt": ["Hi"], "seed": 9},
+                                   "run": {"threads": 1}}
+    with pytest.raises(UserError, match=r"unknown parameter\(s\) tokenizer.nope"):
+        Pipeline.from_flat({"tokenizer.nope": 1})
+
+
+def test_force_and_only_accept_task_or_store_names():
+    p = Pipeline.from_flat({"force": ["tokenizer", "train", "SAMPLES"], "only": "model"})
+    assert p.run.force == ("tokenizer", "model", "samples") and p.run.only == "model"
+    assert Pipeline.from_flat({"force": ["bpe"], "only": "sample"}).run == p.run.model_copy(
+        update={"force": ("tokenizer",), "only": "samples"})
+
+
+def test_tiny_preset_is_valid_and_small():
+    p = Pipeline.parse(**TINY)
+    assert p.model.steps <= 60 and p.model.embed_dim <= 64 and p.tokenizer.num_merges <= 64
+
+
+def test_parse_param():
+    assert parse_param("steps=100") == ("steps", 100)
+    assert parse_param("lr=3e-4") == ("lr", 3e-4)
+    assert parse_param("prompt=The history of") == ("prompt", "The history of")
+    assert parse_param('force=["bpe"]') == ("force", ["bpe"])
+    assert parse_param('model={"steps": 5}') == ("model", {"steps": 5})
+    with pytest.raises(UserError, match="KEY=VALUE"):
+        parse_param("steps")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--param", "num_heads=5"], "num_heads (5) must divide embed_dim (192)"),
+    (["--force", "tokenise"], "force names no stage: 'tokenise'"),
+    (["--only", "eval"], "only names no stage"),
+    (["--param", "device=quantum"], "device: unknown device 'quantum'"),
+    (["--params", "[1]"], "--params must be a JSON object"),
+])
+def test_cli_refuses_before_anything_runs(tmp_path, capsys, argv, message):
+    root = tmp_path / "art"
+    assert main(["run", "--artifacts-dir", str(root), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+    assert not root.exists(), "nothing ran, nothing was published"
+
+
+def test_the_flow_itself_validates_before_any_task(prefect_server, tmp_path):
+    """A deployment run skips the CLI: the flow's first line refuses the parameters, no task runs."""
+    from flows.wiki_pipeline import wiki_pipeline
+
+    state = wiki_pipeline(model={"num_kv_heads": 4}, run={"artifacts_dir": str(tmp_path / "art")}, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(UserError, match=r"num_kv_heads \(4\) must divide num_heads \(6\)"):
+        state.result()
+    assert task_run_states(state.state_details.flow_run_id) == {}
+    assert not (tmp_path / "art").exists()
+
+
+def test_prompt_the_tokenizer_cannot_encode_stops_the_flow_after_bpe(prefect_server, tmp_path):
+    """The tokenizer check runs right after bpe: encode, train and sample never start."""
+    from flows.wiki_pipeline import wiki_pipeline
+
+    url = tiny_zip_url(tmp_path)
+    params = tiny_flow_parameters(url, tmp_path / "art", samples={"prompt": ["The history of", "🦜🦜🦜"]})
+    state = wiki_pipeline(**params, return_state=True)
+    with pytest.raises(UserError, match=r"prompt '🦜🦜🦜' is made only of characters the tokenizer cannot encode"):
+        state.result()
+    assert task_run_states(state.state_details.flow_run_id) == {"corpus": "Completed", "tokenizer": "Completed"}
+    assert not (tmp_path / "art" / "shards").exists() and not (tmp_path / "art" / "model").exists()
+
+
+def test_flow_signature_types_every_parameter():
+    from flows.wiki_pipeline import wiki_pipeline
+
+    sig = inspect.signature(wiki_pipeline.fn)
+    assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values())

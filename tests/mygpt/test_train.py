@@ -1,0 +1,226 @@
+"""Training loop: schedule, batches, a real run on Tiny Shakespeare, exact resume, input validation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mygpt import GPT, CharTokenizer, TrainConfig, UserError
+from mygpt.checkpoint import load_checkpoint_payload
+from mygpt.data import get_batch
+from mygpt.train import lr_at, train
+
+
+def test_lr_schedule_matches_chapter_figures():
+    cfg = TrainConfig(steps=10_000, lr=1e-3, schedule="cosine", warmup=500)
+    assert f"{lr_at(cfg, 1):.2e}" == "2.00e-06"
+    assert f"{lr_at(cfg, 50):.2e}" == "1.00e-04"
+    assert f"{lr_at(cfg, 500):.2e}" == "1.00e-03"
+    assert f"{lr_at(cfg, 1000):.2e}" == "9.93e-04"
+    assert f"{lr_at(cfg, 5000):.2e}" == "5.41e-04"
+    assert f"{lr_at(cfg, 10_000):.2e}" == "0.00e+00"
+    const = TrainConfig(steps=100, lr=3e-4, schedule="constant", warmup=10)
+    assert lr_at(const, 5) == pytest.approx(1.5e-4)
+    assert lr_at(const, 10) == lr_at(const, 100) == pytest.approx(3e-4)
+    assert lr_at(TrainConfig(lr=1e-3), 1) == 1e-3
+
+
+class WindowOnly:
+    """An array-like that only allows length and slicing: proves get_batch never reads the corpus whole."""
+
+    def __init__(self, arr):
+        self.arr = arr
+        self.shape = arr.shape
+        self.slices = 0
+
+    def __len__(self):
+        return len(self.arr)
+
+    def __getitem__(self, key):
+        assert isinstance(key, slice) and key.stop - key.start <= 65
+        self.slices += 1
+        return self.arr[key]
+
+    def __iter__(self):
+        raise AssertionError("get_batch iterated over the whole corpus")
+
+    def __array__(self, *args, **kwargs):
+        raise AssertionError("get_batch converted the whole corpus")
+
+
+def test_get_batch_from_memmap(tmp_path):
+    data = np.arange(1000, dtype=np.uint16)
+    path = tmp_path / "tokens.bin"
+    data.tofile(path)
+    mm = np.memmap(path, dtype=np.uint16, mode="r")
+    x, y = get_batch(mm, 8, 64, torch.Generator().manual_seed(0), "cpu")
+    assert x.shape == y.shape == (8, 64) and x.dtype == y.dtype == torch.long
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    for row in range(8):  # each row is a real window of the corpus (values are their own offsets)
+        start = x[row, 0].item()
+        assert 0 <= start <= 1000 - 65
+        assert x[row].tolist() == list(range(start, start + 64)) and y[row, -1].item() == start + 64
+    x2, _ = get_batch(mm, 8, 64, torch.Generator().manual_seed(0), "cpu")
+    assert torch.equal(x, x2)
+    spy = WindowOnly(data)
+    x3, _ = get_batch(spy, 8, 64, torch.Generator().manual_seed(0), "cpu")
+    assert torch.equal(x, x3) and spy.slices == 8
+    xt, _ = get_batch(torch.from_numpy(data.astype(np.int64)), 8, 64, torch.Generator().manual_seed(0), "cpu")
+    assert torch.equal(x, xt)
+    with pytest.raises(UserError, match="fewer than one window"):
+        get_batch(data[:64], 1, 64, torch.Generator(), "cpu")
+
+
+@pytest.fixture(scope="module")
+def shakespeare_tokens(shakespeare_text, tmp_path_factory):
+    tok = CharTokenizer.from_text(shakespeare_text)
+    ids = tok.encode_array(shakespeare_text)
+    path = tmp_path_factory.mktemp("tokens") / "shakespeare.u16"
+    ids.tofile(path)
+    mm = np.memmap(path, dtype=np.uint16, mode="r")
+    n_val = len(mm) // 10
+    return tok, mm[:-n_val], mm[-n_val:]
+
+
+def test_short_run_drives_validation_loss_down(shakespeare_tokens, tmp_path):
+    tok, train_mm, val_mm = shakespeare_tokens
+    torch.manual_seed(0)
+    model = GPT(vocab_size=tok.vocab_size)
+    progress, lines = [], []
+    cfg = TrainConfig(steps=120, batch_size=16, seq_len=64, lr=3e-3, schedule="cosine", warmup=10,
+                      max_grad_norm=1.0, print_every=40, eval_batches=4)
+    result = train(model, tok, train_mm, config=cfg, val_tokens=val_mm, device="cpu",
+                   checkpoint_path=tmp_path / "m.ckpt", log=lines.append, on_progress=progress.append)
+    assert [p["step"] for p in progress] == [1, 40, 80, 120]
+    first_val = progress[0]["val_loss"]
+    assert abs(first_val - math.log(65)) < 0.3  # starts near ln(vocab)
+    assert result.final_val_loss < 2.8, result.history
+    assert result.final_val_loss == progress[-1]["val_loss"]
+    assert result.steps == 120 and result.start_step == 0 and result.device == "cpu"
+    assert result.precision == "fp32" and result.params == 207_296
+    assert result.tokens_per_sec > 0 and all(p["tokens_per_sec"] > 0 for p in progress)
+    assert lines[0].startswith("step 1: loss = ") and " lr = " in lines[0] and " val_loss = " in lines[0]
+    assert lines[-1] == f"saved checkpoint to {tmp_path / 'm.ckpt'}"
+    payload = load_checkpoint_payload(tmp_path / "m.ckpt")
+    assert payload["resume"]["step"] == 120
+    assert len(payload["resume"]["history"]) == 4
+
+
+def _tiny_setup(text, seed):
+    tok = CharTokenizer.from_text(text)
+    torch.manual_seed(seed)
+    model = GPT(vocab_size=tok.vocab_size, embed_dim=32, num_heads=4, num_kv_heads=2, num_layers=2,
+                max_seq_len=32, dropout=0.1, norm_type="rms", position_type="rope")
+    return tok, model
+
+
+RESUME_CFG = dict(steps=20, batch_size=4, seq_len=32, lr=2e-3, schedule="cosine", warmup=5, max_grad_norm=0.5,
+                  print_every=5, eval_every=5, eval_batches=2, checkpoint_every=10, seed=7)
+
+
+class Stop(Exception):
+    pass
+
+
+def test_resume_is_bit_identical(shakespeare_text, tmp_path):
+    text = shakespeare_text[:50_000]
+    tok, _ = _tiny_setup(text, 0)
+    ids = tok.encode_array(text)
+    train_ids, val_ids = ids[:45_000], ids[45_000:]
+    cfg = TrainConfig(**RESUME_CFG)
+
+    # uninterrupted run
+    _, straight = _tiny_setup(text, 0)
+    res_a = train(straight, tok, train_ids, config=cfg, val_tokens=val_ids, device="cpu",
+                  checkpoint_path=tmp_path / "a.ckpt", log=None)
+
+    # run killed right after its step-10 checkpoint
+    def stop_at_10(step, path):
+        if step == 10:
+            raise Stop
+
+    _, first = _tiny_setup(text, 0)
+    with pytest.raises(Stop):
+        train(first, tok, train_ids, config=cfg, val_tokens=val_ids, device="cpu",
+              checkpoint_path=tmp_path / "b.ckpt", log=None, on_checkpoint=stop_at_10)
+    payload = load_checkpoint_payload(tmp_path / "b.ckpt")
+    assert payload["resume"]["step"] == 10
+    assert torch.equal(payload["model_state_dict"]["token_embedding.weight"], first.token_embedding.weight)
+
+    # resume in a fresh model with different init, after disturbing every global RNG
+    _, resumed = _tiny_setup(text, 123)
+    torch.manual_seed(999)
+    np.random.seed(999)
+    logs = []
+    res_b = train(resumed, tok, train_ids, config=cfg, val_tokens=val_ids, device="cpu",
+                  checkpoint_path=tmp_path / "b.ckpt", log=logs.append)
+    assert logs[0] == f"resuming from {tmp_path / 'b.ckpt'} at step 10"
+    assert res_b.start_step == 10 and res_a.start_step == 0
+
+    sa, sb = straight.state_dict(), resumed.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+    assert res_a.final_loss == res_b.final_loss
+    strip = lambda hs: [{k: v for k, v in h.items() if k != "tokens_per_sec"} for h in hs]  # noqa: E731
+    assert strip(res_a.history) == strip(res_b.history)
+    # optimizer state identical too
+    oa = load_checkpoint_payload(tmp_path / "a.ckpt")["resume"]["optimizer"]["state"]
+    ob = load_checkpoint_payload(tmp_path / "b.ckpt")["resume"]["optimizer"]["state"]
+    for i in oa:
+        assert torch.equal(oa[i]["exp_avg"], ob[i]["exp_avg"])
+
+    # sensitivity check: the same resume with the batch generator's state lost ends elsewhere
+    payload["resume"]["rng"]["generator"] = torch.Generator().manual_seed(0).get_state()
+    torch.save(payload, tmp_path / "c.ckpt")
+    _, broken = _tiny_setup(text, 0)
+    train(broken, tok, train_ids, config=cfg, val_tokens=val_ids, device="cpu", checkpoint_path=tmp_path / "c.ckpt",
+          log=None)
+    assert not torch.equal(sa["token_embedding.weight"], broken.state_dict()["token_embedding.weight"])
+
+
+def test_resume_refuses_different_settings(shakespeare_text, tmp_path):
+    text = shakespeare_text[:20_000]
+    tok, model = _tiny_setup(text, 0)
+    ids = tok.encode_array(text)
+    cfg = TrainConfig(**{**RESUME_CFG, "steps": 5, "checkpoint_every": 0})
+    train(model, tok, ids, config=cfg, device="cpu", checkpoint_path=tmp_path / "c.ckpt", log=None)
+    _, model2 = _tiny_setup(text, 0)
+    with pytest.raises(UserError, match="lr"):
+        train(model2, tok, ids, config=TrainConfig(**{**RESUME_CFG, "steps": 8, "lr": 1e-2}), device="cpu",
+              checkpoint_path=tmp_path / "c.ckpt", log=None)
+    other = GPT(vocab_size=tok.vocab_size, embed_dim=32, num_heads=4, num_layers=2, max_seq_len=32)
+    with pytest.raises(UserError, match="num_kv_heads"):
+        train(other, tok, ids, config=cfg, device="cpu", checkpoint_path=tmp_path / "c.ckpt", log=None)
+    # same settings and more steps: continues; resume=False: starts over
+    res = train(model2, tok, ids, config=TrainConfig(**{**RESUME_CFG, "steps": 7}), device="cpu",
+                checkpoint_path=tmp_path / "c.ckpt", log=None)
+    assert res.start_step == 5 and res.steps == 7
+    res = train(model2, tok, ids, config=cfg, device="cpu", checkpoint_path=tmp_path / "c.ckpt", resume=False,
+                log=None)
+    assert res.start_step == 0
+
+
+def test_input_validation(shakespeare_text):
+    text = shakespeare_text[:5000]
+    tok = CharTokenizer.from_text(text)
+    ids = tok.encode_array(text)
+    model = GPT(vocab_size=tok.vocab_size, embed_dim=16, num_heads=2, num_layers=1, max_seq_len=32)
+    with pytest.raises(UserError, match=r"seq_len \(64\).*max_seq_len \(32\)"):
+        train(model, tok, ids, config=TrainConfig(seq_len=64, steps=1), device="cpu", log=None)
+    with pytest.raises(UserError, match=r"20 tokens.*seq_len \+ 1 = 33"):
+        train(model, tok, ids[:20], config=TrainConfig(seq_len=32, steps=1), device="cpu", log=None)
+    with pytest.raises(UserError, match="validation split has 10 tokens"):
+        train(model, tok, ids, config=TrainConfig(seq_len=32, steps=1), val_tokens=ids[:10], device="cpu", log=None)
+    with pytest.raises(UserError, match="schedule"):
+        train(model, tok, ids, config=TrainConfig(seq_len=32, schedule="linear"), device="cpu", log=None)
+    with pytest.raises(UserError, match="steps"):
+        train(model, tok, ids, config=TrainConfig(seq_len=32, steps=0), device="cpu", log=None)
+    with pytest.raises(UserError, match="device"):
+        train(model, tok, ids, config=TrainConfig(seq_len=32, steps=1), device="tpu", log=None)
+    with pytest.raises(UserError, match="vocab_size"):
+        train(GPT(vocab_size=99, embed_dim=16, num_heads=2, num_layers=1, max_seq_len=32), tok, ids,
+              config=TrainConfig(seq_len=32, steps=1), device="cpu", log=None)

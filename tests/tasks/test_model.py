@@ -1,0 +1,125 @@
+"""The model stage (train) on real (tiny) upstream versions: memory-mapped shards, published checkpoint, history, report."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import re
+import xml.dom.minidom
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mygpt.errors import UserError
+from tasks import model as train_stage
+from tasks.store import ArtifactStore
+from tests.support.tiny import SETTINGS, run_in
+
+TINY_MODEL = SETTINGS.model
+
+
+
+def test_train_publishes_checkpoint_history_and_metrics(upstream, trained):
+    root, _, tokenizer, _ = upstream
+    store = ArtifactStore(root)
+    assert store.verify("model", trained["version"], full=True) == (True, "ok")
+    info = store.get("model", trained["version"])
+    assert sorted(info.manifest["files"]) == ["loss_history.csv", "loss_history.json", "model.ckpt"]
+    p, m = info.manifest["settings"], info.manifest["metrics"]
+    assert p["device"] == "cpu" and p["precision"] == "fp32", "auto resolves before the version is computed"
+    assert "threads" not in p, "threads is a run option, not a parameter"
+    assert m["steps"] == TINY_MODEL.steps and m["resumed_from"] == 0
+    assert m["device"] == "cpu" and m["precision"] == "fp32" and m["params"] > 0 and m["tokens_per_sec"] > 0
+    assert m["final_val_loss"] is not None and m["final_loss"] < m["loss_curve"][0][1], "the loss went down"
+    assert info.manifest["inputs"]["tokenizer"]["version"] == tokenizer["version"]
+
+    history = json.loads((info.path / "loss_history.json").read_text())
+    assert [h["step"] for h in history] == [1, 10, 20, 30, 40]
+    assert [h["step"] for h in history if "val_loss" in h] == [20, 40]
+    rows = list(csv.DictReader((info.path / "loss_history.csv").open()))
+    assert [int(r["step"]) for r in rows] == [1, 10, 20, 30, 40] and rows[-1]["val_loss"]
+
+    from mygpt.checkpoint import load_checkpoint, load_checkpoint_payload
+
+    payload = load_checkpoint_payload(info.path / "model.ckpt")
+    assert "resume" not in payload, "the published checkpoint is the chapter's format, without optimizer state"
+    assert payload["config"]["norm_type"] == "rms" and payload["config"]["position_type"] == "rope"
+    model, tok = load_checkpoint(info.path / "model.ckpt")
+    assert model.embed_dim == TINY_MODEL.embed_dim and tok.state() == json.loads(
+        (Path(tokenizer["path"]) / "tokenizer.json").read_text())
+    assert not (store.staging_path("model", trained["version"])).exists(), "work dir deleted on publish"
+
+
+def test_published_checkpoint_works_with_mygpt_generate(trained, capsys):
+    from mygpt.cli import main
+
+    rc = main(["generate", "--checkpoint", str(Path(trained["path"]) / "model.ckpt"), "--prompt", "The history of",
+               "--max-new-tokens", "8", "--device", "cpu"])
+    assert rc == 0 and "The history of" in capsys.readouterr().out
+
+
+def test_report_has_a_readable_loss_curve_and_summary(upstream, trained):
+    manifest = ArtifactStore(upstream[0]).get("model", trained["version"]).manifest
+    md = train_stage.report(manifest)
+    m = re.search(r"!\[loss curve\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", md)
+    assert m, "the curve is an inline SVG image"
+    svg = xml.dom.minidom.parseString(base64.b64decode(m.group(1)))
+    lines = svg.getElementsByTagName("polyline")
+    assert len(lines) == 2, "train and validation loss"
+    assert len(lines[0].getAttribute("points").split()) == 5
+    for needle in ("final train loss", "final val loss", "tokens/s", "cpu / fp32", "| 40 | "):
+        assert needle in md
+
+
+def test_train_reads_memory_mapped_tokens_and_all_splits(upstream, tmp_path):
+    _, _, _, shards = upstream
+    train_only = train_stage.load_tokens(Path(shards["path"]), tmp_path, ("train",))
+    assert isinstance(train_only, np.memmap) and train_only.dtype == np.uint16
+    everything = train_stage.load_tokens(Path(shards["path"]), tmp_path, train_stage.SPLITS["all"])
+    valid = train_stage.load_tokens(Path(shards["path"]), tmp_path, ("valid",))
+    n = len(train_only)
+    assert len(everything) == n + len(valid) + len(train_stage.load_tokens(Path(shards["path"]), tmp_path, ("test",)))
+    assert np.array_equal(everything[n - 3:n + 3], np.concatenate([train_only[-3:], valid[:3]]))
+    assert all(isinstance(p, np.memmap) for p in everything.parts), "no copies of the corpus"
+
+
+def test_train_splits_all_is_another_version(upstream, trained):
+    root, _, tokenizer, shards = upstream
+    settings = TINY_MODEL.model_copy(update={"steps": 3, "print_every": 1, "eval_every": 3, "checkpoint_every": 0})
+    a = train_stage.train_model.fn(shards, tokenizer, settings, run_in(root))
+    b = train_stage.train_model.fn(shards, tokenizer, settings.model_copy(update={"train_splits": "all"}), run_in(root))
+    store = ArtifactStore(root)
+    ma, mb = (store.get("model", r["version"]).manifest["metrics"] for r in (a, b))
+    assert a["version"] != b["version"] and mb["train_tokens"] > ma["train_tokens"]
+    assert train_stage.train_model.fn(shards, tokenizer, settings, run_in(root))["build_id"] == a["build_id"], "reused"
+
+
+def test_concat_tokens_slices_across_parts():
+    parts = [np.arange(0, 5), np.arange(5, 5), np.arange(5, 12)]
+    c = train_stage.ConcatTokens(parts)
+    assert len(c) == 12 and c.shape == (12,)
+    for lo in range(12):
+        for hi in range(lo + 1, 13):
+            assert np.array_equal(c[lo:hi], np.arange(lo, hi))
+
+
+def test_chapter_defaults_and_resolved_device():
+    v = train_stage.ModelSettings().resolved().version_params()
+    assert v["device"] in ("cpu", "cuda", "mps") and v["precision"] in ("fp32", "bf16")
+    assert (v["embed_dim"], v["num_layers"], v["num_heads"], v["num_kv_heads"], v["max_seq_len"]) == (192, 4, 6, 2, 256)
+    assert (v["seq_len"], v["batch_size"], v["lr"], v["warmup"], v["steps"], v["checkpoint_every"]) == (
+        256, 16, 1e-3, 500, 10000, 1000)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"num_heads": 5}, r"num_heads \(5\) must divide embed_dim \(192\)"),
+    ({"seq_len": 512}, r"seq_len \(512\) must be <= max_seq_len \(256\)"),
+    ({"steps": 0}, r"steps must be an integer >= 1"),
+    ({"device": "tpu"}, r"device: unknown device 'tpu'"),
+    ({"threads": 2}, r"unknown model setting\(s\) threads"),
+])
+def test_settings_reject(settings, message):
+    with pytest.raises(UserError, match=message):
+        train_stage.ModelSettings.parse(settings, "model")

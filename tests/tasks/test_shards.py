@@ -1,0 +1,239 @@
+"""The shards stage (encode): shards decode back to the text, any reader can read them, workers and crashes don't
+change a byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flows.mirror import MEMBER, build_wikitext_zip, make_zip
+from mygpt.bpe import BPETokenizer
+from mygpt.errors import UserError
+from tasks import shard_format as SF
+from tasks import shards as E
+from tasks.settings import RunOptions
+from tests.support import stages
+
+SHARD = 20_000
+CHUNK = 100_000  # several chunks for train (~930 KB), one each for valid and test
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, wikitext2_path):
+    root = tmp_path_factory.mktemp("enc-art")
+    zpath = root / "w.zip"
+    build_wikitext_zip(zpath, data_dir=wikitext2_path.parent)
+    corpus = stages.corpus(root, source_url=zpath.as_uri())
+    tokenizer = stages.tokenizer(root, corpus, num_merges=64, bpe_train_bytes=60_000)  # leaves some unknown chars
+    return root, corpus, tokenizer
+
+
+@pytest.fixture(scope="module")
+def baseline(inputs):
+    root, corpus, tokenizer = inputs
+    return stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
+
+
+def manifest(ref) -> dict:
+    return json.loads((Path(ref["path"]) / "manifest.json").read_text())
+
+
+def test_shards_decode_to_the_text_minus_unknown_chars(inputs, baseline):
+    _, corpus, tokenizer = inputs
+    tok = BPETokenizer.load(Path(tokenizer["path"]) / "tokenizer.json")
+    out = Path(baseline["path"])
+    m = manifest(baseline)
+    assert m["settings"] == {"shard_tokens": SHARD, "unk_policy": "skip"}  # no workers / chunk_bytes
+    skipped_total = 0
+    for split in ("train", "valid", "test"):
+        paths = SF.shard_paths(out, split)
+        arrays = [SF.read_shard(p) for p in paths]
+        assert all(a.dtype == np.uint16 for a in arrays)
+        assert all(a.size == SHARD for a in arrays[:-1]) and 0 < arrays[-1].size <= SHARD
+        ids = np.concatenate(arrays)
+        text = (Path(corpus["path"]) / f"wiki.{split}.txt").read_text(encoding="utf-8")
+        unknown = set(tok.unknown_chars(text))
+        assert tok.decode(ids) == "".join(c for c in text if c not in unknown)
+        sm = m["metrics"]["splits"][split]
+        assert sm["tokens"] == ids.size and sm["chars"] == len(text) and sm["shards"] == len(paths)
+        assert sm["skipped_positions"] == sum(1 for c in text if c in unknown)
+        assert sm["skipped_distinct"] == len(unknown)
+        skipped_total += sm["skipped_positions"]
+        listed = [s for s in m["metrics"]["shards"] if s["split"] == split]
+        assert [s["file"] for s in listed] == [p.name for p in paths]
+        assert [s["tokens"] for s in listed] == [a.size for a in arrays]
+        assert [s["first_token"] for s in listed] == list(np.cumsum([0] + [a.size for a in arrays[:-1]]))
+        assert all(s["last_token"] == s["first_token"] + s["tokens"] - 1 for s in listed)
+    assert skipped_total > 0
+    index = json.loads((out / "shards.json").read_text())
+    assert index["dtype"] == "uint16" and index["splits"]["train"]["tokens"] == m["metrics"]["splits"]["train"]["tokens"]
+    readme = (out / "README.md").read_text()
+    assert "token_id" in readme and "| train |" in readme
+    assert "| train |" in E.STAGE.report(m)
+
+
+def test_readable_with_pyarrow_pandas_and_duckdb(baseline):
+    import duckdb
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    out = Path(baseline["path"])
+    paths = SF.shard_paths(out, "train")
+    ours = np.concatenate([SF.read_shard(p) for p in paths])
+    table = pq.read_table(paths[0])
+    assert table.schema.names == ["token_id"] and str(table.schema.field(0).type) == "uint16"
+    assert not table.schema.field(0).nullable
+    assert np.array_equal(np.concatenate([pq.read_table(p)["token_id"].to_numpy() for p in paths]), ours)
+    assert np.array_equal(np.concatenate([pd.read_parquet(p)["token_id"].to_numpy() for p in paths]), ours)
+    con = duckdb.connect()
+    rows = con.execute(
+        "SELECT token_id FROM read_parquet(?, filename=true, file_row_number=true) "
+        "ORDER BY filename, file_row_number", [str(out / "train-*.parquet")]).fetchnumpy()["token_id"]
+    assert np.array_equal(rows, ours)
+    n = con.execute("SELECT count(*) FROM read_parquet(?)", [str(out / "valid-*.parquet")]).fetchone()[0]
+    assert n == manifest(baseline)["metrics"]["splits"]["valid"]["tokens"]
+
+
+def same_inputs_under(inputs, root: Path) -> tuple:
+    """The fixture's corpus and tokenizer versions, copied under a fresh artifact root ``root``."""
+    src, corpus, tokenizer = inputs
+    for stage in ("corpus", "tokenizer"):
+        shutil.copytree(Path(src) / stage, root / stage)
+    return root, corpus, tokenizer
+
+
+def test_two_workers_give_identical_bytes(inputs, baseline, tmp_path):
+    _, corpus, tokenizer = same_inputs_under(inputs, tmp_path / "art")
+    ref = stages.shards(tmp_path / "art", corpus, tokenizer, shard_tokens=SHARD, run={"workers": 2, "chunk_bytes": CHUNK})
+    assert ref["version"] == baseline["version"]
+    m2 = manifest(ref)
+    assert m2["metrics"]["workers"] == 2 and m2["metrics"]["splits"]["train"]["shards"] > 5
+    assert m2["files"] == manifest(baseline)["files"]  # every file's size and sha256
+
+
+def test_kill_and_resume_keeps_finished_shards(inputs, baseline, tmp_path, monkeypatch):
+    root, corpus, tokenizer = same_inputs_under(inputs, tmp_path / "art")
+    calls = {"n": 0}
+    real_write = SF.write_shard
+
+    def failing_write(path, ids):
+        if calls["n"] == 5:
+            raise KeyboardInterrupt("simulated kill")
+        calls["n"] += 1
+        return real_write(path, ids)
+
+    monkeypatch.setattr(SF, "write_shard", failing_write)
+    with pytest.raises(KeyboardInterrupt):
+        stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
+    version = baseline["version"]
+    staged = root / "shards" / ".staging" / version / "out"
+    kept = sorted(staged.glob("*.parquet"))
+    assert [p.name for p in kept] == [f"train-{i:05d}.parquet" for i in range(5)]
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in kept}
+    assert not (root / "shards" / version).exists()
+
+    # damage the last kept shard: it must be re-encoded, the others trusted
+    damaged = kept[-1]
+    damaged.write_bytes(damaged.read_bytes()[:-10])
+    monkeypatch.setattr(SF, "write_shard", real_write)
+    starts = []
+    real_iter = E.iter_encode_file
+
+    def spy(*args, **kwargs):
+        starts.append(kwargs.get("start_chunk"))
+        return real_iter(*args, **kwargs)
+
+    monkeypatch.setattr(E, "iter_encode_file", spy)
+    ref = stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
+    assert starts[0] > 0  # sought to the chunk of shard 4, not re-encoded from the start
+    out = Path(ref["path"])
+    after = {name: ((out / name).stat().st_ino, (out / name).stat().st_mtime_ns) for name in before}
+    assert {k: v for k, v in after.items() if k != damaged.name} == {
+        k: v for k, v in before.items() if k != damaged.name}
+    assert after[damaged.name] != before[damaged.name]
+    assert manifest(ref)["files"] == manifest(baseline)["files"]  # byte-identical to an uninterrupted run
+    assert not (root / "shards" / ".staging" / version).exists()
+
+
+def test_materialize_tokens(baseline, tmp_path):
+    out = Path(baseline["path"])
+    dest = tmp_path / "train.bin"
+    mm = SF.materialize_tokens(out, "train", dest)
+    assert isinstance(mm, np.memmap) and mm.dtype == np.uint16 and not mm.flags.writeable
+    assert np.array_equal(mm, np.concatenate([SF.read_shard(p) for p in SF.shard_paths(out, "train")]))
+    assert dest.stat().st_size == mm.size * 2
+    stamp = (dest.stat().st_ino, dest.stat().st_mtime_ns)
+    again = SF.materialize_tokens(out, "train", dest)
+    assert (dest.stat().st_ino, dest.stat().st_mtime_ns) == stamp and np.array_equal(again, mm)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    with pytest.raises(UserError, match="no test shards"):
+        SF.materialize_tokens(tmp_path, "test", tmp_path / "x.bin")
+
+
+def test_unk_policy_error_names_the_characters(inputs, tmp_path):
+    _, corpus, tokenizer = same_inputs_under(inputs, tmp_path / "art")
+    with pytest.raises(UserError, match="wiki.train.txt: .*characters not in the tokenizer's vocabulary"):
+        stages.shards(tmp_path / "art", corpus, tokenizer, shard_tokens=SHARD, unk_policy="error", run={"workers": 1})
+    assert not (tmp_path / "art" / "shards").exists() or not [
+        p for p in (tmp_path / "art" / "shards").iterdir() if not p.name.startswith(".")]
+
+
+def test_empty_split_gets_one_empty_shard_and_vocab_dtype(tmp_path):
+    zpath = tmp_path / "w.zip"
+    zpath.write_bytes(make_zip({MEMBER.format(split="train"): " a b a b c\n" * 50,
+                                MEMBER.format(split="valid"): " = Only a header = \n",
+                                MEMBER.format(split="test"): " c a\n"}))
+    root = tmp_path / "art"
+    corpus = stages.corpus(root, source_url=zpath.as_uri())
+    tokenizer = stages.tokenizer(root, corpus, num_merges=4)
+    ref = stages.shards(root, corpus, tokenizer, shard_tokens=40, run={"workers": 1})
+    paths = SF.shard_paths(ref["path"], "valid")
+    assert [p.name for p in paths] == ["valid-00000.parquet"] and SF.read_shard(paths[0]).size == 0
+    assert SF.materialize_tokens(ref["path"], "valid", tmp_path / "v.bin").size == 0
+    sizes = [SF.read_shard(p).size for p in SF.shard_paths(ref["path"], "train")]
+    assert len(sizes) > 2 and set(sizes[:-1]) == {40} and 1 <= sizes[-1] <= 40
+
+
+def test_write_read_uint32_shard(tmp_path):
+    ids = np.array([0, 70_000, 5, 2**32 - 1], dtype=np.uint32)
+    SF.write_shard(tmp_path / "train-00000.parquet", ids)
+    back = SF.read_shard(tmp_path / "train-00000.parquet")
+    assert back.dtype == np.uint32 and np.array_equal(back, ids)
+    assert SF.dtype_for_vocab(65536) == np.uint16 and SF.dtype_for_vocab(65537) == np.uint32
+
+
+def test_shard_paths_reports_a_gap(tmp_path):
+    SF.write_shard(tmp_path / "train-00000.parquet", np.arange(3, dtype=np.uint16))
+    SF.write_shard(tmp_path / "train-00002.parquet", np.arange(3, dtype=np.uint16))
+    with pytest.raises(UserError, match="missing shard train-00001.parquet"):
+        SF.shard_paths(tmp_path, "train")
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"shard_tokens": 0}, "shard_tokens must be an integer >= 1"),
+    ({"shard_tokens": 1.0}, "shard_tokens must be an integer >= 1"),
+    ({"unk_policy": "ignore"}, "unk_policy must be one of skip, error"),
+])
+def test_settings_reject(settings, message):
+    with pytest.raises(UserError, match=message):
+        E.ShardsSettings.parse(settings)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"workers": 0}, "workers must be an integer >= 1"),
+    ({"chunk_bytes": -1}, "chunk_bytes must be an integer >= 1"),
+])
+def test_run_options_reject(options, message):
+    with pytest.raises(UserError, match=message):
+        RunOptions.parse(options)
+
+
+def test_workers_and_chunk_bytes_are_not_settings():
+    assert "workers" not in E.ShardsSettings.model_fields and "chunk_bytes" not in E.ShardsSettings.model_fields
+    assert E.ShardsSettings().version_params() == {"shard_tokens": 10_000_000, "unk_policy": "skip"}
+    assert os.cpu_count() and E.default_workers() >= 1

@@ -1,0 +1,121 @@
+"""The one verb, Stage.run, under a real Prefect server: reuse shows as Cached; force, damage and rebuilds
+invalidate; nothing is cached by Prefect itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tasks.settings import RunOptions, Settings
+from tasks.stage import Stage, StageRef, stage_task
+from tests.support.prefect_server import task_run_states
+
+BUILDS: list[str] = []
+
+
+class WordSettings(Settings):
+    word: str = "x"
+
+
+class NoSettings(Settings):
+    pass
+
+
+def _build_source(ctx, settings: WordSettings) -> dict:
+    BUILDS.append("source")
+    (ctx.out / "a.txt").write_text("hello " + settings.word)
+    ctx.progress(1, 2, "half way", force=True)
+    return {"chars": 6 + len(settings.word)}
+
+
+def _build_upper(ctx, settings: NoSettings, corpus: Path) -> dict:
+    BUILDS.append("upper")
+    (ctx.out / "b.txt").write_text((corpus / "a.txt").read_text().upper())
+    return {}
+
+
+SOURCE = Stage("corpus", "1", lambda m: f"# source {m['version']}")
+UPPER = Stage("tokenizer", "1", lambda m: "# upper", inputs=("corpus",))
+
+
+@stage_task(SOURCE)
+def make_source(settings: WordSettings, run: RunOptions) -> StageRef:
+    return SOURCE.run(_build_source, settings, run)
+
+
+@stage_task(UPPER)
+def make_upper(corpus: StageRef, settings: NoSettings, run: RunOptions) -> StageRef:
+    return UPPER.run(_build_upper, settings, run, corpus=corpus)
+
+
+@pytest.fixture(scope="module")
+def two_stage_flow():
+    from prefect import flow
+
+    @flow(name="two-stage-test")
+    def two_stage(root: str, word: str = "x", force: list[str] = []):
+        run = RunOptions(artifacts_dir=root, force=force)
+        corpus = make_source(WordSettings(word=word), run, return_state=True).result()
+        return corpus, make_upper(corpus, NoSettings(), run, return_state=True).result()
+
+    return two_stage
+
+
+def _run(flow_fn, *args, **kwargs):
+    BUILDS.clear()
+    state = flow_fn(*args, return_state=True, **kwargs)
+    corpus, upper = state.result()
+    return corpus, upper, task_run_states(state.state_details.flow_run_id), list(BUILDS)
+
+
+def test_reuse_is_cached_and_force_damage_rebuild(prefect_server, tmp_path, two_stage_flow):
+    root = str(tmp_path / "art")
+    c1, u1, states, builds = _run(two_stage_flow, root)
+    assert states == {"corpus": "Completed", "tokenizer": "Completed"} and builds == ["source", "upper"]
+    assert (Path(u1["path"]) / "b.txt").read_text() == "HELLO X"
+
+    c2, u2, states, builds = _run(two_stage_flow, root)
+    assert states == {"corpus": "Cached", "tokenizer": "Cached"} and builds == []
+    assert (c2, u2) == (c1, u1)
+
+    # Forcing the first stage rebuilds it in place and gives the second stage a new version (lineage).
+    c3, u3, states, builds = _run(two_stage_flow, root, force=["corpus"])
+    assert states == {"corpus": "Completed", "tokenizer": "Completed"} and builds == ["source", "upper"]
+    assert c3["version"] == c1["version"] and c3["build_id"] != c1["build_id"]
+    assert u3["version"] != u1["version"] and Path(u1["path"]).is_dir(), "old downstream version is kept"
+
+    # A damaged file is detected before anything is reused, logged and rebuilt.
+    (Path(u3["path"]) / "b.txt").write_text("X")
+    c4, u4, states, builds = _run(two_stage_flow, root)
+    assert states == {"corpus": "Cached", "tokenizer": "Completed"} and builds == ["upper"]
+    assert (Path(u4["path"]) / "b.txt").read_text() == "HELLO X"
+
+    # A settings change is a new version beside the old one.
+    c5, u5, states, builds = _run(two_stage_flow, root, word="y")
+    assert c5["version"] != c1["version"] and Path(c1["path"]).is_dir()
+    assert (Path(u5["path"]) / "b.txt").read_text() == "HELLO Y"
+
+    # One cache: Prefect kept no cache records or results anywhere under the artifact root.
+    assert sorted(p.name for p in Path(root).iterdir()) == ["corpus", "tokenizer"]
+
+
+def test_plain_call_without_prefect_and_input_check(tmp_path):
+    run = RunOptions(artifacts_dir=str(tmp_path))
+    ref = make_source.fn(WordSettings(word="plain"), run)
+    assert (Path(ref["path"]) / "a.txt").read_text() == "hello plain"
+    assert make_source.fn(WordSettings(word="plain"), run)["build_id"] == ref["build_id"]
+    with pytest.raises(ValueError, match=r"takes inputs \['corpus'\], got \[\]"):
+        UPPER.run(_build_upper, NoSettings(), run)
+
+
+def test_failed_build_publishes_nothing(tmp_path):
+    def boom(ctx, settings):
+        (ctx.out / "partial.txt").write_text("half")
+        raise RuntimeError("disk on fire")
+
+    stage = Stage("corpus", "1", lambda m: "")
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        stage.run(boom, NoSettings(), RunOptions(artifacts_dir=str(tmp_path)))
+    assert list((tmp_path / "corpus").iterdir()) != [] and not any(
+        p.name != ".staging" and p.name != ".locks" for p in (tmp_path / "corpus").iterdir())
