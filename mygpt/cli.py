@@ -241,8 +241,7 @@ def _export_command(args) -> int:
     for name, info in facts["files"].items():
         print(f"  {name:<24} {info['bytes']:>12,} bytes")
     print(f"checked: {check['tokenizer_tokens']:,} token ids equal to mygpt's; max |logit diff| "
-          f"{check['max_abs_logit_diff']:.2e} over {check['logit_tokens']} positions "
-          f"({check['max_abs_logit_diff_same_rope']:.1e} with the same RoPE tables)")
+          f"{check['max_abs_logit_diff']:.2e} over {check['logit_tokens']} positions")
     print("load it with:")
     for line in facts["load"]:
         print(f"  {line}")
