@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 from mygpt.atomic import atomic_write_text, fsync_dir
 
-STAGES = ("corpus", "tokenizer", "shards", "model", "samples")
+STAGES = ("corpus", "tokenizer", "shards", "model", "samples", "export")
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 ENV_ROOT = "WIKI_PIPELINE_ARTIFACTS"

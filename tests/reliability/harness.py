@@ -442,7 +442,7 @@ def pick_faults(trace: dict[str, list[tuple[str, int]]], rng: random.Random, per
 
 #: The fast subset's kill points (one per stage, chosen to hit each resume path and both publish edges).
 FAST_FAULTS = [("corpus", "corpus.progress@1"), ("tokenizer", "tokenizer.publish@1"), ("shards", "shards.progress@2"),
-               ("model", "model.progress@4"), ("samples", "samples.published@1")]
+               ("model", "model.progress@4"), ("samples", "samples.published@1"), ("export", "export.publish@1")]
 
 
 # ---- two runs at once ----------------------------------------------------------------------------------
@@ -465,14 +465,14 @@ def concurrent_runs(env: Env, root: Path) -> dict:
     built = {}
     for stage in STAGES:
         built[stage] = sum(len(re.findall(rf"{stage}: building {stage}/", log)) for log in logs)
-    refs = [sorted(line for line in log.splitlines() if re.match(r"^(corpus|tokenizer|shards|model|samples)\s+/", line))
+    refs = [sorted(line for line in log.splitlines() if re.match(rf"^({'|'.join(STAGES)})\s+/", line))
             for log in logs]
     waited = sum(log.count("another run is building this version; waiting for it") for log in logs)
     store = ArtifactStore(root)
     versions = {stage: [v.version for v in store.versions(stage)] for stage in STAGES}
     full_ok = all(store.verify(st, v, full=True)[0] for st, vs in versions.items() for v in vs)
     return {"rcs": [r.rc for r in results], "built": built, "waited": waited, "refs_equal": refs[0] == refs[1]
-            and len(refs[0]) == 5, "versions": versions, "verify_full": full_ok, "violations": watcher.violations,
+            and len(refs[0]) == len(STAGES), "versions": versions, "verify_full": full_ok, "violations": watcher.violations,
             "checks": watcher.checks, "seconds": max(r.seconds for r in results)}
 
 
@@ -624,6 +624,7 @@ def build_plain(root: Path, url: str, params, *, full_check: bool = False, force
     if params.corpus.source_url != url:
         raise ValueError("build_plain: params were made for another source_url")
     from tasks.corpus import download_corpus
+    from tasks.export import export_model
     from tasks.model import train_model
     from tasks.samples import sample_model
     from tasks.shards import encode_shards
@@ -635,7 +636,9 @@ def build_plain(root: Path, url: str, params, *, full_check: bool = False, force
     shards = encode_shards.fn(corpus, tokenizer, params.shards, run)
     model = train_model.fn(shards, tokenizer, params.model, run)
     samples = sample_model.fn(model, params.samples, run)
-    return {"corpus": corpus, "tokenizer": tokenizer, "shards": shards, "model": model, "samples": samples}
+    export = export_model.fn(model, params.export, run)
+    return {"corpus": corpus, "tokenizer": tokenizer, "shards": shards, "model": model, "samples": samples,
+            "export": export}
 
 
 def train_again(root: Path, refs: dict, params) -> dict:
@@ -811,8 +814,8 @@ def bad_input_cases(tmp: Path, url: str) -> list[tuple[list[str], str]]:
         (["--param", "prompt=[]"], "error: samples.prompt must be a string or a non-empty list of strings, got []"),
         (["--param", "threads=-2"], "error: run.threads must be an integer >= 0 (or null), got -2 (torch CPU threads for training and sampling; null or 0 = torch's default)"),
         (["--param", "full_check=yes"], "error: run.full_check must be true or false, got 'yes' (verify every reused file's sha256, not only its size)"),
-        (["--force", "tokenise"], "error: run.force names no stage: 'tokenise'; stages are download, bpe, encode, train, sample by what they do, or corpus, tokenizer, shards, model, samples by what they make"),
-        (["--only", "evaluate"], "error: run.only names no stage: 'evaluate'; stages are download, bpe, encode, train, sample by what they do, or corpus, tokenizer, shards, model, samples by what they make"),
+        (["--force", "tokenise"], "error: run.force names no stage: 'tokenise'; stages are download, bpe, encode, train, sample by what they do, or corpus, tokenizer, shards, model, samples, export by what they make"),
+        (["--only", "evaluate"], "error: run.only names no stage: 'evaluate'; stages are download, bpe, encode, train, sample by what they do, or corpus, tokenizer, shards, model, samples, export by what they make"),
         (["--param", "num_layer=2"], None),
         (["--param", "steps"], "error: --param 'steps' is not KEY=VALUE (e.g. --param steps=100)"),
         (["--params", "[1]"], "error: --params must be a JSON object, got '[1]'"),

@@ -107,6 +107,7 @@ def test_sigkill_inside_each_stage_then_rerun_recovers(harness):
     assert by_task["model"].left == "resume checkpoint at step 10" and by_task["model"].resumed == "from step 10"
     assert by_task["tokenizer"].left == "manifest written in staging out/, not renamed"
     assert by_task["samples"].left == "version published; its staging dir not yet deleted"
+    assert by_task["export"].left == "manifest written in staging out/, not renamed"
     assert not list((workdir / "kills").glob("*/.staging/*")), "no staging left after the final run"
 
 
