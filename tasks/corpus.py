@@ -276,7 +276,8 @@ class _Transient(Exception):
 
 
 class SourceUnreachable(UserError):
-    """The source could not be asked what it holds (network down, server failing): retried, then given up."""
+    """The source would not say what it holds: network down or server failing (retried, then given up), or
+    refusing (4xx)."""
 
 
 def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict:
@@ -328,7 +329,7 @@ def _last_known_identity(settings: CorpusSettings, store: ArtifactStore, log, er
 def probe(url: str, knobs: DownloadKnobs, log=None) -> dict:
     """Ask the server what is at ``url`` with a one-byte ``Range`` GET (HEAD is refused by signed URLs):
     ``{"bytes", "etag", "last_modified"}``, each where the server says it. Retries like :func:`fetch`;
-    ``UserError`` for a 4xx, :class:`SourceUnreachable` when every try failed."""
+    :class:`SourceUnreachable` when every try failed or the server refused (4xx: e.g. an expired signed URL)."""
     import requests
     import urllib3
 
@@ -345,8 +346,8 @@ def probe(url: str, knobs: DownloadKnobs, log=None) -> dict:
                         with contextlib.suppress(requests.RequestException, urllib3.exceptions.HTTPError, OSError):
                             r.raw.read(1024)
                     return identity
-            except UserError:
-                raise
+            except UserError as e:  # a 4xx: the server will not say
+                raise SourceUnreachable(str(e)) from None
             except (_Transient, requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError,
                     TimeoutError) as exc:
                 failures += 1

@@ -45,3 +45,12 @@ def test_the_flow_keeps_no_credentials(prefect_server, tmp_path):
     kept = _what_prefect_keeps(state.state_details.flow_run_id)
     assert f"http://***@127.0.0.1:{m.port}/{ZIP_NAME}?token=***" in kept
     assert "S3CRET" not in kept and "T0KEN" not in kept
+
+
+def test_params_for_a_deployment_keep_the_credentials(capsys):
+    """`wiki-pipeline params` prints what a deployment run gets: it must download, so the URL stays whole."""
+    from flows.cli import main
+
+    url = "https://alice:S3CRET@mirror.example.org/w.zip?token=T0KEN-abc"
+    assert main(["params", "--source-url", url]) == 0
+    assert json.loads(capsys.readouterr().out)["corpus"]["source_url"] == url

@@ -21,10 +21,11 @@ PROGRESS = re.compile(r"^  model +\d+\.\d% step 10/40 loss \d+\.\d+ .*· [\d.]+k
 def _flow_run_of(root: Path, deadline: float) -> str:
     """The id of the flow run whose artifact root is ``root`` (read back through the API)."""
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import FlowRunSort
 
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
-            for run in client.read_flow_runs(limit=20):
+            for run in client.read_flow_runs(sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=20):
                 if (run.parameters.get("run") or {}).get("artifacts_dir") == str(root):
                     return str(run.id)
             time.sleep(0.5)

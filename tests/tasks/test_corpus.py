@@ -313,6 +313,11 @@ def test_unreachable_source_reuses_the_newest_version_from_it(tmp_path, fast_ret
     with Mirror({"/w.zip": _tiny_zip("Kept")}) as m:
         url = m.url("/w.zip")
         ref = download(tmp_path / "art", source_url=url)
+        del m.files["/w.zip"]  # the server now refuses (404), as for an expired signed URL
+        with caplog.at_level("WARNING", logger="wiki_pipeline"):
+            assert download(tmp_path / "art", source_url=url) == ref
+        assert "(downloading " + url + " failed: HTTP 404" in caplog.text
+    caplog.clear()
     # the mirror is gone: nothing answers at url now
     with caplog.at_level("WARNING", logger="wiki_pipeline"):
         assert download(tmp_path / "art", source_url=url) == ref
