@@ -37,7 +37,7 @@ class ExportSettings(Settings):
 
 def build_export(ctx: BuildContext, settings: ExportSettings, model: Path) -> dict:
     """Export the model version's checkpoint into ``ctx.out`` (written, loaded back and checked by hf_export)."""
-    from mygpt.hf_export import export_checkpoint, load_lines
+    from mygpt.hf_export import export_checkpoint
 
     for leftover in ctx.out.iterdir():  # a crashed attempt's partial files: the export is cheap, start over
         leftover.unlink()
@@ -45,7 +45,7 @@ def build_export(ctx: BuildContext, settings: ExportSettings, model: Path) -> di
     facts = export_checkpoint(model / "model.ckpt", ctx.out)
     facts["meta"].pop("checkpoint", None)  # a staging path; the manifest's inputs name the model version
     facts.pop("out_dir", None)
-    facts["load"] = load_lines(ctx.store.version_path(STAGE.name, ctx.version))  # where it will be published
+    facts.pop("load", None)  # staging paths: the report writes the load lines for where it is published
     ctx.log.info("export: %s, max |logit diff| %.2e against mygpt", facts["architecture"],
                  facts["check"]["max_abs_logit_diff"])
     ctx.progress(1, 1, "done", force=True)
@@ -57,7 +57,9 @@ def report(manifest: dict) -> str:
     check = m.get("check", {})
     where = f"export/{manifest['version']}"
     files = "\n".join(f"| `{name}` | {info['bytes']:,} |" for name, info in m.get("files", {}).items())
-    load = "\n".join(m.get("load", []))
+    from mygpt.hf_export import load_lines
+
+    load = "\n".join(load_lines(manifest.get("path", f"artifacts/{where}")))
     return f"""# Export: {where}
 
 Load it with transformers (no custom code):

@@ -255,7 +255,9 @@ class Stage:
 
     name: str  # corpus, tokenizer, shards, model, samples: the store folder, the Prefect task, the UI key
     code_version: str  # bump when the stage's output for the same settings and inputs changes
-    report: Callable[[dict], str]  # manifest -> markdown for the Prefect UI
+    # manifest -> markdown for the Prefect UI; the manifest handed to it also has "path", where the version is
+    # published (a manifest itself never names its root)
+    report: Callable[[dict], str]
     inputs: tuple[str, ...] = ()  # upstream stages, passed to the build function as directories
     #: For a stage that reads from outside the store (the corpus: the zip at source_url): ``(settings, store,
     #: logger) -> {...}``, the identity of what it would read now (e.g. size and ETag). It enters the version id
@@ -336,7 +338,8 @@ class Stage:
             from prefect.artifacts import create_markdown_artifact
 
             create_markdown_artifact(key=self.artifact_key, description=f"built {self.name}/{version}",
-                                     markdown=self.report(manifest) + settings_table(manifest["settings"]))
+                                     markdown=self.report({**manifest, "path": str(store.version_path(self.name, version))})
+                                     + settings_table(manifest["settings"]))
         return ref(manifest)
 
     def _reused(self, ref: StageRef) -> Any:

@@ -50,7 +50,7 @@ def test_a_moved_root_is_reused_and_a_copied_one_reads_only_itself(prefect_serve
     shutil.rmtree(b)  # whatever the run on the copy reads, it cannot be the original's
     copied, states = _run(url, c, run={"force": ["model"]})
     assert states == {"corpus": "Cached", "tokenizer": "Cached", "shards": "Cached", "model": "Completed",
-                      "samples": "Completed"}
+                      "samples": "Completed", "export": "Completed"}
     _check(copied, c)
     model = json.loads((Path(copied["model"]["path"]) / "manifest.json").read_text())
     assert model["inputs"]["shards"] == {"stage": "shards", "version": copied["shards"]["version"],
