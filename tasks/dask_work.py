@@ -34,6 +34,7 @@ import contextlib
 import itertools
 import logging
 import os
+import pickle
 import uuid
 from typing import Any, Callable, Iterable, Iterator
 
@@ -63,12 +64,19 @@ def encode_chunk(tokenizer_key: str, tokenizer_state: dict, path: str, start: in
     return ids, stats.to_dict()
 
 
-def count_chunk(path: str, start: int, end: int) -> dict[str, int]:
-    """The word counts (``Counter(WORD_RE.findall(text))``) of bytes ``start..end`` of ``path``."""
+def count_chunk(path: str, start: int, end: int) -> bytes:
+    """The word counts (``Counter(WORD_RE.findall(text))``) of bytes ``start..end`` of ``path``, pickled: Dask
+    ships one opaque buffer instead of walking a dict of ~10**5 words entry by entry (measured: 16.5 s instead
+    of 1.8 s for six 8 MB chunks). :func:`word_counts` unpickles it."""
     from mygpt.bpe_encode import read_chunk
     from mygpt.bpe_train import count_words
 
-    return count_words(read_chunk(path, start, end))
+    return pickle.dumps(count_words(read_chunk(path, start, end)), protocol=5)
+
+
+def word_counts(result: bytes) -> dict[str, int]:
+    """The table :func:`count_chunk` sent."""
+    return pickle.loads(result)
 
 
 def worker_can_read(path: str) -> bool:

@@ -82,7 +82,7 @@ def count_slice(ctx: BuildContext, path: Path, end: int, chunk_bytes: int) -> di
                                     lambda b: (str(path), b[1], b[2]), window=2 * workers + 2, name="count-words")
         with gc_paused():
             for (_, _, bend), table in chunks:
-                add_counts(counts, table)
+                add_counts(counts, dask_work.word_counts(table))
                 ctx.progress(bend, 2 * end, f"counting words: {bend / end:.0%} of the slice")
     return counts
 
