@@ -182,8 +182,9 @@ def encode_child(path: str, tok_path: str, workers: int, chunk_bytes: int) -> No
             from tasks.settings import RunOptions
 
             client = stack.enter_context(dask_work.dask_client(RunOptions(workers=workers), logging.getLogger("bench")))
+            tok_json = json.dumps(tok.state())
             work = dask_work.in_order(client, dask_work.encode_chunk, chunk_bounds(path, chunk_bytes),
-                                      lambda b: ("bench", tok.state(), path, b[1], b[2], "skip"),
+                                      lambda b: ("bench", tok_json, path, b[1], b[2], "skip"),
                                       window=2 * workers + 2, name="encode")
             parts = ((b[0], b[1], b[2], r[0], EncodeStats(**r[1])) for b, r in work)
         for _idx, _s, _e, ids, st in parts:

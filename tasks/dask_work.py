@@ -49,17 +49,19 @@ def default_workers() -> int:
 
 
 # ---- what the workers run ------------------------------------------------------------------------------
-def encode_chunk(tokenizer_key: str, tokenizer_state: dict, path: str, start: int, end: int,
+def encode_chunk(tokenizer_key: str, tokenizer_json: str, path: str, start: int, end: int,
                  unk_policy: str) -> tuple:
-    """Encode bytes ``start..end`` of ``path``: ``(ids, stats as a dict)``. The tokenizer is built once per worker
-    (keyed by ``tokenizer_key``) and keeps its word cache from chunk to chunk."""
+    """Encode bytes ``start..end`` of ``path``: ``(ids, stats as a dict)``. The tokenizer (its state as JSON) is
+    built once per worker, keyed by ``tokenizer_key``, and keeps its word cache from chunk to chunk."""
+    import json
+
     from mygpt.bpe import BPETokenizer
     from mygpt.bpe_encode import encode_chunk as encode
 
     tok = _TOKENIZERS.get(tokenizer_key)
     if tok is None:
         _TOKENIZERS.clear()
-        tok = _TOKENIZERS[tokenizer_key] = BPETokenizer.from_state(tokenizer_state)
+        tok = _TOKENIZERS[tokenizer_key] = BPETokenizer.from_state(json.loads(tokenizer_json))
     ids, stats = encode(tok, path, start, end, unk_policy)
     return ids, stats.to_dict()
 

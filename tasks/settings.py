@@ -128,6 +128,9 @@ _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a s
           tuple: "a list of strings"}
 
 
+MAX_WORKERS = 256
+
+
 class RunOptions(Settings):
     """How to run the pipeline, not what it builds: nothing here enters a version id."""
 
@@ -137,9 +140,7 @@ class RunOptions(Settings):
         (), strict=False, description="stages to rebuild even though a valid version exists, e.g. [\"tokenizer\"]")
     full_check: bool = Field(False, description="verify every reused file's sha256, not only its size")
     only: str | None = Field(None, description="run only this stage, against the latest published upstream versions")
-    workers: int | None = Field(None, ge=1, le=256, description="worker processes of the local Dask cluster the "
-                                                                "tokenizer and shards stages start; null = CPU count "
-                                                                "(at most 8); not used with dask_address")
+    workers: int | None = Field(None, ge=1, description="encode worker processes; null = CPU count (at most 8)")
     chunk_bytes: int | None = Field(None, ge=1, description="bytes of text per tokenizer/encode chunk; null = 8 MiB "
                                                             "(speed and memory only: the outputs are the same)")
     dask_address: str | None = Field(None, description="run the tokenizer and shards stages' chunk work on this "
@@ -162,6 +163,15 @@ class RunOptions(Settings):
     @classmethod
     def _only_name(cls, value: Any) -> Any:
         return stage_name(value, "only") if value not in (None, "") else None
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_bound(cls, value: int | None) -> int | None:
+        if value is not None and value > MAX_WORKERS:
+            raise ValueError(f"workers must be at most {MAX_WORKERS} (worker processes of the local Dask cluster the "
+                             f"tokenizer and shards stages start), got {value}; for more, start a cluster and give "
+                             "its scheduler as dask_address")
+        return value
 
     @field_validator("dask_address")
     @classmethod

@@ -37,7 +37,7 @@ from typing import Literal
 
 import numpy as np
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from mygpt.atomic import atomic_write_text
 from mygpt.bpe import BPETokenizer
@@ -59,13 +59,20 @@ MISSING_TOP = 20
 class ShardsSettings(Settings):
     """How the corpus becomes token shards."""
 
-    shard_tokens: int = Field(10_000_000, ge=1, le=MAX_SHARD_TOKENS,
-                              description="tokens per Parquet shard (10000000 is ~20 MB of uint16, ~20 shards for "
-                                          "wikitext-103 at 1024 merges; a shard is built in memory, hence at most "
-                                          "1000000000)")
+    shard_tokens: int = Field(10_000_000, ge=1, description="tokens per Parquet shard (10000000 is ~20 MB of "
+                                                            "uint16, ~20 shards for wikitext-103 at 1024 merges)")
     unk_policy: Literal["skip", "error"] = Field(
         "skip", description="characters outside the tokenizer's alphabet: skip them (the chapter) or stop with an "
                             "error naming them")
+
+    @field_validator("shard_tokens")
+    @classmethod
+    def _fits_in_memory(cls, value: int) -> int:
+        if value > MAX_SHARD_TOKENS:
+            raise ValueError(f"shard_tokens must be at most {MAX_SHARD_TOKENS:,} (a shard is built in memory, "
+                             f"{value * 2 / 2**40:.1f} TiB of uint16 ids at this size), got {value}; the default "
+                             "10000000 makes ~20 MB shards")
+        return value
 
 
 default_workers = dask_work.default_workers
@@ -110,13 +117,13 @@ def _kept_shards(out: Path, split: str, srec: dict, log) -> list[dict]:
 
 
 # ---- build -------------------------------------------------------------------------------------------
-def encoded_chunks(client, tokenizer_key: str, tokenizer_state, path: Path, chunk_bytes: int, unk_policy: str,
+def encoded_chunks(client, tokenizer_key: str, tokenizer_json: str, path: Path, chunk_bytes: int, unk_policy: str,
                    start_chunk: int, window: int, name: str):
     """``(chunk_index, byte_start, byte_end, ids, stats)`` for the chunks of ``path`` from ``start_chunk`` on, in
     order, each encoded by a Dask worker (``tasks.dask_work.encode_chunk``)."""
     bounds = (b for b in chunk_bounds(path, chunk_bytes) if b[0] >= start_chunk)
     work = dask_work.in_order(client, dask_work.encode_chunk, bounds,
-                              lambda b: (tokenizer_key, tokenizer_state, str(path), b[1], b[2], unk_policy),
+                              lambda b: (tokenizer_key, tokenizer_json, str(path), b[1], b[2], unk_policy),
                               window=window, name=name)
     for (idx, bstart, bend), (ids, stats) in work:
         yield idx, bstart, bend, ids, EncodeStats(**stats)
@@ -205,7 +212,9 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                     client = cluster.enter_context(dask_work.dask_client(ctx.run, ctx.log, needs=[str(p) for p in
                                                                                                files.values()]))
                     workers = len(client.scheduler_info()["workers"])
-                    state = client.scatter(tok.state(), broadcast=True, hash=False)
+                    # the tokenizer travels with each task as one opaque string (~20 KB): a worker that dies takes
+                    # nothing with it that cannot be sent again (scattered data would be lost with it)
+                    state = json.dumps(tok.state(), ensure_ascii=False)
                 try:
                     for idx, bstart, bend, ids, st in encoded_chunks(
                             client, tokenizer_key, state, path, chunk_bytes, unk_policy, start_chunk,
