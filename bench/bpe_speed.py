@@ -13,7 +13,8 @@ Part 1, real text (../shared/data/wikitext2-valid.txt, 1.1 MB), 1024 merges:
 Part 2, generated corpus (bench/make_corpus.py, seed 0, git-ignored bench/out/):
   * train 1024 merges on the first 50 MB;
   * encode a 20 MB slice in memory: chapter ``encode_corpus`` vs ours;
-  * encode the whole file with ``iter_encode_file`` (8 MB chunks) with workers=1 and workers=2, each in a
+  * encode the whole file in 8 MB chunks with workers=1 (``iter_encode_file``, in process) and workers=2 (the
+    chunks on a local Dask cluster, ``tasks.dask_work``, as the shards stage runs them), each in a
     fresh child process: MB/s, peak RSS (sum over the process tree, sampled every 50 ms with psutil, and
     the largest single process from ``getrusage``), and a checksum showing both runs give the same ids.
 Timings are wall-clock, best of ``--repeat`` where repeated; the machine's other load shows up in them.
@@ -22,6 +23,7 @@ Timings are wall-clock, best of ``--repeat`` where repeated; the machine's other
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -169,14 +171,30 @@ def encode_child(path: str, tok_path: str, workers: int, chunk_bytes: int) -> No
     from mygpt.bpe_encode import EncodeStats
 
     stats = EncodeStats()
-    for _idx, _s, _e, ids, st in iter_encode_file(tok, path, chunk_bytes=chunk_bytes, workers=workers):
-        n_tokens += ids.size
-        checksum = (checksum * 1_000_003 + int(ids.astype(np.int64).sum()) + ids.size) % (1 << 61)
-        stats.merge(st)
-        chunks += 1
+    with contextlib.ExitStack() as stack:
+        if workers == 1:
+            parts = iter_encode_file(tok, path, chunk_bytes=chunk_bytes)
+        else:  # the chunks on a local Dask cluster of `workers` processes, as the shards stage runs them
+            import logging
+
+            from mygpt.bpe_encode import chunk_bounds
+            from tasks import dask_work
+            from tasks.settings import RunOptions
+
+            client = stack.enter_context(dask_work.dask_client(RunOptions(workers=workers), logging.getLogger("bench")))
+            tok_json = json.dumps(tok.state())
+            work = dask_work.in_order(client, dask_work.encode_chunk, chunk_bounds(path, chunk_bytes),
+                                      lambda b: ("bench", tok_json, path, b[1], b[2], "skip"),
+                                      window=2 * workers + 2, name="encode")
+            parts = ((b[0], b[1], b[2], r[0], EncodeStats(**r[1])) for b, r in work)
+        for _idx, _s, _e, ids, st in parts:
+            n_tokens += ids.size
+            checksum = (checksum * 1_000_003 + int(ids.astype(np.int64).sum()) + ids.size) % (1 << 61)
+            stats.merge(st)
+            chunks += 1
     dt = time.perf_counter() - t0
     ru_self = resource.getrusage(resource.RUSAGE_SELF)
-    ru_kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pool's workers (joined by now)
+    ru_kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # the Dask workers (joined by now)
     cpu = ru_self.ru_utime + ru_self.ru_stime + ru_kids.ru_utime + ru_kids.ru_stime
     print(json.dumps({"seconds": dt, "cpu_s": cpu, "tokens": n_tokens, "checksum": checksum, "chunks": chunks,
                       "skipped_positions": stats.skipped_positions, "skipped_distinct": len(stats.skipped_chars),

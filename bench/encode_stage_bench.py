@@ -1,15 +1,18 @@
 """Benchmark the encode stage on a generated Wikipedia-shaped corpus: MB/s and peak memory.
 
-    .venv/bin/python -m bench.encode_stage_bench [--bytes 500000000] [--workers 1 2] [--merges 1024]
+    flock /tmp/wiki-bench.lock .venv/bin/python -m bench.encode_stage_bench [--bytes 545000000] [--workers 1 2]
 
 The corpus comes from ``bench/make_corpus.py`` (``bench/out/wiki{N}.txt``, generated when missing) and
 is the ``train`` split (hard-linked, not copied); valid/test are small slices of it. The tokenizer is
 trained with ``BPETokenizer.from_corpus`` on the first 5 MB (``--merges`` merges). The corpus and
 tokenizer are published into a fresh artifact root as ready-made versions (no corpus/tokenizer stage), then
 the shards stage runs once per worker count (forced, so each count builds), through ``encode_shards.fn``
-(what the Prefect task runs). Peak memory: sampled every 0.1 s, the resident memory of the process plus its worker processes
-during the stage (``rss_before_stage_mb`` is the process before it: Python, numpy, torch imported by
-``mygpt``, the tokenizer), and the process's ``ru_maxrss`` high-water mark. Results: ``bench/out/encode_stage_bench.json``.
+(what the Prefect task runs): the chunks on a local Dask cluster of that many workers (one: threads in this
+process; more: worker processes). Peak memory: sampled every 0.1 s, the resident memory of the process plus
+its Dask worker processes during the stage, the stage process alone, and the largest worker alone
+(``peak_rss_per_worker_mb``; ``rss_before_stage_mb`` is the process before it: Python, numpy, the tokenizer),
+and the process's ``ru_maxrss`` high-water mark. Results: ``bench/out/encode_stage_bench.json``. Run it under
+``flock /tmp/wiki-bench.lock``; the load average at the start and end of each run is recorded.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ OUT = REPO / "bench" / "out"
 
 
 def corpus_file(nbytes: int) -> Path:
-    path = OUT / ("wiki500m.txt" if nbytes == 500_000_000 else f"wiki{nbytes}.txt")
+    path = OUT / (f"wiki{nbytes // 1_000_000}m.txt" if nbytes % 1_000_000 == 0 else f"wiki{nbytes}.txt")
     if not path.exists() or path.stat().st_size != nbytes:
         print(f"generating {path} with bench/make_corpus.py ...", flush=True)
         subprocess.run([sys.executable, "-m", "bench.make_corpus", "--bytes", str(nbytes), "--out", str(path)],
@@ -40,7 +43,7 @@ def corpus_file(nbytes: int) -> Path:
 
 
 class RssSampler(threading.Thread):
-    """Max over time of (RSS of this process + RSS of all its descendants)."""
+    """Max over time of (RSS of this process + RSS of all its descendants), and of each descendant alone."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -48,6 +51,8 @@ class RssSampler(threading.Thread):
 
         self.proc = psutil.Process()
         self.peak = 0
+        self.peak_self = 0
+        self.peak_worker = 0  # the largest descendant: a Dask worker process
         self.stop_event = threading.Event()
 
     def run(self) -> None:
@@ -57,15 +62,20 @@ class RssSampler(threading.Thread):
             total = 0
             for p in [self.proc] + self.proc.children(recursive=True):
                 try:
-                    total += p.memory_info().rss
+                    rss = p.memory_info().rss
                 except psutil.Error:
-                    pass
+                    continue
+                total += rss
+                if p.pid == self.proc.pid:
+                    self.peak_self = max(self.peak_self, rss)
+                else:
+                    self.peak_worker = max(self.peak_worker, rss)
             self.peak = max(self.peak, total)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bytes", type=int, default=500_000_000)
+    ap.add_argument("--bytes", type=int, default=545_000_000)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--merges", type=int, default=1024)
     ap.add_argument("--shard-tokens", type=int, default=10_000_000)
@@ -113,6 +123,7 @@ def main(argv=None) -> int:
         import psutil
 
         rss_before = psutil.Process().memory_info().rss
+        load_start = os.getloadavg()
         sampler = RssSampler()
         sampler.start()
         t0 = time.time()
@@ -129,8 +140,10 @@ def main(argv=None) -> int:
                "shards": len(m["shards"]), "shard_bytes": sum(f["size"] for f in manifest["files"].values()),
                "rss_before_stage_mb": round(rss_before / 2**20, 1),
                "peak_rss_total_sampled_mb": round(sampler.peak / 2**20, 1),
+               "peak_rss_stage_process_mb": round(sampler.peak_self / 2**20, 1),
+               "peak_rss_per_worker_mb": round(sampler.peak_worker / 2**20, 1),
                "peak_rss_self_maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-               "load_avg_end": os.getloadavg()}
+               "load_avg_start": load_start, "load_avg_end": os.getloadavg()}
         results["runs"].append(run)
         print(json.dumps(run), flush=True)
     results["identical_across_workers"] = len({json.dumps(v, sort_keys=True) for v in shas.values()}) == 1

@@ -285,6 +285,25 @@ class BPETokenizer:
         ids, stats = self._fast_encoder().encode_text(text, unk_policy)
         return (ids, stats) if return_stats else ids
 
+    def count_tokens(self, word_counts: dict[str, int], unk_policy: str = "skip") -> int:
+        """How many ids :meth:`encode_corpus` gives for a text with these word counts (``{word: count}`` of the
+        chapter's pre-tokeniser, as ``mygpt.bpe_train.count_words`` makes them): each distinct word is encoded
+        once and counted as often as it occurs."""
+        words = list(word_counts)
+        if not words:
+            return 0
+        enc = self._fast_encoder()
+        flat, lens = enc.batch_symbol_ids(words)
+        freqs = np.fromiter(word_counts.values(), dtype=np.int64, count=len(words))
+        if not flat.size or flat.min() >= 0:
+            return int(lens @ freqs)
+        ends = np.cumsum(lens)
+        total = 0
+        for k, (w, n) in enumerate(zip(words, freqs.tolist())):  # words with unknown characters: the slow rule
+            s = flat[ends[k] - lens[k]:ends[k]]
+            total += n * (len(s) if s.size == 0 or s.min() >= 0 else len(self.encode_corpus(w, unk_policy)))
+        return total
+
     # -- decoding ---------------------------------------------------------------------------------
     def decode(self, ids) -> str:
         """Ids (list / ndarray / tensor, 1-D) -> text. Byte-token runs are decoded as UTF-8."""

@@ -1,19 +1,23 @@
-"""Fast BPE encoding: a memoised per-word encoder and a streaming, optionally parallel, file encoder.
+"""Fast BPE encoding: a memoised per-word encoder and a chunked file encoder.
 
 ``WordEncoder`` (behind :meth:`mygpt.bpe.BPETokenizer.encode_corpus`)
-    Splits text with the chapter's pre-tokeniser ``\\s*\\S+|\\s+``, encodes each *unique* word once with the
-    chapter's ``_encode_word`` rule (repeatedly merge the adjacent pair of lowest merge rank; the merge is
-    applied left to right without overlap from its first occurrence) and caches ``word -> ids``. New
-    words are encoded in batches with numpy (``batch_symbol_ids``: all new words of a piece advance one
-    merge round at a time), single words with the plain loop (``_symbol_ids``). Cached ids live in one
-    flat numpy store (``word -> slot``, ``slot -> start, length``), so the ids of a piece are gathered
-    straight into a numpy array with one fancy-indexing step; no Python list of all ids is ever built. Text is processed in pieces of about ``PIECE_CHARS`` characters, cut at
-    tokenisation-safe points, so memory stays bounded for any input size. The cache holds at most
+    Cuts text into the words of the chapter's pre-tokeniser ``\\s*\\S+|\\s+`` and finds each one in a table of the
+    distinct words seen so far (:class:`mygpt.bpe_words.WordTable`: vectorised with numpy, by hash, every word
+    checked character by character), so no Python string is made for a word already seen. Each *new* word is
+    encoded once with the chapter's ``_encode_word`` rule (repeatedly merge the adjacent pair of lowest merge
+    rank; the merge is applied left to right without overlap from its first occurrence), in batches with numpy
+    (``batch_symbol_ids``: all new words of a piece advance one merge round at a time), a few short ones with
+    the plain loop (``_symbol_ids``). The ids of every seen word live in one flat numpy store (``slot -> start,
+    length``), so the ids of a piece are gathered straight into a numpy array with one fancy-indexing step; no
+    Python list of ids is ever built. Text is processed in pieces of about ``PIECE_CHARS`` characters, cut at
+    tokenisation-safe points, so memory stays bounded for any input size. The table holds at most
     ``cache_limit`` words; when it is full it is emptied (the next pieces refill it with what is common).
 
-``iter_encode_file`` streams a UTF-8 file in chunks of about ``chunk_bytes`` bytes and yields
-    ``(chunk_index, byte_start, byte_end, ids, stats)`` in file order, encoding in worker processes when
-    ``workers > 1`` (see "worker processes" below).
+``chunk_bounds`` / ``encode_chunk`` / ``iter_encode_file``
+    A UTF-8 file in chunks of about ``chunk_bytes`` bytes cut at safe points: :func:`encode_chunk` encodes one
+    (what a worker process runs; the pipeline spreads the chunks over Dask workers, ``tasks/dask_work.py``),
+    :func:`iter_encode_file` encodes them one after the other in this process and yields
+    ``(chunk_index, byte_start, byte_end, ids, stats)`` in file order.
 
 Safe cut points. With ``\\s*\\S+|\\s+`` every word ends at the end of a non-whitespace run (or at the end
 of the text), so a position ``p`` where a non-whitespace character ends and a whitespace character starts
@@ -31,20 +35,17 @@ from __future__ import annotations
 import collections
 import itertools
 import os
-import re
 from dataclasses import dataclass, field, asdict
 from typing import Iterator
 
 import numpy as np
 
-from .bpe_reference import WORD_RE
+from .bpe_words import PIECE_CHARS, SAFE_CUT_RE, WordTable, pieces
 from .errors import UserError, check_int, describe_chars
 
-__all__ = ["EncodeStats", "WordEncoder", "iter_encode_file", "chunk_bounds", "find_safe_cut", "PIECE_CHARS"]
+__all__ = ["EncodeStats", "WordEncoder", "iter_encode_file", "encode_chunk", "read_chunk", "chunk_bounds",
+           "find_safe_cut", "PIECE_CHARS"]
 
-# A safe cut: the position of a whitespace character that follows a non-whitespace character.
-SAFE_CUT_RE = re.compile(r"(?<=\S)\s")
-PIECE_CHARS = 1 << 20
 _SHIFT = 32
 _NO_RANK = 1 << 62
 
@@ -130,8 +131,9 @@ class WordEncoder:
         self._reset_cache()
 
     def _reset_cache(self) -> None:
-        # word -> slot; slot -> its ids live at store[start[slot] : start[slot] + length[slot]].
-        self.cache: dict[str, int] = {}
+        # The distinct words seen so far (slot -> word, found by hash: mygpt.bpe_words.WordTable), and for each
+        # slot its ids at store[start[slot] : start[slot] + length[slot]].
+        self.table = WordTable()
         self._start = np.zeros(1024, dtype=np.int64)
         self._length = np.zeros(1024, dtype=np.int64)
         self._has_unknown = np.zeros(1024, dtype=bool)
@@ -277,10 +279,8 @@ class WordEncoder:
         order = np.argsort(flat_wid, kind="stable")
         return flat[order], np.bincount(flat_wid, minlength=nw)
 
-    def _add_words(self, words: list[str]) -> None:
-        """Encode new (distinct, uncached) words and append them to the cache and the store."""
-        cache = self.cache
-        slot = len(cache)
+    def _add_words(self, words: list[str], slot: int) -> None:
+        """Encode the table's new words (slots ``slot`` on) and append their ids to the store."""
         n_new = len(words)
         need = slot + n_new
         if need > len(self._start):
@@ -313,7 +313,6 @@ class WordEncoder:
             pieces.append(flat[prev:])
             flat = np.concatenate(pieces)
             lens_a = new_lens
-        cache.update(zip(words, range(slot, need)))
         self._length[slot:need] = lens_a
         self._start[slot:need] = self._used + np.cumsum(lens_a) - lens_a
         end = self._used + flat.size
@@ -332,17 +331,7 @@ class WordEncoder:
 
     def _encode_text(self, text: str, unk_policy: str) -> tuple[np.ndarray, EncodeStats]:
         stats = EncodeStats()
-        parts: list[np.ndarray] = []
-        n = len(text)
-        start = 0
-        while start < n:
-            end = n
-            if n - start > PIECE_CHARS:
-                m = SAFE_CUT_RE.search(text, start + PIECE_CHARS)
-                if m is not None:
-                    end = m.start()
-            parts.append(self._encode_piece(text[start:end] if (start or end < n) else text, unk_policy, stats))
-            start = end
+        parts = [self._encode_piece(piece, unk_policy, stats) for piece in pieces(text, PIECE_CHARS)]
         if not parts:
             return np.zeros(0, dtype=self.dtype), stats
         ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -350,23 +339,15 @@ class WordEncoder:
         return ids, stats
 
     def _encode_piece(self, piece: str, unk_policy: str, stats: EncodeStats) -> np.ndarray:
-        words = WORD_RE.findall(piece)
         stats.chars += len(piece)
-        if not words:
-            return np.zeros(0, dtype=self.dtype)
-        if len(self.cache) > self.cache_limit:
+        if len(self.table) > self.cache_limit:
             self._reset_cache()
-        cache = self.cache
-        slots = np.fromiter(map(cache.get, words, itertools.repeat(-1)), dtype=np.int64, count=len(words))
-        miss = np.flatnonzero(slots < 0)
-        if miss.size:
-            if miss.size * 4 > len(words):  # mostly new words (a cold cache)
-                self._add_words([w for w in dict.fromkeys(words) if w not in cache])
-                slots = np.fromiter(map(cache.__getitem__, words), dtype=np.int64, count=len(words))
-            else:
-                missing = [words[i] for i in miss.tolist()]
-                self._add_words(list(dict.fromkeys(missing)))
-                slots[miss] = list(map(cache.__getitem__, missing))
+        known = len(self.table)
+        slots = self.table.slots(piece)  # one per word, in order; new words get new slots
+        if not slots.size:
+            return np.zeros(0, dtype=self.dtype)
+        if len(self.table) > known:
+            self._add_words(self.table.words[known:], known)
         if self.unknown:
             unk_pos = np.flatnonzero(self._has_unknown[slots])
             if unk_pos.size:
@@ -431,7 +412,7 @@ def find_safe_cut(f, path, target: int, size: int, floor: int = 0) -> int:
     window = 1 << 16
     while True:
         f.seek(q)
-        data = f.read(window)
+        data = f.read(min(window, size - q))
         at_eof = q + len(data) >= size
         try:
             text = data.decode("utf-8")
@@ -454,9 +435,10 @@ def find_safe_cut(f, path, target: int, size: int, floor: int = 0) -> int:
         window *= 2
 
 
-def chunk_bounds(path, chunk_bytes: int) -> Iterator[tuple[int, int, int]]:
-    """Yield ``(chunk_index, byte_start, byte_end)`` for the file (see the module docstring)."""
-    size = os.path.getsize(path)
+def chunk_bounds(path, chunk_bytes: int, end: int | None = None) -> Iterator[tuple[int, int, int]]:
+    """Yield ``(chunk_index, byte_start, byte_end)`` for the file (see the module docstring), or for its first
+    ``end`` bytes (the last chunk then ends at ``end``, which should be a character boundary)."""
+    size = os.path.getsize(path) if end is None else end
     with open(path, "rb") as f:
         start = 0
         idx = 0
@@ -476,107 +458,18 @@ def _read_chunk(f, path, start: int, end: int) -> str:
         raise _not_utf8(path, start + e.start) from None
 
 
-# --- worker processes ----------------------------------------------------------------------------
-# Workers are plain ``python -c`` subprocesses that talk to the parent over their stdin/stdout with
-# length-prefixed pickles; they import only the BPE modules (``import mygpt`` loads no torch), so a worker
-# costs numpy plus its own word cache.
-
-_WORKER_BOOT = """
-import sys
-sys.path.insert(0, sys.argv[1])
-from mygpt.bpe_encode import _worker_main
-_worker_main()
-"""
-_HEADER = 8
-
-
-def _send(f, obj) -> None:
-    import pickle
-
-    data = pickle.dumps(obj, protocol=5)
-    f.write(len(data).to_bytes(_HEADER, "little"))
-    f.write(data)
-    f.flush()
-
-
-def _recv(f):
-    import pickle
-
-    head = f.read(_HEADER)
-    if len(head) < _HEADER:
-        raise EOFError
-    n = int.from_bytes(head, "little")
-    data = f.read(n)
-    if len(data) < n:
-        raise EOFError
-    return pickle.loads(data)
-
-
-def _worker_main() -> None:
-    """Worker loop: first message (tokenizer, path, unk_policy), then (index, start, end) tasks."""
-    import sys
-    import traceback
-
-    fin = sys.stdin.buffer
-    fout = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # stray prints cannot corrupt the protocol
-    sys.stdout = sys.stderr
-    try:
-        tokenizer, path, unk_policy = _recv(fin)
-    except EOFError:
-        return
-    enc = WordEncoder(tokenizer)
+def read_chunk(path, start: int, end: int) -> str:
+    """Bytes ``start..end`` of a UTF-8 file as text (a chunk from :func:`chunk_bounds`); ``UserError`` naming the
+    file and the offset of an invalid byte."""
     with open(path, "rb") as f:
-        while True:
-            try:
-                task = _recv(fin)
-            except EOFError:
-                return
-            if task is None:
-                return
-            idx, start, end = task
-            try:
-                ids, stats = enc.encode_text(_read_chunk(f, path, start, end), unk_policy)
-                _send(fout, ("ok", idx, ids, stats.to_dict()))
-            except UserError as e:
-                _send(fout, ("user", idx, str(e)))
-            except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
-                _send(fout, ("fail", idx, traceback.format_exc()))
+        return _read_chunk(f, path, start, end)
 
 
-class _Worker:
-    def __init__(self, first_message) -> None:
-        import subprocess
-        import sys
-
-        pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_BOOT, pkg_dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
-        _send(self.proc.stdin, first_message)
-
-    def run(self, task):
-        _send(self.proc.stdin, task)
-        return _recv(self.proc.stdout)
-
-    def close(self, kill: bool) -> None:
-        if kill and self.proc.poll() is None:
-            self.proc.kill()
-        else:
-            try:
-                _send(self.proc.stdin, None)
-            except OSError:
-                pass
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001
-            self.proc.kill()
-            self.proc.wait()
+def encode_chunk(tokenizer, path, start: int, end: int, unk_policy: str = "skip") -> tuple[np.ndarray, EncodeStats]:
+    """Encode bytes ``start..end`` of a UTF-8 file: ``(ids, stats)``. One chunk of :func:`iter_encode_file`, for a
+    caller that spreads the chunks over processes or machines (the pipeline does, on Dask); the tokenizer's
+    word cache carries over from one call to the next in the same process."""
+    return tokenizer._fast_encoder().encode_text(read_chunk(path, start, end), unk_policy)
 
 
 def iter_encode_file(
@@ -584,125 +477,29 @@ def iter_encode_file(
     path,
     *,
     chunk_bytes: int = 8 << 20,
-    workers: int = 1,
     unk_policy: str = "skip",
     start_chunk: int = 0,
-    max_in_flight: int | None = None,
 ) -> Iterator[tuple[int, int, int, np.ndarray, EncodeStats]]:
     """Encode a UTF-8 file chunk by chunk; yield ``(chunk_index, byte_start, byte_end, ids, stats)``.
 
     Chunks are cut at tokenisation-safe points that depend only on the file and ``chunk_bytes``, so the
-    concatenated ids equal ``tokenizer.encode_corpus(whole_text, unk_policy)`` for any ``chunk_bytes`` and
-    ``workers``. ``start_chunk`` skips the chunks before it (resume; boundaries are recomputed from the
-    start of the file, which reads only a few KB per chunk). With ``workers > 1`` chunks are encoded by
-    that many worker processes, each reading its byte ranges from the file itself and getting the
-    tokenizer once at start-up; at most ``max_in_flight`` (default ``2 * workers``) chunks are being
-    encoded or waiting to be consumed, so memory stays bounded, and results come back in file order.
-    A file that is not UTF-8 raises ``UserError`` naming the file and the byte offset.
+    concatenated ids equal ``tokenizer.encode_corpus(whole_text, unk_policy)`` for any ``chunk_bytes``, and
+    encoding the chunks anywhere, in any order (:func:`encode_chunk`), gives the same ids. ``start_chunk``
+    skips the chunks before it (resume; boundaries are recomputed from the start of the file, which reads
+    only a few KB per chunk). Memory: one chunk. A file that is not UTF-8 raises ``UserError`` naming the
+    file and the byte offset.
     """
     if unk_policy not in ("skip", "error"):
         raise UserError(f"unk_policy must be 'skip' or 'error', got {unk_policy!r}")
-    for name, v, lo in (("chunk_bytes", chunk_bytes, 1), ("workers", workers, 1), ("start_chunk", start_chunk, 0)):
+    for name, v, lo in (("chunk_bytes", chunk_bytes, 1), ("start_chunk", start_chunk, 0)):
         check_int(name, v, lo)
-    if max_in_flight is not None:
-        check_int("max_in_flight", max_in_flight, 1)
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise UserError(f"input file {path!r} does not exist")
-    bounds = (b for b in chunk_bounds(path, chunk_bytes) if b[0] >= start_chunk)
-    if workers == 1:
-        enc = tokenizer._fast_encoder()
-        with open(path, "rb") as f:
-            for idx, start, end in bounds:
-                ids, stats = enc.encode_text(_read_chunk(f, path, start, end), unk_policy)
-                yield idx, start, end, ids, stats
-        return
-    yield from _iter_parallel(tokenizer, path, bounds, workers, unk_policy, max_in_flight or 2 * workers)
-
-
-def _iter_parallel(tokenizer, path, bounds, workers, unk_policy, max_in_flight):
-    import threading
-
-    lock = threading.Condition()
-    slots = threading.Semaphore(max_in_flight)
-    stop = threading.Event()
-    order: list[tuple[int, int, int]] = []  # dispatched chunks, in file order
-    results: dict[int, tuple] = {}
-    feed = {"done": False, "error": None, "crash": None}
-
-    def next_task():
-        with lock:
-            if feed["done"]:
-                return None
-            try:
-                b = next(bounds)
-            except StopIteration:
-                b = None
-            except UserError as e:  # the boundary scan met invalid UTF-8: raised after earlier chunks
-                feed["error"] = e
-                b = None
-            if b is None:
-                feed["done"] = True
-                lock.notify_all()
-                return None
-            order.append(b)
-            return b
-
-    def pump(w: _Worker) -> None:
-        try:
-            while not stop.is_set():
-                while not slots.acquire(timeout=0.1):
-                    if stop.is_set():
-                        return
-                b = next_task()
-                if b is None:
-                    slots.release()
-                    return
-                res = w.run(b)
-                with lock:
-                    results[b[0]] = res
-                    lock.notify_all()
-        except BaseException as e:  # noqa: BLE001
-            if not stop.is_set():
-                code = w.proc.poll()
-                with lock:
-                    feed["crash"] = RuntimeError(f"BPE encode worker failed (exit code {code}): {e!r}")
-                    lock.notify_all()
-
-    pool = [_Worker((tokenizer, path, unk_policy)) for _ in range(workers)]
-    threads = [threading.Thread(target=pump, args=(w,), daemon=True) for w in pool]
-    for t in threads:
-        t.start()
-    clean = False
-    try:
-        pos = 0
-        while True:
-            with lock:
-                while True:
-                    if pos < len(order) and order[pos][0] in results:
-                        b, res = order[pos], results.pop(order[pos][0])
-                        break
-                    if feed["crash"] is not None:
-                        raise feed["crash"]
-                    if pos >= len(order) and feed["done"]:
-                        b = res = None
-                        break
-                    lock.wait()
-            if b is None:
-                break
-            pos += 1
-            slots.release()
-            if res[0] == "user":
-                raise UserError(res[2])
-            if res[0] == "fail":
-                raise RuntimeError(f"BPE encode worker failed on chunk {b[0]} (bytes {b[1]}..{b[2]}):\n{res[2]}")
-            yield b[0], b[1], b[2], res[2], EncodeStats(**res[3])
-        if feed["error"] is not None:
-            raise feed["error"]
-        clean = True
-    finally:
-        stop.set()
-        for w in pool:
-            w.close(kill=not clean)
-        for t in threads:
-            t.join(timeout=10)
+    enc = tokenizer._fast_encoder()
+    with open(path, "rb") as f:
+        for idx, start, end in chunk_bounds(path, chunk_bytes):
+            if idx < start_chunk:
+                continue
+            ids, stats = enc.encode_text(_read_chunk(f, path, start, end), unk_policy)
+            yield idx, start, end, ids, stats

@@ -7,8 +7,10 @@ then the lexicographically greatest pair ``(a, b)``); the tests prove it on real
 
 Instead of recounting every pair of every word per merge it keeps the counts up to date incrementally:
 
-* the text becomes a table of *unique* words with frequencies (``Counter(WORD_RE.findall(...))``); words of a
-  single character have no pairs and are dropped;
+* the text becomes a table of *unique* words with frequencies (:func:`count_words`: ``Counter(WORD_RE.findall(...))``,
+  vectorised by :func:`mygpt.bpe_words.count_words`; a big text is counted chunk by chunk and the tables
+  added up, which is how the pipeline spreads the counting over Dask workers); words of a single character
+  have no pairs and are dropped;
 * symbols are small ints (one per distinct symbol *string*, so two merges that produce the same string
   produce the same symbol, as with the chapter's strings); a pair is the int ``a * 2**32 + b``;
 * ``counts[pair]`` is the frequency-weighted number of adjacent occurrences (overlapping ones included,
@@ -33,24 +35,32 @@ lists over and over, about a quarter of the run time, and find nothing to free).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import gc
 import heapq
 
 import numpy as np
 
-from .bpe_reference import WORD_RE
+from . import bpe_words
 
-__all__ = ["train_bpe", "train_from_word_counts", "count_words", "gc_paused"]
+__all__ = ["train_bpe", "train_from_word_counts", "train_and_count_tokens", "count_words", "add_counts", "gc_paused"]
 
 _SHIFT = 32
 _LOW = (1 << _SHIFT) - 1
 
 
-def count_words(text: str) -> collections.Counter:
-    """Pre-tokenise ``text`` with the chapter's regex and count each unique word."""
-    return collections.Counter(WORD_RE.findall(text))
+def count_words(text: str) -> dict[str, int]:
+    """Pre-tokenise ``text`` with the chapter's regex and count each unique word (``Counter(WORD_RE.findall(text))``)."""
+    with gc_paused():
+        return bpe_words.count_words(text)
+
+
+def add_counts(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
+    """Add the word counts ``more`` into ``total`` (in place; the reduce step of counting chunk by chunk)."""
+    get = total.get
+    for word, n in more.items():
+        total[word] = get(word, 0) + n
+    return total
 
 
 def train_bpe(text: str, num_merges: int) -> tuple[list[str], list[tuple[str, str]]]:
@@ -61,9 +71,37 @@ def train_bpe(text: str, num_merges: int) -> tuple[list[str], list[tuple[str, st
 
 def train_from_word_counts(word_counts: dict[str, int], num_merges: int) -> tuple[list[str], list[tuple[str, str]]]:
     """The trainer on a ``{word: frequency}`` table (the pre-tokenised corpus): ``(chars, merges)``."""
+    chars, merges, _ = _train(word_counts, num_merges)
+    return chars, merges
+
+
+def train_and_count_tokens(word_counts: dict[str, int], num_merges: int) -> tuple[list[str], list[tuple[str, str]], int | None]:
+    """:func:`train_from_word_counts`, plus how many tokens ``encode_corpus`` gives for the counted text, read off
+    the trainer's final state (each word's symbols after the last merge, times its frequency) -- or ``None``
+    when that shortcut does not hold and the caller must encode.
+
+    Why it holds: training applies merge 0, then 1, ... to every word; the encoder repeatedly applies the
+    lowest-ranked merge present. When no two merges produce the same string, a merge never creates a pair of
+    a lower rank than itself (both symbols of the pair of rank ``j`` exist before merge ``j``, and a symbol
+    is made by exactly one merge), so the lowest rank present is always the next merge training would apply
+    and both end with the same symbols. When two merges do produce one string, a later merge can rebuild a
+    symbol an earlier-ranked pair uses, and the encoder may then merge further than training did: ``None``.
+    """
+    chars, merges, state = _train(word_counts, num_merges)
+    made = [a + b for a, b in merges]
+    if len(set(made)) != len(made):
+        return chars, merges, None
+    if state is None:  # no merges: one token per character
+        return chars, merges, sum(n * len(w) for w, n in word_counts.items())
+    tokens = sum(n for w, n in word_counts.items() if len(w) == 1)  # one token each; not in the state
+    tokens += sum(f * len(w) for w, f in zip(state.words, state.freqs))
+    return chars, merges, tokens
+
+
+def _train(word_counts: dict[str, int], num_merges: int):
     chars = sorted(set("".join(word_counts)))
     if num_merges <= 0:
-        return chars, []
+        return chars, [], None
     state = _PairState(chars, word_counts)
     merges: list[tuple[str, str]] = []
     while len(merges) < num_merges:
@@ -73,7 +111,7 @@ def train_from_word_counts(word_counts: dict[str, int], num_merges: int) -> tupl
         a, b = best >> _SHIFT, best & _LOW
         merges.append((state.sym_str[a], state.sym_str[b]))
         state.merge(best, a, b)  # step 4, in the words that hold the pair, with the counts kept current
-    return chars, merges
+    return chars, merges, state
 
 
 @contextlib.contextmanager

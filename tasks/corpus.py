@@ -52,13 +52,18 @@ default 2), ``WIKI_PIPELINE_READ_TIMEOUT`` (seconds without data, > 0, default 6
 from __future__ import annotations
 
 import codecs
+import collections
+import concurrent.futures
 import contextlib
 import contextvars
 import hashlib
+import itertools
 import json
 import math
 import os
+import queue
 import re
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -573,6 +578,44 @@ def _safe_cut(buf: str) -> int:
     return -1
 
 
+_HEADER_START_RE = re.compile(r"\s*=")  # what HEADER_RE needs at a line start before anything else
+_HEADER_CANDIDATE_RE = re.compile(r"\n\s*=")  # the same after a newline: found by a fast scan for "\n"
+
+
+def strip_block(text: str) -> tuple[str, int]:
+    """``HEADER_RE.subn("", text)``, without trying the pattern at every position of the text.
+
+    A match of ``^\\s*=+ [^=]+ =+\\s*$\\n?`` can only start at a line start followed by whitespace and then
+    ``=``. Take such a run of whitespace ending at an ``=``: tried from any line start inside it, the pattern's
+    ``\\s*`` can stop only at that ``=`` (everything before it is whitespace, nothing after it is reached
+    otherwise), so every line start of the run matches, or fails, exactly like its first one. ``re.sub`` takes
+    the leftmost match at or after the end of the previous one (which always ends at a line start), so trying
+    the first eligible line start of each run, in order, with ``HEADER_RE.match`` on the whole text finds the
+    same matches. The runs are found by ``\\n\\s*=`` (plus one at the very start), a scan the regex engine
+    does at memchr speed; on wikitext that is ~4x faster than ``subn`` (``tests/tasks/test_corpus_extract.py``
+    holds it equal on generated and real text)."""
+    out: list[str] = []
+    last = n = 0
+    starts = []
+    if _HEADER_START_RE.match(text):
+        starts.append(0)
+    starts = itertools.chain(starts, (m.start() + 1 for m in _HEADER_CANDIDATE_RE.finditer(text)))
+    for x in starts:
+        if x < last:  # the previous match ended inside this run, at a line start: try from there
+            x = last
+            if not _HEADER_START_RE.match(text, x):
+                continue
+        m = HEADER_RE.match(text, x)
+        if m is not None:
+            out.append(text[last:x])
+            last = m.end()
+            n += 1
+    if not n:
+        return text, 0
+    out.append(text[last:])
+    return "".join(out), n
+
+
 def strip_headers(pieces: Iterable[str], block_chars: int = BLOCK_CHARS) -> Iterator[tuple[str, int]]:
     """Stream ``HEADER_RE.sub("", "".join(pieces))`` as ``(text, headers_removed)`` pieces.
 
@@ -587,9 +630,9 @@ def strip_headers(pieces: Iterable[str], block_chars: int = BLOCK_CHARS) -> Iter
             s = _safe_cut(buf)
             if s > 0:
                 head, buf = buf[:s], buf[s:]
-                yield HEADER_RE.subn("", head)
+                yield strip_block(head)
     if buf:
-        yield HEADER_RE.subn("", buf)
+        yield strip_block(buf)
 
 
 def decode_member(zf: zipfile.ZipFile, name: str, source: str, piece_bytes: int = PIECE_BYTES,
@@ -631,6 +674,80 @@ def _count_lines(text: str) -> int:
     return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
 
 
+def _read_ahead(items: Iterator, depth: int = 4) -> Iterator:
+    """The items of ``items``, produced by a thread up to ``depth`` ahead of the consumer (errors re-raised here)."""
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    done = object()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+                if stop.is_set():
+                    return
+            q.put((done, None))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            q.put((done, e))
+
+    thread = threading.Thread(target=produce, name="corpus-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = q.get()
+            if item is done:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+class _Writer:
+    """Writes and hashes blocks in one background thread, in order (file writes and sha256 let go of the GIL), at
+    most a few blocks behind; :meth:`drain` waits for it and re-raises its errors."""
+
+    def __init__(self, depth: int = 4) -> None:
+        self.depth = depth
+        self.pending: collections.deque = collections.deque()
+
+    def __enter__(self) -> "_Writer":
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="corpus-writer")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.settle()
+        self.pool.shutdown(wait=True)
+
+    @staticmethod
+    def _write(data: bytes, targets) -> None:
+        for f, sha in targets:
+            f.write(data)
+            sha.update(data)
+
+    def write(self, data: bytes, *targets) -> None:
+        """Write ``data`` to each ``(file, sha256)`` target and add it to the hash."""
+        self.pending.append(self.pool.submit(self._write, data, targets))
+        while len(self.pending) > self.depth:
+            self.pending.popleft().result()
+
+    def settle(self) -> None:
+        """Wait until every block is written (errors are kept for :meth:`drain`)."""
+        concurrent.futures.wait(self.pending)
+
+    def drain(self) -> None:
+        """Wait until every block is written; re-raise the first error."""
+        while self.pending:
+            self.pending.popleft().result()
+
+
 def extract_corpus(zip_path: Path, out_dir: Path, *, source: str, progress=None,
                    block_chars: int = BLOCK_CHARS) -> dict:
     """Unzip the three splits, strip headers, write the split files and wikipedia.txt. Returns per-split metrics."""
@@ -646,7 +763,7 @@ def extract_corpus(zip_path: Path, out_dir: Path, *, source: str, progress=None,
         splits: dict[str, dict] = {}
         all_sha = hashlib.sha256()
         all_chars = all_lines = all_bytes = 0
-        with atomic_open(out_dir / CORPUS_FILE, "wb") as all_f:
+        with atomic_open(out_dir / CORPUS_FILE, "wb") as all_f, _Writer() as writer:
             for split in SPLITS:
                 member = MEMBERS[split]
                 sha = hashlib.sha256()
@@ -656,29 +773,34 @@ def extract_corpus(zip_path: Path, out_dir: Path, *, source: str, progress=None,
                 last = ""
                 raw_last = ""
 
+                def unzipped():  # in a reader thread: inflating (zlib lets go of the GIL) runs beside the stripping
+                    for piece in decode_member(zf, member, source, counter=counter):
+                        yield piece, counter["raw_bytes"]
+
                 def raw_pieces():
                     nonlocal raw_last
-                    for piece in decode_member(zf, member, source, counter=counter):
+                    for piece, raw_bytes in _read_ahead(unzipped()):
                         st["raw_lines"] += piece.count("\n")
                         raw_last = piece
                         if progress:
-                            progress(raw_done + counter["raw_bytes"], raw_total, f"unzipping {member}")
+                            progress(raw_done + raw_bytes, raw_total, f"unzipping {member}")
                         yield piece
 
                 try:
                     with atomic_open(out_dir / SPLIT_FILES[split], "wb") as f:
-                        for text, n in strip_headers(raw_pieces(), block_chars):
-                            data = text.encode("utf-8")
-                            f.write(data)
-                            all_f.write(data)
-                            sha.update(data)
-                            all_sha.update(data)
-                            st["bytes"] += len(data)
-                            st["chars"] += len(text)
-                            st["lines"] += text.count("\n")
-                            st["headers_stripped"] += n
-                            if text:
-                                last = text
+                        try:
+                            for text, n in strip_headers(raw_pieces(), block_chars):
+                                data = text.encode("utf-8")
+                                writer.write(data, (f, sha), (all_f, all_sha))  # in the writer thread
+                                st["bytes"] += len(data)
+                                st["chars"] += len(text)
+                                st["lines"] += text.count("\n")
+                                st["headers_stripped"] += n
+                                if text:
+                                    last = text
+                        finally:
+                            writer.settle()  # nothing touches f once it is synced and renamed (or dropped)
+                        writer.drain()
                 except (zipfile.BadZipFile, zlib.error, EOFError) as e:
                     raise UserError(f"{member} in {source} is damaged ({e}); rerun to download it again, or "
                                     "check source_url") from None
@@ -693,6 +815,7 @@ def extract_corpus(zip_path: Path, out_dir: Path, *, source: str, progress=None,
                 all_chars += st["chars"]
                 all_bytes += st["bytes"]
                 all_lines += st["lines"]
+            writer.drain()
     return {"splits": splits,
             "wikipedia": {"bytes": all_bytes, "chars": all_chars, "lines": all_lines, "sha256": all_sha.hexdigest()}}
 

@@ -13,7 +13,7 @@ it must be and what was given, and repeats the field's description (which carrie
 ``tokenizer.num_merges must be an integer >= 0, got -1 (BPE merges to learn; the chapter uses 1024)``.
 
 :class:`RunOptions` says how to run rather than what to build (artifact root, ``force``, ``full_check``,
-``only``, worker and thread counts): nothing in it enters a version id.
+``only``, worker and thread counts, the Dask scheduler): nothing in it enters a version id.
 """
 
 from __future__ import annotations
@@ -155,10 +155,15 @@ class RunOptions(Settings):
     full_check: bool = Field(False, description="verify every reused file's sha256, not only its size")
     only: str | None = Field(None, description="run only this stage, against the latest published upstream versions")
     workers: int | None = Field(None, ge=1, le=MAX_WORKERS,
-                                description="encode worker processes; null = CPU count (at most 8)")
+                                description="worker processes of the local Dask cluster the tokenizer and shards "
+                                            "stages start; null = CPU count (at most 8); not used with dask_address")
     chunk_bytes: int | None = Field(None, ge=1, le=MAX_CHUNK_BYTES,
-                                    description="bytes of text per encode chunk; null = 8 MiB (speed and memory "
-                                                "only: the shards are the same)")
+                                    description="bytes of text per tokenizer/encode chunk; null = 8 MiB (speed and "
+                                                "memory only: the outputs are the same)")
+    dask_address: str | None = Field(None, description="run the tokenizer and shards stages' chunk work on this "
+                                                       "existing Dask scheduler (e.g. tcp://10.0.0.5:8786) instead of "
+                                                       "a local cluster; its workers must see the corpus at the same "
+                                                       "path (a shared filesystem)")
     threads: int | None = Field(None, ge=0, le=MAX_THREADS, description="torch CPU threads for training and "
                                                                         "sampling; null or 0 = torch's default")
 
@@ -175,6 +180,16 @@ class RunOptions(Settings):
     @classmethod
     def _only_name(cls, value: Any) -> Any:
         return stage_name(value, "only") if value not in (None, "") else None
+
+    @field_validator("dask_address")
+    @classmethod
+    def _dask_address(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        if not re.fullmatch(r"(?:[a-z][a-z0-9+.-]*://)?(?:\[[0-9a-fA-F:.]+\]|[^\s/:\[\]]+):\d{1,5}", value):
+            raise ValueError(f"dask_address must be a Dask scheduler address like tcp://host:8786, got {value!r}")
+        return value
 
     @field_validator("artifacts_dir")
     @classmethod

@@ -3,42 +3,47 @@
 Layout and schema: :data:`tasks.shard_format.SCHEMA` (also written into each version as ``README.md``);
 ``shards.json`` lists every shard with its token count and first/last token offsets.
 
-Settings: ``shard_tokens`` and ``unk_policy`` (they change the files). The worker count and the chunk size
-only change how fast the same bytes appear (``iter_encode_file`` gives identical ids for any of them), so
-they are run options (``RunOptions.workers``, ``RunOptions.chunk_bytes``): changing them reuses the version.
+Settings: ``shard_tokens`` and ``unk_policy`` (they change the files). Where and how wide the work runs --
+the Dask cluster (``RunOptions.workers``, ``RunOptions.dask_address``) and the chunk size
+(``RunOptions.chunk_bytes``) -- only changes how fast the same bytes appear, so those are run options:
+changing them reuses the version.
 
-Parallelism: ``mygpt.bpe_encode.iter_encode_file`` encodes chunks of ``chunk_bytes`` in ``workers``
-processes and yields them in file order; ids are copied into one shard buffer of ``shard_tokens`` ids,
-which is written out (pyarrow, atomically) whenever it fills. Peak memory: the buffer plus the chunks in
-flight; never the whole corpus.
+Parallelism (:mod:`tasks.dask_work`): each split is cut into chunks of about ``chunk_bytes`` at
+tokenisation-safe points (``mygpt.bpe_encode.chunk_bounds``); each chunk is encoded by a Dask worker that reads
+its byte range of the split file itself; the results come back in file order, a few chunks ahead at most.
+Their ids are copied into one shard buffer of ``shard_tokens`` ids, which is written out (pyarrow,
+atomically) whenever it fills. Peak memory: the buffer plus the chunks in flight; never the whole corpus.
+The same pass counts the characters outside the tokenizer's alphabet (``skipped_*`` per split, and
+``missing`` over all splits: the chapter's "characters missing from the slice" analysis of ``wikipedia.txt``,
+which is the three splits put together).
 
 Crash resume: after each shard is written, ``work/progress.json`` records for it: size, sha256, token count,
 and where the next shard starts -- the chunk index and how many of that chunk's ids are already in shards --
-plus the encode stats of the chunks before that chunk. A rerun of the same version checks every recorded
-shard (exists, size, sha256, token count in the Parquet footer), deletes shards it cannot vouch for, and
-restarts ``iter_encode_file`` at the recorded chunk (``start_chunk``), dropping the ids already written. So
-a crash costs at most one shard plus one chunk of re-encoding, and the result is byte-identical to an
-uninterrupted run.
+plus the encode stats of the chunks before that chunk (for a split's last shard, ``next_chunk`` is null and
+the stats are the split's). A rerun of the same version checks every recorded shard (exists, size, sha256,
+token count in the Parquet footer), deletes shards it cannot vouch for, and restarts at the recorded chunk,
+dropping the ids already written; a split whose last shard is recorded is finished, whether or not the
+``done`` mark after it made it to disk. So a crash (of this process or of any worker) costs at most one
+shard plus one chunk of re-encoding, and the result is byte-identical to an uninterrupted run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
-import os
 import time
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from mygpt.atomic import atomic_write_text
 from mygpt.bpe import BPETokenizer
-from mygpt.bpe_encode import EncodeStats, iter_encode_file
+from mygpt.bpe_encode import EncodeStats, chunk_bounds
 from mygpt.errors import UserError
-from tasks import shard_format
+from tasks import dask_work, shard_format
 from tasks.corpus import SPLIT_FILES, SPLITS
 from tasks.settings import RunOptions, Settings
 from tasks.stage import BuildContext, Stage, StageRef, stage_task
@@ -47,6 +52,8 @@ from tasks.store import sha256_file
 DEFAULT_CHUNK_BYTES = 8 << 20
 PROGRESS_FILE = "progress.json"
 RECORD_FORMAT = 1
+MAX_SHARD_TOKENS = 1_000_000_000  # a shard is built in memory: 2 GB of uint16 ids at this size
+MISSING_TOP = 20
 
 
 class ShardsSettings(Settings):
@@ -58,9 +65,17 @@ class ShardsSettings(Settings):
         "skip", description="characters outside the tokenizer's alphabet: skip them (the chapter) or stop with an "
                             "error naming them")
 
+    @field_validator("shard_tokens")
+    @classmethod
+    def _fits_in_memory(cls, value: int) -> int:
+        if value > MAX_SHARD_TOKENS:
+            raise ValueError(f"shard_tokens must be at most {MAX_SHARD_TOKENS:,} (a shard is built in memory, "
+                             f"{value * 2 / 2**40:.1f} TiB of uint16 ids at this size), got {value}; the default "
+                             "10000000 makes ~20 MB shards")
+        return value
 
-def default_workers() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
+
+default_workers = dask_work.default_workers
 
 
 # ---- progress record ---------------------------------------------------------------------------------
@@ -102,12 +117,40 @@ def _kept_shards(out: Path, split: str, srec: dict, log) -> list[dict]:
 
 
 # ---- build -------------------------------------------------------------------------------------------
+def encoded_chunks(client, tokenizer_key: str, tokenizer_json: str, path: Path, chunk_bytes: int, unk_policy: str,
+                   start_chunk: int, window: int, name: str):
+    """``(chunk_index, byte_start, byte_end, ids, stats)`` for the chunks of ``path`` from ``start_chunk`` on, in
+    order, each encoded by a Dask worker (``tasks.dask_work.encode_chunk``)."""
+    bounds = (b for b in chunk_bounds(path, chunk_bytes) if b[0] >= start_chunk)
+    work = dask_work.in_order(client, dask_work.encode_chunk, bounds,
+                              lambda b: (tokenizer_key, tokenizer_json, str(path), b[1], b[2], unk_policy),
+                              window=window, name=name)
+    for (idx, bstart, bend), (ids, stats) in work:
+        yield idx, bstart, bend, ids, EncodeStats(**stats)
+
+
+def missing_summary(stats: list[EncodeStats]) -> dict:
+    """The characters outside the tokenizer's alphabet over all splits (= ``wikipedia.txt``): the chapter's
+    analysis (distinct characters, positions, the fraction of all characters, the most frequent ones)."""
+    counts: dict[str, int] = {}
+    for st in stats:
+        for c, n in st.skipped_chars.items():
+            counts[c] = counts.get(c, 0) + n
+    chars = sum(st.chars for st in stats)
+    positions = sum(counts.values())
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:MISSING_TOP]
+    return {"corpus_chars": chars, "missing_distinct": len(counts), "missing_positions": positions,
+            "missing_fraction": positions / chars if chars else 0.0,
+            "missing_top": [{"char": c, "codepoint": f"U+{ord(c):04X}", "count": n} for c, n in top]}
+
+
 def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, tokenizer: Path) -> dict:
-    """Encode every split chunk by chunk into shards of ``shard_tokens`` ids, resumable shard by shard."""
+    """Encode every split chunk by chunk (on Dask) into shards of ``shard_tokens`` ids, resumable shard by shard."""
     shard_tokens, unk_policy = settings.shard_tokens, settings.unk_policy
     tok = BPETokenizer.load(tokenizer / "tokenizer.json")
+    tok_ref = ctx.inputs["tokenizer"]
+    tokenizer_key = f"{tok_ref['version']}.{tok_ref['build_id']}"
     dtype = np.dtype(tok.id_dtype)
-    workers = ctx.run.workers or default_workers()
     chunk_bytes = ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES
     files = {s: corpus / SPLIT_FILES[s] for s in SPLITS}
     total_bytes = sum(p.stat().st_size for p in files.values()) or 1
@@ -125,88 +168,105 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
     bytes_encoded = 0
     bytes_before = 0
     split_metrics: dict[str, dict] = {}
+    split_stats: list[EncodeStats] = []
     shard_list: list[dict] = []
-    for split in SPLITS:
-        path = files[split]
-        size = path.stat().st_size
-        srec = rec["splits"].setdefault(split, {"shards": [], "done": False, "stats": None})
-        kept = _kept_shards(ctx.out, split, srec, ctx.log)
-        t0 = time.monotonic()
-        split_bytes = 0
-        if not srec["done"]:
-            if kept:
-                last = kept[-1]
-                start_chunk, skip = last["next_chunk"], last["skip"]
-                stats = EncodeStats(**last["stats"])
-                index, offset = last["index"] + 1, last["first_token"] + last["tokens"]
-                ctx.log.info("shards: %s: keeping %d shard(s), resuming at chunk %d", split, len(kept), start_chunk)
-            else:
-                start_chunk, skip, stats, index, offset = 0, 0, EncodeStats(), 0, 0
-            buf = np.empty(shard_tokens, dtype=dtype)
-            fill = 0
-
-            def emit(ids: np.ndarray, next_chunk, next_skip, stats_before: EncodeStats) -> None:
-                nonlocal index, offset
-                spath = ctx.out / shard_format.shard_name(split, index)
-                nbytes = shard_format.write_shard(spath, ids)
-                srec["shards"].append({
-                    "index": index, "tokens": int(ids.size), "first_token": offset, "size": nbytes,
-                    "sha256": sha256_file(spath), "next_chunk": next_chunk, "skip": next_skip,
-                    "stats": stats_before.to_dict()})
+    workers = None
+    with contextlib.ExitStack() as cluster:
+        client = None
+        for split in SPLITS:
+            path = files[split]
+            size = path.stat().st_size
+            srec = rec["splits"].setdefault(split, {"shards": [], "done": False, "stats": None})
+            kept = _kept_shards(ctx.out, split, srec, ctx.log)
+            if kept and not srec["done"] and kept[-1]["next_chunk"] is None:
+                # the split's last shard is recorded (its stats are the split's); only the done mark was lost
+                srec["done"], srec["stats"] = True, kept[-1]["stats"]
                 save_record()
-                index += 1
-                offset += int(ids.size)
+            t0 = time.monotonic()
+            split_bytes = 0
+            if not srec["done"]:
+                if kept:
+                    last = kept[-1]
+                    start_chunk, skip = last["next_chunk"], last["skip"]
+                    stats = EncodeStats(**last["stats"])
+                    index, offset = last["index"] + 1, last["first_token"] + last["tokens"]
+                    ctx.log.info("shards: %s: keeping %d shard(s), resuming at chunk %d", split, len(kept), start_chunk)
+                else:
+                    start_chunk, skip, stats, index, offset = 0, 0, EncodeStats(), 0, 0
+                buf = np.empty(shard_tokens, dtype=dtype)
+                fill = 0
 
-            use_workers = max(1, min(workers, math.ceil(max(size - (start_chunk * chunk_bytes), 1) / chunk_bytes)))
-            try:
-                for idx, bstart, bend, ids, st in iter_encode_file(
-                        tok, path, chunk_bytes=chunk_bytes, workers=use_workers, unk_policy=unk_policy,
-                        start_chunk=start_chunk):
-                    pos = 0
-                    if idx == start_chunk and skip:
-                        if skip > ids.size:
-                            raise RuntimeError(f"progress record says {skip} ids of chunk {idx} of {path.name} are "
-                                               f"written, but the chunk has {ids.size}; rerun with force")
-                        pos = skip
-                    n = ids.size
-                    while pos < n:
-                        take = min(shard_tokens - fill, n - pos)
-                        buf[fill:fill + take] = ids[pos:pos + take]
-                        fill += take
-                        pos += take
-                        if fill == shard_tokens:
-                            emit(buf, idx, pos, stats)
-                            fill = 0
-                    stats.merge(st)
-                    split_bytes += bend - bstart
-                    ctx.progress(bytes_before + bend, total_bytes, f"{split}: {bend / max(size, 1):.0%} of {path.name}")
-            except UserError as e:
-                raise UserError(f"encoding {path.name}: {e}") from None
-            if fill or index == 0:
-                emit(buf[:fill], None, None, stats)
-            srec["done"] = True
-            srec["stats"] = stats.to_dict()
-            save_record()
-        stats = EncodeStats(**srec["stats"])
-        seconds = time.monotonic() - t0
-        bytes_encoded += split_bytes
-        bytes_before += size
-        shards = srec["shards"]
-        for sh in shards:
-            shard_list.append({
-                "file": shard_format.shard_name(split, sh["index"]), "split": split, "index": sh["index"],
-                "tokens": sh["tokens"], "first_token": sh["first_token"],
-                "last_token": sh["first_token"] + sh["tokens"] - 1 if sh["tokens"] else None})
-        top = sorted(stats.skipped_chars.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
-        split_metrics[split] = {
-            "text_bytes": size, "chars": stats.chars, "tokens": stats.tokens, "shards": len(shards),
-            "skipped_positions": stats.skipped_positions, "skipped_distinct": len(stats.skipped_chars),
-            "skipped_top": [{"char": c, "codepoint": f"U+{ord(c):04X}", "count": k} for c, k in top],
-            "encoded_bytes_this_run": split_bytes, "seconds": round(seconds, 3),
-            "mb_per_s": round(split_bytes / 1e6 / seconds, 2) if split_bytes and seconds > 0 else None,
-        }
-        if sum(sh["tokens"] for sh in shards) != stats.tokens:  # pragma: no cover - internal consistency
-            raise RuntimeError(f"{split}: shards hold {sum(sh['tokens'] for sh in shards)} tokens, stats say {stats.tokens}")
+                def emit(ids: np.ndarray, next_chunk, next_skip, stats_before: EncodeStats) -> None:
+                    nonlocal index, offset
+                    spath = ctx.out / shard_format.shard_name(split, index)
+                    nbytes = shard_format.write_shard(spath, ids)
+                    srec["shards"].append({
+                        "index": index, "tokens": int(ids.size), "first_token": offset, "size": nbytes,
+                        "sha256": sha256_file(spath), "next_chunk": next_chunk, "skip": next_skip,
+                        "stats": stats_before.to_dict()})
+                    save_record()
+                    index += 1
+                    offset += int(ids.size)
+
+                if client is None:
+                    client = cluster.enter_context(dask_work.dask_client(ctx.run, ctx.log, needs=[str(p) for p in
+                                                                                               files.values()]))
+                    workers = len(client.scheduler_info()["workers"])
+                    # the tokenizer travels with each task as one opaque string (~20 KB): a worker that dies takes
+                    # nothing with it that cannot be sent again (scattered data would be lost with it)
+                    state = json.dumps(tok.state(), ensure_ascii=False)
+                try:
+                    for idx, bstart, bend, ids, st in encoded_chunks(
+                            client, tokenizer_key, state, path, chunk_bytes, unk_policy, start_chunk,
+                            window=2 * workers + 2, name=f"encode-{split}"):
+                        pos = 0
+                        if idx == start_chunk and skip:
+                            if skip > ids.size:
+                                raise RuntimeError(f"progress record says {skip} ids of chunk {idx} of {path.name} "
+                                                   f"are written, but the chunk has {ids.size}; rerun with force")
+                            pos = skip
+                        n = ids.size
+                        while pos < n:
+                            take = min(shard_tokens - fill, n - pos)
+                            buf[fill:fill + take] = ids[pos:pos + take]
+                            fill += take
+                            pos += take
+                            if fill == shard_tokens:
+                                emit(buf, idx, pos, stats)
+                                fill = 0
+                        stats.merge(st)
+                        split_bytes += bend - bstart
+                        ctx.progress(bytes_before + bend, total_bytes,
+                                     f"{split}: {bend / max(size, 1):.0%} of {path.name}")
+                except UserError as e:
+                    raise UserError(f"encoding {path.name}: {e}") from None
+                if fill or index == 0:
+                    emit(buf[:fill], None, None, stats)
+                srec["done"] = True
+                srec["stats"] = stats.to_dict()
+                save_record()
+            stats = EncodeStats(**srec["stats"])
+            split_stats.append(stats)
+            seconds = time.monotonic() - t0
+            bytes_encoded += split_bytes
+            bytes_before += size
+            shards = srec["shards"]
+            for sh in shards:
+                shard_list.append({
+                    "file": shard_format.shard_name(split, sh["index"]), "split": split, "index": sh["index"],
+                    "tokens": sh["tokens"], "first_token": sh["first_token"],
+                    "last_token": sh["first_token"] + sh["tokens"] - 1 if sh["tokens"] else None})
+            top = sorted(stats.skipped_chars.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
+            split_metrics[split] = {
+                "text_bytes": size, "chars": stats.chars, "tokens": stats.tokens, "shards": len(shards),
+                "skipped_positions": stats.skipped_positions, "skipped_distinct": len(stats.skipped_chars),
+                "skipped_top": [{"char": c, "codepoint": f"U+{ord(c):04X}", "count": k} for c, k in top],
+                "encoded_bytes_this_run": split_bytes, "seconds": round(seconds, 3),
+                "mb_per_s": round(split_bytes / 1e6 / seconds, 2) if split_bytes and seconds > 0 else None,
+            }
+            if sum(sh["tokens"] for sh in shards) != stats.tokens:  # pragma: no cover - internal consistency
+                raise RuntimeError(f"{split}: shards hold {sum(sh['tokens'] for sh in shards)} tokens, stats say "
+                                   f"{stats.tokens}")
 
     seconds = time.monotonic() - t_start
     index = {
@@ -221,9 +281,10 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
     ctx.progress(1, 1, "done", force=True)
     return {
         "dtype": dtype.name, "vocab_size": tok.vocab_size, "shard_tokens": shard_tokens, "unk_policy": unk_policy,
-        "workers": workers, "chunk_bytes": chunk_bytes,
+        "workers": workers, "dask": ctx.run.dask_address or "local", "chunk_bytes": chunk_bytes,
         "tokens": sum(m["tokens"] for m in split_metrics.values()),
         "splits": split_metrics,
+        "missing": missing_summary(split_stats),
         "shards": shard_list,
         "encoded_bytes_this_run": bytes_encoded,
         "seconds": round(seconds, 3),
@@ -244,6 +305,10 @@ def _readme(index: dict, split_metrics: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _show(c: str) -> str:
+    return "`" + c.replace("\n", "\\n").replace("\t", "\\t").replace("`", "'").replace("|", "\\|") + "`"
+
+
 def report(manifest: dict) -> str:
     m = manifest.get("metrics", {})
     lines = [
@@ -251,7 +316,7 @@ def report(manifest: dict) -> str:
         "",
         f"{m.get('tokens', 0):,} tokens ({m.get('dtype')}, vocab {m.get('vocab_size')}), "
         f"{len(m.get('shards', []))} Parquet shards of up to {m.get('shard_tokens', 0):,} tokens; "
-        f"encoded at {m.get('mb_per_s')} MB/s with {m.get('workers')} worker(s) in {m.get('seconds', 0):.1f} s.",
+        f"encoded at {m.get('mb_per_s')} MB/s with {m.get('workers')} Dask worker(s) in {m.get('seconds', 0):.1f} s.",
         "",
         "| split | shards | tokens | chars | chars/token | skipped positions | skipped distinct | MB/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -263,6 +328,15 @@ def report(manifest: dict) -> str:
         cpt = f"{sm['chars'] / sm['tokens']:.2f}" if sm["tokens"] else "-"
         lines.append(f"| {s} | {sm['shards']} | {sm['tokens']:,} | {sm['chars']:,} | {cpt} | "
                      f"{sm['skipped_positions']:,} | {sm['skipped_distinct']:,} | {sm['mb_per_s'] or '-'} |")
+    miss = m.get("missing")
+    if miss:
+        lines += ["", f"Corpus characters missing from the tokenizer's alphabet (the chapter's \"missing from the "
+                      f"slice\" analysis, over wikipedia.txt = all splits): {miss['missing_distinct']:,} distinct, "
+                      f"{miss['missing_positions']:,} positions of {miss['corpus_chars']:,} "
+                      f"({100 * miss['missing_fraction']:.4f} %)"]
+        if miss["missing_top"]:
+            lines.append("Most frequent: " + ", ".join(
+                f"{_show(t['char'])} {t['codepoint']} ×{t['count']}" for t in miss["missing_top"][:10]))
     return "\n".join(lines) + "\n"
 
 
@@ -274,5 +348,6 @@ def encode_shards(corpus: StageRef, tokenizer: StageRef, settings: ShardsSetting
                   run: RunOptions = RunOptions()) -> StageRef:
     """Encode every split of a corpus version with a tokenizer version into Parquet shards (or reuse them).
 
-    ``run.workers`` (default: CPU count, at most 8) and ``run.chunk_bytes`` change the speed, not the files."""
+    The chunks are encoded on Dask: a local cluster of ``run.workers`` processes (default: CPU count, at most 8)
+    or the cluster at ``run.dask_address``; that and ``run.chunk_bytes`` change the speed, not the files."""
     return STAGE.run(build_shards, settings, run, corpus=corpus, tokenizer=tokenizer)

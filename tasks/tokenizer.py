@@ -2,26 +2,34 @@
 
 The slice is the first ``bpe_train_bytes`` bytes of ``wiki.train.txt`` (0 = the whole split), cut back to a
 UTF-8 character boundary (the chapter slices 50,000,000 *characters* of ``wikipedia.txt``, which starts
-with the train split; bytes make the setting independent of the text's script). Training is
-``BPETokenizer.from_corpus(slice, num_merges)`` (the algorithm is stated plainly in :mod:`mygpt.bpe_reference`).
+with the train split; bytes make the setting independent of the text's script). The algorithm is stated
+plainly in :mod:`mygpt.bpe_reference`; the merges are exactly ``BPETokenizer.from_corpus(slice, num_merges)``.
+
+How, in two phases:
+
+1. **count** -- pre-tokenise the slice and count each distinct word, as a map-reduce over the same
+   deterministic chunks the shards stage encodes (cut where a word ends, so no word is split): each chunk is
+   counted by a Dask worker reading its byte range of the file (:mod:`tasks.dask_work`: a local cluster, or
+   ``run.dask_address``), and this process adds the tables up as they arrive, in file order. Memory is a
+   few chunks plus the table of distinct words -- it no longer grows with the slice;
+2. **train** -- ``mygpt.bpe_train.train_and_count_tokens`` on the table (the merges of ``from_corpus``).
 
 Published files::
 
     tokenizer.json   BPETokenizer.save format: {"chars": [...], "merges": [[a, b], ...]}
-    stats.json       vocab/alphabet size, first 30 merges, chars per token on the slice, and the chapter's
-                     "characters missing from the slice" analysis over the FULL wikipedia.txt (distinct
-                     characters, positions, fraction), plus timings
+    stats.json       vocab/alphabet size, first 30 merges, the slice's size, chars per token on the slice,
+                     timings
 
-The missing-character analysis streams ``wikipedia.txt`` in pieces (a regex for "not in the alphabet"), so
-memory stays at one piece whatever the corpus size.
+Chars per token of the slice comes from the trainer's final state (each distinct word's symbols after the last
+merge, times its count) -- what ``encode_corpus(slice)`` would give, without encoding the slice again (when two
+merges make the same string that shortcut is not exact, and each distinct word is encoded once instead). The
+chapter's "characters missing from the slice" analysis of ``wikipedia.txt`` is made by the shards stage, whose
+encode pass reads every character anyway (its ``missing`` metrics and the ``wiki-shards`` report).
 """
 
 from __future__ import annotations
 
-import codecs
 import json
-import os
-import re
 import time
 from pathlib import Path
 
@@ -29,12 +37,15 @@ from pydantic import Field
 
 from mygpt.atomic import atomic_write_text
 from mygpt.bpe import BPETokenizer
+from mygpt.bpe_encode import chunk_bounds
+from mygpt.bpe_train import add_counts, gc_paused, train_and_count_tokens
 from mygpt.errors import UserError
-from tasks.corpus import CORPUS_FILE, SPLIT_FILES
+from tasks import dask_work
+from tasks.corpus import SPLIT_FILES
 from tasks.settings import RunOptions, Settings
 from tasks.stage import BuildContext, Stage, StageRef, stage_task, summary_table
 
-PIECE_BYTES = 8 << 20
+DEFAULT_CHUNK_BYTES = 8 << 20
 FIRST_MERGES = 30
 
 
@@ -46,81 +57,63 @@ class TokenizerSettings(Settings):
                                                                "chapter uses 50000000; 0 = the whole split")
 
 
-def read_slice(path: Path, max_bytes: int) -> tuple[str, int]:
-    """The first ``max_bytes`` bytes of a UTF-8 file (0 = all), cut back to a character boundary.
-
-    Returns ``(text, bytes_used)``.
-    """
+def slice_end(path: Path, max_bytes: int) -> int:
+    """How many bytes the slice has: ``max_bytes`` (0 = the whole file) cut back to a UTF-8 character boundary."""
+    size = path.stat().st_size
+    if not max_bytes or max_bytes >= size:
+        return size
     with open(path, "rb") as f:
-        data = f.read(max_bytes) if max_bytes else f.read()
-        at_eof = not max_bytes or not f.read(1)
-    dec = codecs.getincrementaldecoder("utf-8")("strict")
-    try:
-        text = dec.decode(data, final=at_eof)
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not valid UTF-8 at byte {e.start:,}; rebuild the corpus stage") from None
-    used = len(data) - len(dec.getstate()[0])
-    return text, used
+        f.seek(max(0, max_bytes - 4))
+        tail = f.read(min(4, max_bytes))
+    for back in range(1, len(tail) + 1):  # the last byte that starts a character
+        lead = tail[-back]
+        if lead & 0xC0 != 0x80:
+            need = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            return max_bytes if need <= back else max_bytes - back
+    return max_bytes  # no character start in 4 bytes: not UTF-8, which counting the slice reports
 
 
-def missing_char_stats(path: Path, alphabet, progress=None, piece_bytes: int = PIECE_BYTES) -> dict:
-    """Characters of the file at ``path`` outside ``alphabet``: distinct count, positions, total chars.
-
-    Streams the file; a character class regex finds the outsiders at C speed.
-    """
-    known = "".join(f"\\U{ord(c):08x}" for c in sorted(alphabet))
-    outside = re.compile(f"[^{known}]" if known else r"[\s\S]")
+def count_slice(ctx: BuildContext, path: Path, end: int, chunk_bytes: int) -> dict[str, int]:
+    """The word counts of bytes ``0..end`` of ``path``, chunk by chunk on Dask, added up here in file order."""
     counts: dict[str, int] = {}
-    total_chars = 0
-    size = os.path.getsize(path) or 1
-    done = 0
-    dec = codecs.getincrementaldecoder("utf-8")("strict")
-    with open(path, "rb") as f:
-        while True:
-            raw = f.read(piece_bytes)
-            text = dec.decode(raw, final=not raw)
-            total_chars += len(text)
-            for c in outside.findall(text):
-                counts[c] = counts.get(c, 0) + 1
-            done += len(raw)
-            if progress:
-                progress(done, size, "missing-character analysis")
-            if not raw:
-                break
-    positions = sum(counts.values())
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:20]
-    return {
-        "corpus_chars": total_chars,
-        "missing_distinct": len(counts),
-        "missing_positions": positions,
-        "missing_fraction": positions / total_chars if total_chars else 0.0,
-        "missing_top": [{"char": c, "codepoint": f"U+{ord(c):04X}", "count": n} for c, n in top],
-    }
+    with dask_work.dask_client(ctx.run, ctx.log, needs=[str(path)]) as client:
+        workers = len(client.scheduler_info()["workers"])
+        chunks = dask_work.in_order(client, dask_work.count_chunk, chunk_bounds(path, chunk_bytes, end=end),
+                                    lambda b: (str(path), b[1], b[2]), window=2 * workers + 2, name="count-words")
+        with gc_paused():
+            for (_, _, bend), table in chunks:
+                add_counts(counts, dask_work.word_counts(table))
+                ctx.progress(bend, 2 * end, f"counting words: {bend / end:.0%} of the slice")
+    return counts
 
 
 def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path) -> dict:
-    """Train the BPE on the slice and write tokenizer.json + stats.json (the chapter's analyses included)."""
+    """Count the slice's words (on Dask), train the BPE, write tokenizer.json + stats.json."""
     train_path = corpus / SPLIT_FILES["train"]
-    text, used = read_slice(train_path, settings.bpe_train_bytes)
-    if not text:
+    used = slice_end(train_path, settings.bpe_train_bytes)
+    if not used:
         raise UserError(f"{train_path} is empty, so there is nothing to train BPE on; check the corpus stage's "
                         "source_url")
-    ctx.log.info("tokenizer: training %d merges on %s bytes (%s chars) of %s", settings.num_merges, f"{used:,}",
-                 f"{len(text):,}", train_path.name)
-    ctx.progress(0, 3, "training", force=True)
+    ctx.log.info("tokenizer: counting the words of %s bytes of %s", f"{used:,}", train_path.name)
     t0 = time.monotonic()
-    tok = BPETokenizer.from_corpus(text, settings.num_merges)
-    train_seconds = time.monotonic() - t0
-    ctx.progress(1, 3, "encoding the slice", force=True)
+    try:
+        counts = count_slice(ctx, train_path, used, ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES)
+    except UserError as e:
+        raise UserError(f"{e}; rebuild the corpus stage") from None
+    count_seconds = time.monotonic() - t0
+    chars = sum(len(w) * n for w, n in counts.items())
+    ctx.log.info("tokenizer: %s distinct words, %s chars; training %d merges", f"{len(counts):,}", f"{chars:,}",
+                 settings.num_merges)
+    ctx.progress(1, 2, "training", force=True)
     t1 = time.monotonic()
-    ids, enc = tok.encode_corpus(text, return_stats=True)
-    encode_seconds = time.monotonic() - t1
-    del text
+    with gc_paused():
+        alphabet, merges, tokens = train_and_count_tokens(counts, settings.num_merges)
+        tok = BPETokenizer(alphabet, merges)
+        if tokens is None:  # two merges make one string: encode each distinct word once instead
+            tokens = tok.count_tokens(counts)
+    train_seconds = time.monotonic() - t1
+    del counts
     tok.save(ctx.out / "tokenizer.json")
-    ctx.progress(2, 3, "missing-character analysis", force=True)
-    t2 = time.monotonic()
-    missing = missing_char_stats(corpus / CORPUS_FILE, tok.chars,
-                                 progress=lambda d, t, m: ctx.progress(2 + d / t, 3, m))
     stats = {
         "vocab_size": tok.vocab_size,
         "alphabet_size": len(tok.chars),
@@ -128,16 +121,14 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
         "num_merges_requested": settings.num_merges,
         "first_merges": [[a, b] for a, b in tok.merges[:FIRST_MERGES]],
         "train_bytes": used,
-        "train_chars": enc.chars,
-        "train_tokens": int(ids.size),
-        "chars_per_token": round(enc.chars / ids.size, 4) if ids.size else None,
+        "train_chars": chars,
+        "train_tokens": tokens,
+        "chars_per_token": round(chars / tokens, 4) if tokens else None,
+        "count_seconds": round(count_seconds, 3),
         "train_seconds": round(train_seconds, 3),
-        "encode_seconds": round(encode_seconds, 3),
-        "analysis_seconds": round(time.monotonic() - t2, 3),
-        **missing,
     }
     atomic_write_text(ctx.out / "stats.json", json.dumps(stats, indent=1, ensure_ascii=False) + "\n")
-    ctx.progress(3, 3, "done", force=True)
+    ctx.progress(2, 2, "done", force=True)
     return stats
 
 
@@ -156,11 +147,13 @@ def report(manifest: dict) -> str:
             ("vocab size", f"{m.get('vocab_size'):,} (alphabet {m.get('alphabet_size'):,})"),
             ("training slice", f"{m.get('train_bytes', 0):,} bytes / {m.get('train_chars', 0):,} chars of wiki.train.txt"),
             ("chars per token (slice)", m.get("chars_per_token")),
-            ("corpus chars missing from the slice", f"{m.get('missing_distinct', 0):,} distinct, "
+            ("corpus chars missing from the slice", "counted while encoding: see the wiki-shards report"
+             if "missing_distinct" not in m else f"{m.get('missing_distinct', 0):,} distinct, "
              f"{m.get('missing_positions', 0):,} positions of {m.get('corpus_chars', 0):,} "
              f"({100 * m.get('missing_fraction', 0):.4f} %)"),
-            ("time", f"train {m.get('train_seconds', 0):.1f} s, encode slice {m.get('encode_seconds', 0):.1f} s, "
-             f"analysis {m.get('analysis_seconds', 0):.1f} s"),
+            ("time", f"count words {m.get('count_seconds', 0):.1f} s, train {m.get('train_seconds', 0):.1f} s"
+             if "count_seconds" in m else f"train {m.get('train_seconds', 0):.1f} s, encode slice "
+             f"{m.get('encode_seconds', 0):.1f} s, analysis {m.get('analysis_seconds', 0):.1f} s"),
         ]),
         "",
         "First merges: " + " ".join(_show(a) + "+" + _show(b) for a, b in m.get("first_merges", [])[:FIRST_MERGES]),

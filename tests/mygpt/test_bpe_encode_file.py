@@ -1,4 +1,4 @@
-"""The streaming file encoder: same ids for any chunk size and worker count, safe cuts, resume, errors."""
+"""The chunked file encoder: same ids for any chunk size, in any order, safe cuts, resume, errors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mygpt.bpe import BPETokenizer
-from mygpt.bpe_encode import EncodeStats, chunk_bounds, iter_encode_file
+from mygpt.bpe_encode import EncodeStats, chunk_bounds, encode_chunk, iter_encode_file
 from mygpt.errors import UserError
 
 
@@ -63,31 +63,43 @@ def test_chunking_never_changes_the_ids(multibyte_file, tok):
             assert len(parts) > 1000
 
 
-def test_two_workers_match_one_worker(multibyte_file, tok):
+def test_chunks_encoded_in_any_order_by_fresh_encoders_match(multibyte_file, tok):
+    """What a Dask worker does: encode one chunk with its own tokenizer, in whatever order chunks arrive."""
     path, body = multibyte_file
-    one = list(iter_encode_file(tok, path, chunk_bytes=20_000, workers=1))
-    two = list(iter_encode_file(tok, path, chunk_bytes=20_000, workers=2, max_in_flight=3))
-    assert [p[:3] for p in one] == [p[:3] for p in two]  # boundaries do not depend on workers
-    for a, b in zip(one, two):
-        np.testing.assert_array_equal(a[3], b[3])
-        assert a[4] == b[4]
-    np.testing.assert_array_equal(_concat(two), tok.encode_corpus(body))
+    one = list(iter_encode_file(tok, path, chunk_bytes=20_000))
+    bounds = list(chunk_bounds(path, 20_000))
+    assert [p[:3] for p in one] == bounds
+    workers = [BPETokenizer.from_state(tok.state()) for _ in range(2)]
+    got = {}
+    for k, (idx, start, end) in enumerate(reversed(bounds)):
+        got[idx] = encode_chunk(workers[k % 2], path, start, end)
+    for idx, _, _, ids, stats in one:
+        np.testing.assert_array_equal(got[idx][0], ids)
+        assert got[idx][1] == stats
+    np.testing.assert_array_equal(np.concatenate([got[i][0] for i in sorted(got)]), tok.encode_corpus(body))
 
 
-def test_two_workers_tiny_chunks_and_resume(multibyte_file, tok):
+def test_tiny_chunks_and_resume(multibyte_file, tok):
     path, body = multibyte_file
     small = body[:30_000]
     p2 = path.parent / "small.txt"
     p2.write_bytes(small.encode("utf-8"))
-    parts = list(iter_encode_file(tok, p2, chunk_bytes=64, workers=2))
+    parts = list(iter_encode_file(tok, p2, chunk_bytes=64))
     np.testing.assert_array_equal(_concat(parts), tok.encode_corpus(small))
     # resume from chunk k: the same tail
     k = len(parts) // 2
-    tail = list(iter_encode_file(tok, p2, chunk_bytes=64, workers=2, start_chunk=k))
+    tail = list(iter_encode_file(tok, p2, chunk_bytes=64, start_chunk=k))
     assert [p[:3] for p in tail] == [p[:3] for p in parts[k:]]
     np.testing.assert_array_equal(_concat(tail), _concat(parts[k:]))
-    tail1 = list(iter_encode_file(tok, p2, chunk_bytes=64, start_chunk=k))
-    assert [p[:3] for p in tail1] == [p[:3] for p in parts[k:]]
+
+
+def test_bounds_of_a_prefix_end_there(multibyte_file):
+    path, body = multibyte_file
+    data = body.encode("utf-8")
+    end = len(data[:100_000].decode("utf-8", errors="ignore").encode("utf-8"))
+    bounds = list(chunk_bounds(path, 7000, end=end))
+    assert bounds[-1][2] == end and all(b[2] == c[1] for b, c in zip(bounds, bounds[1:]))
+    assert bounds[:-1] == list(chunk_bounds(path, 7000))[:len(bounds) - 1]
 
 
 def test_chunk_without_safe_cut_grows(tmp_path, tok):
@@ -111,17 +123,17 @@ def test_whitespace_only_and_empty_files(tmp_path, tok):
     assert list(iter_encode_file(tok, empty)) == []
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_not_utf8_names_file_and_offset(tmp_path, tok, workers):
+def test_not_utf8_names_file_and_offset(tmp_path, tok):
     good = ("the cat sat on the mat " * 40).encode()
     data = good + b"caf\xe9 au lait " + good
     path = tmp_path / "latin1.txt"
     path.write_bytes(data)
     with pytest.raises(UserError, match=rf"latin1\.txt.*offset {len(good) + 3}"):
-        list(iter_encode_file(tok, path, chunk_bytes=100, workers=workers))
-    if workers == 1:
-        with pytest.raises(UserError, match=rf"offset {len(good) + 3}"):
-            list(iter_encode_file(tok, path, chunk_bytes=1 << 20, workers=workers))
+        list(iter_encode_file(tok, path, chunk_bytes=100))
+    with pytest.raises(UserError, match=rf"offset {len(good) + 3}"):
+        list(iter_encode_file(tok, path, chunk_bytes=1 << 20))
+    with pytest.raises(UserError, match=rf"latin1\.txt.*offset {len(good) + 3}"):
+        encode_chunk(tok, path, 0, len(data))
 
 
 def test_error_policy_and_bad_arguments(tmp_path, tok):
@@ -129,7 +141,7 @@ def test_error_policy_and_bad_arguments(tmp_path, tok):
     path.write_text("the cat 你好 sat", encoding="utf-8")
     with pytest.raises(UserError, match="U\\+4F60"):
         list(iter_encode_file(tok, path, unk_policy="error"))
-    for kwargs in ({"chunk_bytes": 0}, {"workers": 0}, {"start_chunk": -1}, {"unk_policy": "drop"}):
+    for kwargs in ({"chunk_bytes": 0}, {"start_chunk": -1}, {"unk_policy": "drop"}):
         with pytest.raises(UserError):
             list(iter_encode_file(tok, path, **kwargs))
     with pytest.raises(UserError, match="does not exist"):
@@ -143,30 +155,3 @@ def test_byte_fallback_file_round_trip(multibyte_file, wikitext2_text):
     ids = _concat(parts)
     np.testing.assert_array_equal(ids, tok.encode_corpus(body))
     assert tok.decode(ids) == body
-
-
-def test_stopping_early_shuts_the_workers_down(multibyte_file, tok):
-    import psutil
-
-    path, body = multibyte_file
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
-    gen = iter_encode_file(tok, path, chunk_bytes=4096, workers=2, max_in_flight=2)
-    first = [next(gen) for _ in range(3)]
-    assert [p[0] for p in first] == [0, 1, 2]
-    gen.close()
-    left = [p for p in me.children(recursive=True) if p.pid not in before and p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
-    assert left == []
-
-
-def test_worker_errors_are_raised_in_order(tmp_path, tok):
-    # chunk 0 is fine, a later chunk has an unknown character under unk_policy="error"
-    text = ("the cat sat on the mat " * 200) + "你 " + ("the end " * 50)
-    path = tmp_path / "late.txt"
-    path.write_text(text, encoding="utf-8")
-    got = []
-    with pytest.raises(UserError, match="U\\+4F60"):
-        for part in iter_encode_file(tok, path, chunk_bytes=512, workers=2, unk_policy="error"):
-            got.append(part[0])
-    assert got == list(range(len(got))) and len(got) >= 8

@@ -1,5 +1,5 @@
-"""The shards stage (encode): shards decode back to the text, any reader can read them, workers and crashes don't
-change a byte."""
+"""The shards stage (encode): shards decode back to the text, any reader can read them, Dask workers and crashes
+don't change a byte."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def inputs(tmp_path_factory, wikitext2_path):
     zpath = root / "w.zip"
     build_wikitext_zip(zpath, data_dir=wikitext2_path.parent)
     corpus = stages.corpus(root, source_url=zpath.as_uri())
-    tokenizer = stages.tokenizer(root, corpus, num_merges=64, bpe_train_bytes=60_000)  # leaves some unknown chars
+    tokenizer = stages.tokenizer(root, corpus, num_merges=64, bpe_train_bytes=60_000,  # leaves some unknown chars
+                                 run={"workers": 1})
     return root, corpus, tokenizer
 
 
@@ -142,13 +143,13 @@ def test_kill_and_resume_keeps_finished_shards(inputs, baseline, tmp_path, monke
     damaged.write_bytes(damaged.read_bytes()[:-10])
     monkeypatch.setattr(SF, "write_shard", real_write)
     starts = []
-    real_iter = E.iter_encode_file
+    real_chunks = E.encoded_chunks
 
-    def spy(*args, **kwargs):
-        starts.append(kwargs.get("start_chunk"))
-        return real_iter(*args, **kwargs)
+    def spy(client, key, state, path, chunk_bytes, unk_policy, start_chunk, **kwargs):
+        starts.append(start_chunk)
+        return real_chunks(client, key, state, path, chunk_bytes, unk_policy, start_chunk, **kwargs)
 
-    monkeypatch.setattr(E, "iter_encode_file", spy)
+    monkeypatch.setattr(E, "encoded_chunks", spy)
     ref = stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
     assert starts[0] > 0  # sought to the chunk of shard 4, not re-encoded from the start
     out = Path(ref["path"])
@@ -158,6 +159,49 @@ def test_kill_and_resume_keeps_finished_shards(inputs, baseline, tmp_path, monke
     assert after[damaged.name] != before[damaged.name]
     assert manifest(ref)["files"] == manifest(baseline)["files"]  # byte-identical to an uninterrupted run
     assert not (root / "shards" / ".staging" / version).exists()
+
+
+def test_death_between_last_shard_and_done_mark_resumes(inputs, baseline, tmp_path, monkeypatch):
+    """Issue 10 #1: killed after a split's last shard is recorded (next_chunk null) but before "done" is written,
+    a rerun used to fail for good (TypeError: None * int); it must finish the version, byte-identical."""
+    root, corpus, tokenizer = same_inputs_under(inputs, tmp_path / "art")
+    real_write = E.atomic_write_text
+
+    def dies_before_done(path, text):
+        rec = json.loads(text) if path.name == E.PROGRESS_FILE else None
+        train = (rec or {}).get("splits", {}).get("train", {})
+        if train.get("done"):
+            raise KeyboardInterrupt("simulated kill: the done mark never reaches the disk")
+        return real_write(path, text)
+
+    monkeypatch.setattr(E, "atomic_write_text", dies_before_done)
+    with pytest.raises(KeyboardInterrupt):
+        stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
+    record = json.loads((root / "shards" / ".staging" / baseline["version"] / "work" / E.PROGRESS_FILE).read_text())
+    train = record["splits"]["train"]
+    assert not train["done"] and train["shards"][-1]["next_chunk"] is None  # the wedge of issue 10
+    monkeypatch.setattr(E, "atomic_write_text", real_write)
+    ref = stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
+    assert manifest(ref)["files"] == manifest(baseline)["files"]
+    assert manifest(ref)["metrics"]["splits"]["train"]["tokens"] == manifest(baseline)["metrics"]["splits"]["train"]["tokens"]
+
+
+def test_missing_characters_are_the_chapters_analysis(inputs, baseline):
+    """The encode pass's count of characters outside the alphabet = the chapter's analysis of wikipedia.txt."""
+    _, corpus, tokenizer = inputs
+    alphabet = set(BPETokenizer.load(Path(tokenizer["path"]) / "tokenizer.json").chars)
+    full = (Path(corpus["path"]) / "wikipedia.txt").read_text(encoding="utf-8")
+    missing = {}
+    for c in full:
+        if c not in alphabet:
+            missing[c] = missing.get(c, 0) + 1
+    got = manifest(baseline)["metrics"]["missing"]
+    assert got["corpus_chars"] == len(full) and got["missing_distinct"] == len(missing) > 0
+    assert got["missing_positions"] == sum(missing.values())
+    assert got["missing_fraction"] == pytest.approx(sum(missing.values()) / len(full))
+    top = sorted(missing.items(), key=lambda kv: (-kv[1], kv[0]))[:20]
+    assert [(t["char"], t["count"]) for t in got["missing_top"]] == top
+    assert "missing from the tokenizer's alphabet" in E.STAGE.report(manifest(baseline))
 
 
 def test_materialize_tokens(baseline, tmp_path):
@@ -190,7 +234,7 @@ def test_empty_split_gets_one_empty_shard_and_vocab_dtype(tmp_path):
                                 MEMBER.format(split="test"): " c a\n"}))
     root = tmp_path / "art"
     corpus = stages.corpus(root, source_url=zpath.as_uri())
-    tokenizer = stages.tokenizer(root, corpus, num_merges=4)
+    tokenizer = stages.tokenizer(root, corpus, num_merges=4, run={"workers": 1})
     ref = stages.shards(root, corpus, tokenizer, shard_tokens=40, run={"workers": 1})
     paths = SF.shard_paths(ref["path"], "valid")
     assert [p.name for p in paths] == ["valid-00000.parquet"] and SF.read_shard(paths[0]).size == 0
@@ -217,6 +261,7 @@ def test_shard_paths_reports_a_gap(tmp_path):
 @pytest.mark.parametrize("settings, message", [
     ({"shard_tokens": 0}, "shard_tokens must be an integer >= 1"),
     ({"shard_tokens": 1.0}, "shard_tokens must be an integer >= 1"),
+    ({"shard_tokens": 10**13}, "shard_tokens must be at most 1,000,000,000 .* got 10000000000000"),  # issue 10 #7
     ({"unk_policy": "ignore"}, "unk_policy must be one of skip, error"),
 ])
 def test_settings_reject(settings, message):
@@ -237,3 +282,15 @@ def test_workers_and_chunk_bytes_are_not_settings():
     assert "workers" not in E.ShardsSettings.model_fields and "chunk_bytes" not in E.ShardsSettings.model_fields
     assert E.ShardsSettings().version_params() == {"shard_tokens": 10_000_000, "unk_policy": "skip"}
     assert os.cpu_count() and E.default_workers() >= 1
+
+
+def test_huge_shard_tokens_is_refused_before_any_stage(tmp_path, capsys, monkeypatch):
+    """Issue 10 #7: ``shard_tokens=10**13`` (an 18 TiB buffer) ends as ``error: ...``, exit 2, before anything runs."""
+    from flows.cli import main
+
+    monkeypatch.setenv("WIKI_PIPELINE_ARTIFACTS", str(tmp_path / "art"))
+    assert main(["params", "--param", f"shard_tokens={10**13}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: shards.shard_tokens must be at most 1,000,000,000 (a shard is built in memory, "
+                          "18.2 TiB of uint16 ids at this size), got 10000000000000; the default 10000000 makes")
+    assert "Traceback" not in err and not (tmp_path / "art").exists()

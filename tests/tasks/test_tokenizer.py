@@ -1,8 +1,9 @@
-"""The tokenizer stage (bpe): training slice, tokenizer file, the missing-character analysis, errors."""
+"""The tokenizer stage (bpe): training slice, word counting on Dask, tokenizer file, stats, errors."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,40 +25,51 @@ def corpus(tmp_path_factory, wikitext2_path):
 
 def test_tokenizer_and_stats(corpus):
     root, cref = corpus
-    ref = stages.tokenizer(root, cref, num_merges=64, bpe_train_bytes=100_000)
+    ref = stages.tokenizer(root, cref, num_merges=64, bpe_train_bytes=100_000, run={"workers": 1, "chunk_bytes": 20_000})
     out = Path(ref["path"])
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "stats.json", "tokenizer.json"]
     tok = BPETokenizer.load(out / "tokenizer.json")
     raw = (Path(cref["path"]) / "wiki.train.txt").read_bytes()[:100_000]
     text = raw.decode("utf-8", errors="ignore")
-    assert tok == BPETokenizer.from_corpus(text, 64)
+    assert tok == BPETokenizer.from_corpus(text, 64)  # counted in 5 chunks, trained: the in-memory trainer's merges
     stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
     assert stats["vocab_size"] == tok.vocab_size == len(tok.chars) + 64 and stats["alphabet_size"] == len(tok.chars)
     assert stats["first_merges"] == [list(m) for m in tok.merges[:30]]
     assert stats["train_bytes"] == 100_000 and stats["train_chars"] == len(text)
+    # chars per token from the trainer's final state = a real encode of the slice
+    assert stats["train_tokens"] == len(tok.encode_corpus(text))
     assert stats["chars_per_token"] == round(len(text) / len(tok.encode_corpus(text)), 4)
-    # the chapter's analysis, done naively over the full wikipedia.txt
-    full = (Path(cref["path"]) / "wikipedia.txt").read_text(encoding="utf-8")
-    missing = set(full) - set(text)
-    assert stats["missing_distinct"] == len(missing) > 0
-    assert stats["missing_positions"] == sum(1 for c in full if c in missing)
-    assert stats["corpus_chars"] == len(full)
-    assert stats["missing_fraction"] == pytest.approx(stats["missing_positions"] / len(full))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["settings"] == {"num_merges": 64, "bpe_train_bytes": 100_000}
     assert manifest["inputs"]["corpus"]["version"] == cref["version"]
     md = B.STAGE.report(manifest)
-    assert "vocab size" in md and "missing from the slice" in md
+    assert "vocab size" in md and "missing from the slice" in md and "wiki-shards" in md
+
+
+def test_merges_do_not_depend_on_workers_or_chunks(corpus, tmp_path):
+    """One in-process worker, a local cluster of two processes, chunks of any size: the same tokenizer file."""
+    root, cref = corpus
+    one = stages.tokenizer(root, cref, num_merges=200, bpe_train_bytes=0, run={"workers": 1})
+    shutil.copytree(Path(root) / "corpus", tmp_path / "art" / "corpus")
+    two = stages.tokenizer(tmp_path / "art", cref, num_merges=200, bpe_train_bytes=0,
+                           run={"workers": 2, "chunk_bytes": 50_000})
+    assert two["version"] == one["version"]
+    m1, m2 = (json.loads((Path(r["path"]) / "manifest.json").read_text()) for r in (one, two))
+    assert m2["files"]["tokenizer.json"] == m1["files"]["tokenizer.json"]
+    train = (Path(cref["path"]) / "wiki.train.txt").read_text(encoding="utf-8")
+    assert BPETokenizer.load(Path(two["path"]) / "tokenizer.json") == BPETokenizer.from_corpus(train, 200)
+    s1, s2 = (json.loads((Path(r["path"]) / "stats.json").read_text()) for r in (one, two))
+    assert s1["train_tokens"] == s2["train_tokens"] == len(BPETokenizer.from_corpus(train, 200).encode_corpus(train))
 
 
 def test_whole_split_when_zero(corpus):
     root, cref = corpus
-    ref = stages.tokenizer(root, cref, num_merges=0, bpe_train_bytes=0)
+    ref = stages.tokenizer(root, cref, num_merges=0, bpe_train_bytes=0, run={"workers": 1})
     stats = json.loads((Path(ref["path"]) / "stats.json").read_text())
     assert stats["train_bytes"] == (Path(cref["path"]) / "wiki.train.txt").stat().st_size
     train = (Path(cref["path"]) / "wiki.train.txt").read_text(encoding="utf-8")
-    full = (Path(cref["path"]) / "wikipedia.txt").read_text(encoding="utf-8")
-    assert stats["num_merges"] == 0 and stats["missing_distinct"] == len(set(full) - set(train))
+    assert stats["num_merges"] == 0 and stats["train_chars"] == stats["train_tokens"] == len(train)
+    assert stats["alphabet_size"] == len(set(train))
 
 
 def test_slice_is_cut_back_to_a_character_boundary(tmp_path):
@@ -67,23 +79,30 @@ def test_slice_is_cut_back_to_a_character_boundary(tmp_path):
     zpath = tmp_path / "w.zip"
     zpath.write_bytes(data)
     cref = stages.corpus(tmp_path / "art", source_url=zpath.as_uri())
-    text, used = B.read_slice(Path(cref["path"]) / "wiki.train.txt", 6)
-    assert (text, used) == (" ab ", 4)
-    ref = stages.tokenizer(tmp_path / "art", cref, num_merges=3, bpe_train_bytes=6)
+    train = Path(cref["path"]) / "wiki.train.txt"
+    raw = train.read_bytes()
+    for n in range(len(raw) + 3):  # the rule: the longest prefix of at most n bytes that is whole characters
+        want = min(n, len(raw)) if n else len(raw)
+        while want and raw[:want].decode("utf-8", errors="ignore").encode() != raw[:want]:
+            want -= 1
+        assert B.slice_end(train, n) == want, n
+    assert B.slice_end(train, 6) == 4
+    ref = stages.tokenizer(tmp_path / "art", cref, num_merges=3, bpe_train_bytes=6, run={"workers": 1})
     stats = json.loads((Path(ref["path"]) / "stats.json").read_text())
     assert stats["train_bytes"] == 4 and stats["alphabet_size"] == 3  # ' ', 'a', 'b'
-    assert stats["missing_distinct"] == 5  # 戦 場 \n ü x
-    assert stats["missing_positions"] == 10 + 10 + 10 + 2 + 2
 
 
-def test_missing_char_stats_streams_across_multibyte_pieces(tmp_path):
-    text = "aé戦😀b" * 50 + "\n"
-    path = tmp_path / "t.txt"
-    path.write_text(text, encoding="utf-8")
-    got = B.missing_char_stats(path, {"a", "b"}, piece_bytes=7)
-    assert got["corpus_chars"] == len(text)
-    assert got["missing_distinct"] == 4 and got["missing_positions"] == 151
-    assert {t["char"] for t in got["missing_top"]} == {"é", "戦", "😀", "\n"}
+def test_not_utf8_slice_is_a_user_error(tmp_path, corpus):
+    root, cref = corpus
+    art = tmp_path / "art"
+    shutil.copytree(Path(root) / "corpus", art / "corpus")
+    train = art / "corpus" / cref["version"] / "wiki.train.txt"
+    data = bytearray(train.read_bytes())
+    data[5000] = 0xFF
+    train.chmod(0o644)
+    train.write_bytes(bytes(data))
+    with pytest.raises(UserError, match=r"wiki\.train\.txt.* not valid UTF-8: invalid byte at offset 5000"):
+        stages.tokenizer(art, cref, num_merges=3, bpe_train_bytes=0, run={"workers": 1, "chunk_bytes": 1000})
 
 
 def test_empty_train_split_is_a_user_error(tmp_path):
@@ -92,7 +111,7 @@ def test_empty_train_split_is_a_user_error(tmp_path):
                                 for s in ("train", "valid", "test")}))
     cref = stages.corpus(tmp_path / "art", source_url=zpath.as_uri())
     with pytest.raises(UserError, match="wiki.train.txt is empty"):
-        stages.tokenizer(tmp_path / "art", cref, num_merges=3)
+        stages.tokenizer(tmp_path / "art", cref, num_merges=3, run={"workers": 1})
     assert not [p for p in (tmp_path / "art" / "tokenizer").iterdir() if not p.name.startswith(".")]
 
 

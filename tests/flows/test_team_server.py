@@ -1,0 +1,160 @@
+"""A team server, for real: a throwaway PostgreSQL (Debian's server binaries: initdb + pg_ctl in a temp dir, on a
+free loopback port), a Prefect server on it, the deployment declared from ``prefect.yaml`` into a process work pool,
+a real ``prefect worker`` subprocess, and two flow runs at once on one artifact root: both Completed, each version
+built once (one run builds a stage, the other waits on the version's lock and reuses it)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.server import PrefectServer, free_port
+from tasks.store import STAGES, ArtifactStore
+from tests.support import REPO
+from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
+
+PG_BIN = Path(os.environ.get("WIKI_PIPELINE_PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+
+def wait_for(condition, what: str, timeout: float = 300.0, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = condition()
+        if got:
+            return got
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Postgres:
+    """A throwaway PostgreSQL cluster on 127.0.0.1 (run as the ``postgres`` user when the tests run as root)."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="wiki-pg-"))  # not under pytest's 0700 root-owned basetemp
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.as_user = []
+        if os.geteuid() == 0:
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+            shutil.chown(self.dir, "postgres")
+        self.url = f"postgresql+asyncpg://prefect@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        done = subprocess.run([*self.as_user, *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{args[0]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+
+    def start(self) -> "Postgres":
+        self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "prefect", "--auth=trust", "-E", "UTF8",
+                  "--no-sync")
+        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "postgres.log"), "-w", "-t", "120",
+                  "-o", f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.data} "
+                        "-c fsync=off -c max_connections=100", "start")
+        return self
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            subprocess.run([*self.as_user, str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"],
+                           capture_output=True, timeout=120)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def team_server(tmp_path, monkeypatch):
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(f"no PostgreSQL server binaries at {PG_BIN} (Debian's postgresql-15; or set WIKI_PIPELINE_PG_BIN)")
+    pg = Postgres().start()
+    try:
+        monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", pg.url)
+        server = PrefectServer(tmp_path / "prefect-home").start()
+        try:
+            yield server
+        finally:
+            from prefect._internal.concurrency.services import QueueService
+
+            QueueService.drain_all(timeout=15)
+            server.stop()
+    finally:
+        pg.stop()
+
+
+def _prefect(env: dict, *args: str) -> str:
+    done = subprocess.run([str(Path(sys.executable).with_name("prefect")), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def _client_call(fn):
+    from prefect.client.orchestration import get_client
+
+    async def call():
+        async with get_client() as client:
+            return await fn(client)
+
+    return asyncio.run(call())
+
+
+def test_two_runs_at_once_through_a_worker_on_postgres(team_server, tmp_path):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    env = {k: v for k, v in team_server.env.items() if k != "PREFECT_API_DATABASE_CONNECTION_URL"}
+    _prefect(env, "work-pool", "create", "wiki-local", "--type", "process")
+    _prefect(env, "--no-prompt", "deploy", "--name", "wiki-pipeline")  # from prefect.yaml, in the repository root
+
+    root = tmp_path / "art"
+    params = tiny_flow_parameters(tiny_zip_url(tmp_path), root)
+    with temporary_settings(updates={PREFECT_API_URL: team_server.api_url, PREFECT_HOME: str(team_server.home)}):
+        from prefect.deployments import run_deployment
+
+        # both runs exist before the worker starts, so its first poll hands it both: they run at the same time
+        runs = [run_deployment("wiki-pipeline/wiki-pipeline", parameters=params, timeout=0) for _ in range(2)]
+        log_path = tmp_path / "worker.log"
+        with open(log_path, "w") as log:
+            worker = subprocess.Popen(
+                [str(Path(sys.executable).with_name("prefect")), "worker", "start", "--pool", "wiki-local",
+                 "--limit", "2"], cwd=REPO, env={**env, "PREFECT_WORKER_QUERY_SECONDS": "1"}, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            ids = [r.id for r in runs]
+
+            def finished():
+                got = [_client_call(lambda c, i=i: c.read_flow_run(i)) for i in ids]
+                return got if all(r.state.is_final() for r in got) else None
+
+            done = wait_for(finished, "both flow runs to end", timeout=600)
+        finally:
+            worker.terminate()
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+        assert [r.state.name for r in done] == ["Completed", "Completed"], log_path.read_text()[-4000:]
+        a, b = done
+        assert a.start_time < b.end_time and b.start_time < a.end_time  # they overlapped
+
+        task_runs = _client_call(lambda c: c.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids))))
+        states = {}
+        for tr in task_runs:
+            states.setdefault(tr.name, []).append(tr.state.name)
+        # each stage: built by one run, reused (Cached) by the other
+        assert {s: sorted(v) for s, v in states.items()} == {s: ["Cached", "Completed"] for s in STAGES}, states
+        arts = _client_call(lambda c: c.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[f"wiki-{s}" for s in STAGES]))))
+        assert sorted(x.key for x in arts) == sorted(f"wiki-{s}" for s in STAGES)  # one build per stage
+
+    store = ArtifactStore(root)
+    for stage in STAGES:
+        versions = store.versions(stage)
+        assert len(versions) == 1 and store.verify(stage, versions[0].version, full=True) == (True, "ok")
+        assert versions[0].manifest["flow_run_id"] in {str(i) for i in ids}

@@ -1,0 +1,68 @@
+"""The corpus stage's fast extraction path (issue 14): header stripping by candidate runs equals ``re.subn`` on
+every text, and the threaded unzip/write pipeline writes exactly what one thread would, or nothing."""
+
+from __future__ import annotations
+
+import re
+import threading
+import zipfile
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from flows.mirror import MEMBER, make_zip
+from mygpt.errors import UserError
+from tasks import corpus as C
+
+CHAPTER_RE = re.compile(r"^\s*=+ [^=]+ =+\s*$\n?", flags=re.MULTILINE)  # the chapter's regex, verbatim
+
+_BITS = st.sampled_from([" ", "\n", "=", "==", " = ", " = = ", "x", "a b", " \n", "\xa0", "\u3000", "\t", "\r",
+                         " = Title = \n", " = = Sec = = \n", "= x =", "\n=", " =\n"])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(_BITS, max_size=30))
+def test_strip_block_equals_the_chapters_subn(bits):
+    text = "".join(bits)
+    assert C.strip_block(text) == CHAPTER_RE.subn("", text)
+
+
+def test_strip_block_on_real_wikitext(wikitext2_text):
+    got, n = C.strip_block(wikitext2_text)
+    want, m = CHAPTER_RE.subn("", wikitext2_text)
+    assert got == want and n == m > 10
+
+
+def _zip(tmp_path, train: str, **extra) -> str:
+    path = tmp_path / "w.zip"
+    path.write_bytes(make_zip({MEMBER.format(split="train"): train, MEMBER.format(split="valid"): " = V = \n v\n",
+                               MEMBER.format(split="test"): " t\n", **extra}))
+    return path
+
+
+def test_extract_writes_what_one_pass_would(tmp_path, wikitext2_text):
+    zpath = _zip(tmp_path, wikitext2_text)
+    out = tmp_path / "out"
+    out.mkdir()
+    m = C.extract_corpus(zpath, out, source="test", block_chars=5000)  # many blocks through the threads
+    train = CHAPTER_RE.sub("", wikitext2_text)
+    assert (out / "wiki.train.txt").read_text(encoding="utf-8") == train
+    assert (out / "wikipedia.txt").read_text(encoding="utf-8") == train + " v\n" + " t\n"
+    assert m["splits"]["train"]["bytes"] == len(train.encode()) and m["wikipedia"]["chars"] == len(train) + 6
+    assert not [t for t in threading.enumerate() if t.name.startswith(("corpus-reader", "corpus-writer"))]
+
+
+def test_a_damaged_member_fails_in_the_reader_thread_and_writes_nothing(tmp_path, wikitext2_text):
+    zpath = _zip(tmp_path, wikitext2_text)
+    data = bytearray(zpath.read_bytes())
+    with zipfile.ZipFile(zpath) as z:
+        info = z.getinfo(MEMBER.format(split="train"))
+    start = info.header_offset + 30 + len(info.filename) + 2000  # inside the deflate stream
+    data[start:start + 64] = bytes(64)
+    zpath.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(UserError, match="wiki.train.raw in test is"):
+        C.extract_corpus(zpath, out, source="test", block_chars=5000)
+    assert list(out.iterdir()) == []  # no split, no wikipedia.txt, no temp file
+    assert not [t for t in threading.enumerate() if t.name.startswith(("corpus-reader", "corpus-writer"))]

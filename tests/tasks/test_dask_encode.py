@@ -1,0 +1,207 @@
+"""The data stages on Dask: the same bytes on an external cluster (a real ``dask scheduler`` and two ``dask worker``
+processes on 127.0.0.1), a worker SIGKILLed mid-encode, an unreachable ``dask_address``, loopback-only addresses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from flows.mirror import build_wikitext_zip
+from flows.server import free_port
+from mygpt.errors import UserError
+from tasks import dask_work
+from tasks.settings import RunOptions
+from tests.support import REPO, stages
+
+SHARD = 20_000
+CHUNK = 20_000
+
+
+def wait_for(condition, what: str, timeout: float = 120.0, every: float = 0.005):
+    """Poll ``condition()`` until it returns something truthy (the event a test waits for); fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = condition()
+        if got:
+            return got
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def loopback_only(pids) -> list[str]:
+    """Every listening TCP socket of these processes that is not on 127.0.0.1 (should be none)."""
+    wrong = []
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        wrong += [f"{pid}: {c.laddr}" for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.ip != "127.0.0.1"]
+    return wrong
+
+
+class ExternalCluster:
+    """``dask scheduler`` + ``dask worker`` processes (no nannies: a killed worker stays dead) on 127.0.0.1."""
+
+    def __init__(self, tmp: Path, workers: int = 2) -> None:
+        bin_dir = Path(sys.executable).parent
+        self.procs: list[subprocess.Popen] = []
+        self.log = open(tmp / "dask.log", "w")
+        sched_file = tmp / "scheduler.json"
+        self.scheduler = self._start([bin_dir / "dask", "scheduler", "--host", "127.0.0.1", "--port", str(free_port()),
+                                      "--no-dashboard", "--dashboard-address", "127.0.0.1:0",
+                                      "--scheduler-file", str(sched_file)])
+        self.address = wait_for(lambda: sched_file.exists() and json.loads(sched_file.read_text() or "{}").get("address"),
+                                "the scheduler's address")
+        self.workers = [self._start([bin_dir / "dask", "worker", self.address, "--host", "127.0.0.1", "--nthreads", "1",
+                                     "--no-nanny", "--no-dashboard", "--dashboard-address", "127.0.0.1:0",
+                                     "--name", f"w{i}", "--death-timeout", "60"]) for i in range(workers)]
+        with self.client() as c:
+            c.wait_for_workers(workers, timeout=120)
+
+    def _start(self, cmd) -> subprocess.Popen:
+        proc = subprocess.Popen([str(c) for c in cmd], cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def client(self):
+        from distributed import Client
+
+        return Client(self.address, timeout=30, set_as_default=False)
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, wikitext2_path):
+    root = tmp_path_factory.mktemp("dask-art")
+    build_wikitext_zip(root / "w.zip", data_dir=wikitext2_path.parent)
+    corpus = stages.corpus(root, source_url=(root / "w.zip").as_uri())
+    tokenizer = stages.tokenizer(root, corpus, num_merges=64, bpe_train_bytes=60_000, run={"workers": 1})
+    return root, corpus, tokenizer
+
+
+@pytest.fixture(scope="module")
+def baseline(inputs):
+    root, corpus, tokenizer = inputs
+    return stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = ExternalCluster(tmp_path_factory.mktemp("dask-cluster"))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def copy_inputs(inputs, root: Path):
+    src, corpus, tokenizer = inputs
+    for stage in ("corpus", "tokenizer"):
+        shutil.copytree(Path(src) / stage, root / stage)
+    return root, corpus, tokenizer
+
+
+def manifest(ref) -> dict:
+    return json.loads((Path(ref["path"]) / "manifest.json").read_text())
+
+
+def test_external_cluster_gives_the_same_shards_and_merges(inputs, baseline, cluster, tmp_path):
+    assert loopback_only([p.pid for p in cluster.procs]) == []
+    root, corpus, tokenizer = copy_inputs(inputs, tmp_path / "art")
+    ref = stages.shards(root, corpus, tokenizer, shard_tokens=SHARD,
+                        run={"dask_address": cluster.address, "chunk_bytes": CHUNK})
+    assert ref["version"] == baseline["version"]
+    m = manifest(ref)
+    assert m["metrics"]["workers"] == 2 and m["metrics"]["dask"] == cluster.address
+    assert m["files"] == manifest(baseline)["files"]  # every shard's size and sha256
+    with cluster.client() as c:  # both workers took part: each built the tokenizer once
+        assert c.run(lambda: len(dask_work._TOKENIZERS)) == {a: 1 for a in c.scheduler_info()["workers"]}
+
+    shutil.copytree(Path(inputs[0]) / "corpus", tmp_path / "art2" / "corpus")  # the corpus only: train again
+    again = stages.tokenizer(tmp_path / "art2", corpus, num_merges=64, bpe_train_bytes=60_000,
+                             run={"dask_address": cluster.address, "chunk_bytes": 10_000})
+    assert again["version"] == tokenizer["version"]
+    assert manifest(again)["files"]["tokenizer.json"] == manifest(tokenizer)["files"]["tokenizer.json"]
+
+
+def test_unreachable_dask_address_fails_fast_naming_it(inputs, tmp_path, monkeypatch):
+    monkeypatch.setattr(dask_work, "CONNECT_TIMEOUT_S", 2)
+    root, corpus, tokenizer = copy_inputs(inputs, tmp_path / "art")
+    address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(UserError, match=rf"dask_address {address}: no Dask scheduler answered within 2 s"):
+        stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"dask_address": address})
+    assert not [p for p in (root / "shards").iterdir() if not p.name.startswith(".")]
+
+
+def test_local_cluster_listens_on_loopback_only():
+    import logging
+
+    me = psutil.Process()
+    with dask_work.dask_client(RunOptions(workers=2), logging.getLogger("test")) as client:
+        assert len(client.scheduler_info()["workers"]) == 2
+        assert client.scheduler.address.startswith("tcp://127.0.0.1:")
+        assert all(a.startswith("tcp://127.0.0.1:") for a in client.scheduler_info()["workers"])
+        kids = me.children(recursive=True)
+        assert loopback_only([me.pid, *(p.pid for p in kids)]) == []
+        workers = [p.pid for p in kids if "spawn_main" in " ".join(p.cmdline())]  # not multiprocessing's tracker
+        assert len(workers) == 2
+    wait_for(lambda: not [p for p in me.children(recursive=True) if p.pid in workers and p.is_running()
+                          and p.status() != psutil.STATUS_ZOMBIE], "the local cluster's processes to end", timeout=60)
+
+
+def test_sigkill_one_worker_mid_encode_still_gives_the_same_shards(inputs, baseline, cluster, tmp_path):
+    """Runs last in this module: it kills one of the module cluster's two workers for good."""
+    root, corpus, tokenizer = copy_inputs(inputs, tmp_path / "art")
+    outcome: dict = {}
+
+    def encode():
+        try:
+            outcome["ref"] = stages.shards(root, corpus, tokenizer, shard_tokens=SHARD,
+                                           run={"dask_address": cluster.address, "chunk_bytes": 4096})
+        except BaseException as e:  # noqa: BLE001 - reported below
+            outcome["error"] = e
+
+    record = root / "shards" / ".staging" / baseline["version"] / "work" / "progress.json"
+
+    def first_shard_recorded():
+        try:
+            return json.loads(record.read_text())["splits"]["train"]["shards"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    thread = threading.Thread(target=encode, daemon=True)
+    thread.start()
+    with cluster.client() as c:
+        wait_for(first_shard_recorded, "the first shard of the stage")
+        pids = c.run(os.getpid)
+        busy = wait_for(lambda: [a for a, keys in c.processing().items() if keys], "a worker running a chunk")
+        victim = next(p for p in cluster.workers if p.pid == pids[busy[0]])
+        assert not json.loads(record.read_text())["splits"]["train"]["done"]  # mid-encode
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(30)
+        thread.join(300)
+        assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
+        assert len(c.scheduler_info()["workers"]) == 1  # the other worker took over the killed one's chunks
+    assert manifest(outcome["ref"])["files"] == manifest(baseline)["files"]
