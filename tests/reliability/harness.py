@@ -861,7 +861,7 @@ def bad_input_cases(tmp: Path, url: str) -> list[tuple]:
         (["--param", "num_merges=-1"], "error: tokenizer.num_merges must be an integer >= 0, got -1 (BPE merges to learn; the chapter uses 1024)"),
         (["--param", "shard_tokens=0"], "error: shards.shard_tokens must be an integer >= 1, got 0 (tokens per Parquet shard (10000000 is ~20 MB of uint16, ~20 shards for wikitext-103 at 1024 merges))"),
         (["--param", "unk_policy=ignore"], "error: shards.unk_policy must be one of skip, error, got 'ignore' (characters outside the tokenizer's alphabet: skip them (the chapter) or stop with an error naming them)"),
-        (["--param", "workers=0"], "error: run.workers must be an integer >= 1 and <= 256 (or null), got 0 (encode worker processes; null = CPU count (at most 8))"),
+        (["--param", "workers=0"], "error: run.workers must be an integer >= 1 and <= 256 (or null), got 0 (worker processes of the local Dask cluster the tokenizer and shards stages start; null = CPU count (at most 8); not used with dask_address)"),
         (["--param", "max_new_tokens=0"], "error: samples.max_new_tokens must be an integer >= 1, got 0 (tokens to generate after each prompt; the chapter uses 200)"),
         (["--param", "temperature=-0.5"], "error: samples.temperature must be 0 (greedy) or from 0.001 to 100, got -0.5 (the chapter uses 1.0)"),
         (["--param", "temperature=1e-300"], "error: samples.temperature must be 0 (greedy) or from 0.001 to 100, got 1e-300 (the chapter uses 1.0)"),
