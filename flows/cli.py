@@ -2,9 +2,10 @@
 
     wiki-pipeline run [--tiny] [--mirror] [--param K=V ...] [--force STAGE ...] [--only STAGE]
     wiki-pipeline serve [--tiny] [--param K=V ...]     the deployment runner for wiki-pipeline/wiki-pipeline
-    wiki-pipeline artifacts [--stage S] [--json]       versions, sizes and lineage in the artifact store
+    wiki-pipeline artifacts [--stage S] [--json]       versions, sizes and lineage in the artifact store (stale marked)
+    wiki-pipeline gc [--stale] [--yes]                 what no run needs (unfinished builds, ...): listed; --yes deletes
     wiki-pipeline params [--tiny] [--param K=V ...]    the flow parameters as JSON (for prefect deployment run --params)
-    wiki-pipeline wait FLOW_RUN_ID                     follow a flow run (e.g. one started by the deployment)
+    wiki-pipeline wait FLOW_RUN_ID                     follow a flow run (e.g. one started by the deployment), live
 
 ``--param KEY=VALUE`` takes a flat key (``steps=100``: the field of whichever stage has it; ``seed``, ``device``
 and ``precision`` set the model's and the samples'), a dotted one (``samples.seed=7``) or a whole stage
@@ -97,8 +98,17 @@ def loopback_mirror():
 
 
 def cmd_run(args) -> int:
+    from tasks.corpus import DownloadKnobs
+
     with contextlib.ExitStack() as stack:
         settings = checked(args)
+        DownloadKnobs.from_env()  # a bad WIKI_PIPELINE_* knob stops the run here, not inside the corpus stage
+        if not prefect_api_url():
+            from prefect.settings import PREFECT_HOME
+
+            from flows.server import server_for_this_run
+
+            stack.enter_context(server_for_this_run(PREFECT_HOME.value(), say=lambda m: print(m, file=sys.stderr)))
         if args.mirror:
             if "source_url" in chosen_groups(args).get("corpus", {}):
                 raise UserError("--mirror and source_url both choose the source; give one of them")
@@ -126,12 +136,30 @@ def cmd_run(args) -> int:
     return 0
 
 
+def prefect_api_url() -> str | None:
+    """The Prefect server this process reports to (``PREFECT_API_URL`` or the profile's); None = none set."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or None
+
+
+def flow_parameters(args) -> dict:
+    """The chosen settings as the flow's JSON parameters, credentials in ``source_url`` included: this is what
+    a deployment runs with (everywhere else the JSON form of the settings is redacted)."""
+    from tasks.corpus import credentials_revealed
+
+    with credentials_revealed():
+        return checked(args).flow_parameters()
+
+
 def cmd_serve(args) -> int:
     from prefect.types.entrypoint import EntrypointType
 
     from flows.wiki_pipeline import wiki_pipeline
+    from tasks.corpus import DownloadKnobs
 
-    parameters = checked(args).flow_parameters()
+    parameters = flow_parameters(args)
+    DownloadKnobs.from_env()  # the runner's environment is what its flow runs download with
     wiki_pipeline.serve(name=DEPLOYMENT, parameters=parameters or None, limit=args.limit,
                         entrypoint_type=EntrypointType.MODULE_PATH,
                         description="Wikipedia -> BPE -> token shards -> mygpt -> samples (chapter 28)")
@@ -139,12 +167,58 @@ def cmd_serve(args) -> int:
 
 
 def cmd_params(args) -> int:
-    print(json.dumps(checked(args).flow_parameters()))
+    print(json.dumps(flow_parameters(args)))
     return 0
 
 
+class StatusLine:
+    """Where the follower writes: on a terminal the running stage's progress is one line rewritten in place;
+    elsewhere (a log file, a pipe) each new progress report is a line of its own."""
+
+    def __init__(self, out=None) -> None:
+        self.out = out or sys.stdout
+        self.tty, self.live = self.out.isatty(), False
+
+    def progress(self, text: str) -> None:
+        if self.tty:
+            self.out.write("\r\033[K" + text)
+            self.live = True
+        else:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+    def line(self, text: str) -> None:
+        self.out.write(("\r\033[K" if self.live else "") + text + "\n")
+        self.live = False
+        self.out.flush()
+
+    def end(self) -> None:
+        """Leave the rewritten line as it is (before writing elsewhere)."""
+        if self.live:
+            self.out.write("\n")
+            self.live = False
+            self.out.flush()
+
+
+def running_progress(client, task_run) -> str | None:
+    """``model      42.0% step 4200/10000 loss 3.6102 · 5.1k tokens/s · ETA 12m05s``: the running stage's
+    latest progress artifact (see ``tasks.stage.BuildContext.progress``), or None before it posted one."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId, ArtifactFilterType
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    found = client.read_artifacts(
+        artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[task_run.id]),
+                                       type=ArtifactFilterType(any_=["progress"])),
+        sort=ArtifactSort.UPDATED_DESC, limit=1)
+    if not found:
+        return None
+    what = (found[0].description or "").partition(": ")[2]
+    return f"  {task_run.name:10s} {float(found[0].data or 0):5.1f}% {what}".rstrip()
+
+
 def cmd_wait(args) -> int:
-    """Follow a flow run (by id) until it ends, printing each stage's state once it is final."""
+    """Follow a flow run (by id) until it ends: the running stage's progress live (step, loss, tokens/s and
+    ETA while training; bytes while downloading, ...), and each stage's state once it is final."""
     import time
     import uuid
 
@@ -156,6 +230,8 @@ def cmd_wait(args) -> int:
     except ValueError:
         raise UserError(f"{args.flow_run_id!r} is not a flow run id (a UUID)") from None
     shown: set = set()
+    last_progress: dict = {}
+    status = StatusLine()
     deadline = time.monotonic() + args.timeout if args.timeout else None
     with get_client(sync_client=True) as client:
         while True:
@@ -164,19 +240,34 @@ def cmd_wait(args) -> int:
             for t in sorted(tasks, key=lambda t: t.expected_start_time or t.created):
                 if t.state and t.state.is_final() and t.id not in shown:
                     shown.add(t.id)
-                    print(f"  {t.name:10s} {t.state.name}", flush=True)
+                    status.line(f"  {t.name:10s} {t.state.name}")
+                elif t.state and t.state.is_running():
+                    text = running_progress(client, t)
+                    if text and text != last_progress.get(t.id):
+                        last_progress[t.id] = text
+                        status.progress(text)
             if run.state and run.state.is_final():
-                print(f"flow run {run.name} ({run_id}): {run.state.name}", flush=True)
+                status.line(f"flow run {run.name} ({run_id}): {run.state.name}")
                 return 0 if run.state.is_completed() else 1
             if deadline and time.monotonic() > deadline:
+                status.end()
                 print(f"flow run {run.name} is still {run.state.name if run.state else '?'} after "
                       f"{args.timeout}s; it keeps running", file=sys.stderr)
                 return 1
             time.sleep(args.interval)
 
 
+def code_versions() -> dict[str, str]:
+    """Each stage's current code version (its module is named after it: ``tasks.<stage>.STAGE``)."""
+    import importlib
+
+    from tasks.store import STAGES
+
+    return {name: importlib.import_module(f"tasks.{name}").STAGE.code_version for name in STAGES}
+
+
 def cmd_artifacts(args) -> int:
-    from tasks.store import ArtifactStore, format_listing
+    from tasks.store import ArtifactStore, format_listing, human_bytes
 
     store = ArtifactStore(args.artifacts_dir)
     stages = [args.stage] if args.stage else None
@@ -185,13 +276,45 @@ def cmd_artifacts(args) -> int:
 
         stages = [stage_name(args.stage, "--stage")]
     rows = [v for st in (stages or [None]) for v in store.versions(st)]
+    stale = store.stale_versions(code_versions())
     if args.json:
         print(json.dumps([{"stage": v.stage, "version": v.version, "path": str(v.path), "bytes": v.size_bytes,
                            "build_id": v.manifest.get("build_id"), "created_at": v.manifest.get("created_at"),
                            "inputs": {k: i["version"] for k, i in v.manifest.get("inputs", {}).items()},
-                           "settings": v.manifest.get("settings")} for v in rows], indent=1))
+                           "settings": v.manifest.get("settings"), "stale": stale.get((v.stage, v.version))}
+                          for v in rows], indent=1))
         return 0
-    print(format_listing(store, rows))
+    print(format_listing(store, rows, stale))
+    leftovers = store.garbage()
+    if leftovers or stale:
+        size = sum(g.bytes for g in leftovers)
+        print(f"\n{len(stale)} stale version(s) (no run reuses them); {len(leftovers)} unfinished build or leftover "
+              f"dir(s) holding {human_bytes(size)}: `wiki-pipeline gc` lists them (--stale for the stale versions)")
+    return 0
+
+
+def cmd_gc(args) -> int:
+    """List what no run needs -- how big, why -- and with ``--yes`` delete it, never what a running build locks."""
+    from tasks.store import ArtifactStore, human_bytes
+
+    store = ArtifactStore(args.artifacts_dir)
+    items = store.garbage(code_versions() if args.stale else None)
+    if not items:
+        print(f"nothing to collect under {store.root}")
+        return 0
+    print(f"{'deleting' if args.yes else 'would delete (dry run; --yes deletes)'} under {store.root}:")
+    freed = kept = 0
+    for item in items:
+        where = item.path.relative_to(store.root)
+        in_use = item.in_use or (args.yes and not store.collect(item))
+        if in_use:
+            kept += 1
+            print(f"  {'in use':>9s}  {where}  kept: a running build holds its lock")
+            continue
+        freed += item.bytes
+        print(f"  {human_bytes(item.bytes):>9s}  {where}  {item.reason}")
+    verb = "freed" if args.yes else "would free"
+    print(f"{verb} {human_bytes(freed)} in {len(items) - kept} item(s)" + (f"; {kept} in use, kept" if kept else ""))
     return 0
 
 
@@ -236,6 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     art.add_argument("--stage", help="only this stage (corpus, tokenizer, shards, model, samples; or download, ...)")
     art.add_argument("--json", action="store_true")
     art.set_defaults(func=cmd_artifacts)
+
+    gc = sub.add_parser("gc", help="list what no run needs (unfinished builds, leftovers): what, how big, why; "
+                                   "--yes deletes it")
+    gc.add_argument("--artifacts-dir", help="artifact root (default: artifacts/ or $WIKI_PIPELINE_ARTIFACTS)")
+    gc.add_argument("--stale", action="store_true",
+                    help="also the published versions no run can reuse (marked stale by `wiki-pipeline artifacts`)")
+    gc.add_argument("--yes", action="store_true", help="delete them (default: only list them)")
+    gc.set_defaults(func=cmd_gc)
     return ap
 
 

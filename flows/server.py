@@ -1,23 +1,50 @@
 """A real Prefect server on 127.0.0.1 as a child process: its own PREFECT_HOME, a free port, SQLite, analytics off.
 
-Used by the tests, the benchmarks and the CLI wherever a run needs a server and none is configured.
+Used by the tests, the benchmarks and ``wiki-pipeline run`` when no ``PREFECT_API_URL`` is configured
+(:func:`server_for_this_run`). The child never outlives the process that started it: on Linux it asks the
+kernel for SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG)``), so even a SIGKILLed run leaves no
+server behind; elsewhere :meth:`PrefectServer.stop` (on every normal exit) is what stops it.
+
+Its first start on a fresh ``PREFECT_HOME`` creates the SQLite database and runs every migration: 33-35 s on
+2 cores (longer under load), past the 20 s Prefect gives its own temporary server; :data:`START_TIMEOUT` allows
+for that.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
+
+START_TIMEOUT = 240.0  # seconds: a first start's migrations, on a busy machine
+_PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _die_with(parent: int):
+    """A ``preexec_fn``: in the child, before exec, ask Linux for SIGTERM when ``parent`` dies."""
+    def arm() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):  # not Linux: stop() on the parent's exit is all there is
+            return
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
+    return arm
 
 
 class PrefectServer:
@@ -36,13 +63,14 @@ class PrefectServer:
         self.proc: subprocess.Popen | None = None
         self.log_path = self.home / "server.log"
 
-    def start(self, timeout: float = 90) -> "PrefectServer":
+    def start(self, timeout: float = START_TIMEOUT) -> "PrefectServer":
         self.home.mkdir(parents=True, exist_ok=True)
         prefect = Path(sys.executable).with_name("prefect")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
-            env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_die_with(os.getpid()))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -66,3 +94,31 @@ class PrefectServer:
                 self.proc.wait()
         if getattr(self, "_log", None):
             self._log.close()
+
+
+def drain_prefect_queues(timeout: float = 15) -> None:
+    """Send what Prefect's background log and event senders still hold while the server answers (else they
+    retry a stopped server for a minute at interpreter exit)."""
+    from prefect._internal.concurrency.services import QueueService
+
+    QueueService.drain_all(timeout=timeout)
+
+
+@contextlib.contextmanager
+def server_for_this_run(home: Path, say=print) -> Iterator[PrefectServer]:
+    """A Prefect server for one run (``wiki-pipeline run`` without ``PREFECT_API_URL``): started on a free
+    loopback port with its database in ``home``, this process's Prefect settings pointed at it, stopped after."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    server = PrefectServer(home)
+    say(f"no PREFECT_API_URL: starting a Prefect server for this run on 127.0.0.1:{server.port} (database in "
+        f"{server.home}; a first start takes about a minute); it stops when the run ends")
+    try:
+        server.start()
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+            try:
+                yield server
+            finally:
+                drain_prefect_queues()
+    finally:
+        server.stop()

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from mygpt.errors import UserError
 from tasks.corpus import CorpusSettings
+from tasks.export import ExportSettings
 from tasks.model import ModelSettings
 from tasks.samples import SamplesSettings
 from tasks.settings import RunOptions, Settings
@@ -35,6 +36,7 @@ class Pipeline(BaseModel):
     shards: ShardsSettings = ShardsSettings()
     model: ModelSettings = ModelSettings()
     samples: SamplesSettings = SamplesSettings()
+    export: ExportSettings = ExportSettings()
     run: RunOptions = RunOptions()
 
     @classmethod
@@ -50,6 +52,7 @@ class Pipeline(BaseModel):
         parsed = {name: cls.settings_class(name).parse(groups.get(name), name) for name in cls.model_fields}
         for name in ("model", "samples"):
             parsed[name].resolved()  # raises where the device or precision is not available here
+        parsed["export"].check_model(parsed["model"].norm, parsed["model"].position)
         return cls(**parsed)
 
     @classmethod

@@ -1,5 +1,5 @@
 """The wiki-pipeline flow: download Wikipedia, train a BPE tokenizer on it, encode it into token shards, train
-mygpt on the shards and sample from the model.
+mygpt on the shards, sample from the model and export it for the Hugging Face stack.
 
 One parameter per stage -- its settings, with the chapter's defaults (§28.6-28.7) -- plus the run options. The
 first line checks them all (``Pipeline.parse``: a ``UserError`` naming the field, before any stage runs); the
@@ -19,11 +19,13 @@ from prefect import flow, get_run_logger
 from flows.settings import Pipeline
 from mygpt.errors import UserError
 from tasks import corpus as corpus_stage
+from tasks import export as export_stage
 from tasks import model as model_stage
 from tasks import samples as samples_stage
 from tasks import shards as shards_stage
 from tasks import tokenizer as tokenizer_stage
 from tasks.corpus import CorpusSettings, download_corpus
+from tasks.export import ExportSettings, export_model
 from tasks.model import ModelSettings, load_tokenizer, train_model
 from tasks.samples import SamplesSettings, check_prompts, sample_model
 from tasks.settings import RunOptions
@@ -40,11 +42,13 @@ def wiki_pipeline(
     shards: ShardsSettings = ShardsSettings(),
     model: ModelSettings = ModelSettings(),
     samples: SamplesSettings = SamplesSettings(),
+    export: ExportSettings = ExportSettings(),
     run: RunOptions = RunOptions(),
 ) -> dict[str, StageRef]:
     # Prefect passes JSON objects for these parameters (validate_parameters=False): Pipeline.parse checks them
     # with the stages' own classes and raises UserError naming the field.
-    s = Pipeline.parse(corpus=corpus, tokenizer=tokenizer, shards=shards, model=model, samples=samples, run=run)
+    s = Pipeline.parse(corpus=corpus, tokenizer=tokenizer, shards=shards, model=model, samples=samples,
+                       export=export, run=run)
     if s.run.only:
         return run_only(s)
 
@@ -54,9 +58,11 @@ def wiki_pipeline(
     shards_ref = encode_shards(corpus_ref, tokenizer_ref, s.shards, s.run, return_state=True).result()
     model_ref = train_model(shards_ref, tokenizer_ref, s.model, s.run, return_state=True).result()
     samples_ref = sample_model(model_ref, s.samples, s.run, return_state=True).result()
-
-    return {"corpus": corpus_ref, "tokenizer": tokenizer_ref, "shards": shards_ref, "model": model_ref,
+    refs = {"corpus": corpus_ref, "tokenizer": tokenizer_ref, "shards": shards_ref, "model": model_ref,
             "samples": samples_ref}
+    if s.export.enabled:
+        refs["export"] = export_model(model_ref, s.export, s.run, return_state=True).result()
+    return refs
 
 
 def check_prompt(tokenizer: StageRef, samples: SamplesSettings) -> None:
@@ -69,7 +75,7 @@ def check_prompt(tokenizer: StageRef, samples: SamplesSettings) -> None:
 #: stage name, then its settings and the run options.
 STAGE_TASKS = {m.STAGE.name: (m.STAGE, task) for m, task in [
     (corpus_stage, download_corpus), (tokenizer_stage, train_tokenizer), (shards_stage, encode_shards),
-    (model_stage, train_model), (samples_stage, sample_model)]}
+    (model_stage, train_model), (samples_stage, sample_model), (export_stage, export_model)]}
 
 
 def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:

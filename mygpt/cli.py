@@ -1,4 +1,5 @@
-"""``mygpt train TEXT_FILE`` and ``mygpt generate`` with the chapter's flags, defaults and header block.
+"""``mygpt train TEXT_FILE``, ``mygpt generate`` (the chapter's flags, defaults and header block) and
+``mygpt export`` (a checkpoint as a Hugging Face transformers directory, see :mod:`mygpt.hf_export`).
 
 Bad input a user can fix is reported as ``error: <message>`` on stderr with exit code 2 and no traceback.
 """
@@ -16,7 +17,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mygpt", description="Train and sample a small GPT.")
+    parser = argparse.ArgumentParser(prog="mygpt", description="Train, sample and export a small GPT.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model on a UTF-8 text file")
@@ -86,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=1337)
     g.add_argument("--no-cache", action="store_true", help="recompute the whole context each step (no KV cache)")
     g.set_defaults(func=_generate_command)
+
+    e = sub.add_parser("export", help="export a checkpoint as a Hugging Face transformers directory",
+                       description="Write tokenizer.json, config.json, model.safetensors, ... to --out, checked "
+                                   "against the checkpoint; load it with AutoTokenizer / AutoModelForCausalLM.")
+    e.add_argument("--checkpoint", default="model.ckpt", help="checkpoint to export (default model.ckpt)")
+    e.add_argument("--out", required=True, help="directory to write (created if absent; must be new, empty or "
+                                                "an earlier export)")
+    e.set_defaults(func=_export_command)
     return parser
 
 
@@ -266,6 +275,23 @@ def _generate_command(args) -> int:
         top_k=args.top_k, seed=args.seed, device=device, precision=precision, use_cache=not args.no_cache,
     )
     print(text)
+    return 0
+
+
+def _export_command(args) -> int:
+    from .hf_export import export_checkpoint
+
+    facts = export_checkpoint(args.checkpoint, args.out)
+    check = facts["check"]
+    print(f"exported {args.checkpoint} to {facts['out_dir']} as {facts['architecture']} "
+          f"({facts['num_params']:,} params, vocab {facts['vocab_size']:,}) in {facts['seconds']['total']:.1f}s")
+    for name, info in facts["files"].items():
+        print(f"  {name:<24} {info['bytes']:>12,} bytes")
+    print(f"checked: {check['tokenizer_tokens']:,} token ids equal to mygpt's; max |logit diff| "
+          f"{check['max_abs_logit_diff']:.2e} over {check['logit_tokens']} positions")
+    print("load it with:")
+    for line in facts["load"]:
+        print(f"  {line}")
     return 0
 
 

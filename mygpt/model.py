@@ -106,10 +106,13 @@ def make_norm(norm_type: str, dim: int) -> nn.Module:
 
 
 def rope_tables(head_dim: int, max_seq_len: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables of shape (max_seq_len, head_dim // 2) for rotary position embeddings."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
-    return angles.cos().float(), angles.sin().float()
+    """cos/sin tables of shape (max_seq_len, head_dim // 2) for rotary position embeddings.
+
+    Computed in fp32 the way Hugging Face transformers computes them (``inv_freq``, then position x inv_freq),
+    so a model exported with :mod:`mygpt.hf_export` gives bit-identical angles there."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    angles = torch.arange(max_seq_len, dtype=torch.float)[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -17,22 +17,46 @@ The zip is *not* published: it lives in the build's ``work/`` folder (so an inte
 and is deleted on publish. Its size and sha256 are in the manifest metrics, so the published text can be
 traced to the exact archive; re-fetch it from ``source_url`` if you need it.
 
+**What the version depends on.** Besides the settings, the corpus version depends on what is at
+``source_url`` when the stage runs (:func:`source_identity`, recorded as the manifest's ``source``): for a
+``file://`` zip its size and modification time; for http(s) what the server says about the file -- its
+``ETag``, ``Last-Modified`` and size -- read from a one-byte ``Range`` request before anything else. New
+content at the same address therefore gives a new version (and new downstream versions) instead of the old
+corpus. A server that sends none of the three cannot be told apart over time: a warning says so; pass
+``expected_sha256`` there. When the source cannot be reached at all, the newest version already published
+from the same settings is reused, with a warning (so a finished pipeline reruns offline).
+
+**Credentials** in ``source_url`` (``https://user:password@host/...``, or a signed URL's query) are used to
+download and nowhere else: every URL the stage shows or stores -- logs, error messages, the manifest, the UI
+report, the settings Prefect records for a run -- has its user info and query values replaced by ``***``
+(:func:`redact_url`), and the version id is computed from that redacted form (plus the content identity).
+
+**Bounds.** The download stops as soon as it exceeds ``expected_bytes`` (or :data:`MAX_ZIP_BYTES` without
+one); before anything is unzipped, :func:`check_members` refuses encrypted members, compression methods
+Python cannot read, and members whose declared sizes exceed :data:`MAX_UNZIPPED_BYTES` or
+:data:`MAX_RATIO` times their compressed size (zip bombs). Reading a member never yields more than its
+declared size (``zipfile`` stops there and checks the CRC), so those checks bound what is written.
+
 Downloading (``requests``, streamed into ``work/source.zip.part``): a read timeout, retries with
 exponential backoff on connection errors, timeouts, truncated bodies, 5xx, 408 and 429 (never on other 4xx,
 which are reported at once), and resume with an HTTP ``Range`` request (checked: ``206`` with a matching
 ``Content-Range``; a server that ignores ``Range`` and answers ``200`` makes us start the file over, never
 append). The retry loop lives inside the stage, not in Prefect task retries, so that it can keep the bytes
 it already has and reset its failure count whenever a try makes progress. Knobs (environment, not part of
-the version): ``WIKI_PIPELINE_DOWNLOAD_ATTEMPTS`` (failed tries in a row before giving
-up, default 6), ``WIKI_PIPELINE_RETRY_BASE_DELAY`` (seconds before the first retry, doubled each time,
-capped at 60; default 2), ``WIKI_PIPELINE_READ_TIMEOUT`` (seconds without data, default 60).
+the version; checked by :meth:`DownloadKnobs.from_env` before the pipeline starts):
+``WIKI_PIPELINE_DOWNLOAD_ATTEMPTS`` (failed tries in a row before giving up, a whole number >= 1, default 6),
+``WIKI_PIPELINE_RETRY_BASE_DELAY`` (seconds before the first retry, doubled each time, capped at 60; >= 0,
+default 2), ``WIKI_PIPELINE_READ_TIMEOUT`` (seconds without data, > 0, default 60).
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
+import contextvars
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -40,16 +64,17 @@ import urllib.parse
 import urllib.request
 import zipfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_serializer
 
 from mygpt.atomic import atomic_open, atomic_write_text
 from mygpt.errors import UserError
 from tasks.settings import RunOptions, Settings
 from tasks.stage import BuildContext, Stage, StageRef, stage_task, summary_table
-from tasks.store import human_bytes, sha256_file
+from tasks.store import ArtifactStore, human_bytes, sha256_file
 
 DEFAULT_URL = "https://wikitext.smerity.com/wikitext-103-raw-v1.zip"
 PINNED_BYTES = 191_984_949  # the chapter's EXPECTED_BYTES for DEFAULT_URL
@@ -63,12 +88,64 @@ USER_AGENT = "Mozilla/5.0 (compatible; wiki-pipeline)"  # the chapter: smerity's
 CONNECT_TIMEOUT = 30.0
 PIECE_BYTES = 4 << 20
 BLOCK_CHARS = 4 << 20
+#: Bounds (item 6 of issue 10). The real zip is 183 MiB and unzips to ~520 MiB (2.8x): these are ~10x that.
+MAX_ZIP_BYTES = 2 << 30  # the most a download may bring without expected_bytes
+MAX_UNZIPPED_BYTES = 4 << 30  # the most the three members may declare, together
+MAX_RATIO = 20  # declared / compressed size of the three members (text deflates 3-4x; bombs 100-1000x)
+#: The compression methods Python's zipfile reads (stored, deflate, bzip2, lzma).
+READABLE_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2",
+                    zipfile.ZIP_LZMA: "lzma"}
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _CONTENT_RANGE_RE = re.compile(r"^bytes\s+(\d+)-(\d+)/(\d+|\*)$")
+_TRANSIENT_STATUS = (408, 429)  # and every 5xx
 
 ENV_ATTEMPTS = "WIKI_PIPELINE_DOWNLOAD_ATTEMPTS"
 ENV_BASE_DELAY = "WIKI_PIPELINE_RETRY_BASE_DELAY"
 ENV_READ_TIMEOUT = "WIKI_PIPELINE_READ_TIMEOUT"
+
+
+# ---- credentials in URLs -----------------------------------------------------------------------------
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown or stored: user info and every query value replaced by ``***``
+    (``https://alice:pw@host/f.zip?token=abc&x`` -> ``https://***@host/f.zip?token=***&***``)."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=_redact_query(parts.query)))
+
+
+def _redact_query(query: str) -> str:
+    return "&".join(f"{key}=***" if sep else "***"
+                    for key, sep, _ in (item.partition("=") for item in query.split("&") if item))
+
+
+def redact_text(text: str, url: str) -> str:
+    """``text`` (e.g. an exception message, which may quote the URL or its query) without ``url``'s secrets."""
+    parts = urllib.parse.urlsplit(url)
+    secrets = {url: redact_url(url), parts.query: _redact_query(parts.query)}
+    if "@" in parts.netloc:
+        secrets[parts.netloc.rpartition("@")[0]] = "***"
+    for secret, shown in sorted(secrets.items(), key=lambda kv: -len(kv[0])):
+        if secret:
+            text = text.replace(secret, shown)
+    return text
+
+
+#: Set while settings are dumped for something that must run them (a deployment's parameters): then
+#: ``source_url`` keeps its credentials; everywhere else its JSON form is redacted.
+_REVEAL_URL = contextvars.ContextVar("reveal_source_url", default=False)
+
+
+@contextlib.contextmanager
+def credentials_revealed() -> Iterator[None]:
+    """Dump ``CorpusSettings.source_url`` with its credentials (for ``wiki-pipeline params`` / ``serve``, whose
+    output is what a deployment runs with) instead of redacted."""
+    token = _REVEAL_URL.set(True)
+    try:
+        yield
+    finally:
+        _REVEAL_URL.reset(token)
 
 
 # ---- settings ----------------------------------------------------------------------------------------
@@ -91,17 +168,18 @@ class CorpusSettings(Settings):
             raise ValueError("source_url must be an http(s):// or file:// URL of the wikitext-103-raw-v1 zip, got ''")
         parsed = urllib.parse.urlparse(url)
         scheme = parsed.scheme.lower()
+        shown = redact_url(url)
         if scheme not in ("http", "https", "file"):
-            raise ValueError(f"source_url {url!r} has scheme {parsed.scheme or '(none)'!r}; use an http://, https:// "
-                             "or file:// URL (for a local zip: file:///absolute/path/to/wikitext-103-raw-v1.zip)")
-        if scheme in ("http", "https") and not parsed.netloc:
-            raise ValueError(f"source_url {url!r} has no host; write it as {scheme}://host/path")
+            raise ValueError(f"source_url {shown!r} has scheme {parsed.scheme or '(none)'!r}; use an http://, "
+                             "https:// or file:// URL (for a local zip: file:///absolute/path/to/wikitext-103-raw-v1.zip)")
+        if scheme in ("http", "https") and not parsed.hostname:
+            raise ValueError(f"source_url {shown!r} has no host; write it as {scheme}://host/path")
         if scheme == "file":
             if parsed.netloc not in ("", "localhost"):
-                raise ValueError(f"source_url {url!r}: a file:// URL cannot name a host ({parsed.netloc!r}); "
+                raise ValueError(f"source_url {shown!r}: a file:// URL cannot name a host ({parsed.netloc!r}); "
                                  "use file:///absolute/path")
             if not parsed.path.startswith("/"):
-                raise ValueError(f"source_url {url!r}: a file:// URL needs an absolute path (file:///...)")
+                raise ValueError(f"source_url {shown!r}: a file:// URL needs an absolute path (file:///...)")
         return url
 
     @field_validator("expected_bytes", mode="before")
@@ -119,40 +197,214 @@ class CorpusSettings(Settings):
             raise ValueError(f"expected_sha256 must be 64 hexadecimal digits (the output of sha256sum), got {value!r}")
         return value.strip().lower() if value is not None else None
 
+    @model_serializer(mode="wrap")
+    def _without_credentials(self, handler, info):
+        """The JSON form -- the version id, the manifest, the UI's settings table, the parameters Prefect keeps
+        of a run -- never carries credentials (see :func:`credentials_revealed` for the one exception)."""
+        data = handler(self)
+        if info.mode_is_json() and "source_url" in data and not _REVEAL_URL.get():
+            data["source_url"] = redact_url(data["source_url"])
+        return data
+
     def resolved(self) -> "CorpusSettings":
         """``expected_bytes`` settled: the pinned size for the default URL, 0 (no check) for others."""
         if self.expected_bytes is not None:
             return self
         return self.model_copy(update={"expected_bytes": PINNED_BYTES if self.source_url == DEFAULT_URL else 0})
 
+    def progress_unit(self) -> tuple[str, float]:
+        return ("B", 1)  # download and unzip progress count bytes
+
+    @property
+    def shown_url(self) -> str:
+        """``source_url`` without credentials: the only form logs and messages use."""
+        return redact_url(self.source_url)
+
+    @property
+    def is_file(self) -> bool:
+        return self.source_url.lower().startswith("file:")
+
+    @property
+    def max_zip_bytes(self) -> int:
+        """The most the download may bring: ``expected_bytes`` when given, else :data:`MAX_ZIP_BYTES`."""
+        return self.expected_bytes or MAX_ZIP_BYTES
+
 
 def _file_path(url: str) -> Path:
     return Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
 
 
-def _knob(env: str, default: float) -> float:
-    value = os.environ.get(env) or default
+# ---- download knobs (environment) ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DownloadKnobs:
+    """How hard the download tries (environment variables, not part of any version; see the module docstring)."""
+
+    attempts: int = 6
+    base_delay: float = 2.0
+    read_timeout: float = 60.0
+
+    @classmethod
+    def from_env(cls) -> "DownloadKnobs":
+        """The knobs from the environment (unset or empty = default); ``UserError`` naming a bad one."""
+        d = cls()
+        return cls(
+            attempts=_env_number(ENV_ATTEMPTS, d.attempts, "a whole number >= 1", lambda v: v >= 1 and v == int(v),
+                                 "failed tries in a row before the download gives up"),
+            base_delay=_env_number(ENV_BASE_DELAY, d.base_delay, "a number of seconds >= 0", lambda v: v >= 0,
+                                   "wait before the first retry, doubled each time, at most 60 s"),
+            read_timeout=_env_number(ENV_READ_TIMEOUT, d.read_timeout, "a number of seconds > 0", lambda v: v > 0,
+                                     "seconds without data before a try fails"),
+        )
+
+
+def _env_number(name: str, default, what: str, ok, meaning: str):
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise UserError(f"{env} must be a number, got {value!r}") from None
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not ok(value):
+        raise UserError(f"{name} must be {what}, got {raw!r} ({meaning}; default {default:g}); fix or unset it")
+    return type(default)(value)
 
 
-# ---- downloading -------------------------------------------------------------------------------------
+# ---- what is at source_url ---------------------------------------------------------------------------------
 class _Transient(Exception):
     """A failure worth retrying (5xx, truncated body, ...)."""
 
 
-def fetch(url: str, dest: Path, *, attempts: int = 6, base_delay: float = 2.0, read_timeout: float = 60.0,
-          log=None, progress=None) -> dict:
+class SourceUnreachable(UserError):
+    """The source would not say what it holds: network down or server failing (retried, then given up), or
+    refusing (4xx)."""
+
+
+def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict:
+    """What is at ``source_url`` now, for the version id (``Stage.source``; see the module docstring).
+
+    ``{"bytes", "mtime_ns"}`` for a file:// zip; for http(s) whichever of ``bytes``, ``etag``,
+    ``last_modified`` the server sends. Unreachable: the identity of the newest version published from the same
+    settings (so it is reused, with a warning), else ``UserError``. A size that differs from ``expected_bytes``
+    is refused here, before anything is downloaded."""
+    if settings.is_file:
+        identity = _file_identity(settings)
+    else:
+        try:
+            identity = probe(settings.source_url, DownloadKnobs.from_env(), log)
+        except SourceUnreachable as e:
+            return _last_known_identity(settings, store, log, e)
+        if not identity:
+            log.warning("corpus: %s sends no ETag, Last-Modified or size, so new content there would not give a new "
+                        "version; pass expected_sha256 to be sure of what you get", settings.shown_url)
+    size = identity.get("bytes")
+    if settings.expected_bytes and size is not None and size != settings.expected_bytes:
+        raise UserError(f"{settings.shown_url} is {size:,} bytes but expected_bytes is {settings.expected_bytes:,}; "
+                        f"the mirror may serve a different file: check source_url, or pass expected_bytes={size} "
+                        "(0 = no size check) if you trust it")
+    return identity
+
+
+def _file_identity(settings: CorpusSettings) -> dict:
+    path = _file_path(settings.source_url)
+    if not path.is_file():
+        raise UserError(f"source_url {settings.shown_url!r}: there is no file {path}; check the path")
+    st = path.stat()
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _last_known_identity(settings: CorpusSettings, store: ArtifactStore, log, error: SourceUnreachable) -> dict:
+    params = settings.version_params()
+    known = [v for v in store.versions("corpus")
+             if v.manifest.get("settings") == params and v.manifest.get("code_version") == STAGE.code_version
+             and isinstance(v.manifest.get("source"), dict)]
+    if not known:
+        raise error
+    newest = known[-1]
+    log.warning("corpus: cannot check %s now (%s); reusing corpus/%s, fetched from it on %s: the file there may "
+                "have changed since", settings.shown_url, error, newest.version, newest.manifest.get("created_at"))
+    return newest.manifest["source"]
+
+
+def probe(url: str, knobs: DownloadKnobs, log=None) -> dict:
+    """Ask the server what is at ``url`` with a one-byte ``Range`` GET (HEAD is refused by signed URLs):
+    ``{"bytes", "etag", "last_modified"}``, each where the server says it. Retries like :func:`fetch`;
+    :class:`SourceUnreachable` when every try failed or the server refused (4xx: e.g. an expired signed URL)."""
+    import requests
+    import urllib3
+
+    headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", "Range": "bytes=0-0"}
+    failures = 0
+    with requests.Session() as session:
+        while True:
+            try:
+                with session.get(url, headers=headers, stream=True,
+                                 timeout=(CONNECT_TIMEOUT, knobs.read_timeout)) as r:
+                    _raise_for_status(url, r)
+                    identity = _identity_of(r)
+                    if r.status_code == 206:  # read the one byte, so the connection ends cleanly (no reset)
+                        with contextlib.suppress(requests.RequestException, urllib3.exceptions.HTTPError, OSError):
+                            r.raw.read(1024)
+                    return identity
+            except UserError as e:  # a 4xx: the server will not say
+                raise SourceUnreachable(str(e)) from None
+            except (_Transient, requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError,
+                    TimeoutError) as exc:
+                failures += 1
+                if failures >= knobs.attempts:
+                    raise SourceUnreachable(
+                        f"downloading {redact_url(url)} failed {failures} times in a row (last: "
+                        f"{_describe(exc, url)}); check the network or the mirror, or pass another source_url") from None
+                _back_off(knobs, failures, f"asking {redact_url(url)} what it holds", exc, url, log)
+
+
+def _identity_of(r) -> dict:
+    size = None
+    m = _CONTENT_RANGE_RE.match(r.headers.get("Content-Range", "").strip())
+    if r.status_code == 206 and m and m.group(3) != "*":
+        size = int(m.group(3))
+    elif r.status_code == 200 and r.headers.get("Content-Length", "").isdigit():
+        size = int(r.headers["Content-Length"])
+    found = {"bytes": size, "etag": r.headers.get("ETag"), "last_modified": r.headers.get("Last-Modified")}
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def _raise_for_status(url: str, r) -> None:
+    """``_Transient`` for a status worth retrying, ``UserError`` for any other that is not 200/206."""
+    status = r.status_code
+    if status >= 500 or status in _TRANSIENT_STATUS:
+        raise _Transient(f"HTTP {status} {r.reason}")
+    if status not in (200, 206):
+        hint = ("the file is not there: check source_url" if status in (404, 410)
+                else "the server refused the request: check source_url or try another mirror")
+        raise UserError(f"downloading {redact_url(url)} failed: HTTP {status} {r.reason}; {hint}")
+
+
+def _back_off(knobs: DownloadKnobs, failures: int, what: str, exc: BaseException, url: str, log,
+              have: int | None = None) -> None:
+    delay = min(60.0, knobs.base_delay * 2 ** (failures - 1))
+    if log:
+        kept = f" with {human_bytes(have)} downloaded" if have is not None else ""
+        log.warning("download: %s failed (%s)%s; retrying in %.1fs", what, _describe(exc, url), kept, delay)
+    time.sleep(delay)
+
+
+# ---- downloading -------------------------------------------------------------------------------------
+def fetch(url: str, dest: Path, *, knobs: DownloadKnobs = DownloadKnobs(), identity: dict | None = None,
+          max_bytes: int = MAX_ZIP_BYTES, log=None, progress=None) -> dict:
     """Download ``url`` to ``dest`` (via ``dest.part``, resumable). Returns download facts for the metrics.
 
     ``dest`` appears only when the whole body arrived. A ``dest.part`` left by an earlier (crashed) attempt
-    is resumed with ``Range``. ``UserError`` for 4xx answers and when ``attempts`` tries in a row fail.
+    is resumed with ``Range``. ``identity`` (from :func:`probe`) is what the version was computed from: its
+    size is the size to expect (a body that ends early is resumed), and a different ETag means the file
+    changed meanwhile (``UserError``). The download stops with ``UserError`` as soon as it would exceed
+    ``max_bytes``, and for 4xx answers, and when ``knobs.attempts`` tries in a row fail.
     """
     import requests
     import urllib3
 
+    identity = identity or {}
+    shown = redact_url(url)
     part = dest.with_name(dest.name + ".part")
     meta_path = dest.with_name(dest.name + ".json")
     meta = {}
@@ -161,9 +413,9 @@ def fetch(url: str, dest: Path, *, attempts: int = 6, base_delay: float = 2.0, r
             meta = json.loads(meta_path.read_text())
         except ValueError:
             meta = {}
-    if meta.get("url") != url:
+    if meta.get("url") != shown:  # the .part came from another address (credentials never stored)
         part.unlink(missing_ok=True)
-        meta = {"url": url}
+        meta = {"url": shown}
     resumed_bytes = part.stat().st_size if part.exists() else 0
     failures = tries = 0
     range_requests = 0
@@ -182,7 +434,7 @@ def fetch(url: str, dest: Path, *, attempts: int = 6, base_delay: float = 2.0, r
                 headers["If-Range"] = validator
             range_requests += 1
         try:
-            with session.get(url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, read_timeout)) as r:
+            with session.get(url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, knobs.read_timeout)) as r:
                 status = r.status_code
                 if status == 416 and have:
                     m = re.match(r"^bytes\s+\*/(\d+)$", r.headers.get("Content-Range", ""))
@@ -190,12 +442,8 @@ def fetch(url: str, dest: Path, *, attempts: int = 6, base_delay: float = 2.0, r
                         break  # the .part is already complete
                     part.unlink(missing_ok=True)
                     raise _Transient(f"the server rejected resuming at byte {have:,} (HTTP 416); starting over")
-                if status >= 500 or status in (408, 429):
-                    raise _Transient(f"HTTP {status} {r.reason}")
-                if status not in (200, 206):
-                    hint = ("the file is not there: check source_url" if status in (404, 410)
-                            else "the server refused the request: check source_url or try another mirror")
-                    raise UserError(f"downloading {url} failed: HTTP {status} {r.reason}; {hint}")
+                _raise_for_status(url, r)
+                _check_unchanged(shown, identity, r)
                 total = None
                 if status == 206:
                     m = _CONTENT_RANGE_RE.match(r.headers.get("Content-Range", "").strip())
@@ -207,23 +455,33 @@ def fetch(url: str, dest: Path, *, attempts: int = 6, base_delay: float = 2.0, r
                     mode = "ab"
                 else:
                     if have and log:
-                        log.warning("download: %s ignored the Range request; starting the file over", url)
+                        log.warning("download: %s ignored the Range request; starting the file over", shown)
                     have, mode = 0, "wb"
                     if r.headers.get("Content-Length", "").isdigit():
                         total = int(r.headers["Content-Length"])
+                total = identity.get("bytes", total)  # what the version was computed from wins over one answer
+                if total is not None and total > max_bytes:
+                    part.unlink(missing_ok=True)
+                    raise _too_big(shown, max_bytes, f"it announces {total:,} bytes")
                 meta.update(etag=r.headers.get("ETag"), last_modified=r.headers.get("Last-Modified"), total=total)
                 atomic_write_text(meta_path, json.dumps(meta))
                 with open(part, mode) as f:
                     try:
-                        # read1: whatever has arrived (up to 1 MiB), so a timeout loses no received bytes
-                        while chunk := r.raw.read1(1 << 20, decode_content=False):
+                        # read1: whatever has arrived (up to 1 MiB), so a timeout loses no received bytes;
+                        # never past the known size (a Content-Length that overstates it does not matter)
+                        while chunk := r.raw.read1(_next_read(have, total), decode_content=False):
+                            if have + len(chunk) > max_bytes:
+                                f.close()
+                                part.unlink(missing_ok=True)
+                                raise _too_big(shown, max_bytes, f"it sent more; stopped at {have:,} bytes")
                             f.write(chunk)
                             have += len(chunk)
                             if progress:
                                 progress(have, total or have, f"{human_bytes(have)} / {human_bytes(total or have)}")
                     finally:
-                        f.flush()
-                        os.fsync(f.fileno())
+                        if not f.closed:
+                            f.flush()
+                            os.fsync(f.fileno())
                 if total is not None and have != total:
                     if have > total:
                         part.unlink(missing_ok=True)
@@ -235,24 +493,44 @@ def fetch(url: str, dest: Path, *, attempts: int = 6, base_delay: float = 2.0, r
                 TimeoutError) as exc:
             now_have = part.stat().st_size if part.exists() else 0
             failures = 1 if now_have > start_have else failures + 1
-            if failures >= attempts:
+            if failures >= knobs.attempts:
                 raise UserError(
-                    f"downloading {url} failed {failures} times in a row (last: {_describe(exc)}); check the "
+                    f"downloading {shown} failed {failures} times in a row (last: {_describe(exc, url)}); check the "
                     f"network or the mirror, or pass another source_url; a rerun resumes from the "
                     f"{now_have:,} bytes already downloaded") from None
-            delay = min(60.0, base_delay * 2 ** (failures - 1))
-            if log:
-                log.warning("download: try %d failed (%s) with %s downloaded; retrying in %.1fs",
-                            tries, _describe(exc), human_bytes(now_have), delay)
-            time.sleep(delay)
+            _back_off(knobs, failures, f"try {tries}", exc, url, log, have=now_have)
     os.replace(part, dest)
     meta_path.unlink(missing_ok=True)
     return {"tries": tries, "range_requests": range_requests, "resumed_bytes": resumed_bytes,
             "seconds": round(time.monotonic() - t0, 3)}
 
 
-def _describe(exc: BaseException) -> str:
+def _next_read(have: int, total: int | None) -> int:
+    return 1 << 20 if total is None else max(0, min(1 << 20, total - have))
+
+
+def _check_unchanged(shown: str, identity: dict, r) -> None:
+    """``UserError`` when the server now names the file differently from when the version was computed."""
+    for key, header in (("etag", "ETag"), ("last_modified", "Last-Modified")):
+        now = r.headers.get(header)
+        if identity.get(key) and now and now != identity[key]:
+            raise UserError(f"{shown} changed while this run was fetching it ({header} {identity[key]} became "
+                            f"{now}); rerun to fetch the new file")
+
+
+def _too_big(shown: str, limit: int, what: str) -> UserError:
+    if limit == MAX_ZIP_BYTES:
+        bound = (f"{human_bytes(limit)}, the most this stage downloads without expected_bytes (the "
+                 "wikitext-103 zip is 183 MB)")
+    else:
+        bound = f"expected_bytes ({limit:,})"
+    return UserError(f"{shown} is larger than {bound}: {what}, so nothing was kept; check source_url, or pass the "
+                     "right expected_bytes")
+
+
+def _describe(exc: BaseException, url: str = "") -> str:
     text = str(exc) or type(exc).__name__
+    text = redact_text(text, url) if url else text
     return text if len(text) < 300 else text[:300] + "..."
 
 
@@ -356,12 +634,7 @@ def _count_lines(text: str) -> int:
 def extract_corpus(zip_path: Path, out_dir: Path, *, source: str, progress=None,
                    block_chars: int = BLOCK_CHARS) -> dict:
     """Unzip the three splits, strip headers, write the split files and wikipedia.txt. Returns per-split metrics."""
-    try:
-        zf = zipfile.ZipFile(zip_path)
-    except zipfile.BadZipFile:
-        raise UserError(f"{source} is not a zip archive; source_url must point at wikitext-103-raw-v1.zip "
-                        "(or a copy of it)") from None
-    with zf:
+    with open_zip(zip_path, source) as zf:
         names = set(zf.namelist())
         for split in SPLITS:
             if MEMBERS[split] not in names:
@@ -424,55 +697,106 @@ def extract_corpus(zip_path: Path, out_dir: Path, *, source: str, progress=None,
             "wikipedia": {"bytes": all_bytes, "chars": all_chars, "lines": all_lines, "sha256": all_sha.hexdigest()}}
 
 
+# ---- what a zip may unpack to -------------------------------------------------------------------------
+def open_zip(zip_path: Path, source: str) -> zipfile.ZipFile:
+    """The zip at ``zip_path`` (fetched from ``source``, already redacted); ``UserError`` when it is not one."""
+    try:
+        return zipfile.ZipFile(zip_path)
+    except zipfile.BadZipFile:
+        raise UserError(f"{source} is not a zip archive; source_url must point at wikitext-103-raw-v1.zip "
+                        "(or a copy of it)") from None
+
+
+def check_members(zip_path: Path, source: str) -> None:
+    """Refuse, before anything is unzipped, a zip whose split members cannot or should not be read: encrypted,
+    compressed with a method Python cannot read, or declaring more than :data:`MAX_UNZIPPED_BYTES` or
+    :data:`MAX_RATIO` times their compressed size. (A member that lies about its size fails its CRC check
+    when read: ``zipfile`` never returns more than the declared size.)"""
+    with open_zip(zip_path, source) as zf:
+        infos = [zf.getinfo(name) for name in MEMBERS.values() if name in zf.NameToInfo]
+        for info in infos:
+            if info.flag_bits & 0x1:
+                raise UserError(f"{info.filename} in {source} is encrypted; the wikitext-103-raw-v1 zip is not: "
+                                "check source_url, or give an unencrypted copy")
+            if info.compress_type not in READABLE_METHODS:
+                raise UserError(f"{info.filename} in {source} is compressed with method {info.compress_type} "
+                                f"({_METHOD_NAMES.get(info.compress_type, 'unknown')}), which Python's zipfile "
+                                f"cannot read (it reads {', '.join(READABLE_METHODS.values())}); recompress it, "
+                                "e.g. with `zip -Z deflate`, or check source_url")
+        declared = sum(i.file_size for i in infos)
+        packed = sum(i.compress_size for i in infos)
+        if declared > MAX_UNZIPPED_BYTES:
+            raise UserError(f"{source} would unzip to {human_bytes(declared)}, more than the "
+                            f"{human_bytes(MAX_UNZIPPED_BYTES)} this stage accepts (wikitext-103 is ~520 MB); "
+                            "nothing was extracted: check source_url")
+        if declared > MAX_RATIO * max(packed, 1) and declared > 1 << 20:
+            raise UserError(f"{source} would unzip {human_bytes(packed)} into {human_bytes(declared)} "
+                            f"({declared / max(packed, 1):,.0f}x; text compresses 3-4x, this stage accepts at most "
+                            f"{MAX_RATIO}x): it looks like a zip bomb, not wikitext; nothing was extracted: check "
+                            "source_url")
+
+
+_METHOD_NAMES = {9: "deflate64", 12: "bzip2", 14: "lzma", 93: "zstandard", 95: "xz", 98: "ppmd", 99: "AES"}
+
+
 # ---- the stage ---------------------------------------------------------------------------------------
 def _check_zip(path: Path, settings: CorpusSettings, *, ours: bool) -> tuple[int, str]:
-    url = settings.source_url
+    shown = settings.shown_url
     size = path.stat().st_size
     want = settings.expected_bytes
     if want and size != want:
         if ours:
             path.unlink(missing_ok=True)
-        raise UserError(f"{url} gave {size:,} bytes but expected_bytes is {want:,}; the mirror may serve a "
+        raise UserError(f"{shown} gave {size:,} bytes but expected_bytes is {want:,}; the mirror may serve a "
                         f"different file: check source_url, or pass expected_bytes={size} (0 = no size check) "
                         "if you trust it")
     sha = sha256_file(path)
     if settings.expected_sha256 and sha != settings.expected_sha256:
         if ours:
             path.unlink(missing_ok=True)
-        raise UserError(f"{url} has sha256 {sha} but expected_sha256 is {settings.expected_sha256}; check "
+        raise UserError(f"{shown} has sha256 {sha} but expected_sha256 is {settings.expected_sha256}; check "
                         "source_url, or pass the right expected_sha256")
     return size, sha
 
 
+def _local_zip(ctx: BuildContext, settings: CorpusSettings) -> Path:
+    """The file:// zip, as it was when the version was computed (``UserError`` if it changed since)."""
+    zip_path = _file_path(settings.source_url)
+    if _file_identity(settings) != ctx.source:
+        raise UserError(f"{settings.shown_url} changed while this run was reading it; rerun to use the new file")
+    return zip_path
+
+
+def _downloaded_zip(ctx: BuildContext, settings: CorpusSettings) -> tuple[Path, dict]:
+    """The http(s) zip in the build's work/ folder: reused from an earlier attempt, or fetched."""
+    zip_path = ctx.work / "source.zip"
+    if zip_path.exists():
+        ctx.log.info("download: reusing %s downloaded by an earlier attempt", zip_path)
+        return zip_path, {"tries": 0, "range_requests": 0, "resumed_bytes": 0, "seconds": 0.0}
+    ctx.log.info("download: fetching %s", settings.shown_url)
+    facts = fetch(settings.source_url, zip_path, knobs=DownloadKnobs.from_env(), identity=ctx.source,
+                  max_bytes=settings.max_zip_bytes, log=ctx.log,
+                  progress=lambda d, t, m: ctx.progress(d, t, "downloading " + m))
+    return zip_path, facts
+
+
 def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
     """Fetch the zip (or open the file:// one), check it, and write the stripped splits + wikipedia.txt."""
-    url = settings.source_url
+    shown = settings.shown_url
     t0 = time.monotonic()
     facts: dict = {"tries": 0, "range_requests": 0, "resumed_bytes": 0, "seconds": 0.0}
-    if url.lower().startswith("file:"):
-        zip_path = _file_path(url)
-        if not zip_path.is_file():
-            raise UserError(f"source_url {url!r}: there is no file {zip_path}; check the path")
-        ours = False
+    ours = not settings.is_file
+    if ours:
+        zip_path, facts = _downloaded_zip(ctx, settings)
     else:
-        zip_path = ctx.work / "source.zip"
-        ours = True
-        if zip_path.exists():
-            ctx.log.info("download: reusing %s downloaded by an earlier attempt", zip_path)
-        else:
-            ctx.log.info("download: fetching %s", url)
-            facts = fetch(
-                url, zip_path,
-                attempts=max(1, int(_knob(ENV_ATTEMPTS, 6))),
-                base_delay=_knob(ENV_BASE_DELAY, 2.0),
-                read_timeout=_knob(ENV_READ_TIMEOUT, 60.0),
-                log=ctx.log, progress=lambda d, t, m: ctx.progress(d, t, "downloading " + m))
+        zip_path = _local_zip(ctx, settings)
     size, sha = _check_zip(zip_path, settings, ours=ours)
     download_seconds = round(time.monotonic() - t0, 3)
-    ctx.log.info("download: %s is %s, sha256 %s", url, human_bytes(size), sha)
+    ctx.log.info("download: %s is %s, sha256 %s", shown, human_bytes(size), sha)
     t1 = time.monotonic()
     try:
-        corpus = extract_corpus(zip_path, ctx.out, source=url,
+        check_members(zip_path, shown)
+        corpus = extract_corpus(zip_path, ctx.out, source=shown,
                                 progress=lambda d, t, m: ctx.progress(d, t, m))
     except UserError:
         if ours:
@@ -480,7 +804,7 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
         raise
     ctx.progress(1, 1, "done", force=True)
     return {
-        "source_url": url,
+        "source_url": shown,
         "zip_bytes": size,
         "zip_sha256": sha,
         "zip_published": False,
@@ -491,6 +815,13 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
     }
 
 
+def _source_line(source: dict | None) -> str:
+    if not source:
+        return "(the server named no ETag, Last-Modified or size)"
+    names = {"bytes": "size", "mtime_ns": "modified (ns)", "etag": "ETag", "last_modified": "Last-Modified"}
+    return "; ".join(f"{names.get(k, k)} `{v}`" for k, v in source.items())
+
+
 def report(manifest: dict) -> str:
     m = manifest.get("metrics", {})
     d = m.get("download", {})
@@ -498,7 +829,8 @@ def report(manifest: dict) -> str:
         f"# corpus `{manifest['version']}`",
         "",
         summary_table([
-            ("source", m.get("source_url")),
+            ("source", redact_url(m.get("source_url") or "")),
+            ("source identity (part of the version)", _source_line(manifest.get("source"))),
             ("zip", f"{m.get('zip_bytes', 0):,} bytes, sha256 `{m.get('zip_sha256')}` (not kept)"),
             ("download", f"{m.get('download_seconds', 0):.1f} s; {d.get('tries', 0)} request(s), "
              f"{d.get('range_requests', 0)} of them resuming (Range); {d.get('resumed_bytes', 0):,} bytes kept "
@@ -522,7 +854,9 @@ def report(manifest: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-STAGE = Stage(name="corpus", code_version="2", report=report)
+#: code version 3: the version also depends on what is at source_url (source_identity) and on the URL without
+#: its credentials (issue 10).
+STAGE = Stage(name="corpus", code_version="3", report=report, source=source_identity)
 
 
 @stage_task(STAGE)

@@ -33,7 +33,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from mygpt.errors import UserError
-from tasks.settings import DeviceSettings, RunOptions
+from tasks.settings import DeviceSettings, RunOptions, Seed
 from tasks.stage import BuildContext, Stage, StageRef, stage_task, summary_table
 
 CHECKPOINT = "train.ckpt"  # in ctx.work: the resume checkpoint
@@ -68,9 +68,12 @@ class ModelSettings(DeviceSettings):
     eval_batches: int = Field(20, ge=1, description="batches per validation estimate")
     checkpoint_every: int = Field(1000, ge=0, description="resume checkpoint every N steps (a crash costs at most "
                                                           "that many); 0 = at the end only")
-    seed: int = Field(1337, description="initial weights and batch order")
+    seed: Seed = Field(1337, description="initial weights and batch order")
     train_splits: Literal["train", "all"] = Field(
         "train", description="train on the train split, or on all three (the chapter's wikipedia.txt run)")
+
+    def progress_unit(self) -> tuple[str, float]:
+        return ("tokens", self.batch_size * self.seq_len)  # per step: the rate shown while training
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSettings":

@@ -16,8 +16,12 @@ from pydantic import Field, field_validator
 
 from mygpt.errors import UserError
 from tasks.model import torch_threads
-from tasks.settings import DeviceSettings, RunOptions
+from tasks.settings import DeviceSettings, RunOptions, Seed
 from tasks.stage import BuildContext, Stage, StageRef, stage_task
+
+
+MIN_TEMPERATURE = 0.001
+MAX_TEMPERATURE = 100.0
 
 
 class SamplesSettings(DeviceSettings):
@@ -26,9 +30,19 @@ class SamplesSettings(DeviceSettings):
     prompt: tuple[str, ...] = Field(("The history of",), strict=False,
                                     description="one prompt or a list of them; the chapter uses 'The history of'")
     max_new_tokens: int = Field(200, ge=1, description="tokens to generate after each prompt; the chapter uses 200")
-    temperature: float = Field(1.0, ge=0, description="sampling temperature; 0 = greedy; the chapter uses 1.0")
+    temperature: float = Field(1.0, description="sampling temperature; 0 = greedy; the chapter uses 1.0")
     top_k: int = Field(40, ge=0, description="sample from the k most likely tokens; 0 = all; the chapter uses 40")
-    seed: int = Field(1337, description="sampling seed: the same version always holds the same text")
+    seed: Seed = Field(1337, description="sampling seed: the same version always holds the same text")
+
+    @field_validator("temperature")
+    @classmethod
+    def _sane_temperature(cls, value: float) -> float:
+        # logits / temperature: far below MIN_TEMPERATURE sampling is greedy anyway, and near 1e-38 the division
+        # overflows to inf (then NaN probabilities); far above MAX_TEMPERATURE it is uniform noise.
+        if not (value == 0 or MIN_TEMPERATURE <= value <= MAX_TEMPERATURE):
+            raise ValueError(f"temperature must be 0 (greedy) or from {MIN_TEMPERATURE} to {MAX_TEMPERATURE:g}, "
+                             f"got {value!r} (the chapter uses 1.0)")
+        return value
 
     @field_validator("prompt", mode="before")
     @classmethod

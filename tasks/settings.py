@@ -22,7 +22,7 @@ import os
 import re
 import types
 import typing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -78,6 +78,11 @@ class Settings(BaseModel):
         """What this stage's version id is computed from (all fields, JSON-shaped)."""
         return self.model_dump(mode="json")
 
+    def progress_unit(self) -> tuple[str, float] | None:
+        """What one unit of this stage's progress counts, for the rate shown while it builds (e.g. training:
+        ``("tokens", batch_size * seq_len)`` per step; ``("B", 1)`` for bytes); None = no rate, only the ETA."""
+        return None
+
     @classmethod
     def _explain(cls, error: ValidationError, value: dict, prefix: str) -> str:
         err = error.errors()[0]
@@ -108,6 +113,8 @@ def _requirement(annotation: Any, metadata: list) -> str:
             bounds.append(f"> {m.gt}")
         elif isinstance(m, annotated_types.Le):
             bounds.append(f"<= {m.le}")
+    if len(bounds) == 2:
+        bounds = [" and ".join(bounds)]
     args = typing.get_args(annotation)
     is_union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
     options = [a for a in args if a is not type(None)] if is_union else [annotation]
@@ -128,6 +135,16 @@ _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a s
           tuple: "a list of strings"}
 
 
+#: Upper bounds of the run options: far above anything useful, far below what breaks a machine (a million
+#: threads or processes, a chunk that does not fit in memory).
+MAX_WORKERS = 256
+MAX_THREADS = 1024
+MAX_CHUNK_BYTES = 1 << 30
+#: Seeds: what every generator the stages seed accepts (torch takes < 2**64, and training also seeds seed + 1).
+MAX_SEED = 2**63 - 1
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+
+
 class RunOptions(Settings):
     """How to run the pipeline, not what it builds: nothing here enters a version id."""
 
@@ -137,11 +154,13 @@ class RunOptions(Settings):
         (), strict=False, description="stages to rebuild even though a valid version exists, e.g. [\"tokenizer\"]")
     full_check: bool = Field(False, description="verify every reused file's sha256, not only its size")
     only: str | None = Field(None, description="run only this stage, against the latest published upstream versions")
-    workers: int | None = Field(None, ge=1, description="encode worker processes; null = CPU count (at most 8)")
-    chunk_bytes: int | None = Field(None, ge=1, description="bytes of text per encode chunk; null = 8 MiB (speed "
-                                                            "and memory only: the shards are the same)")
-    threads: int | None = Field(None, ge=0, description="torch CPU threads for training and sampling; null or 0 = "
-                                                        "torch's default")
+    workers: int | None = Field(None, ge=1, le=MAX_WORKERS,
+                                description="encode worker processes; null = CPU count (at most 8)")
+    chunk_bytes: int | None = Field(None, ge=1, le=MAX_CHUNK_BYTES,
+                                    description="bytes of text per encode chunk; null = 8 MiB (speed and memory "
+                                                "only: the shards are the same)")
+    threads: int | None = Field(None, ge=0, le=MAX_THREADS, description="torch CPU threads for training and "
+                                                                        "sampling; null or 0 = torch's default")
 
     @field_validator("force", mode="before")
     @classmethod

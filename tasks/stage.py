@@ -13,7 +13,8 @@ an explicit signature -- its inputs, its settings, the run options -- whose body
 :meth:`Stage.run`
 
 1. computes the version id from the settings, the inputs (each upstream version plus its build id, so a
-   rebuilt upstream gives new downstream versions) and the stage's code version;
+   rebuilt upstream gives new downstream versions), the stage's code version and, for a stage that reads from
+   outside the store (:attr:`Stage.source`: the corpus), the identity of what it reads now;
 2. reuses that version if the store verifies it (and ``run.force`` does not name the stage); inside a Prefect
    task run it then returns a ``Completed`` state named ``Cached`` (Prefect's documented way for a task to set
    its own final state), so the UI shows the reuse; the artifact store is the only cache -- Prefect keeps no
@@ -39,7 +40,7 @@ from typing import Any, Callable, Generic, TypedDict, TypeVar
 
 from mygpt.errors import UserError
 from tasks.settings import RunOptions, Settings
-from tasks.store import ArtifactStore, Build, version_id
+from tasks.store import ArtifactStore, Build, human_bytes, version_id
 
 log = logging.getLogger("wiki_pipeline")
 
@@ -124,6 +125,12 @@ def _flow_run_id() -> str | None:
     return flow_run.id
 
 
+def lineage(name: str, ref: StageRef) -> dict:
+    """What a manifest records of an input: stage, version and build id, never a path (an artifact root can be
+    moved or copied; the input lives under whichever root the version is read from)."""
+    return {"stage": ref.get("stage", name), "version": ref["version"], "build_id": ref["build_id"]}
+
+
 def input_ids(inputs: dict[str, StageRef]) -> dict[str, str]:
     """How inputs enter a version id: upstream version plus its build id."""
     return {name: f"{ref['version']}.{ref['build_id']}" for name, ref in sorted(inputs.items())}
@@ -133,11 +140,14 @@ class BuildContext(Generic[S]):
     """What a stage's build function gets besides its settings and input directories."""
 
     def __init__(self, stage: str, store: ArtifactStore, version: str, run: RunOptions, build: Build,
-                 inputs: dict[str, StageRef], logger) -> None:
+                 inputs: dict[str, StageRef], logger, rate_unit: tuple[str, float] | None = None,
+                 source: dict | None = None) -> None:
         self.stage, self.store, self.version, self.run = stage, store, version, run
         self.build, self.inputs, self.log = build, inputs, logger
+        self.source = source  # the identity of what a stage with Stage.source reads (what the version names)
         self._progress_id = None
         self._progress_last = (0.0, -1.0)  # (time, percent) of the last report
+        self._pace = Pace(rate_unit)
 
     @property
     def out(self) -> Path:
@@ -161,10 +171,12 @@ class BuildContext(Generic[S]):
         fault_point(f"{self.stage}.progress")
         pct = 100.0 * done / total if total else 100.0
         now = time.monotonic()
+        pace = self._pace.update(done, total, now)
         last_t, last_pct = self._progress_last
         if not force and now - last_t < 10 and pct - last_pct < 10 and pct < 100:
             return
         self._progress_last = (now, pct)
+        message = " · ".join(part for part in (message, pace) if part)
         self.log.info("%s: %5.1f%% %s", self.stage, pct, message)
         if in_task_run():
             from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -174,6 +186,53 @@ class BuildContext(Generic[S]):
                 self._progress_id = create_progress_artifact(progress=pct, description=description)
             else:
                 update_progress_artifact(self._progress_id, progress=pct, description=description)
+
+
+class Pace:
+    """How fast a build goes and when it will be done, from its progress calls: ``5.1k tokens/s · ETA 12m``.
+
+    Measured from the first call of the current phase (a phase restarts when ``total`` changes or ``done``
+    goes back, e.g. the corpus going from downloading to unzipping), so a resumed build's ETA counts only the
+    work left. ``unit`` = ``(name, units per progress unit)`` for the rate (``("B", 1)`` shows bytes/s); None =
+    no rate, only the ETA."""
+
+    def __init__(self, unit: tuple[str, float] | None = None) -> None:
+        self.unit = unit
+        self.start: tuple[float, float, float] | None = None  # (time, done, total) at the phase's first call
+        self.last_done = 0.0
+
+    def update(self, done: float, total: float, now: float) -> str:
+        if self.start is None or total != self.start[2] or done < self.last_done:
+            self.start = (now, done, total)
+        self.last_done = done
+        t0, done0, _ = self.start
+        if now <= t0 or done <= done0:
+            return ""
+        per_second = (done - done0) / (now - t0)
+        parts = [self._rate(per_second)] if self.unit else []
+        if total > done:
+            parts.append("ETA " + human_seconds((total - done) / per_second))
+        return " · ".join(parts)
+
+    def _rate(self, per_second: float) -> str:
+        name, scale = self.unit
+        value = per_second * scale
+        if name == "B":
+            return f"{human_bytes(value)}/s"
+        for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if value >= factor:
+                return f"{value / factor:.1f}{suffix} {name}/s"
+        return f"{value:.1f} {name}/s"
+
+
+def human_seconds(seconds: float) -> str:
+    """``45s``, ``12m05s``, ``2h03m``."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def summary_table(rows: list[tuple[str, object]]) -> str:
@@ -196,16 +255,23 @@ class Stage:
 
     name: str  # corpus, tokenizer, shards, model, samples: the store folder, the Prefect task, the UI key
     code_version: str  # bump when the stage's output for the same settings and inputs changes
-    report: Callable[[dict], str]  # manifest -> markdown for the Prefect UI
+    # manifest -> markdown for the Prefect UI; the manifest handed to it also has "path", where the version is
+    # published (a manifest itself never names its root)
+    report: Callable[[dict], str]
     inputs: tuple[str, ...] = ()  # upstream stages, passed to the build function as directories
+    #: For a stage that reads from outside the store (the corpus: the zip at source_url): ``(settings, store,
+    #: logger) -> {...}``, the identity of what it would read now (e.g. size and ETag). It enters the version id
+    #: and the manifest, so new content at the same address gives a new version.
+    source: Callable[..., dict] | None = None
 
     @property
     def artifact_key(self) -> str:
         return f"wiki-{self.name}"
 
-    def version(self, settings: Settings, inputs: dict[str, StageRef]) -> str:
-        """The version id of this stage for ``settings`` (resolved, see :meth:`Settings.resolved`) and ``inputs``."""
-        return version_id(self.name, settings.version_params(), input_ids(inputs), self.code_version)
+    def version(self, settings: Settings, inputs: dict[str, StageRef], source: dict | None = None) -> str:
+        """The version id of this stage for ``settings`` (resolved, see :meth:`Settings.resolved`), ``inputs``
+        and (for a stage with a :attr:`source`) the identity of what it reads."""
+        return version_id(self.name, settings.version_params(), input_ids(inputs), self.code_version, source)
 
     def run(self, build: Callable[..., dict], settings: S, run: RunOptions, **inputs: StageRef) -> Any:
         """Reuse or build this stage's version: the one verb every stage task calls (see the module docstring).
@@ -225,7 +291,8 @@ class Stage:
                 raise UserError(f"{self.name} needs {name}/{ref['version']}, which is not published under "
                                 f"{store.root}; run the stages before it first")
             input_dirs[name] = store.version_path(name, ref["version"])
-        version = self.version(settings, inputs)
+        source = self.source(settings, store, logger) if self.source else None
+        version = self.version(settings, inputs, source)
         force = self.name in run.force
 
         def ref(manifest: dict) -> StageRef:
@@ -251,18 +318,19 @@ class Stage:
                 staging.reset()  # a forced build starts from nothing, whatever an earlier attempt left
             logger.info("%s: building %s/%s%s", self.name, self.name, version,
                         " (resuming from an interrupted attempt)" if staging.resumed else "")
-            ctx: BuildContext[S] = BuildContext(self.name, store, version, run, staging, dict(inputs), logger)
+            ctx: BuildContext[S] = BuildContext(self.name, store, version, run, staging, dict(inputs), logger,
+                                                rate_unit=settings.progress_unit(), source=source)
             fault_point(f"{self.name}.start")
             t0 = time.time()
             metrics = build(ctx, settings, **input_dirs) or {}
             seconds = round(time.time() - t0, 3)
             manifest = staging.publish(
                 settings=settings.version_params(),
-                inputs={k: dict(v) for k, v in inputs.items()},
+                inputs={k: lineage(k, v) for k, v in inputs.items()},
                 code_version=self.code_version,
                 metrics=metrics,
                 timings={"build_seconds": seconds},
-                extra={"flow_run_id": _flow_run_id()},
+                extra={"flow_run_id": _flow_run_id(), **({"source": source} if source is not None else {})},
                 fault=lambda where: fault_point(f"{self.name}.{where}"),
             )
             logger.info("%s: published %s/%s in %.1fs", self.name, self.name, version, seconds)
@@ -270,7 +338,8 @@ class Stage:
             from prefect.artifacts import create_markdown_artifact
 
             create_markdown_artifact(key=self.artifact_key, description=f"built {self.name}/{version}",
-                                     markdown=self.report(manifest) + settings_table(manifest["settings"]))
+                                     markdown=self.report({**manifest, "path": str(store.version_path(self.name, version))})
+                                     + settings_table(manifest["settings"]))
         return ref(manifest)
 
     def _reused(self, ref: StageRef) -> Any:

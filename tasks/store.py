@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 from mygpt.atomic import atomic_write_text, fsync_dir
 
-STAGES = ("corpus", "tokenizer", "shards", "model", "samples")
+STAGES = ("corpus", "tokenizer", "shards", "model", "samples", "export")
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 ENV_ROOT = "WIKI_PIPELINE_ARTIFACTS"
@@ -51,10 +51,14 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def version_id(stage: str, settings: dict, inputs: dict[str, str], code_version: str) -> str:
-    """12 hex digits of sha256 over the stage, its settings, its inputs' ids and its code version."""
-    payload = canonical_json({"stage": stage, "settings": settings, "inputs": inputs, "code": code_version})
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:12]
+def version_id(stage: str, settings: dict, inputs: dict[str, str], code_version: str,
+               source: dict | None = None) -> str:
+    """12 hex digits of sha256 over the stage, its settings, its inputs' ids, its code version and, for a stage
+    that reads from outside the store (the corpus), the identity of what it reads (``source``)."""
+    ingredients = {"stage": stage, "settings": settings, "inputs": inputs, "code": code_version}
+    if source is not None:
+        ingredients["source"] = source
+    return hashlib.sha256(canonical_json(ingredients).encode("utf-8")).hexdigest()[:12]
 
 
 def sha256_file(path: Path, bufsize: int = 1 << 20) -> str:
@@ -63,6 +67,17 @@ def sha256_file(path: Path, bufsize: int = 1 << 20) -> str:
         while chunk := f.read(bufsize):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _flock_now(fh) -> bool:
+    """Take an exclusive ``flock`` on ``fh`` without waiting; whether it was taken."""
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        return False
+    return True
 
 
 def _is_temp_name(name: str) -> bool:
@@ -167,14 +182,8 @@ class ArtifactStore:
     @contextlib.contextmanager
     def lock(self, stage: str, version: str, on_wait=None) -> Iterator[None]:
         """Hold the per-version build lock. Blocks (calling ``on_wait`` once) while another holds it."""
-        lock_dir = self.stage_dir(stage) / ".locks"
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        with open(lock_dir / f"{version}.lock", "a+") as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
+        with self._lock_file(stage, version) as fh:
+            if not _flock_now(fh):
                 if on_wait:
                     on_wait()
                 fcntl.flock(fh, fcntl.LOCK_EX)
@@ -182,6 +191,26 @@ class ArtifactStore:
                 yield
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def try_lock(self, stage: str, version: str) -> Iterator[bool]:
+        """Take the per-version build lock if nobody holds it; yields whether it was taken (never waits)."""
+        with self._lock_file(stage, version) as fh:
+            taken = _flock_now(fh)
+            try:
+                yield taken
+            finally:
+                if taken:
+                    fcntl.flock(fh, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def _lock_file(self, stage: str, version: str):
+        # Lock files are never deleted: a process that opened one just before an unlink would lock a file that
+        # the next process no longer sees, and both would build.
+        lock_dir = self.stage_dir(stage) / ".locks"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with open(lock_dir / f"{version}.lock", "a+") as fh:
+            yield fh
 
     def discard(self, stage: str, version: str, reason: str) -> None:
         """Move a published (damaged or replaced) version aside atomically, then delete it."""
@@ -207,6 +236,111 @@ class ArtifactStore:
     def clean_trash(self) -> None:
         for st in STAGES:
             shutil.rmtree(self.stage_dir(st) / ".trash", ignore_errors=True)
+
+    # ---- what no run will use ----------------------------------------------------------------
+    def stale_versions(self, code_versions: dict[str, str]) -> dict[tuple[str, str], str]:
+        """``{(stage, version): why}`` for the published versions that no run can reuse any more: built by an
+        older code version of their stage (``code_versions``: each stage's current one), or from an input
+        version that was rebuilt, deleted or is stale itself (a version id names its inputs' build ids)."""
+        stale: dict[tuple[str, str], str] = {}
+        for v in self.versions():  # stage order: an input's verdict is known before its users'
+            code = code_versions.get(v.stage)
+            if code is not None and str(v.manifest.get("code_version")) != str(code):
+                stale[(v.stage, v.version)] = (f"built by {v.stage} code version {v.manifest.get('code_version')}; "
+                                               f"the code is at version {code}, so no run reuses it")
+                continue
+            for name, ref in sorted((v.manifest.get("inputs") or {}).items()):
+                why = self._input_problem(name, ref, stale)
+                if why:
+                    stale[(v.stage, v.version)] = f"{why}, so no run reuses it"
+                    break
+        return stale
+
+    def _input_problem(self, name: str, ref: dict, stale: dict) -> str | None:
+        up = self.read_manifest(name, ref.get("version", ""))
+        if up is None:
+            return f"its input {name}/{ref.get('version')} is no longer published"
+        if up.get("build_id") != ref.get("build_id"):
+            return f"its input {name}/{ref.get('version')} was rebuilt since"
+        if (name, ref.get("version")) in stale:
+            return f"its input {name}/{ref.get('version')} is stale"
+        return None
+
+    def garbage(self, code_versions: dict[str, str] | None = None) -> list["Garbage"]:
+        """What no run needs: staging dirs (unfinished builds, leftovers of published ones), interrupted
+        deletions in ``.trash``, and with ``code_versions`` the stale published versions (:meth:`stale_versions`)."""
+        found = []
+        for st in STAGES:
+            for d in _subdirs(self.stage_dir(st) / ".staging"):
+                if self.read_manifest(st, d.name) is not None:
+                    why = f"leftover staging of the published {st}/{d.name} (a run stopped before deleting it)"
+                else:
+                    why = (f"unfinished build of {st}/{d.name}, last written {_newest_mtime(d)}; a rerun with the "
+                           "same settings would resume from it")
+                found.append(Garbage(d, st, d.name, dir_bytes(d), why, self.is_locked(st, d.name)))
+            for d in _subdirs(self.stage_dir(st) / ".trash"):
+                found.append(Garbage(d, st, "", dir_bytes(d), "a discarded version whose deletion was interrupted"))
+        if code_versions is not None:
+            for (st, version), why in self.stale_versions(code_versions).items():
+                path = self.version_path(st, version)
+                found.append(Garbage(path, st, version, dir_bytes(path), f"stale: {why}", self.is_locked(st, version),
+                                     published=True))
+        return found
+
+    def is_locked(self, stage: str, version: str) -> bool:
+        """Whether a run holds the build lock of ``stage/version`` right now."""
+        with self.try_lock(stage, version) as taken:
+            return not taken
+
+    def collect(self, item: "Garbage") -> bool:
+        """Delete one :meth:`garbage` item under its version's lock; False (and nothing deleted) when a run holds it."""
+        if not item.version:
+            shutil.rmtree(item.path, ignore_errors=True)
+            return True
+        with self.try_lock(item.stage, item.version) as taken:
+            if not taken:
+                return False
+            if item.published:
+                self.discard(item.stage, item.version, item.reason)
+            else:
+                shutil.rmtree(item.path, ignore_errors=True)
+            return True
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """Something under an artifact root that no run needs (see :meth:`ArtifactStore.garbage`)."""
+
+    path: Path
+    stage: str
+    version: str  # the version whose build lock guards it ("" for .trash entries)
+    bytes: int
+    reason: str
+    in_use: bool = False  # a run held its lock when it was listed
+    published: bool = False  # a stale published version (not a staging or trash dir)
+
+
+def _subdirs(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if p.is_dir()) if path.is_dir() else []
+
+
+def dir_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (0 when it is gone)."""
+    total = 0
+    for dirpath, _, names in os.walk(path):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def _newest_mtime(path: Path) -> str:
+    """When anything under ``path`` was last written (UTC)."""
+    newest = 0.0
+    for p in [path, *path.rglob("*")]:
+        with contextlib.suppress(OSError):  # a file a running build just replaced
+            newest = max(newest, p.stat().st_mtime)
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(newest))
 
 
 class Build:
@@ -304,14 +438,18 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
-def format_listing(store: ArtifactStore, versions: list[VersionInfo] | None = None) -> str:
-    """Published versions (all, or ``versions``): stage, version, creation time, size, and lineage."""
+def format_listing(store: ArtifactStore, versions: list[VersionInfo] | None = None,
+                   stale: dict[tuple[str, str], str] | None = None) -> str:
+    """Published versions (all, or ``versions``): stage, version, creation time, size, and lineage; those in
+    ``stale`` (see :meth:`ArtifactStore.stale_versions`) are marked, with why."""
     versions = store.versions() if versions is None else versions
+    stale = stale or {}
     if not versions:
         return f"no published versions under {store.root}"
     lines = [f"artifacts under {store.root}", f"{'stage':10s} {'version':12s} {'created (UTC)':20s} {'size':>9s}  inputs"]
     for v in versions:
         inputs = ", ".join(f"{k}/{i['version']}" for k, i in sorted((v.manifest.get("inputs") or {}).items()))
+        why = stale.get((v.stage, v.version))
         lines.append(f"{v.stage:10s} {v.version:12s} {v.manifest.get('created_at', ''):20s} "
-                     f"{human_bytes(v.size_bytes):>9s}  {inputs or '-'}")
+                     f"{human_bytes(v.size_bytes):>9s}  {inputs or '-'}" + (f"  [stale: {why}]" if why else ""))
     return "\n".join(lines)

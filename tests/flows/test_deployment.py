@@ -20,7 +20,7 @@ from flows.settings import TINY
 from tasks.store import ArtifactStore
 
 KEYS = {"wiki-corpus": "corpus", "wiki-tokenizer": "tokenizer", "wiki-shards": "shards",
-        "wiki-model": "model", "wiki-samples": "samples"}
+        "wiki-model": "model", "wiki-samples": "samples", "wiki-export": "export"}
 
 
 @pytest.fixture
@@ -129,7 +129,7 @@ def check_the_ui_shows_every_stages_settings_by_name(flow_run_id: str) -> None:
     with its fields, types and the chapter's defaults; the tokenizer task run names num_merges and its value."""
     deployment, tokenizer_run, arts = _deployment_and_tokenizer_run(flow_run_id)
     schema = deployment.parameter_openapi_schema
-    assert list(schema["properties"]) == ["corpus", "tokenizer", "shards", "model", "samples", "run"]
+    assert list(schema["properties"]) == ["corpus", "tokenizer", "shards", "model", "samples", "export", "run"]
     definitions = schema["definitions"]
     tokenizer = definitions[schema["properties"]["tokenizer"]["$ref"].rsplit("/", 1)[1]]["properties"]
     assert tokenizer["num_merges"]["type"] == "integer" and tokenizer["num_merges"]["default"] == 1024

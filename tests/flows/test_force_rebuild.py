@@ -30,19 +30,19 @@ def tiny_run(prefect_server, tmp_path_factory):
 def test_force_bpe_rebuilds_bpe_and_everything_after_it(tiny_run):
     run, store = tiny_run
     first, states = run()
-    assert set(states.values()) == {"Completed"} and len(states) == 5
+    assert set(states.values()) == {"Completed"} and len(states) == 6
 
     again, states = run()
-    assert states == dict.fromkeys(["corpus", "tokenizer", "shards", "model", "samples"], "Cached")
+    assert states == dict.fromkeys(["corpus", "tokenizer", "shards", "model", "samples", "export"], "Cached")
     assert again == first
 
     forced, states = run(run={"force": ["bpe"]})  # the old task name still works
     assert states == {"corpus": "Cached", "tokenizer": "Completed", "shards": "Completed", "model": "Completed",
-                      "samples": "Completed"}
+                      "samples": "Completed", "export": "Completed"}
     assert forced["corpus"] == first["corpus"], "download reused"
     assert forced["tokenizer"]["version"] == first["tokenizer"]["version"], "same parameters, same version ..."
     assert forced["tokenizer"]["build_id"] != first["tokenizer"]["build_id"], "... rebuilt"
-    for stage in ("shards", "model", "samples"):
+    for stage in ("shards", "model", "samples", "export"):
         assert forced[stage]["version"] != first[stage]["version"], f"{stage}: new lineage, new version"
         assert store.verify(stage, first[stage]["version"]) == (True, "ok"), f"{stage}: old version kept"
         inputs = store.get(stage, forced[stage]["version"]).manifest["inputs"]

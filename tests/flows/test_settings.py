@@ -37,9 +37,14 @@ BAD = [
     ({"prompt": "  "}, r"prompt '  ' is empty"),
     ({"max_new_tokens": 0}, r"max_new_tokens must be an integer >= 1"),
     ({"top_k": -1}, r"top_k must be an integer >= 0"),
-    ({"temperature": -0.5}, r"temperature must be a number >= 0"),
+    ({"temperature": -0.5}, r"temperature must be 0 \(greedy\) or from 0.001 to 100, got -0.5"),
+    ({"temperature": 1e-300}, r"temperature must be 0 \(greedy\) or from 0.001 to 100, got 1e-300"),
+    ({"seed": 2**64}, r"model.seed must be an integer >= 0 and <= 9223372036854775807, got 18446744073709551616"),
+    ({"samples.seed": -1}, r"samples.seed must be an integer >= 0 and <= 9223372036854775807, got -1"),
     ({"full_check": "yes"}, r"full_check must be true or false"),
-    ({"threads": -2}, r"threads must be an integer >= 0"),
+    ({"threads": -2}, r"threads must be an integer >= 0 and <= 1024 \(or null\), got -2"),
+    ({"threads": 10**6}, r"threads must be an integer >= 0 and <= 1024 \(or null\), got 1000000"),
+    ({"workers": 10**6}, r"workers must be an integer >= 1 and <= 256 \(or null\), got 1000000"),
     ({"num_layer": 2}, r"unknown parameter\(s\) num_layer"),
 ]
 

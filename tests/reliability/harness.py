@@ -14,13 +14,16 @@ Everything runs on this machine: a real Prefect server and the wikitext mirror (
 * **Two runs at once** on one root: each version is built exactly once (one ``building`` log line over both
   runs), the other run waits for it and reuses it; both complete with identical refs.
 * **Network faults** (in-process, ``tasks.corpus``): 503s, dropped connection, Range ignored, wrong
-  Content-Length both ways, wrong size, wrong sha256, 404, stall, endless 5xx. Each must end in the correct
-  corpus or a clear ``UserError``, with no cached zip that is not a prefix of the real one.
+  Content-Length both ways, wrong size, a larger file, wrong sha256, 404, stall, endless 5xx. Each must end in
+  the correct corpus or a clear ``UserError``, with no cached zip that is not a prefix of the real one. Then
+  what is at the URL (:func:`source_cases`): new content at the same URL must give a new version with the new
+  text; credentials in the URL must download the corpus and appear in no log line and no stored file.
 * **Damaged artifacts** (in-process stage calls): a truncated shard, a flipped byte in tokenizer.json (same
   size: only ``full_check`` sees it), a deleted / truncated model.ckpt, a truncated / deleted resume
   checkpoint in train staging, a manifest that no longer matches, a stray file.
-* **Bad input**: ``wiki-pipeline run`` with bad parameters: exit code 2, the exact ``error:`` line, nothing
-  published.
+* **Bad input**: ``wiki-pipeline run`` with bad parameters, bad download knobs in the environment or a zip that
+  must not be unpacked (encrypted, unreadable compression, a zip bomb): exit code 2, the exact ``error:`` line,
+  nothing published.
 
     .venv/bin/python -m tests.reliability.harness --seed 1 --kills-per-stage 5 --write docs/RELIABILITY.md
 
@@ -45,13 +48,14 @@ import sys
 import tempfile
 import threading
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from flows.mirror import ZIP_NAME, Faults, Mirror, build_wikitext_zip, make_zip
 from tasks.stage import FAULT_ENV, FAULT_TRACE_ENV
-from tasks.store import MANIFEST, STAGES, ArtifactStore, sha256_file
-from tests.support import REPO
+from tasks.store import MANIFEST, STAGES, ArtifactStore, human_bytes, sha256_file
+from tests.support import REPO, zips
 # Fields that measure time, not content: dropped before comparing (they differ between any two runs).
 TIMING_KEYS = re.compile(r"(^|_)seconds$|^tokens_per_sec$|^mb_per_s$")
 RUN_TIMEOUT = 240.0  # one pipeline subprocess (tiny preset: ~10 s)
@@ -442,7 +446,7 @@ def pick_faults(trace: dict[str, list[tuple[str, int]]], rng: random.Random, per
 
 #: The fast subset's kill points (one per stage, chosen to hit each resume path and both publish edges).
 FAST_FAULTS = [("corpus", "corpus.progress@1"), ("tokenizer", "tokenizer.publish@1"), ("shards", "shards.progress@2"),
-               ("model", "model.progress@4"), ("samples", "samples.published@1")]
+               ("model", "model.progress@4"), ("samples", "samples.published@1"), ("export", "export.publish@1")]
 
 
 # ---- two runs at once ----------------------------------------------------------------------------------
@@ -465,14 +469,14 @@ def concurrent_runs(env: Env, root: Path) -> dict:
     built = {}
     for stage in STAGES:
         built[stage] = sum(len(re.findall(rf"{stage}: building {stage}/", log)) for log in logs)
-    refs = [sorted(line for line in log.splitlines() if re.match(r"^(corpus|tokenizer|shards|model|samples)\s+/", line))
+    refs = [sorted(line for line in log.splitlines() if re.match(rf"^({'|'.join(STAGES)})\s+/", line))
             for log in logs]
     waited = sum(log.count("another run is building this version; waiting for it") for log in logs)
     store = ArtifactStore(root)
     versions = {stage: [v.version for v in store.versions(stage)] for stage in STAGES}
     full_ok = all(store.verify(st, v, full=True)[0] for st, vs in versions.items() for v in vs)
     return {"rcs": [r.rc for r in results], "built": built, "waited": waited, "refs_equal": refs[0] == refs[1]
-            and len(refs[0]) == 5, "versions": versions, "verify_full": full_ok, "violations": watcher.violations,
+            and len(refs[0]) == len(STAGES), "versions": versions, "verify_full": full_ok, "violations": watcher.violations,
             "checks": watcher.checks, "seconds": max(r.seconds for r in results)}
 
 
@@ -501,6 +505,9 @@ class NetCase:
 
 
 def network_cases(zip_bytes: bytes) -> list[NetCase]:
+    """The cases. Every http(s) run first asks the server what the file is (a one-byte Range request whose
+    size and ETag enter the corpus version), and the mirror counts that response too: a fault meant for the
+    download proper is set for 2 responses (``*_times``)."""
     size = len(zip_bytes)
     sha = hashlib.sha256(zip_bytes).hexdigest()
     other = make_zip({"wikitext-103-raw/wiki.train.raw": " = A = \n not the corpus .\n"})
@@ -508,19 +515,24 @@ def network_cases(zip_bytes: bytes) -> list[NetCase]:
     flipped[size // 2] ^= 0xFF
     return [
         NetCase("503, 503, then 200", {"fail_first": 2}, "corpus"),
-        NetCase("connection dropped after 100 kB", {"drop_after": 100_000}, "corpus"),
-        NetCase("dropped, and Range ignored (200 + whole file)", {"drop_after": 100_000, "ignore_range": True}, "corpus"),
-        NetCase("Content-Length 5000 too large (body ends early)", {"length_delta": 5000}, "corpus"),
-        NetCase("Content-Length 5000 too small (zip cut short), no size given", {"length_delta": -5000},
-                r"is not a zip archive"),
-        NetCase("Content-Length 5000 too small, expected_bytes given", {"length_delta": -5000},
-                r"gave [\d,]+ bytes but expected_bytes is " + f"{size:,}", {"expected_bytes": size}),
-        NetCase("a different file (size differs from expected_bytes)", {}, r"gave [\d,]+ bytes but expected_bytes is",
-                {"expected_bytes": size}, other),
+        NetCase("connection dropped after 100 kB", {"drop_after": 100_000, "drop_times": 2}, "corpus"),
+        NetCase("dropped, and Range ignored (200 + whole file)",
+                {"drop_after": 100_000, "drop_times": 2, "ignore_range": True}, "corpus"),
+        NetCase("Content-Length 5000 too large (the probed size is read, not more)",
+                {"length_delta": 5000, "length_times": 2}, "corpus"),
+        NetCase("Content-Length 5000 too small (body cut short; the rest comes with Range)",
+                {"length_delta": -5000, "length_times": 2}, "corpus"),
+        NetCase("Content-Length 5000 too small, expected_bytes given", {"length_delta": -5000, "length_times": 2},
+                "corpus", {"expected_bytes": size}),
+        NetCase("a different file (size differs from expected_bytes: refused before downloading)", {},
+                r"is [\d,]+ bytes but expected_bytes is", {"expected_bytes": size}, other),
+        NetCase("a larger file than expected_bytes (refused before downloading)", {},
+                r"is [\d,]+ bytes but expected_bytes is", {"expected_bytes": size}, zip_bytes + b"\0" * 100_000),
         NetCase("one byte flipped (sha256 differs from expected_sha256)", {}, r"has sha256 [0-9a-f]{64} but "
                 r"expected_sha256 is " + sha, {"expected_sha256": sha}, bytes(flipped)),
         NetCase("404", {"not_found": True}, r"HTTP 404 Not Found; the file is not there: check source_url"),
-        NetCase("stall 4 s after 64 KiB (read timeout 1 s)", {"stall": 4.0, "stall_after": 65536}, "corpus"),
+        NetCase("stall 4 s after 64 KiB (read timeout 1 s)", {"stall": 4.0, "stall_after": 65536, "stall_times": 2},
+                "corpus"),
         NetCase("502 forever", {"fail_first": 10_000, "fail_status": 502}, r"failed 3 times in a row \(last: HTTP 502"),
     ]
 
@@ -568,8 +580,7 @@ def network_faults(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> l
                     row["handled"] = False
                     row["detail"] += "; SOMETHING WAS PUBLISHED"
             row["seconds"] = round(time.monotonic() - t0, 2)
-            row["statuses"] = " ".join(str(r["status"]) + (f"({r['range']})" if r["range"] else "")
-                                       for r in m.requests[:6]) + (" ..." if len(m.requests) > 6 else "")
+            row["statuses"] = _statuses(m)
             bad = _cached_zip_problem(root, zip_bytes)
             if bad:
                 row["handled"] = False
@@ -586,6 +597,50 @@ def network_faults(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> l
             row["handled"] = row["handled"] and row["rerun"] == "corpus"
         rows.append(row)
     return rows
+
+
+SECRETS = ("S3CRET", "T0KEN-abc")
+
+
+def source_cases(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> list[dict]:
+    """What is at source_url (issue 10, items 3 and 5), in the network table's row format: new content at the
+    same URL gives a new version holding the new text; credentials in the URL download the corpus and are
+    stored nowhere."""
+    from tasks.corpus import redact_url
+    from tests.support.stages import corpus as download
+
+    rows = []
+    other = make_zip({f"wikitext-103-raw/wiki.{s}.raw": f" = New {s} = \n new text .\n" for s in ("train", "valid", "test")})
+    root = Path(workdir) / "changed"
+    with Mirror({"/" + ZIP_NAME: zip_bytes}) as m:
+        first = download(root, source_url=m.url())
+        m.add("/" + ZIP_NAME, other)
+        second = download(root, source_url=m.url())
+        text = (Path(second["path"]) / "wiki.train.txt").read_text()
+        handled = (second["version"] != first["version"] and "new text" in text
+                   and stage_digests(root, "corpus", first["version"]) == reference_corpus)
+        rows.append({"case": "same URL, new content (the mirror swaps the zip between two runs)",
+                     "expect": "new version", "outcome": "new version" if second["version"] != first["version"]
+                     else "OLD VERSION REUSED", "handled": handled, "statuses": _statuses(m),
+                     "detail": f"corpus/{first['version']} then corpus/{second['version']} (the new text); the old "
+                               "version is kept"})
+    root = Path(workdir) / "credentials"
+    with Mirror({"/" + ZIP_NAME: zip_bytes}) as m, captured_logs() as lines:
+        url = f"http://alice:S3CRET@127.0.0.1:{m.port}/{ZIP_NAME}?token=T0KEN-abc"
+        download(root, source_url=url)
+        stored = "\n".join([*lines, *(p.read_text(errors="replace") for p in root.rglob("*") if p.is_file())])
+        leaked = [secret for secret in SECRETS if secret in stored]
+        good = stage_digests(root, "corpus") == reference_corpus
+        rows.append({"case": "credentials in source_url (user:password@host, ?token=)", "expect": "corpus",
+                     "outcome": "corpus" if good else "CORPUS DIFFERS", "handled": good and not leaked,
+                     "statuses": _statuses(m),
+                     "detail": f"shown and stored as {redact_url(url)}" + (f"; LEAKED: {leaked}" if leaked else "")})
+    return rows
+
+
+def _statuses(m: Mirror) -> str:
+    return " ".join(str(r["status"]) + (f"({r['range']})" if r["range"] else "") for r in m.requests[:6]) + \
+        (" ..." if len(m.requests) > 6 else "")
 
 
 # ---- damaged artifacts ---------------------------------------------------------------------------------
@@ -624,6 +679,7 @@ def build_plain(root: Path, url: str, params, *, full_check: bool = False, force
     if params.corpus.source_url != url:
         raise ValueError("build_plain: params were made for another source_url")
     from tasks.corpus import download_corpus
+    from tasks.export import export_model
     from tasks.model import train_model
     from tasks.samples import sample_model
     from tasks.shards import encode_shards
@@ -635,7 +691,9 @@ def build_plain(root: Path, url: str, params, *, full_check: bool = False, force
     shards = encode_shards.fn(corpus, tokenizer, params.shards, run)
     model = train_model.fn(shards, tokenizer, params.model, run)
     samples = sample_model.fn(model, params.samples, run)
-    return {"corpus": corpus, "tokenizer": tokenizer, "shards": shards, "model": model, "samples": samples}
+    export = export_model.fn(model, params.export, run)
+    return {"corpus": corpus, "tokenizer": tokenizer, "shards": shards, "model": model, "samples": samples,
+            "export": export}
 
 
 def train_again(root: Path, refs: dict, params) -> dict:
@@ -784,8 +842,8 @@ def _staged_case(rows, root, url, params, store, reference, name, damage, reason
 
 
 # ---- bad input -----------------------------------------------------------------------------------------
-def bad_input_cases(tmp: Path, url: str) -> list[tuple[list[str], str]]:
-    """(wiki-pipeline run arguments, the exact error line). Before Prefect starts, except the marked ones."""
+def bad_input_cases(tmp: Path, url: str) -> list[tuple]:
+    """(wiki-pipeline run arguments, the exact error line[, environment variables]). All before Prefect starts."""
     afile = tmp / "a-file"
     afile.write_text("x")
     return [
@@ -803,16 +861,19 @@ def bad_input_cases(tmp: Path, url: str) -> list[tuple[list[str], str]]:
         (["--param", "num_merges=-1"], "error: tokenizer.num_merges must be an integer >= 0, got -1 (BPE merges to learn; the chapter uses 1024)"),
         (["--param", "shard_tokens=0"], "error: shards.shard_tokens must be an integer >= 1, got 0 (tokens per Parquet shard (10000000 is ~20 MB of uint16, ~20 shards for wikitext-103 at 1024 merges))"),
         (["--param", "unk_policy=ignore"], "error: shards.unk_policy must be one of skip, error, got 'ignore' (characters outside the tokenizer's alphabet: skip them (the chapter) or stop with an error naming them)"),
-        (["--param", "workers=0"], "error: run.workers must be an integer >= 1 (or null), got 0 (encode worker processes; null = CPU count (at most 8))"),
+        (["--param", "workers=0"], "error: run.workers must be an integer >= 1 and <= 256 (or null), got 0 (encode worker processes; null = CPU count (at most 8))"),
         (["--param", "max_new_tokens=0"], "error: samples.max_new_tokens must be an integer >= 1, got 0 (tokens to generate after each prompt; the chapter uses 200)"),
-        (["--param", "temperature=-0.5"], "error: samples.temperature must be a number >= 0, got -0.5 (sampling temperature; 0 = greedy; the chapter uses 1.0)"),
+        (["--param", "temperature=-0.5"], "error: samples.temperature must be 0 (greedy) or from 0.001 to 100, got -0.5 (the chapter uses 1.0)"),
+        (["--param", "temperature=1e-300"], "error: samples.temperature must be 0 (greedy) or from 0.001 to 100, got 1e-300 (the chapter uses 1.0)"),
+        (["--param", f"seed={2**64}"], "error: model.seed must be an integer >= 0 and <= 9223372036854775807, got 18446744073709551616 (initial weights and batch order)"),
         (["--param", "top_k=-1"], "error: samples.top_k must be an integer >= 0, got -1 (sample from the k most likely tokens; 0 = all; the chapter uses 40)"),
         (["--param", "prompt=  "], "error: samples.prompt '  ' is empty; give some text to continue (the chapter uses 'The history of')"),
         (["--param", "prompt=[]"], "error: samples.prompt must be a string or a non-empty list of strings, got []"),
-        (["--param", "threads=-2"], "error: run.threads must be an integer >= 0 (or null), got -2 (torch CPU threads for training and sampling; null or 0 = torch's default)"),
+        (["--param", "threads=-2"], "error: run.threads must be an integer >= 0 and <= 1024 (or null), got -2 (torch CPU threads for training and sampling; null or 0 = torch's default)"),
+        (["--param", f"threads={10**6}"], "error: run.threads must be an integer >= 0 and <= 1024 (or null), got 1000000 (torch CPU threads for training and sampling; null or 0 = torch's default)"),
         (["--param", "full_check=yes"], "error: run.full_check must be true or false, got 'yes' (verify every reused file's sha256, not only its size)"),
-        (["--force", "tokenise"], "error: run.force names no stage: 'tokenise'; stages are download, bpe, encode, train, sample by what they do, or corpus, tokenizer, shards, model, samples by what they make"),
-        (["--only", "evaluate"], "error: run.only names no stage: 'evaluate'; stages are download, bpe, encode, train, sample by what they do, or corpus, tokenizer, shards, model, samples by what they make"),
+        (["--force", "tokenise"], "error: run.force names no stage: 'tokenise'; stages are download, bpe, encode, train, sample by what they do, or corpus, tokenizer, shards, model, samples, export by what they make"),
+        (["--only", "evaluate"], "error: run.only names no stage: 'evaluate'; stages are download, bpe, encode, train, sample by what they do, or corpus, tokenizer, shards, model, samples, export by what they make"),
         (["--param", "num_layer=2"], None),
         (["--param", "steps"], "error: --param 'steps' is not KEY=VALUE (e.g. --param steps=100)"),
         (["--params", "[1]"], "error: --params must be a JSON object, got '[1]'"),
@@ -824,6 +885,12 @@ def bad_input_cases(tmp: Path, url: str) -> list[tuple[list[str], str]]:
         (["--param", "expected_bytes=-1"], "error: corpus.expected_bytes must be a whole number of bytes >= 0 (0 = don't check the size), got -1"),
         (["--artifacts-dir", str(afile)], f"error: run.artifacts_dir {afile} is a file, not a directory; give a directory for the artifacts"),
         (["--mirror", "--source-url", url], "error: --mirror and source_url both choose the source; give one of them"),
+        ([], "error: WIKI_PIPELINE_DOWNLOAD_ATTEMPTS must be a whole number >= 1, got 'nan' (failed tries in a row before the download gives up; default 6); fix or unset it",
+         {"WIKI_PIPELINE_DOWNLOAD_ATTEMPTS": "nan"}),
+        ([], "error: WIKI_PIPELINE_RETRY_BASE_DELAY must be a number of seconds >= 0, got '-1' (wait before the first retry, doubled each time, at most 60 s; default 2); fix or unset it",
+         {"WIKI_PIPELINE_RETRY_BASE_DELAY": "-1"}),
+        ([], "error: WIKI_PIPELINE_READ_TIMEOUT must be a number of seconds > 0, got '0' (seconds without data before a try fails; default 60); fix or unset it",
+         {"WIKI_PIPELINE_READ_TIMEOUT": "0"}),
     ]
 
 
@@ -835,11 +902,20 @@ def flow_bad_input_cases(tmp: Path, url: str) -> list[tuple[list[str], str]]:
     bad_utf8 = tmp / "latin1.zip"
     bad_utf8.write_bytes(make_zip({f"wikitext-103-raw/wiki.{s}.raw": (" caf\xe9 \n".encode("latin-1") if s == "train"
                                    else b" ok .\n") for s in ("train", "valid", "test")}))
+    encrypted, deflate64, bomb = tmp / "encrypted.zip", tmp / "deflate64.zip", tmp / "bomb.zip"
+    encrypted.write_bytes(zips.encrypted_zip())
+    deflate64.write_bytes(zips.deflate64_zip())
+    bomb.write_bytes(zips.bomb_zip(30))
+    with zipfile.ZipFile(bomb) as z:
+        packed, declared = (sum(getattr(i, f) for i in z.infolist()) for f in ("compress_size", "file_size"))
     return [
         (["--source-url", missing.as_uri()], f"error: source_url {missing.as_uri()!r}: there is no file {missing}; check the path"),
         (["--source-url", notzip.as_uri()], f"error: {notzip.as_uri()} is not a zip archive; source_url must point at wikitext-103-raw-v1.zip (or a copy of it)"),
         (["--source-url", bad_utf8.as_uri()], f"error: wikitext-103-raw/wiki.train.raw in {bad_utf8.as_uri()} is not valid UTF-8: byte 0xe9 at offset 4 (invalid continuation byte); the archive is not the wikitext-103-raw-v1 zip or is damaged: check source_url and expected_sha256"),
         (["--source-url", url, "--param", "prompt=🦜🦜🦜"], "error: prompt '🦜🦜🦜' is made only of characters the tokenizer cannot encode ('🦜' (U+1F99C)), so there is nothing to continue; use text in the corpus's alphabet"),
+        (["--source-url", encrypted.as_uri()], f"error: wikitext-103-raw/wiki.train.raw in {encrypted.as_uri()} is encrypted; the wikitext-103-raw-v1 zip is not: check source_url, or give an unencrypted copy"),
+        (["--source-url", deflate64.as_uri()], f"error: wikitext-103-raw/wiki.train.raw in {deflate64.as_uri()} is compressed with method 9 (deflate64), which Python's zipfile cannot read (it reads stored, deflate, bzip2, lzma); recompress it, e.g. with `zip -Z deflate`, or check source_url"),
+        (["--source-url", bomb.as_uri()], f"error: {bomb.as_uri()} would unzip {human_bytes(packed)} into {human_bytes(declared)} ({declared / packed:,.0f}x; text compresses 3-4x, this stage accepts at most 20x): it looks like a zip bomb, not wikitext; nothing was extracted: check source_url"),
     ]
 
 
@@ -851,7 +927,8 @@ def bad_inputs(tmp: Path, url: str, *, with_flow: bool = True) -> list[dict]:
     tmp.mkdir(parents=True, exist_ok=True)
     cases = bad_input_cases(tmp, url) + (flow_bad_input_cases(tmp, url) if with_flow else [])
     rows = []
-    for i, (args, want) in enumerate(cases):
+    for i, (args, want, *environment) in enumerate(cases):
+        environment = environment[0] if environment else {}
         root = tmp / f"bad-{i}"
         argv = ["run", "--tiny", *args]
         if "--artifacts-dir" not in args:
@@ -859,7 +936,7 @@ def bad_inputs(tmp: Path, url: str, *, with_flow: bool = True) -> list[dict]:
         if not any(a in ("--source-url", "--mirror") for a in args):
             argv += ["--source-url", url]
         err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), env_vars(**environment):
             code = main(argv)
         lines = [line for line in err.getvalue().splitlines() if line.startswith("error: ")]
         got = lines[-1] if lines else err.getvalue().strip()[-300:]
@@ -867,7 +944,8 @@ def bad_inputs(tmp: Path, url: str, *, with_flow: bool = True) -> list[dict]:
         later = [v.stage for v in store.versions() if v.stage not in ("corpus", "tokenizer")]
         # the prompt check runs after download and bpe by design: nothing after them may be published
         nothing = not later if "prompt=🦜🦜🦜" in args else not store.versions()
-        rows.append({"input": " ".join(args), "code": code, "message": got,
+        shown = [f"{k}={v}" for k, v in environment.items()] + args
+        rows.append({"input": " ".join(shown), "code": code, "message": got,
                      "exact": want is None or got == want, "nothing_published": nothing,
                      "traceback": "Traceback" in err.getvalue(),
                      "ok": code == 2 and (want is None or got == want) and nothing and "Traceback" not in err.getvalue()})
@@ -922,7 +1000,10 @@ def scorecard(results: dict) -> str:
     lines += ["## Network faults (loopback mirror misbehaving on purpose)", "",
               "Each case starts from an empty root; an error case is then rerun on the same root against a healthy "
               "mirror, which must give the correct corpus (nothing bad was cached). After every case the cached "
-              "`work/source.zip[.part]` is checked to be a prefix of the real zip.", "",
+              "`work/source.zip[.part]` is checked to be a prefix of the real zip. Every run first asks the server "
+              "what the file is (a one-byte Range request: its size and ETag are part of the corpus version), so a "
+              "fault meant for the download proper is set for two responses. The last rows change what is at the "
+              "URL: new content must give a new version, credentials must download and be stored nowhere.", "",
               "| fault | expected | outcome | requests | handled | detail |", "|---|---|---|---|---|---|"]
     for r in results["network"]:
         lines.append(f"| {_md(r['case'])} | {r['expect']} | {r['outcome']}"
@@ -938,7 +1019,8 @@ def scorecard(results: dict) -> str:
         lines.append(f"| {_md(r['target'])}{extra} | `{_md(r['logged'][:200])}` | {r['rebuilt']} | "
                      f"{'yes' if r['detected'] else 'NO'} |")
     lines += ["", "## Bad input", "",
-              "`wiki-pipeline run --tiny --artifacts-dir <empty root> <input>`: exit code 2, this exact line on "
+              "`wiki-pipeline run --tiny --artifacts-dir <empty root> <input>` (a `NAME=value` input is an "
+              "environment variable set for that run): exit code 2, this exact line on "
               "stderr (no traceback), and nothing published (for the prompt case, which is checked right after the "
               "tokenizer stage by design: nothing after the tokenizer).", "",
               "| input | exit | message | nothing published |", "|---|---:|---|---|"]
@@ -980,7 +1062,8 @@ def run_all(workdir: Path, *, seed: int, kills_per_stage: int, fast: bool = Fals
         results["concurrent"] = conc
         results["watcher"] = {"checks": stats["checks"] + conc["checks"], "runs": stats["runs"] + 2,
                               "violations": violations + conc["violations"]}
-        results["network"] = network_faults(workdir / "net", env.zip_bytes, reference["corpus"])
+        results["network"] = (network_faults(workdir / "net", env.zip_bytes, reference["corpus"])
+                              + source_cases(workdir / "source", env.zip_bytes, reference["corpus"]))
         zpath = workdir / "file-zip" / ZIP_NAME
         zpath.parent.mkdir(parents=True, exist_ok=True)
         zpath.write_bytes(env.zip_bytes)

@@ -107,6 +107,7 @@ def test_sigkill_inside_each_stage_then_rerun_recovers(harness):
     assert by_task["model"].left == "resume checkpoint at step 10" and by_task["model"].resumed == "from step 10"
     assert by_task["tokenizer"].left == "manifest written in staging out/, not renamed"
     assert by_task["samples"].left == "version published; its staging dir not yet deleted"
+    assert by_task["export"].left == "manifest written in staging out/, not renamed"
     assert not list((workdir / "kills").glob("*/.staging/*")), "no staging left after the final run"
 
 
@@ -125,10 +126,17 @@ def test_two_runs_at_once_build_each_version_once(harness):
 def test_network_faults_end_in_the_corpus_or_a_clear_error(harness):
     env, reference, _, workdir = harness
     rows = R.network_faults(workdir / "net", env.zip_bytes, reference["corpus"])
-    assert len(rows) >= 10
+    assert len(rows) >= 12
     bad = [r for r in rows if not r["handled"]]
     assert not bad, json.dumps(bad, indent=1)
     assert {r["outcome"] for r in rows} == {"corpus", "error"}
+
+
+def test_new_content_gives_a_new_version_and_credentials_stay_secret(harness):
+    env, reference, _, workdir = harness
+    rows = R.source_cases(workdir / "source", env.zip_bytes, reference["corpus"])
+    assert [r["outcome"] for r in rows] == ["new version", "corpus"], json.dumps(rows, indent=1)
+    assert all(r["handled"] for r in rows), json.dumps(rows, indent=1)
 
 
 def test_damaged_artifacts_are_detected_logged_and_rebuilt(harness):
@@ -147,7 +155,7 @@ def test_damaged_artifacts_are_detected_logged_and_rebuilt(harness):
 def test_bad_inputs_are_refused_with_their_exact_message_and_publish_nothing(harness):
     env, _, _, workdir = harness
     rows = R.bad_inputs(workdir / "bad", env.url)
-    assert len(rows) >= 20
+    assert len(rows) >= 45
     bad = [r for r in rows if not r["ok"]]
     assert not bad, json.dumps(bad, indent=1, ensure_ascii=False)
 

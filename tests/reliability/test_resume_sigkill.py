@@ -64,7 +64,8 @@ def test_sigkill_mid_training_then_rerun_resumes_bit_identical(prefect_server, t
     state = wiki_pipeline(**tiny_flow_parameters(url, killed_root), return_state=True)
     resumed = state.result()
     assert task_run_states(state.state_details.flow_run_id) == {
-        "corpus": "Cached", "tokenizer": "Cached", "shards": "Cached", "model": "Completed", "samples": "Completed"}
+        "corpus": "Cached", "tokenizer": "Cached", "shards": "Cached", "model": "Completed", "samples": "Completed",
+        "export": "Completed"}
     assert "model: resuming from step 10" in caplog.text
     manifest = json.loads((Path(resumed["model"]["path"]) / "manifest.json").read_text())
     assert manifest["metrics"]["resumed_from"] == 10 and manifest["metrics"]["steps"] == SETTINGS.model.steps

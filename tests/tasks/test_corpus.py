@@ -15,6 +15,7 @@ from flows.mirror import MEMBER, Mirror, build_wikitext_zip, make_zip
 from mygpt.errors import UserError
 from tasks import corpus as D
 from tasks.store import ArtifactStore
+from tests.support import zips
 from tests.support.stages import corpus as download
 
 
@@ -117,10 +118,16 @@ def test_newlines_and_odd_headers_match_the_chapter(tmp_path):
 
 
 # ---- interruptions and retries ---------------------------------------------------------------------------
+#: Every http(s) run first asks the server what the file is (its size and ETag enter the version): a one-byte
+#: Range request. A mirror fault meant for the download itself is therefore set for 2 responses (the mirror
+#: counts the probe's too).
+PROBE = ("bytes=0-0", 206)
+
+
 def test_dropped_connection_resumes_with_range(tmp_path, mirror, wiki_zip, fast_retries):
-    mirror.set_faults(drop_after=100_000)
+    mirror.set_faults(drop_after=100_000, drop_times=2)
     ref = download(tmp_path / "art", source_url=mirror.url())
-    assert [(r["range"], r["status"]) for r in mirror.requests] == [(None, 200), ("bytes=100000-", 206)]
+    assert [(r["range"], r["status"]) for r in mirror.requests] == [PROBE, (None, 200), ("bytes=100000-", 206)]
     m = metrics(ref)
     assert m["download"]["tries"] == 2 and m["download"]["range_requests"] == 1
     assert (Path(ref["path"]) / "wikipedia.txt").read_bytes() == chapter_wikipedia_txt(wiki_zip, tmp_path / "ch")
@@ -129,32 +136,36 @@ def test_dropped_connection_resumes_with_range(tmp_path, mirror, wiki_zip, fast_
 def test_server_that_ignores_range_gets_a_clean_restart(tmp_path, mirror, wiki_zip, fast_retries):
     import hashlib
 
-    mirror.set_faults(drop_after=100_000, ignore_range=True)
+    mirror.set_faults(drop_after=100_000, drop_times=2, ignore_range=True)
     ref = download(tmp_path / "art", source_url=mirror.url())
-    assert [(r["range"], r["status"]) for r in mirror.requests] == [(None, 200), ("bytes=100000-", 200)]
+    assert [(r["range"], r["status"]) for r in mirror.requests] == [
+        ("bytes=0-0", 200), (None, 200), ("bytes=100000-", 200)]
     assert metrics(ref)["zip_sha256"] == hashlib.sha256(wiki_zip).hexdigest()  # no bytes appended twice
 
 
-def test_wrong_content_length_then_complete(tmp_path, mirror, wiki_zip, fast_retries):
-    mirror.set_faults(length_delta=5000)
-    ref = download(tmp_path / "art", source_url=mirror.url(), expected_bytes=len(wiki_zip))
-    # the body ended short of the announced length: one Range retry, answered 416 = already complete
-    assert [r["status"] for r in mirror.requests] == [200, 416]
+@pytest.mark.parametrize("delta", [5000, -5000])
+def test_wrong_content_length_is_overruled_by_the_probed_size(tmp_path, mirror, wiki_zip, fast_retries, delta):
+    mirror.set_faults(length_delta=delta, length_times=2)
+    ref = download(tmp_path / "art", source_url=mirror.url())
+    # The size the probe read from Content-Range is the size to get: a Content-Length 5000 too large ends
+    # nothing early; one 5000 too small cuts the body short, and the rest comes with a Range request.
+    want = [PROBE, (None, 200)] + ([(f"bytes={len(wiki_zip) + delta}-", 206)] if delta < 0 else [])
+    assert [(r["range"], r["status"]) for r in mirror.requests] == want
     assert metrics(ref)["zip_bytes"] == len(wiki_zip)
 
 
 def test_stalled_body_hits_the_read_timeout_and_resumes(tmp_path, mirror, wiki_zip, fast_retries, monkeypatch):
     monkeypatch.setenv(D.ENV_READ_TIMEOUT, "1.0")
-    mirror.set_faults(stall=4.0, stall_after=65536)
+    mirror.set_faults(stall=4.0, stall_after=65536, stall_times=2)
     ref = download(tmp_path / "art", source_url=mirror.url())
     ranges = [r["range"] for r in mirror.requests]
-    assert ranges[0] is None and ranges[-1] == "bytes=65536-"  # nothing received before the stall is lost
+    assert ranges[:2] == [PROBE[0], None] and ranges[-1] == "bytes=65536-"  # nothing received before the stall is lost
     assert metrics(ref)["zip_bytes"] == len(wiki_zip)
 
 
 def test_interrupted_run_resumes_on_the_next_run(tmp_path, mirror, wiki_zip, monkeypatch):
     monkeypatch.setenv(D.ENV_ATTEMPTS, "1")
-    mirror.set_faults(drop_after=150_000)
+    mirror.set_faults(drop_after=150_000, drop_times=2)
     root = tmp_path / "art"
     with pytest.raises(UserError, match="failed 1 times in a row"):
         download(root, source_url=mirror.url())
@@ -162,7 +173,7 @@ def test_interrupted_run_resumes_on_the_next_run(tmp_path, mirror, wiki_zip, mon
     mirror.set_faults()
     mirror.clear_log()
     ref = download(root, source_url=mirror.url())
-    assert [r["range"] for r in mirror.requests] == ["bytes=150000-"]
+    assert [r["range"] for r in mirror.requests] == [PROBE[0], "bytes=150000-"]
     assert metrics(ref)["download"]["resumed_bytes"] == 150_000
     assert (Path(ref["path"]) / "wikipedia.txt").read_bytes() == chapter_wikipedia_txt(wiki_zip, tmp_path / "ch")
 
@@ -170,7 +181,7 @@ def test_interrupted_run_resumes_on_the_next_run(tmp_path, mirror, wiki_zip, mon
 def test_503s_are_retried(tmp_path, mirror, fast_retries):
     mirror.set_faults(fail_first=2)
     download(tmp_path / "art", source_url=mirror.url())
-    assert [r["status"] for r in mirror.requests] == [503, 503, 200]
+    assert [r["status"] for r in mirror.requests] == [503, 503, 206, 200]  # the probe is retried like the download
 
 
 def test_repeated_5xx_is_a_user_error_and_publishes_nothing(tmp_path, mirror, fast_retries, monkeypatch):
@@ -217,7 +228,7 @@ def test_bad_archive_is_a_user_error_and_publishes_nothing(tmp_path, case):
 def test_expected_size_and_sha256(tmp_path, mirror, wiki_zip):
     import hashlib
 
-    with pytest.raises(UserError, match=f"gave {len(wiki_zip):,} bytes but expected_bytes is 123"):
+    with pytest.raises(UserError, match=f"is {len(wiki_zip):,} bytes but expected_bytes is 123"):
         download(tmp_path / "a", source_url=mirror.url(), expected_bytes=123)
     with pytest.raises(UserError, match="expected_sha256 is " + "0" * 64):
         download(tmp_path / "b", source_url=mirror.url(), expected_sha256="0" * 64)
@@ -259,3 +270,219 @@ def test_settings_defaults_pin_the_chapter_size():
 def test_mirror_serves_loopback_only(mirror):
     assert mirror.base_url.startswith("http://127.0.0.1:")
     assert mirror._server.server_address[0] == "127.0.0.1"
+
+
+# ---- the version follows what is at source_url (issue 10, item 3) ------------------------------------------
+def _tiny_zip(word: str) -> bytes:
+    return make_zip({MEMBER.format(split=s): f" = {word} {s} = \n {word} text of the {s} split .\n"
+                     for s in ("train", "valid", "test")})
+
+
+def _train_text(ref) -> str:
+    return (Path(ref["path"]) / "wiki.train.txt").read_text(encoding="utf-8")
+
+
+def test_new_content_in_the_same_file_is_a_new_version(tmp_path):
+    zpath = tmp_path / "w.zip"
+    zpath.write_bytes(_tiny_zip("Old"))
+    first = download(tmp_path / "art", source_url=zpath.as_uri())
+    zpath.write_bytes(_tiny_zip("New"))  # same URL, different text
+    second = download(tmp_path / "art", source_url=zpath.as_uri())
+    assert second["version"] != first["version"] and "New text" in _train_text(second)
+    assert "Old text" in _train_text(first), "the old version stays, for whoever switches back"
+    again = download(tmp_path / "art", source_url=zpath.as_uri())
+    assert again == second, "unchanged file: the same version, reused"
+    manifest = json.loads((Path(second["path"]) / "manifest.json").read_text())
+    assert manifest["source"] == {"bytes": zpath.stat().st_size, "mtime_ns": zpath.stat().st_mtime_ns}
+
+
+def test_new_content_at_the_same_http_url_is_a_new_version(tmp_path):
+    with Mirror({"/w.zip": _tiny_zip("Old")}) as m:
+        first = download(tmp_path / "art", source_url=m.url("/w.zip"))
+        m.add("/w.zip", _tiny_zip("Newer"))  # the mirror now serves other bytes (another ETag and size)
+        second = download(tmp_path / "art", source_url=m.url("/w.zip"))
+        assert second["version"] != first["version"] and "Newer text" in _train_text(second)
+        m.clear_log()
+        assert download(tmp_path / "art", source_url=m.url("/w.zip")) == second
+        assert [r["range"] for r in m.requests] == ["bytes=0-0"], "a reuse costs one probe, no download"
+        source = json.loads((Path(second["path"]) / "manifest.json").read_text())["source"]
+        assert source["bytes"] == len(_tiny_zip("Newer")) and source["etag"] == f'"{m.etag("/w.zip")}"'
+
+
+def test_unreachable_source_reuses_the_newest_version_from_it(tmp_path, fast_retries, caplog):
+    with Mirror({"/w.zip": _tiny_zip("Kept")}) as m:
+        url = m.url("/w.zip")
+        ref = download(tmp_path / "art", source_url=url)
+        del m.files["/w.zip"]  # the server now refuses (404), as for an expired signed URL
+        with caplog.at_level("WARNING", logger="wiki_pipeline"):
+            assert download(tmp_path / "art", source_url=url) == ref
+        assert "(downloading " + url + " failed: HTTP 404" in caplog.text
+    caplog.clear()
+    # the mirror is gone: nothing answers at url now
+    with caplog.at_level("WARNING", logger="wiki_pipeline"):
+        assert download(tmp_path / "art", source_url=url) == ref
+    assert f"cannot check {url} now" in caplog.text and f"reusing corpus/{ref['version']}" in caplog.text
+    with pytest.raises(UserError, match=re.escape(url) + " failed 4 times in a row"):
+        download(tmp_path / "other", source_url=url)  # nothing published from it there: a clear error
+
+
+# ---- credentials in the URL (item 5) -----------------------------------------------------------------------
+SECRETS = ("S3CRET", "T0KEN-abc")
+
+
+def _all_text_under(root: Path) -> str:
+    return "\n".join(p.read_bytes().decode("utf-8", "replace") for p in Path(root).rglob("*") if p.is_file())
+
+
+def test_credentials_in_the_url_are_used_but_never_shown_or_stored(tmp_path, caplog, fast_retries):
+    from tasks.stage import settings_table
+
+    with Mirror({"/w.zip": _tiny_zip("Secret")}) as m:
+        url = f"http://alice:S3CRET@127.0.0.1:{m.port}/w.zip?token=T0KEN-abc&x=1"
+        with caplog.at_level("INFO", logger="wiki_pipeline"):
+            ref = download(tmp_path / "art", source_url=url)
+            other = download(tmp_path / "art", source_url=url.replace("S3CRET", "0ther").replace("T0KEN", "TOK2"))
+        manifest = json.loads((Path(ref["path"]) / "manifest.json").read_text())
+        shown = [caplog.text, _all_text_under(tmp_path / "art"),
+                 D.STAGE.report(manifest) + settings_table(manifest["settings"])]
+        assert "Secret text" in _train_text(ref), "the credentials were used to download"
+        assert manifest["settings"]["source_url"] == f"http://***@127.0.0.1:{m.port}/w.zip?token=***&x=***"
+        assert other == ref, "the version id does not depend on the credentials (only on the file)"
+        errors = []
+        for bad in (url.replace("/w.zip", "/gone.zip"), url.replace(str(m.port), str(_closed_port()))):
+            with pytest.raises(UserError) as e:
+                download(tmp_path / "bad", source_url=bad)
+            errors.append(str(e.value))
+    assert "HTTP 404" in errors[0] and "failed 4 times in a row" in errors[1]
+    assert "***@127.0.0.1" in errors[0] and "token=***" in errors[1]
+    shown += errors + [caplog.text, _all_text_under(tmp_path / "bad")]
+    leaks = [(secret, text[max(0, text.find(secret) - 80):text.find(secret) + 20])
+             for text in shown for secret in SECRETS if secret in text]
+    assert not leaks, leaks
+
+
+def _closed_port() -> int:
+    from flows.server import free_port
+
+    return free_port()  # bound and released: nothing listens there
+
+
+def test_redact_url():
+    assert D.redact_url("https://u:p@h:8/a/b.zip?sig=x%2F&e=1#f") == "https://***@h:8/a/b.zip?sig=***&e=***#f"
+    assert D.redact_url("https://h/b.zip?tokenonly") == "https://h/b.zip?***"
+    assert D.redact_url(D.DEFAULT_URL) == D.DEFAULT_URL
+    assert D.redact_text("GET /b.zip?sig=x%2F&e=1 failed", "https://h/b.zip?sig=x%2F&e=1") == \
+        "GET /b.zip?sig=***&e=*** failed"
+
+
+# ---- bounds (item 6) ---------------------------------------------------------------------------------------
+class _NoLengthHandler:
+    """An HTTP/1.0 server that sends a body of ``size`` bytes without Content-Length (until it closes)."""
+
+    @staticmethod
+    def serve(size: int):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.send_response(200)
+                self.end_headers()
+                try:
+                    for _ in range(size // 65536):
+                        self.wfile.write(b"x" * 65536)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+
+def test_download_stops_as_soon_as_it_exceeds_expected_bytes(tmp_path, fast_retries):
+    server = _NoLengthHandler.serve(8 << 20)  # 8 MiB, size never announced
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/big.zip"
+        with pytest.raises(UserError, match=r"is larger than expected_bytes \(1,000,000\): it sent more; "
+                                            r"stopped at [\d,]+ bytes, so nothing was kept"):
+            download(tmp_path / "art", source_url=url, expected_bytes=1_000_000)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert published(tmp_path / "art") == [] and not list((tmp_path / "art").rglob("source.zip")) \
+        and not list((tmp_path / "art").rglob("source.zip.part")), "nothing of the oversized body was kept"
+
+
+def test_announced_size_beyond_the_bound_is_refused_before_the_body(tmp_path, mirror, wiki_zip):
+    with pytest.raises(UserError, match=f"is {len(wiki_zip):,} bytes but expected_bytes is 1,000"):
+        download(tmp_path / "art", source_url=mirror.url(), expected_bytes=1000)
+    assert [r["range"] for r in mirror.requests] == ["bytes=0-0"], "refused from the probe: nothing downloaded"
+    with pytest.raises(UserError, match=r"larger than expected_bytes \(1,000\): it announces"):
+        D.fetch(mirror.url(), tmp_path / "z.zip", max_bytes=1000)
+    assert not list(tmp_path.glob("z.zip*"))
+
+
+def _bad_zips() -> dict[str, tuple[bytes, str]]:
+    return {
+        "encrypted": (zips.encrypted_zip(), r"wiki.train.raw in .* is encrypted; the wikitext-103-raw-v1 zip is not"),
+        "deflate64": (zips.deflate64_zip(),
+                      r"wiki.train.raw in .* is compressed with method 9 \(deflate64\), which Python's zipfile cannot "
+                      r"read \(it reads stored, deflate, bzip2, lzma\)"),
+        "bomb": (zips.bomb_zip(30), r"would unzip [\d.]+ KB into 30.0 MB \([\d,]+x; text compresses 3-4x, this "
+                                    r"stage accepts at most 20x\): it looks like a zip bomb"),
+        "lies about its size": (zips.lying_size_zip(), r"wiki.train.raw in .* is damaged \(Bad CRC-32"),
+    }
+
+
+@pytest.mark.parametrize("case", ["encrypted", "deflate64", "bomb", "lies about its size"])
+def test_zip_members_are_checked_before_anything_is_unzipped(tmp_path, case):
+    data, message = _bad_zips()[case]
+    zpath = tmp_path / "w.zip"
+    zpath.write_bytes(data)
+    with pytest.raises(UserError, match=message):
+        download(tmp_path / "art", source_url=zpath.as_uri())
+    assert published(tmp_path / "art") == []
+    written = [p for p in (tmp_path / "art" / "corpus" / ".staging").rglob("*.txt")]
+    assert case == "lies about its size" or written == [], "nothing extracted before the checks"
+    assert sum(p.stat().st_size for p in written) <= 10, "a member never yields more than its declared size"
+
+
+def test_unzipped_total_is_bounded(tmp_path, monkeypatch):
+    zpath = tmp_path / "w.zip"
+    zpath.write_bytes(_tiny_zip("Total"))
+    monkeypatch.setattr(D, "MAX_UNZIPPED_BYTES", 64)
+    with pytest.raises(UserError, match=r"would unzip to \d+ B, more than the 64 B this stage accepts"):
+        download(tmp_path / "art", source_url=zpath.as_uri())
+
+
+# ---- the download knobs (item 7) ----------------------------------------------------------------------------
+@pytest.mark.parametrize("env, value, message", [
+    (D.ENV_ATTEMPTS, "nan", r"WIKI_PIPELINE_DOWNLOAD_ATTEMPTS must be a whole number >= 1, got 'nan'"),
+    (D.ENV_ATTEMPTS, "2.5", r"must be a whole number >= 1, got '2.5'"),
+    (D.ENV_ATTEMPTS, "0", r"must be a whole number >= 1, got '0'"),
+    (D.ENV_BASE_DELAY, "-1", r"WIKI_PIPELINE_RETRY_BASE_DELAY must be a number of seconds >= 0, got '-1'"),
+    (D.ENV_BASE_DELAY, "inf", r"must be a number of seconds >= 0, got 'inf'"),
+    (D.ENV_READ_TIMEOUT, "0", r"WIKI_PIPELINE_READ_TIMEOUT must be a number of seconds > 0, got '0'"),
+    (D.ENV_READ_TIMEOUT, "-5", r"must be a number of seconds > 0, got '-5' \(seconds without data before a try "
+                               r"fails; default 60\); fix or unset it"),
+])
+def test_bad_download_knobs_are_user_errors(monkeypatch, env, value, message):
+    monkeypatch.setenv(env, value)
+    with pytest.raises(UserError, match=message):
+        D.DownloadKnobs.from_env()
+
+
+def test_download_knobs_from_env(monkeypatch):
+    for env in (D.ENV_ATTEMPTS, D.ENV_BASE_DELAY, D.ENV_READ_TIMEOUT):
+        monkeypatch.setenv(env, "")
+    assert D.DownloadKnobs.from_env() == D.DownloadKnobs(6, 2.0, 60.0)
+    monkeypatch.setenv(D.ENV_ATTEMPTS, "3")
+    monkeypatch.setenv(D.ENV_BASE_DELAY, "0")
+    monkeypatch.setenv(D.ENV_READ_TIMEOUT, "0.5")
+    assert D.DownloadKnobs.from_env() == D.DownloadKnobs(3, 0.0, 0.5)

@@ -3,6 +3,7 @@ invalidate; nothing is cached by Prefect itself."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,48 @@ def test_failed_build_publishes_nothing(tmp_path):
         stage.run(boom, NoSettings(), RunOptions(artifacts_dir=str(tmp_path)))
     assert list((tmp_path / "corpus").iterdir()) != [] and not any(
         p.name != ".staging" and p.name != ".locks" for p in (tmp_path / "corpus").iterdir())
+
+
+def test_a_manifest_records_its_inputs_lineage_but_no_path(tmp_path):
+    """Issue 10 item 2: an input's path belongs to the root it was read from; the manifest keeps stage,
+    version and build id only, so a moved or copied root holds nothing of where it came from."""
+    import json
+
+    run = RunOptions(artifacts_dir=str(tmp_path))
+    corpus = make_source.fn(WordSettings(word="lineage"), run)
+    upper = make_upper.fn(corpus, NoSettings(), run)
+    manifest = json.loads((Path(upper["path"]) / "manifest.json").read_text())
+    assert manifest["inputs"] == {"corpus": {"stage": "corpus", "version": corpus["version"],
+                                             "build_id": corpus["build_id"]}}
+    assert str(tmp_path) not in json.dumps(manifest)
+
+
+def test_pace_shows_rate_and_eta_of_the_current_phase():
+    from tasks.stage import Pace, human_seconds
+
+    tokens = Pace(("tokens", 4096))
+    assert tokens.update(100, 1000, now=10.0) == ""  # a resumed build: the pace counts from here
+    assert tokens.update(150, 1000, now=20.0) == "20.5k tokens/s · ETA 2m50s"  # 5 steps/s x 4096, 850 steps left
+    assert tokens.update(1000, 1000, now=30.0) == "184.3k tokens/s"  # 900 steps in 20 s, nothing left
+    data = Pace(("B", 1))
+    data.update(0, 8 << 20, now=0.0)
+    assert data.update(4 << 20, 8 << 20, now=2.0) == "2.0 MB/s · ETA 2s"
+    assert data.update(1 << 20, 3 << 20, now=3.0) == "", "a new phase (another total) starts a new measurement"
+    assert Pace().update(0, 10, now=0.0) == "" and Pace().update(5, 10, now=5.0) == ""
+    eta_only = Pace()
+    eta_only.update(0, 10, now=0.0)
+    assert eta_only.update(5, 10, now=5.0) == "ETA 5s"
+    assert [human_seconds(s) for s in (45, 725, 7380)] == ["45s", "12m05s", "2h03m"]
+
+
+def test_progress_log_line_carries_the_pace(tmp_path, caplog):
+    def slow_build(ctx, settings):
+        (ctx.out / "a.txt").write_text("x")
+        ctx._pace.start = (0.0, 0.0, 4.0)  # as if the build had started a while ago, with nothing done
+        ctx.progress(1, 4, "step 1/4", force=True)
+        return {}
+
+    with caplog.at_level("INFO", logger="wiki_pipeline"):
+        Stage("corpus", "1", lambda m: "").run(slow_build, NoSettings(), RunOptions(artifacts_dir=str(tmp_path)))
+    line = next(r.getMessage() for r in caplog.records if "step 1/4" in r.getMessage())
+    assert re.search(r"corpus:  25\.0% step 1/4 · ETA \d+", line), line

@@ -1,0 +1,93 @@
+"""Stage ``export`` (task ``export_model``): the model version as a Hugging Face directory, proven exact.
+
+What a version holds (``export/<v>/``): ``tokenizer.json``, ``tokenizer_config.json``, ``config.json``,
+``generation_config.json`` and ``model.safetensors``, which load with transformers' ``AutoTokenizer`` and
+``AutoModelForCausalLM`` and no custom code (``ArceeForCausalLM``: the same math as mygpt's GPT, see
+:mod:`mygpt.hf_export`). Every export is loaded back and compared with mygpt before it is published: token ids
+equal on a probe text, fp32 logits bit-identical on CPU (the check fails the stage otherwise).
+
+Only the chapter's model maps exactly (RMSNorm + RoPE); the flow refuses other model settings up front unless
+``export.enabled`` is false (:meth:`ExportSettings.check_model`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from mygpt.errors import UserError
+from tasks.settings import RunOptions, Settings
+from tasks.stage import BuildContext, Stage, StageRef, stage_task, summary_table
+
+
+class ExportSettings(Settings):
+    """Whether to export the model for the Hugging Face stack."""
+
+    enabled: bool = Field(True, description="export the trained model as a transformers directory (needs the "
+                                            "chapter's norm=rms and position=rope)")
+
+    def check_model(self, norm: str, position: str) -> None:
+        """Refuse, before anything runs, model settings that cannot be exported exactly while export is on."""
+        if self.enabled and (norm, position) != ("rms", "rope"):
+            raise UserError(f"export: a model with norm={norm!r} and position={position!r} has no exact Hugging Face "
+                            "counterpart (the export maps RMSNorm + RoPE onto ArceeForCausalLM); use norm='rms' and "
+                            "position='rope', or set export.enabled=false")
+
+
+def build_export(ctx: BuildContext, settings: ExportSettings, model: Path) -> dict:
+    """Export the model version's checkpoint into ``ctx.out`` (written, loaded back and checked by hf_export)."""
+    from mygpt.hf_export import export_checkpoint
+
+    for leftover in ctx.out.iterdir():  # a crashed attempt's partial files: the export is cheap, start over
+        leftover.unlink()
+    ctx.progress(0, 1, "writing and checking the export", force=True)
+    facts = export_checkpoint(model / "model.ckpt", ctx.out)
+    facts["meta"].pop("checkpoint", None)  # a staging path; the manifest's inputs name the model version
+    facts.pop("out_dir", None)
+    facts.pop("load", None)  # staging paths: the report writes the load lines for where it is published
+    ctx.log.info("export: %s, max |logit diff| %.2e against mygpt", facts["architecture"],
+                 facts["check"]["max_abs_logit_diff"])
+    ctx.progress(1, 1, "done", force=True)
+    return facts
+
+
+def report(manifest: dict) -> str:
+    m = manifest.get("metrics", {})
+    check = m.get("check", {})
+    where = f"export/{manifest['version']}"
+    files = "\n".join(f"| `{name}` | {info['bytes']:,} |" for name, info in m.get("files", {}).items())
+    from mygpt.hf_export import load_lines
+
+    load = "\n".join(load_lines(manifest.get("path", f"artifacts/{where}")))
+    return f"""# Export: {where}
+
+Load it with transformers (no custom code):
+
+```python
+{load}
+```
+
+{summary_table([
+        ("architecture", m.get("architecture")),
+        ("parameters", f"{m.get('num_params', 0):,}"),
+        ("vocab size", f"{m.get('vocab_size', 0):,}"),
+        ("checked", f"{check.get('tokenizer_tokens', 0):,} token ids equal to mygpt's; max logit difference "
+                    f"{check.get('max_abs_logit_diff', 0):.2e} over {check.get('logit_tokens', 0)} positions"),
+        ("versions", ", ".join(f"{k} {v}" for k, v in (m.get("versions") or {}).items())),
+    ])}
+
+| file | bytes |
+|---|---:|
+{files}
+"""
+
+
+STAGE = Stage(name="export", code_version="1", report=report, inputs=("model",))
+
+
+@stage_task(STAGE)
+def export_model(model: StageRef, settings: ExportSettings = ExportSettings(),
+                 run: RunOptions = RunOptions()) -> StageRef:
+    """Export a model version as a Hugging Face transformers directory (or reuse that version)."""
+    return STAGE.run(build_export, settings, run, model=model)

@@ -1,0 +1,68 @@
+"""Zips a user could be handed by mistake, made for real (issue 10, items 6-7): a member marked encrypted, one
+compressed with a method Python cannot read, a member that lies about its size, a zip bomb."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zipfile
+
+from flows.mirror import MEMBER, make_zip
+
+TRAIN = MEMBER.format(split="train")
+
+
+def small_members(repeat: int = 50) -> dict[str, str]:
+    return {MEMBER.format(split=s): f" = T{s} = \n text {s} .\n" * repeat for s in ("train", "valid", "test")}
+
+
+def patch_member(data: bytes, member: str, *, flag_bits: int | None = None, method: int | None = None,
+                 file_size: int | None = None) -> bytes:
+    """``data`` (a zip) with one member's header fields rewritten, in its local header and the central directory
+    (what a zip tool that sets them would have written)."""
+    buf = bytearray(data)
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        local = z.getinfo(member).header_offset
+    central = next(i for i in _central_entries(data) if data[i + 46:i + 46 + len(member)] == member.encode())
+    for start, flags_at, method_at, size_at in ((local, 6, 8, 22), (central, 8, 10, 24)):
+        if flag_bits is not None:
+            struct.pack_into("<H", buf, start + flags_at, flag_bits)
+        if method is not None:
+            struct.pack_into("<H", buf, start + method_at, method)
+        if file_size is not None:
+            struct.pack_into("<I", buf, start + size_at, file_size)
+    return bytes(buf)
+
+
+def _central_entries(data: bytes):
+    end = data.rindex(b"PK\x05\x06")
+    count, _, offset = struct.unpack_from("<HII", data, end + 10)
+    pos = offset
+    for _ in range(count):
+        yield pos
+        n, m, k = struct.unpack_from("<HHH", data, pos + 28)
+        pos += 46 + n + m + k
+
+
+def encrypted_zip() -> bytes:
+    """The train member marked encrypted (general purpose flag bit 0), as ``zip -e`` marks it."""
+    return patch_member(make_zip(small_members()), TRAIN, flag_bits=0x1)
+
+
+def deflate64_zip() -> bytes:
+    """The train member marked Deflate64 (method 9), what Windows Explorer writes for large files."""
+    return patch_member(make_zip(small_members()), TRAIN, method=9)
+
+
+def bomb_zip(mib: int = 30) -> bytes:
+    """A train member of ``mib`` MiB of one letter: ~1000x smaller deflated."""
+    return make_zip(dict(small_members(), **{TRAIN: "a" * (mib << 20)}))
+
+
+def lying_size_zip() -> bytes:
+    """A stored train member whose headers declare 10 bytes (it holds more)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as z:
+        for name, text in small_members().items():
+            z.writestr(name, text)
+    return patch_member(buf.getvalue(), TRAIN, file_size=10)
