@@ -57,6 +57,7 @@ class ModelSettings(DeviceSettings):
     """The chapter's model (§28.6) and its training recipe. ``device``/``precision`` come from DeviceSettings;
     ``nproc``/``compile`` say how it runs on them (and, resolved, enter the version like them)."""
 
+    # how it runs, besides device and precision
     nproc: int | Literal["auto"] = Field(
         1, description="training processes on this node, data parallel under torchrun (NCCL on cuda, gloo on cpu); "
                        "batch_size stays the global batch; auto = one per visible GPU on cuda, else 1")
