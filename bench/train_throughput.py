@@ -1,33 +1,46 @@
-"""Training throughput (tokens/second) of mygpt's training step on the detected device.
+"""Training throughput (tokens/second, TFLOP/s, MFU) of mygpt's real training loop, per configuration.
 
-Two configurations from the chapter:
+Two models from the chapter:
 
 * ``part1`` -- the Part I model: vocab 65, embed 64, 4 layers, 4 heads, max_seq_len 64, LayerNorm, learned
   positions; seq_len 64, batch 16 (207,296 params).
 * ``ch28``  -- the chapter-28 Wikipedia model: vocab 3046, embed 192, 4 layers, 6 heads, 2 kv heads,
   max_seq_len 256, RMSNorm, RoPE; seq_len 256, batch 16 (2,163,264 params).
 
-Each is timed in fp32 and, where the device supports it, bf16 autocast. A timed step is exactly the training
-loop's step (``get_batch`` from a token array, forward, backward, grad clipping at 1.0, AdamW), after a few
-untimed warm-up steps; the device is synchronised before the clock is read.
+Each row runs ``mygpt.distributed.run_training`` -- ``mygpt.train.train`` in this process for ``nproc`` 1, data
+parallel under ``torch.distributed.run`` for more -- over random tokens in a flat token file, with grad clipping
+at 1.0 and AdamW, for every combination of ``--precisions`` x ``--nproc`` x ``--compile``. ``batch_size`` is the
+global batch, so every row does the same work per step. The first ``--warmup-steps`` steps (compilation, caches)
+are not timed; the loop reports each later step's time (after a device sync) and a row shows the median step,
+which a busy machine disturbs less than the mean. MFU is against the detected GPU's bf16 peak (``n/a`` on CPU); FLOPs per token are
+``6N + 12*L*H*Q*T`` (:mod:`mygpt.metrics`). Threads per process default to the cores divided by ``nproc``.
 
-    .venv/bin/python -m bench.train_throughput                       # auto device, 20 timed steps
-    .venv/bin/python -m bench.train_throughput --device cpu --steps 10 --configs ch28 --precisions fp32
+The default (both models, ``precision=auto``, nproc 1 and 2 on CPU -- 1 and one per GPU on CUDA --, compile off
+and on, 10 timed steps) takes about 1-2 minutes on 2 CPU cores. ``off*`` in the compile column: compile was asked
+for but is unavailable here (the row trained eagerly; the warning is printed under it).
+
+    .venv/bin/python -m bench.train_throughput                       # the default above
+    .venv/bin/python -m bench.train_throughput --device cuda --configs ch28 --precisions fp32,bf16 \\
+        --nproc 1,auto --compile off,on --steps 50
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
-import time
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
-import torch
 
-from mygpt import GPT, UserError
-from mygpt.data import get_batch
-from mygpt.device import autocast, resolve_device, resolve_precision
+from mygpt import CharTokenizer, TrainConfig, UserError
+from mygpt.device import resolve_device, resolve_precision
+from mygpt.distributed import TrainJob, resolve_nproc, run_training
+from mygpt.tokenizer import save_tokenizer_file
 
 CONFIGS = {
     "part1": dict(model=dict(vocab_size=65, embed_dim=64, num_layers=4, num_heads=4, max_seq_len=64),
@@ -38,78 +51,94 @@ CONFIGS = {
 }
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-def measure(name: str, precision: str, device: torch.device, steps: int, warmup: int, seed: int = 0) -> dict:
+def measure(name: str, precision: str, device: str, nproc: int, compile_: bool, steps: int, warmup: int,
+            threads: int, workdir: Path, seed: int = 0) -> dict:
     cfg = CONFIGS[name]
-    torch.manual_seed(seed)
-    model = GPT(**cfg["model"]).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda" or None)
-    tokens = np.random.default_rng(seed).integers(0, cfg["model"]["vocab_size"], size=2_000_000, dtype=np.uint16)
-    gen = torch.Generator().manual_seed(seed)
+    vocab = cfg["model"]["vocab_size"]
+    tokenizer = workdir / f"tokenizer-{vocab}.json"
+    tokens = workdir / f"tokens-{vocab}.bin"
+    if not tokens.exists():
+        save_tokenizer_file(CharTokenizer([chr(0x4E00 + i) for i in range(vocab)]), tokenizer)
+        np.random.default_rng(seed).integers(0, vocab, size=2_000_000, dtype=np.uint16).tofile(tokens)
     bs, sl = cfg["batch_size"], cfg["seq_len"]
-
-    def step():
-        x, y = get_batch(tokens, bs, sl, gen, device)
-        with autocast(device, precision):
-            _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        return loss
-
-    for _ in range(warmup):
-        step()
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        loss = step()
-    loss.item()
-    _sync(device)
-    seconds = time.perf_counter() - t0
+    config = TrainConfig(steps=warmup + steps, batch_size=bs, seq_len=sl, lr=3e-4, max_grad_norm=1.0,
+                         precision=precision, print_every=1, seed=seed, compile=compile_)
+    ckpt = workdir / "bench.ckpt"
+    ckpt.unlink(missing_ok=True)
+    job = TrainJob(tokenizer=str(tokenizer), train_tokens=[str(tokens)], model={k: v for k, v in cfg["model"].items()
+                   if k != "vocab_size"}, train=asdict(config), device=device, checkpoint=str(ckpt), resume=False,
+                   threads=threads)
+    points: list[dict] = []
+    warnings: list[str] = []
+    result = run_training(job, nproc, log=lambda m: warnings.append(m) if m.startswith("warning:") else None,
+                          on_progress=points.append, env={"OMP_NUM_THREADS": str(threads)})
+    step_seconds = [bs * sl / p["tokens_per_sec"] for p in points if p["step"] > warmup]
+    median = statistics.median(step_seconds)
+    tps = bs * sl / median
     return {
-        "config": name, "params": model.num_params(), "precision": precision, "device": str(device),
-        "batch_size": bs, "seq_len": sl, "steps": steps, "sec_per_step": seconds / steps,
-        "tokens_per_sec": steps * bs * sl / seconds,
+        "config": name, "params": result.params, "precision": result.precision, "device": result.device,
+        "nproc": nproc, "compile": result.compiled, "threads_per_process": threads, "batch_size": bs,
+        "seq_len": sl, "steps": len(step_seconds), "sec_per_step": median, "tokens_per_sec": tps,
+        "flops_per_token": result.flops_per_token, "tflops": tps * result.flops_per_token / 1e12,
+        "mfu": tps * result.flops_per_token / (result.peak_tflops * 1e12 * nproc) if result.peak_tflops else None,
+        "warnings": warnings,
     }
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per row (default 20)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per row (default 10)")
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default 3)")
     p.add_argument("--configs", default="part1,ch28")
-    p.add_argument("--precisions", default="fp32,bf16", help="bf16 rows are skipped where unsupported")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+    p.add_argument("--precisions", default="auto", help="comma-separated: auto, fp32, bf16 (default auto); bf16 "
+                                                        "rows are skipped where unsupported")
+    p.add_argument("--nproc", default=None, help="comma-separated process counts, e.g. 1,2 or 1,auto (default: 1,2 on "
+                                                 "CPU, 1,auto on a GPU)")
+    p.add_argument("--compile", default="off,on", help="comma-separated: off, on (default off,on)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads per process (0 = the CPU's cores divided by nproc)")
     p.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = p.parse_args(argv)
     try:
         device = resolve_device(args.device)
-        if args.threads:
-            torch.set_num_threads(args.threads)
+        nproc_list = args.nproc or ("1,2" if device.type == "cpu" else "1,auto")
+        nprocs = list(dict.fromkeys(resolve_nproc(n, args.device) for n in nproc_list.split(",")))
+        compiles = []
+        for c in args.compile.split(","):
+            if c not in ("off", "on"):
+                raise UserError(f"--compile takes off and/or on, got {c!r}")
+            compiles.append(c == "on")
+        cores = os.cpu_count() or 1
+        import torch
+
+        print(f"device: {device}   torch {torch.__version__}   cores: {cores}")
+        print(f"{'config':<7} {'params':>10} {'precision':<9} {'nproc':>5} {'compile':<7} {'thr':>3} "
+              f"{'tokens/step':>11} {'s/step':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>6}   (median step)")
         rows = []
-        print(f"device: {device}   torch {torch.__version__}   threads: {torch.get_num_threads()}")
-        print(f"{'config':<7} {'params':>10} {'precision':<9} {'tokens/step':>11} {'s/step':>9} {'tokens/s':>11}")
-        for name in args.configs.split(","):
-            if name not in CONFIGS:
-                raise UserError(f"unknown config {name!r}; expected one of {', '.join(CONFIGS)}")
-            for prec in args.precisions.split(","):
-                try:
-                    prec = resolve_precision(device, prec)
-                except UserError as e:
-                    print(f"{name:<7} {'':>10} {prec:<9} skipped: {e}")
-                    continue
-                r = measure(name, prec, device, args.steps, args.warmup_steps)
-                rows.append(r)
-                print(f"{name:<7} {r['params']:>10,} {prec:<9} {r['batch_size'] * r['seq_len']:>11,} "
-                      f"{r['sec_per_step']:>9.4f} {r['tokens_per_sec']:>11,.0f}", flush=True)
+        with tempfile.TemporaryDirectory(prefix="mygpt-bench-") as tmp:
+            for name in args.configs.split(","):
+                if name not in CONFIGS:
+                    raise UserError(f"unknown config {name!r}; expected one of {', '.join(CONFIGS)}")
+                for prec in args.precisions.split(","):
+                    try:
+                        prec = resolve_precision(device, prec)
+                    except UserError as e:
+                        print(f"{name:<7} {'':>10} {prec:<9} skipped: {e}")
+                        continue
+                    for n in nprocs:
+                        for c in compiles:
+                            threads = args.threads or max(1, cores // n)
+                            r = measure(name, prec, args.device, n, c, args.steps, args.warmup_steps, threads,
+                                        Path(tmp))
+                            rows.append(r)
+                            mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+                            comp = ("on" if r["compile"] else "off*") if c else "off"
+                            print(f"{name:<7} {r['params']:>10,} {prec:<9} {n:>5} {comp:<7} {threads:>3} "
+                                  f"{r['batch_size'] * r['seq_len']:>11,} {r['sec_per_step']:>9.4f} "
+                                  f"{r['tokens_per_sec']:>11,.0f} {r['tflops']:>8.4f} {mfu:>6}", flush=True)
+                            for w in r["warnings"]:
+                                print(f"        {w}")
         if args.json:
             print(json.dumps(rows, indent=2))
     except UserError as e:

@@ -304,6 +304,14 @@ class BPETokenizer:
             total += n * (len(s) if s.size == 0 or s.min() >= 0 else len(self.encode_corpus(w, unk_policy)))
         return total
 
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 length in bytes of each token's string, by id (int64; for bits per byte).
+
+        A character or merge token counts the bytes of its string; a byte-fallback token counts 1.
+        """
+        base = [len(s.encode("utf-8", "surrogatepass")) for s in self.vocab[: self.byte_offset]]
+        return np.array(base + [1] * (self.vocab_size - self.byte_offset), dtype=np.int64)
+
     # -- decoding ---------------------------------------------------------------------------------
     def decode(self, ids) -> str:
         """Ids (list / ndarray / tensor, 1-D) -> text. Byte-token runs are decoded as UTF-8."""

@@ -64,6 +64,10 @@ class CharTokenizer:
     def state(self) -> dict:
         return {"chars": list(self.chars)}
 
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 length in bytes of each token's character, by id (int64; for bits per byte)."""
+        return np.array([len(c.encode("utf-8", "surrogatepass")) for c in self.chars], dtype=np.int64)
+
     @classmethod
     def from_state(cls, state: dict) -> "CharTokenizer":
         if not isinstance(state, dict) or "chars" not in state:

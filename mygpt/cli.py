@@ -65,6 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue from the resume state in --output if it exists (same settings required)")
     p.add_argument("--output", default="model.ckpt", help="checkpoint path (default model.ckpt)")
+    p.add_argument("--nproc", default="1",
+                   help="training processes on this node, data parallel with torch.distributed.run (gloo on CPU, "
+                        "NCCL on CUDA, one GPU each); 'auto' = the number of visible GPUs (1 on CPU). --batch-size "
+                        "stays the global batch, so the result does not depend on it (default 1)")
+    p.add_argument("--micro-batch-size", type=int, default=0,
+                   help="rows per forward pass in each process, gradients accumulated (0 = all of the process's "
+                        "rows at once, default)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (a warning, and eager training, where it is unavailable)")
     p.set_defaults(func=_train_command)
 
     g = sub.add_parser("generate", help="sample text from a checkpoint")
@@ -136,6 +145,7 @@ def _train_command(args) -> int:
         warmup=args.warmup, max_grad_norm=args.max_grad_norm, precision=args.precision,
         print_every=args.print_every, eval_every=args.eval_every, eval_batches=args.eval_batches,
         checkpoint_every=args.checkpoint_every, seed=args.seed, weight_decay=args.weight_decay,
+        micro_batch_size=args.micro_batch_size, compile=args.compile,
     ).validate()
     if args.seq_len > args.max_seq_len:
         raise UserError(
@@ -150,6 +160,12 @@ def _train_command(args) -> int:
         raise UserError(f"--bpe-train-bytes must be >= 0 (0 = whole corpus), got {args.bpe_train_bytes}")
     device = resolve_device(args.device)
     precision = resolve_precision(device, args.precision)
+    from .distributed import resolve_nproc
+
+    nproc = resolve_nproc(args.nproc, args.device)
+    if config.batch_size < nproc:
+        raise UserError(f"--batch-size ({config.batch_size}) is smaller than --nproc ({nproc}); every process "
+                        f"needs at least one row of the global batch")
 
     text, raw = _read_text(args.text_file)
     if args.tokenizer == "bpe":
@@ -202,16 +218,47 @@ def _train_command(args) -> int:
     print(f"max_grad_norm:{args.max_grad_norm}")
     if args.checkpoint_every > 0:
         print(f"checkpoint_every: {args.checkpoint_every}")
+    if nproc > 1:
+        print(f"nproc: {nproc}")
+    if args.compile:
+        print("compile: on")
     sys.stdout.flush()
     del text
 
+    meta = {"text_file": os.path.abspath(args.text_file), "tokenizer": args.tokenizer}
+    say = lambda msg: print(msg, flush=True)  # noqa: E731
+    if nproc > 1:
+        _train_processes(args, nproc, tokenizer, train_data, val_data, model, config, meta, say)
+        return 0
     result = train(
         model, tokenizer, train_data, config=config, val_tokens=val_data, device=device,
-        checkpoint_path=args.output, resume=args.resume, log=lambda msg: print(msg, flush=True),
-        meta={"text_file": os.path.abspath(args.text_file), "tokenizer": args.tokenizer},
+        checkpoint_path=args.output, resume=args.resume, log=say, meta=meta,
     )
-    del result  # the chapter's output ends with "saved checkpoint to ..."; tokens/sec is in the result
+    del result  # the chapter's output ends with "saved checkpoint to ..."; the numbers are in the log too
     return 0
+
+
+def _train_processes(args, nproc, tokenizer, train_data, val_data, model, config, meta, say) -> None:
+    """``--nproc N``: the token arrays and the tokenizer go to files, ``run_training`` starts the processes."""
+    import tempfile
+    from dataclasses import asdict
+
+    from .distributed import TrainJob, run_training
+    from .tokenizer import save_tokenizer_file
+
+    with tempfile.TemporaryDirectory(prefix="mygpt-train-data-") as tmp:
+        save_tokenizer_file(tokenizer, os.path.join(tmp, "tokenizer.json"))
+        train_data.tofile(os.path.join(tmp, "train.bin"))
+        if val_data is not None:
+            val_data.tofile(os.path.join(tmp, "val.bin"))
+        gpt = {k: v for k, v in model.config().items() if k != "vocab_size"}
+        job = TrainJob(
+            tokenizer=os.path.join(tmp, "tokenizer.json"), train_tokens=[os.path.join(tmp, "train.bin")],
+            val_tokens=os.path.join(tmp, "val.bin") if val_data is not None else None,
+            token_dtype=train_data.dtype.name, model={**gpt, "dropout": args.dropout}, train=asdict(config),
+            device=args.device, checkpoint=os.path.abspath(args.output), resume=args.resume, meta=meta,
+        )
+        run_training(job, nproc, log=say)
 
 
 def _generate_command(args) -> int:

@@ -1,7 +1,10 @@
-"""Random training windows from a 1-D token array (the chapter's ``get_batch``).
+"""Random training windows from a 1-D token array (the chapter's ``get_batch``), and flat token files.
 
 ``tokens`` may be a numpy memmap (the main case: a corpus far bigger than RAM), an ndarray or a tensor. Only the
 sampled windows are read and converted to int64; the corpus is never materialised as a list or copied whole.
+
+``open_token_files(paths, dtype)`` memory-maps flat binary token files (ids back to back, native byte order, no
+header); several files read as one concatenated sequence.
 """
 
 from __future__ import annotations
@@ -9,9 +12,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+import os
+
 from .errors import UserError
 
-__all__ = ["get_batch", "num_tokens"]
+__all__ = ["get_batch", "num_tokens", "open_token_files", "ConcatTokens"]
 
 
 def num_tokens(tokens) -> int:
@@ -25,10 +30,13 @@ def num_tokens(tokens) -> int:
     return len(tokens)
 
 
-def get_batch(tokens, batch_size: int, seq_len: int, generator: torch.Generator, device="cpu"):
+def get_batch(tokens, batch_size: int, seq_len: int, generator: torch.Generator, device="cpu",
+              rows: slice | None = None):
     """Sample ``batch_size`` windows of ``seq_len + 1`` tokens at offsets drawn from ``generator``.
 
     Returns ``(x, y)``, each ``(batch_size, seq_len)`` int64 on ``device``; ``y`` is ``x`` shifted by one.
+    With ``rows`` (a slice of ``range(batch_size)``) only those windows of the batch are read and returned; the
+    generator advances exactly as for the whole batch (a data-parallel rank takes its slice of the global batch).
     """
     n = num_tokens(tokens)
     if n < seq_len + 1:
@@ -37,6 +45,8 @@ def get_batch(tokens, batch_size: int, seq_len: int, generator: torch.Generator,
             f"use more text or a smaller --seq-len"
         )
     ix = torch.randint(n - seq_len, (batch_size,), generator=generator).tolist()
+    if rows is not None:
+        ix = ix[rows]
     if isinstance(tokens, torch.Tensor):
         windows = torch.stack([tokens[i : i + seq_len + 1] for i in ix]).to(torch.long)
     else:
@@ -49,3 +59,57 @@ def get_batch(tokens, batch_size: int, seq_len: int, generator: torch.Generator,
     else:
         x, y = x.to(device), y.to(device)
     return x, y
+
+
+class ConcatTokens:
+    """Several 1-D token arrays seen as one; slicing copies only the requested window."""
+
+    def __init__(self, parts: list) -> None:
+        self.parts = [p for p in parts if len(p)]
+        self.starts = np.cumsum([0] + [len(p) for p in self.parts])
+        self.shape = (int(self.starts[-1]),)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        if not isinstance(key, slice):
+            raise TypeError("ConcatTokens supports slices only")
+        start, stop, _ = key.indices(len(self))
+        pieces = []
+        for part, offset in zip(self.parts, self.starts):
+            lo, hi = max(start - int(offset), 0), min(stop - int(offset), len(part))
+            if lo < hi:
+                pieces.append(np.asarray(part[lo:hi]))
+        if not pieces:
+            return np.zeros(0, dtype=self.parts[0].dtype if self.parts else np.uint16)
+        return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+
+
+def open_token_files(paths, dtype="uint16"):
+    """Memory-map flat binary token files (read-only); several files are concatenated in order.
+
+    ``UserError`` naming the file when one is missing or its size is not a multiple of the dtype's size.
+    An empty file contributes no tokens.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise UserError(f"token dtype {dtype!r} is not a numpy dtype (use uint16, uint32 or int32)") from e
+    if dt.kind not in "ui":
+        raise UserError(f"token dtype {dtype!r} is not an integer type (use uint16, uint32 or int32)")
+    parts = []
+    for p in paths:
+        p = os.fspath(p)
+        if not os.path.isfile(p):
+            raise UserError(f"token file {p} does not exist (or is not a file)")
+        size = os.path.getsize(p)
+        if size % dt.itemsize:
+            raise UserError(f"token file {p} has {size:,} bytes, not a multiple of {dt.itemsize} ({dt.name}); "
+                            f"it is truncated or holds another dtype")
+        parts.append(np.memmap(p, dtype=dt, mode="r") if size else np.zeros(0, dt))
+    if not parts:
+        raise UserError("no token files given")
+    return parts[0] if len(parts) == 1 else ConcatTokens(parts)

@@ -1,12 +1,22 @@
-"""Both tokenizers behind one import, plus ``tokenizer_from_state(kind, state)``."""
+"""Both tokenizers behind one import, plus ``tokenizer_from_state(kind, state)`` and tokenizer files.
+
+A tokenizer file is JSON: either ``{"kind": "char"|"bpe", "state": <tokenizer.state()>}`` (what
+``save_tokenizer_file`` writes) or a bare BPE state (what ``BPETokenizer.save`` writes, the pipeline's
+``tokenizer.json``); ``load_tokenizer_file`` reads both.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+
+from .atomic import atomic_write_text
 from .bpe import BPETokenizer
 from .char_tokenizer import CharTokenizer
 from .errors import UserError
 
-__all__ = ["BPETokenizer", "CharTokenizer", "TOKENIZER_KINDS", "tokenizer_from_state"]
+__all__ = ["BPETokenizer", "CharTokenizer", "TOKENIZER_KINDS", "tokenizer_from_state", "save_tokenizer_file",
+           "load_tokenizer_file"]
 
 TOKENIZER_KINDS = {"char": CharTokenizer, "bpe": BPETokenizer}
 
@@ -17,3 +27,30 @@ def tokenizer_from_state(kind: str, state: dict) -> "CharTokenizer | BPETokenize
     if cls is None:
         raise UserError(f"unknown tokenizer kind {kind!r}; expected one of {sorted(TOKENIZER_KINDS)}")
     return cls.from_state(state)
+
+
+def save_tokenizer_file(tokenizer, path) -> None:
+    """Write ``{"kind": ..., "state": ...}`` to ``path`` atomically."""
+    atomic_write_text(path, json.dumps({"kind": tokenizer.kind, "state": tokenizer.state()}, ensure_ascii=False))
+
+
+def load_tokenizer_file(path) -> "CharTokenizer | BPETokenizer":
+    """Read a tokenizer file (see the module docstring); ``UserError`` naming ``path`` when it is unusable."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"tokenizer file {path!r} does not exist") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"tokenizer file {path!r} is not JSON text ({e})") from None
+    except OSError as e:
+        raise UserError(f"cannot read tokenizer file {path!r}: {e.strerror or e}") from None
+    if isinstance(data, dict) and set(data) == {"kind", "state"}:
+        kind, state = data["kind"], data["state"]
+    else:
+        kind, state = "bpe", data
+    try:
+        return tokenizer_from_state(kind, state)
+    except UserError as e:
+        raise UserError(f"tokenizer file {path!r}: {e}") from None

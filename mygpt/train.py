@@ -19,10 +19,23 @@ loss history. ``train(..., checkpoint_path=p, resume=True)`` with such a file at
 ``model`` and continues from the saved step; on CPU/fp32 with a fixed seed the result is bit-identical to an
 uninterrupted run. Validation batches come from their own generator re-seeded at every evaluation, so evaluating
 never shifts the training batch stream.
+
+Several processes (data parallel, ``torch.distributed`` + ``DistributedDataParallel``): call ``train`` in every
+process of an initialised process group (``mygpt.distributed.run_training`` launches them) and it trains on the
+GLOBAL ``batch_size``: each rank takes its slice of the same drawn batch (micro-batches with
+``micro_batch_size``), so losses, validation and weights equal a single process's up to float rounding (see
+:mod:`mygpt.parallel`). Every rank reads the resume checkpoint; only rank 0 logs, reports progress and writes
+checkpoints (same format; the resume state also records ``world_size`` and each rank's torch RNG state).
+
+Speed options: ``compile`` (``torch.compile`` of the model; a warning and eager training where it is unavailable),
+``tf32`` (TF32 matmuls on CUDA, default on), fused AdamW on CUDA. Validation reports bits per byte next to the
+loss when the tokenizer has ``token_bytes()``; ``TrainResult`` and the progress dicts carry tokens/s, FLOPs per
+token, achieved TFLOP/s and MFU (:mod:`mygpt.metrics`), and the log ends with one ``throughput:`` line.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import random
@@ -35,8 +48,10 @@ import torch
 
 from .checkpoint import load_checkpoint_payload, save_checkpoint
 from .data import get_batch, num_tokens
-from .device import autocast, resolve_device, resolve_precision
+from .device import bf16_cpu_warning, compile_unavailable, resolve_device, resolve_precision, tf32_matmuls
 from .errors import UserError, check_int
+from .metrics import flops_per_token, format_throughput, peak_tflops, throughput
+from .parallel import World, evaluate, forward_backward
 
 __all__ = ["TrainConfig", "TrainResult", "train", "lr_at", "estimate_loss"]
 
@@ -52,6 +67,9 @@ class TrainConfig:
 
     ``eval_every``: evaluate on ``val_tokens`` every N steps (and at the last step); 0 = at every print point.
     ``checkpoint_every``: also save every N steps (0 = only at the end). ``max_grad_norm`` 0 = no clipping.
+    ``batch_size`` is the global batch (all processes together). ``micro_batch_size``: rows per forward pass in
+    each process, gradients accumulated over them (0 = the process's whole share at once). ``compile``:
+    ``torch.compile`` the model. ``tf32``: TF32 matmuls on CUDA (ignored elsewhere).
     """
 
     steps: int = 2000
@@ -68,12 +86,18 @@ class TrainConfig:
     checkpoint_every: int = 0
     seed: int = 1337
     weight_decay: float = 0.01
+    micro_batch_size: int = 0
+    compile: bool = False
+    tf32: bool = True
 
     def validate(self) -> "TrainConfig":
         for name in ("steps", "batch_size", "seq_len", "eval_batches"):
             check_int(name, getattr(self, name), 1)
-        for name in ("warmup", "print_every", "eval_every", "checkpoint_every"):
+        for name in ("warmup", "print_every", "eval_every", "checkpoint_every", "micro_batch_size"):
             check_int(name, getattr(self, name), 0)
+        for name in ("compile", "tf32"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}")
         check_int("seed", self.seed)
         if not isinstance(self.lr, (int, float)) or not math.isfinite(self.lr) or self.lr <= 0:
             raise UserError(f"lr must be a positive number, got {self.lr!r}")
@@ -95,6 +119,10 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
+    """What a run did. ``tokens_per_sec`` counts the global batch over the training time of this call (without
+    validation and checkpoints); ``tflops``/``mfu`` follow from it and ``flops_per_token`` (:mod:`mygpt.metrics`);
+    ``mfu`` is ``None`` where no peak is known (CPU). ``warnings``: the warnings the run logged."""
+
     steps: int
     start_step: int
     final_loss: float | None
@@ -105,6 +133,22 @@ class TrainResult:
     precision: str = "fp32"
     params: int = 0
     seconds: float = 0.0
+    final_val_bpb: float | None = None
+    flops_per_token: int = 0
+    tflops: float = 0.0
+    mfu: float | None = None
+    peak_tflops: float | None = None
+    world_size: int = 1
+    compiled: bool = False
+    warnings: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainResult":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def lr_at(config: TrainConfig, step: int) -> float:
@@ -118,24 +162,25 @@ def lr_at(config: TrainConfig, step: int) -> float:
     return config.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-@torch.no_grad()
 def estimate_loss(model, tokens, config: TrainConfig, device, precision: str) -> float:
-    """Mean loss over ``config.eval_batches`` windows drawn from a generator seeded with ``seed + 1``."""
-    was_training = model.training
-    model.eval()
-    gen = torch.Generator().manual_seed(config.seed + 1)
-    total = 0.0
-    for _ in range(config.eval_batches):
-        x, y = get_batch(tokens, config.batch_size, config.seq_len, gen, device)
-        with autocast(device, precision):
-            _, loss = model(x, y)
-        total += loss.item()
-    model.train(was_training)
-    return total / config.eval_batches
+    """Mean loss over ``config.eval_batches`` windows drawn from a generator seeded with ``seed + 1`` (one
+    process; :func:`mygpt.parallel.evaluate` also gives bits per byte and runs across processes)."""
+    device = device if isinstance(device, torch.device) else torch.device(str(device))
+    return evaluate(model, tokens, batch_size=config.batch_size, seq_len=config.seq_len,
+                    batches=config.eval_batches, seed=config.seed + 1, device=device, precision=precision,
+                    world=World())[0]
 
 
 # -- RNG state capture (kept as tensors / plain lists so checkpoints load with weights_only=True) -------------
-def _capture_rng(gen: torch.Generator, device: torch.device) -> dict:
+def _rank_rng(device: torch.device) -> dict:
+    """This process's own global RNG states (dropout draws from them; they differ between ranks)."""
+    rng = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(device)
+    return rng
+
+
+def _capture_rng(gen: torch.Generator, device: torch.device, ranks: list | None = None) -> dict:
     np_state = np.random.get_state()
     py_state = random.getstate()
     rng = {
@@ -152,10 +197,12 @@ def _capture_rng(gen: torch.Generator, device: torch.device) -> dict:
     }
     if device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state(device)
+    if ranks is not None:
+        rng["ranks"] = ranks
     return rng
 
 
-def _restore_rng(rng: dict, gen: torch.Generator, device: torch.device) -> None:
+def _restore_rng(rng: dict, gen: torch.Generator, device: torch.device, world: World | None = None) -> None:
     torch.set_rng_state(rng["torch"])
     gen.set_state(rng["generator"])
     n = rng.get("numpy")
@@ -168,6 +215,12 @@ def _restore_rng(rng: dict, gen: torch.Generator, device: torch.device) -> None:
         random.setstate((p[0], tuple(p[1]), p[2]))
     if device.type == "cuda" and "cuda" in rng:
         torch.cuda.set_rng_state(rng["cuda"], device)
+    ranks = rng.get("ranks")
+    if world is not None and ranks and len(ranks) == world.size:  # same world size: each rank its own stream
+        mine = ranks[world.rank]
+        torch.set_rng_state(mine["torch"])
+        if device.type == "cuda" and "cuda" in mine:
+            torch.cuda.set_rng_state(mine["cuda"], device)
 
 
 def _check_resume_compatible(payload: dict, model, tokenizer, config: TrainConfig, path: str) -> None:
@@ -216,10 +269,19 @@ def train(
     on_progress: Callable[[dict], None] | None = None,
     on_checkpoint: Callable[[int, str], None] | None = None,
     meta: dict | None = None,
+    world: World | None = None,
 ) -> TrainResult:
-    """Train ``model`` in place on ``train_tokens``; see the module docstring. Returns a ``TrainResult``."""
+    """Train ``model`` in place on ``train_tokens``; see the module docstring. Returns a ``TrainResult``.
+
+    ``world``: this process's rank among data-parallel processes (default: the initialised ``torch.distributed``
+    default group, else one process). Off rank 0, ``log``, ``on_progress`` and ``on_checkpoint`` are not called.
+    """
+    world = world or World.current()
+    if not world.is_main:
+        log, on_progress, on_checkpoint = None, None, None
     log = log or (lambda _msg: None)
     config.validate()
+    world.check_batch(config.batch_size)
     dev = resolve_device(device)
     precision = resolve_precision(dev, config.precision)
     if config.seq_len > model.max_seq_len:
@@ -244,6 +306,15 @@ def train(
                 f"tokens; raise the validation fraction, use a longer text or a smaller --seq-len"
             )
     checkpoint_path = os.fspath(checkpoint_path) if checkpoint_path is not None else None
+    warnings: list[str] = []
+
+    def warn(message: str) -> None:
+        warnings.append(message)
+        log(f"warning: {message}")
+
+    slow_bf16 = bf16_cpu_warning(dev, config.precision)
+    if slow_bf16:
+        warn(slow_bf16)
 
     torch.manual_seed(config.seed)  # dropout draws from the global generator
     gen = torch.Generator().manual_seed(config.seed)  # batch offsets: a dedicated, checkpointed generator
@@ -264,29 +335,74 @@ def train(
             _check_resume_compatible(payload, model, tokenizer, config, checkpoint_path)
             model.load_state_dict(payload["model_state_dict"])
             optimizer.load_state_dict(state["optimizer"])
-            _restore_rng(state["rng"], gen, dev)
+            _restore_rng(state["rng"], gen, dev, world)
             history = list(state.get("history", []))
             start_step = int(state["step"])
             log(f"resuming from {checkpoint_path} at step {start_step}")
+            saved_world = int(state.get("world_size", 1))
+            if saved_world != world.size:
+                log(f"note: the checkpoint was written by {saved_world} process(es), this run has {world.size}; "
+                    f"the batch math is the same (results equal up to float rounding)")
+    if world.size > 1:
+        starts = world.all_gather(start_step)
+        if len(set(starts)) != 1:
+            raise RuntimeError(
+                f"the training processes resumed from different steps {starts}: they do not see the same "
+                f"checkpoint {checkpoint_path} (it must be on a filesystem every process shares)"
+            )
 
-    def resume_state(step: int) -> dict:
-        return {
+    step_model = model  # what the training step calls: maybe compiled, DDP-wrapped with several processes
+    compiled = False
+    if config.compile:
+        reason = compile_unavailable(dev)
+        if reason:
+            warn(f"compile=True, but torch.compile is unavailable here: {reason}; training without it")
+        else:
+            step_model = torch.compile(model)
+            compiled = True
+    if world.size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else None
+        # the only buffers are constant rope tables: no need to broadcast them at every forward
+        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+                          inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
+        step_model = DistributedDataParallel(step_model, device_ids=ids, **no_buffer_sync)
+
+    token_bytes = None
+    if val_tokens is not None and callable(getattr(tokenizer, "token_bytes", None)):
+        tb = torch.as_tensor(tokenizer.token_bytes(), dtype=torch.long)
+        if tb.numel() == model.vocab_size:
+            token_bytes = tb.to(dev)
+    fpt = flops_per_token(model, config.seq_len)
+    peak, peak_note = peak_tflops(dev)
+
+    def resume_state(step: int, ranks: list | None) -> dict:
+        state = {
             "step": step,
             "optimizer": optimizer.state_dict(),
             "train_config": asdict(config),
-            "rng": _capture_rng(gen, dev),
+            "rng": _capture_rng(gen, dev, ranks),
             "history": list(history),
         }
+        if world.size > 1:
+            state["world_size"] = world.size
+        return state
 
     def save(step: int) -> None:
-        save_checkpoint(model, tokenizer, checkpoint_path, resume=resume_state(step), meta=meta)
+        ranks = world.all_gather(_rank_rng(dev)) if world.size > 1 else None  # every rank takes part
+        if not world.is_main:
+            return
+        save_checkpoint(model, tokenizer, checkpoint_path, resume=resume_state(step, ranks), meta=meta)
         if on_checkpoint is not None:
             on_checkpoint(step, checkpoint_path)
 
     show_lr = config.schedule != "constant" or config.warmup > 0
     tokens_per_step = config.batch_size * config.seq_len
+    rows = world.rows(config.batch_size)
     final_loss = history[-1]["loss"] if history else None
     final_val_loss = next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None)
+    final_val_bpb = next((h.get("val_bpb") for h in reversed(history) if "val_loss" in h), None)
     t_start = time.perf_counter()
     train_seconds = 0.0
     interval_start, interval_steps = time.perf_counter(), 0
@@ -294,69 +410,90 @@ def train(
     if start_step >= config.steps:
         log(f"checkpoint is already at step {start_step} >= steps ({config.steps}); nothing to train")
 
-    for step in range(start_step + 1, config.steps + 1):
-        lr = lr_at(config, step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        x, y = get_batch(train_tokens, config.batch_size, config.seq_len, gen, dev)
-        with autocast(dev, precision):
-            _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if config.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        optimizer.step()
-        interval_steps += 1
+    with tf32_matmuls(dev, config.tf32):
+        for step in range(start_step + 1, config.steps + 1):
+            lr = lr_at(config, step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            x, y = get_batch(train_tokens, config.batch_size, config.seq_len, gen, dev, rows=rows)
+            optimizer.zero_grad(set_to_none=True)
+            loss = forward_backward(step_model, x, y, batch_size=config.batch_size, world=world,
+                                    micro_batch_size=config.micro_batch_size, device=dev, precision=precision)
+            if config.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            world.after_step(step)
+            interval_steps += 1
 
-        last = step == config.steps
-        is_print = config.print_every > 0 and (step == 1 or step % config.print_every == 0 or last)
-        if val_tokens is None:
-            is_eval = False
-        elif config.eval_every > 0:
-            is_eval = step % config.eval_every == 0 or last
-        else:
-            is_eval = is_print or last
-        is_ckpt = bool(checkpoint_path) and config.checkpoint_every > 0 and step % config.checkpoint_every == 0
+            last = step == config.steps
+            is_print = config.print_every > 0 and (step == 1 or step % config.print_every == 0 or last)
+            if val_tokens is None:
+                is_eval = False
+            elif config.eval_every > 0:
+                is_eval = step % config.eval_every == 0 or last
+            else:
+                is_eval = is_print or last
+            is_ckpt = bool(checkpoint_path) and config.checkpoint_every > 0 and step % config.checkpoint_every == 0
 
-        if is_print or is_eval or is_ckpt or last:
-            final_loss = loss.item()  # synchronises the device, so the interval timing below is honest
-            elapsed = time.perf_counter() - interval_start
-            train_seconds += elapsed
-            tps = interval_steps * tokens_per_step / elapsed if elapsed > 0 else 0.0
-            point = {"step": step, "loss": final_loss, "lr": lr, "tokens_per_sec": tps}
-            if is_eval:
-                final_val_loss = estimate_loss(model, val_tokens, config, dev, precision)
-                point["val_loss"] = final_val_loss
-            if is_print or is_eval:
-                history.append(point)
-                line = f"step {step}: loss = {final_loss:.4f}"
-                if show_lr:
-                    line += f" lr = {lr:.2e}"
-                if "val_loss" in point:
-                    line += f" val_loss = {point['val_loss']:.4f}"
-                log(line)
-                if on_progress is not None:
-                    on_progress(dict(point))
-            if is_ckpt and not last:
-                save(step)
-                log(f"  [checkpoint saved at step {step}]")
-            interval_start, interval_steps = time.perf_counter(), 0
+            if is_print or is_eval or is_ckpt or last:
+                # .item() synchronises the device, so the interval timing below is honest
+                final_loss = world.all_reduce_sum(loss.clone() if world.size > 1 else loss).item()
+                elapsed = time.perf_counter() - interval_start
+                train_seconds += elapsed
+                tps = interval_steps * tokens_per_step / elapsed if elapsed > 0 else 0.0
+                point = {"step": step, "loss": final_loss, "lr": lr, "tokens_per_sec": tps}
+                if is_eval:
+                    final_val_loss, final_val_bpb = evaluate(
+                        model, val_tokens, batch_size=config.batch_size, seq_len=config.seq_len,
+                        batches=config.eval_batches, seed=config.seed + 1, device=dev, precision=precision,
+                        world=world, token_bytes=token_bytes)
+                    point["val_loss"] = final_val_loss
+                    if final_val_bpb is not None:
+                        point["val_bpb"] = final_val_bpb
+                if is_print or is_eval:
+                    history.append(point)
+                    line = f"step {step}: loss = {final_loss:.4f}"
+                    if show_lr:
+                        line += f" lr = {lr:.2e}"
+                    if "val_loss" in point:
+                        line += f" val_loss = {point['val_loss']:.4f}"
+                    if "val_bpb" in point:
+                        line += f" val_bpb = {point['val_bpb']:.4f}"
+                    log(line)
+                    if on_progress is not None:
+                        on_progress({**point, "steps": config.steps, **throughput(tps, fpt, peak, world.size)})
+                if is_ckpt and not last:
+                    save(step)
+                    log(f"  [checkpoint saved at step {step}]")
+                interval_start, interval_steps = time.perf_counter(), 0
 
     ran = config.steps - start_step
+    steps_done = max(ran, 0)
+    tokens_per_sec = steps_done * tokens_per_step / train_seconds if train_seconds > 0 else 0.0
+    numbers = throughput(tokens_per_sec, fpt, peak, world.size)
+    if ran > 0:
+        log(format_throughput(tokens_per_sec, fpt, numbers["tflops"], numbers["mfu"], peak, peak_note, world.size))
     if checkpoint_path and ran > 0:
         save(config.steps)
         log(f"saved checkpoint to {checkpoint_path}")
 
-    steps_done = max(ran, 0)
     return TrainResult(
         steps=max(config.steps, start_step),
         start_step=start_step,
         final_loss=final_loss,
         final_val_loss=final_val_loss,
         history=history,
-        tokens_per_sec=steps_done * tokens_per_step / train_seconds if train_seconds > 0 else 0.0,
+        tokens_per_sec=tokens_per_sec,
         device=str(dev),
         precision=precision,
         params=model.num_params(),
         seconds=time.perf_counter() - t_start,
+        final_val_bpb=final_val_bpb,
+        flops_per_token=fpt,
+        tflops=numbers["tflops"],
+        mfu=numbers["mfu"],
+        peak_tflops=peak,
+        world_size=world.size,
+        compiled=compiled,
+        warnings=warnings,
     )

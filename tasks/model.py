@@ -12,7 +12,19 @@ Published files: ``model.ckpt`` (the chapter's checkpoint format, no optimizer s
 Device and precision are part of the version once resolved (``device="auto"`` becomes ``cpu``/``cuda``/``mps``,
 ``precision="auto"`` becomes ``fp32``/``bf16``; :class:`tasks.settings.DeviceSettings`), because they change the
 weights: the same settings on a machine that resolves them differently give a different version instead of
-silently reusing weights trained elsewhere.
+silently reusing weights trained elsewhere. ``nproc`` (resolved: ``"auto"`` becomes the number) and ``compile``
+are part of it too: the global batch is the same for every world size, but gradients summed across processes
+(and compiled kernels) round differently, so the weights are equal only up to float rounding, not bit-identical.
+
+Training goes through :func:`mygpt.distributed.run_training`: ``nproc=1`` trains in this process (exactly
+``mygpt.train.train``); ``nproc > 1`` runs ``torch.distributed.run`` (torchrun) with one process per rank (NCCL
+on CUDA, gloo on CPU), whose per-rank logs are in ``work/ranks/`` of the build's staging directory (kept when
+the stage fails, removed with the staging directory when it publishes). Either way the resume checkpoint is
+``work/train.ckpt``, written by rank 0, and a rerun resumes from it; a rank that dies alone fails the stage with
+:class:`mygpt.distributed.TrainingProcessError` (which rank, how, the tail of its log), never a hang.
+
+Metrics: tokens/s, FLOPs per token, achieved TFLOP/s, MFU (``None``, shown ``n/a``, on CPU) and validation bits
+per byte next to the validation loss (:mod:`mygpt.metrics`).
 """
 
 from __future__ import annotations
@@ -29,8 +41,7 @@ from pathlib import Path
 
 from typing import Literal
 
-import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from mygpt.errors import UserError
 from tasks.settings import DeviceSettings, RunOptions, Seed
@@ -43,8 +54,15 @@ STALL_ENV = "WIKI_PIPELINE_TEST_STALL_AFTER_CHECKPOINT"
 
 
 class ModelSettings(DeviceSettings):
-    """The chapter's model (§28.6) and its training recipe. ``device``/``precision`` come from DeviceSettings."""
+    """The chapter's model (§28.6) and its training recipe. ``device``/``precision`` come from DeviceSettings;
+    ``nproc``/``compile`` say how it runs on them (and, resolved, enter the version like them)."""
 
+    # how it runs, besides device and precision
+    nproc: int | Literal["auto"] = Field(
+        1, description="training processes on this node, data parallel under torchrun (NCCL on cuda, gloo on cpu); "
+                       "batch_size stays the global batch; auto = one per visible GPU on cuda, else 1")
+    compile: bool = Field(False, description="torch.compile the model (a warning and eager training where it is "
+                                             "unavailable)")
     # the model
     embed_dim: int = Field(192, ge=1, description="width of the residual stream; the chapter uses 192")
     num_layers: int = Field(4, ge=1, description="transformer blocks; the chapter uses 4")
@@ -75,6 +93,32 @@ class ModelSettings(DeviceSettings):
     def progress_unit(self) -> tuple[str, float]:
         return ("tokens", self.batch_size * self.seq_len)  # per step: the rate shown while training
 
+    @field_validator("nproc", mode="before")
+    @classmethod
+    def _nproc(cls, value):
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError(f"nproc must be an integer >= 1 or 'auto', got {value!r} "
+                         f"({cls.model_fields['nproc'].description})")
+
+    def resolved(self) -> "ModelSettings":
+        """Device and precision (DeviceSettings), then ``nproc`` as a number this machine can run."""
+        from mygpt.distributed import resolve_nproc
+
+        s = super().resolved()
+        try:
+            n = resolve_nproc(self.nproc, s.device)
+        except UserError as e:
+            raise UserError(f"model.{e}" if str(e).startswith("nproc ") else f"model.nproc: {e}") from None
+        if n > self.batch_size:
+            raise UserError(f"model.nproc ({n}) is more than batch_size ({self.batch_size}); every process takes at "
+                            f"least one row of the global batch: lower nproc or raise batch_size")
+        cores = os.cpu_count() or 1
+        if s.device == "cpu" and n > cores:
+            raise UserError(f"model.nproc ({n}) is more than the {cores} CPU cores here; each training process "
+                            f"needs a core of its own: lower nproc")
+        return s.model_copy(update={"nproc": n})
+
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSettings":
         from mygpt.model import validate_config  # the library's own shape rules, stated once
@@ -89,33 +133,25 @@ class ModelSettings(DeviceSettings):
         return self
 
 
-class ConcatTokens:
-    """Several 1-D token memmaps seen as one (for train_splits="all"); slicing copies only the window."""
-
-    def __init__(self, parts: list[np.ndarray]) -> None:
-        self.parts = [p for p in parts if len(p)]
-        self.starts = np.cumsum([0] + [len(p) for p in self.parts])
-        self.shape = (int(self.starts[-1]),)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __getitem__(self, key: slice) -> np.ndarray:
-        start, stop, _ = key.indices(len(self))
-        pieces = []
-        for part, offset in zip(self.parts, self.starts):
-            lo, hi = max(start - offset, 0), min(stop - offset, len(part))
-            if lo < hi:
-                pieces.append(part[lo:hi])
-        return np.concatenate(pieces) if len(pieces) > 1 else np.asarray(pieces[0])
-
-
-def load_tokens(shards_dir: Path, work: Path, splits: tuple[str, ...]):
-    """Memory-map the token files of ``splits`` (materialised into ``work`` from the Parquet shards)."""
+def token_files(shards_dir: Path, work: Path, splits: tuple[str, ...]) -> tuple[list[str], str, int]:
+    """The flat token files of ``splits``, materialised into ``work`` from the Parquet shards (an empty split
+    gives an empty file): ``(paths, numpy dtype name, tokens in all)``. Training memory-maps them."""
+    from mygpt.atomic import atomic_write_bytes
     from tasks.shard_format import materialize_tokens
 
-    parts = [materialize_tokens(shards_dir, split, work / f"tokens-{split}.bin") for split in splits]
-    return parts[0] if len(parts) == 1 else ConcatTokens(parts)
+    paths, dtypes, total = [], set(), 0
+    for split in splits:
+        dest = work / f"tokens-{split}.bin"
+        tokens = materialize_tokens(shards_dir, split, dest)
+        if not len(tokens) and not dest.exists():
+            atomic_write_bytes(dest, b"")
+        paths.append(str(dest))
+        dtypes.add(tokens.dtype.name)
+        total += len(tokens)
+    if len(dtypes) > 1:
+        raise UserError(f"the splits {', '.join(splits)} in {shards_dir} hold different token types "
+                        f"({', '.join(sorted(dtypes))}); rebuild the shards")
+    return paths, dtypes.pop(), total
 
 
 def load_tokenizer(tokenizer_dir: Path):
@@ -139,70 +175,84 @@ def _checkpoint_step(path: Path, log) -> int:
 
 
 def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokenizer: Path) -> dict:
-    """Train mygpt on the memory-mapped shards (resuming from the work directory's checkpoint) and publish it."""
-    import torch
+    """Train mygpt on the memory-mapped shards with ``nproc`` processes (resuming from the work directory's
+    checkpoint) and publish it."""
+    from dataclasses import asdict
 
-    from mygpt.checkpoint import save_checkpoint
-    from mygpt.model import GPT
-    from mygpt.train import TrainConfig, train
+    import mygpt.distributed as dist
+    from mygpt.train import TrainConfig
 
     s = settings
-    bpe = load_tokenizer(tokenizer)
+    vocab_size = load_tokenizer(tokenizer).vocab_size
     splits = SPLITS[s.train_splits]
-    train_tokens = load_tokens(shards, ctx.work, splits)
-    val_tokens = load_tokens(shards, ctx.work, ("valid",))
+    train_paths, dtype, n_train = token_files(shards, ctx.work, splits)
+    val_paths, _, n_val = token_files(shards, ctx.work, ("valid",))
     ctx.log.info("model: %s training tokens (%s), %s validation tokens, memory-mapped from %s",
-                 f"{len(train_tokens):,}", "+".join(splits), f"{len(val_tokens):,}", shards)
+                 f"{n_train:,}", "+".join(splits), f"{n_val:,}", shards)
 
-    torch.manual_seed(s.seed)  # initial weights from the seed, not from what this process drew before
-    model = GPT(bpe.vocab_size, embed_dim=s.embed_dim, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
-                num_layers=s.num_layers, max_seq_len=s.max_seq_len, norm_type=s.norm, position_type=s.position)
     config = TrainConfig(steps=s.steps, batch_size=s.batch_size, seq_len=s.seq_len, lr=s.lr, schedule=s.schedule,
                          warmup=s.warmup, max_grad_norm=s.max_grad_norm, precision=s.precision,
                          print_every=s.print_every, eval_every=s.eval_every, eval_batches=s.eval_batches,
-                         checkpoint_every=s.checkpoint_every, seed=s.seed)
+                         checkpoint_every=s.checkpoint_every, seed=s.seed, compile=s.compile)
     ckpt = ctx.work / CHECKPOINT
+    job = dist.TrainJob(
+        tokenizer=str(Path(tokenizer) / "tokenizer.json"), train_tokens=train_paths, val_tokens=val_paths[0],
+        token_dtype=dtype, model=dict(embed_dim=s.embed_dim, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
+                                      num_layers=s.num_layers, max_seq_len=s.max_seq_len, norm_type=s.norm,
+                                      position_type=s.position),
+        train=asdict(config), device=s.device, checkpoint=str(ckpt), output=str(ctx.out / "model.ckpt"),
+        meta={"stage": "model", "version": ctx.version, "settings": s.version_params()},
+        threads=ctx.run.threads or 0)
     resumed_from = _checkpoint_step(ckpt, ctx.log)
     if resumed_from:
         ctx.log.info("model: resuming from step %d (checkpoint %s)", resumed_from, ckpt)
     ctx.progress(resumed_from, s.steps, f"step {resumed_from}/{s.steps}", force=True)
 
+    def log(message: str) -> None:  # the library's lines; its warnings (bf16 on a slow CPU, compile) as warnings
+        if message.startswith("warning: "):
+            ctx.log.warning("model: %s", message.removeprefix("warning: "))
+        else:
+            ctx.log.info("%s", message)
+
     def on_progress(point: dict) -> None:
         val = f" val_loss {point['val_loss']:.4f}" if "val_loss" in point else ""
+        val += f" val_bpb {point['val_bpb']:.4f}" if "val_bpb" in point else ""
         ctx.progress(point["step"], s.steps, f"step {point['step']}/{s.steps} loss {point['loss']:.4f}{val}")
 
+    stall = bool(os.environ.get(STALL_ENV))
+
     def on_checkpoint(step: int, path: str) -> None:
-        if os.environ.get(STALL_ENV) and step < s.steps:
+        if stall and s.nproc == 1 and step < s.steps:  # with several processes rank 0 stalls (env below)
             ctx.log.warning("model: %s is set: stalling after the checkpoint at step %d", STALL_ENV, step)
             while True:
                 time.sleep(1)
 
-    with torch_threads(ctx.run.threads):
-        result = train(model, bpe, train_tokens, config=config, val_tokens=val_tokens, device=s.device,
-                       checkpoint_path=ckpt, resume=True, log=ctx.log.info, on_progress=on_progress,
-                       on_checkpoint=on_checkpoint)
-    save_checkpoint(model, bpe, ctx.out / "model.ckpt",
-                    meta={"stage": "model", "version": ctx.version, "settings": s.version_params()})
-    write_history(ctx.out, result.history)
+    result = dist.run_training(job, s.nproc, log=log, on_progress=on_progress, on_checkpoint=on_checkpoint,
+                               env={dist.STALL_ENV: "1"} if stall else None, run_dir=ctx.work / "ranks")
+    write_history(ctx.out, result.history)  # the log already has the throughput line and val_bpb at each eval
     return {
-        "device": result.device, "precision": result.precision, "params": result.params,
-        "steps": result.steps, "resumed_from": result.start_step,
-        "final_loss": result.final_loss, "final_val_loss": result.final_val_loss,
-        "tokens_per_sec": round(result.tokens_per_sec, 1), "train_seconds": round(result.seconds, 3),
-        "train_tokens": len(train_tokens), "val_tokens": len(val_tokens), "vocab_size": bpe.vocab_size,
+        "device": result.device, "precision": result.precision, "nproc": result.world_size,
+        "compiled": result.compiled, "params": result.params, "steps": result.steps,
+        "resumed_from": result.start_step, "final_loss": result.final_loss, "final_val_loss": result.final_val_loss,
+        "final_val_bpb": result.final_val_bpb, "tokens_per_sec": round(result.tokens_per_sec, 1),
+        "flops_per_token": result.flops_per_token, "tflops": result.tflops, "mfu": result.mfu,
+        "peak_tflops": result.peak_tflops, "train_seconds": round(result.seconds, 3), "warnings": result.warnings,
+        "train_tokens": n_train, "val_tokens": n_val, "vocab_size": vocab_size,
         "loss_curve": [[h["step"], round(h["loss"], 5), round(h["val_loss"], 5) if "val_loss" in h else None]
                        for h in result.history],
     }
 
 
 def write_history(out: Path, history: list[dict]) -> None:
-    (out / "loss_history.json").write_text(json.dumps(history, indent=1) + "\n", encoding="utf-8")
-    cols = ["step", "loss", "val_loss", "lr", "tokens_per_sec"]
+    from mygpt.atomic import atomic_write_text
+
+    atomic_write_text(out / "loss_history.json", json.dumps(history, indent=1) + "\n")
+    cols = ["step", "loss", "val_loss", "val_bpb", "lr", "tokens_per_sec"]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     writer.writerows(history)
-    (out / "loss_history.csv").write_text(buf.getvalue(), encoding="utf-8")
+    atomic_write_text(out / "loss_history.csv", buf.getvalue())
 
 
 # ---- the UI artifact: summary + loss curve -------------------------------------------------------------
@@ -268,12 +318,20 @@ def report(manifest: dict) -> str:
     table = "\n".join(f"| {s:,} | {_fmt(l)} | {_fmt(v)} |" for s, l, v in rows)
     where = manifest.get("path", f"model/{manifest['version']}")
     resumed = f" (resumed from step {m['resumed_from']:,} after a crash)" if m.get("resumed_from") else ""
+    mfu = m.get("mfu")
     summary = summary_table([
         ("final train loss", _fmt(m.get("final_loss"))),
         ("final val loss", _fmt(m.get("final_val_loss"))),
+        ("final val bits per byte", _fmt(m.get("final_val_bpb"))),
         ("steps", f"{m.get('steps', 0):,}{resumed}"),
         ("tokens/s", f"{m.get('tokens_per_sec', 0):,.0f}"),
+        ("FLOPs per token", f"{m.get('flops_per_token', 0):,} (6N + 12·L·H·Q·T)"),
+        ("achieved TFLOP/s", f"{m.get('tflops', 0):.4g}"),
+        ("MFU", "n/a" if mfu is None else f"{100 * mfu:.1f}% of {m.get('nproc', 1)} x {m.get('peak_tflops'):g} "
+                                         f"TFLOP/s bf16 peak"),
         ("device / precision", f"{m.get('device')} / {m.get('precision')}"),
+        ("processes / compile", f"{m.get('nproc', 1)} / {'on' if m.get('compiled') else 'off'}"
+                                + (" (asked for, unavailable)" if p.get("compile") and not m.get("compiled") else "")),
         ("params", f"{m.get('params', 0):,}"),
         ("model", f"embed {p['embed_dim']}, {p['num_layers']} layers, {p['num_heads']} heads ({p['num_kv_heads']} kv), "
                   f"{p['norm']} norm, {p['position']} positions, max_seq_len {p['max_seq_len']}, "
@@ -282,6 +340,7 @@ def report(manifest: dict) -> str:
                    f"(warmup {p['warmup']}), clip {p['max_grad_norm']}, seed {p['seed']}, splits {p['train_splits']}"),
         ("tokens", f"{m.get('train_tokens', 0):,} train, {m.get('val_tokens', 0):,} validation"),
         ("checkpoint", f"`{where}/model.ckpt` (`mygpt generate --checkpoint {where}/model.ckpt`)"),
+        *(("warning", w) for w in m.get("warnings", [])),
     ])
     return f"""# Training: model/{manifest['version']}
 

@@ -224,3 +224,13 @@ def test_input_validation(shakespeare_text):
     with pytest.raises(UserError, match="vocab_size"):
         train(GPT(vocab_size=99, embed_dim=16, num_heads=2, num_layers=1, max_seq_len=32), tok, ids,
               config=TrainConfig(seq_len=32, steps=1), device="cpu", log=None)
+
+
+def test_concat_tokens_slices_across_parts():
+    from mygpt.data import ConcatTokens
+
+    c = ConcatTokens([np.arange(0, 5), np.arange(5, 5), np.arange(5, 12)])
+    assert len(c) == 12 and c.shape == (12,)
+    for lo in range(12):
+        for hi in range(lo + 1, 13):
+            assert np.array_equal(c[lo:hi], np.arange(lo, hi))

@@ -846,6 +846,7 @@ def bad_input_cases(tmp: Path, url: str) -> list[tuple]:
     """(wiki-pipeline run arguments, the exact error line[, environment variables]). All before Prefect starts."""
     afile = tmp / "a-file"
     afile.write_text("x")
+    cores = os.cpu_count() or 1
     return [
         (["--param", "num_heads=5"], "error: model: num_heads (5) must divide embed_dim (32); pick an embed_dim that is a multiple of num_heads (the chapter uses embed_dim 192, num_heads 6: head size 32)"),
         (["--param", "embed_dim=64", "--param", "num_heads=4", "--param", "num_kv_heads=3"], "error: model: num_kv_heads (3) must divide num_heads (4); pick a divisor of num_heads (the chapter uses num_heads 6, num_kv_heads 2)"),
@@ -858,6 +859,11 @@ def bad_input_cases(tmp: Path, url: str) -> list[tuple]:
         (["--param", "precision=fp16"], "error: model.precision must be one of auto, fp32, bf16, got 'fp16' (auto = bf16 on cuda (with bf16) and mps, fp32 elsewhere; fp32; bf16 (autocast))"),
         (["--param", "norm=batch"], "error: model.norm must be one of layer, rms, got 'batch' (RMSNorm (the chapter) or LayerNorm)"),
         (["--param", "train_splits=most"], "error: model.train_splits must be one of train, all, got 'most' (train on the train split, or on all three (the chapter's wikipedia.txt run))"),
+        (["--param", "nproc=0"], "error: model.nproc must be an integer >= 1 or 'auto', got 0 (training processes on this node, data parallel under torchrun (NCCL on cuda, gloo on cpu); batch_size stays the global batch; auto = one per visible GPU on cuda, else 1)"),
+        (["--param", "nproc=x"], "error: model.nproc must be an integer >= 1 or 'auto', got 'x' (training processes on this node, data parallel under torchrun (NCCL on cuda, gloo on cpu); batch_size stays the global batch; auto = one per visible GPU on cuda, else 1)"),
+        (["--param", "device=cpu", "--param", f"nproc={cores + 1}"], f"error: model.nproc ({cores + 1}) is more than the {cores} CPU cores here; each training process needs a core of its own: lower nproc"),
+        (["--param", "device=cpu", "--param", "nproc=2", "--param", "batch_size=1"], "error: model.nproc (2) is more than batch_size (1); every process takes at least one row of the global batch: lower nproc or raise batch_size"),
+        (["--param", "compile=yes"], "error: model.compile must be true or false, got 'yes' (torch.compile the model (a warning and eager training where it is unavailable))"),
         (["--param", "num_merges=-1"], "error: tokenizer.num_merges must be an integer >= 0, got -1 (BPE merges to learn; the chapter uses 1024)"),
         (["--param", "shard_tokens=0"], "error: shards.shard_tokens must be an integer >= 1, got 0 (tokens per Parquet shard (10000000 is ~20 MB of uint16, ~20 shards for wikitext-103 at 1024 merges))"),
         (["--param", "unk_policy=ignore"], "error: shards.unk_policy must be one of skip, error, got 'ignore' (characters outside the tokenizer's alphabet: skip them (the chapter) or stop with an error naming them)"),

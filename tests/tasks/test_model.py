@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import csv
 import json
 import re
@@ -33,13 +34,15 @@ def test_train_publishes_checkpoint_history_and_metrics(upstream, trained):
     assert m["steps"] == TINY_MODEL.steps and m["resumed_from"] == 0
     assert m["device"] == "cpu" and m["precision"] == "fp32" and m["params"] > 0 and m["tokens_per_sec"] > 0
     assert m["final_val_loss"] is not None and m["final_loss"] < m["loss_curve"][0][1], "the loss went down"
+    assert 0 < m["final_val_bpb"] < 8 and m["flops_per_token"] > 0 and m["tflops"] > 0 and m["mfu"] is None
+    assert (m["nproc"], m["compiled"], p["nproc"], p["compile"]) == (1, False, 1, False)
     assert info.manifest["inputs"]["tokenizer"]["version"] == tokenizer["version"]
 
     history = json.loads((info.path / "loss_history.json").read_text())
     assert [h["step"] for h in history] == [1, 10, 20, 30, 40]
     assert [h["step"] for h in history if "val_loss" in h] == [20, 40]
     rows = list(csv.DictReader((info.path / "loss_history.csv").open()))
-    assert [int(r["step"]) for r in rows] == [1, 10, 20, 30, 40] and rows[-1]["val_loss"]
+    assert [int(r["step"]) for r in rows] == [1, 10, 20, 30, 40] and rows[-1]["val_loss"] and rows[-1]["val_bpb"]
 
     from mygpt.checkpoint import load_checkpoint, load_checkpoint_payload
 
@@ -69,18 +72,24 @@ def test_report_has_a_readable_loss_curve_and_summary(upstream, trained):
     lines = svg.getElementsByTagName("polyline")
     assert len(lines) == 2, "train and validation loss"
     assert len(lines[0].getAttribute("points").split()) == 5
-    for needle in ("final train loss", "final val loss", "tokens/s", "cpu / fp32", "| 40 | "):
+    for needle in ("final train loss", "final val loss", "final val bits per byte", "tokens/s", "FLOPs per token",
+                   "achieved TFLOP/s", "| MFU | n/a |", "| processes / compile | 1 / off |", "cpu / fp32", "| 40 | "):
         assert needle in md
 
 
 def test_train_reads_memory_mapped_tokens_and_all_splits(upstream, tmp_path):
+    from mygpt.data import open_token_files
+
     _, _, _, shards = upstream
-    train_only = train_stage.load_tokens(Path(shards["path"]), tmp_path, ("train",))
-    assert isinstance(train_only, np.memmap) and train_only.dtype == np.uint16
-    everything = train_stage.load_tokens(Path(shards["path"]), tmp_path, train_stage.SPLITS["all"])
-    valid = train_stage.load_tokens(Path(shards["path"]), tmp_path, ("valid",))
-    n = len(train_only)
-    assert len(everything) == n + len(valid) + len(train_stage.load_tokens(Path(shards["path"]), tmp_path, ("test",)))
+    paths, dtype, n = train_stage.token_files(Path(shards["path"]), tmp_path, ("train",))
+    assert dtype == "uint16" and len(paths) == 1
+    train_only = open_token_files(paths, dtype)
+    assert isinstance(train_only, np.memmap) and len(train_only) == n
+    all_paths, _, n_all = train_stage.token_files(Path(shards["path"]), tmp_path, train_stage.SPLITS["all"])
+    everything = open_token_files(all_paths, dtype)
+    valid = open_token_files(train_stage.token_files(Path(shards["path"]), tmp_path, ("valid",))[0], dtype)
+    test = open_token_files(train_stage.token_files(Path(shards["path"]), tmp_path, ("test",))[0], dtype)
+    assert len(everything) == n_all == n + len(valid) + len(test)
     assert np.array_equal(everything[n - 3:n + 3], np.concatenate([train_only[-3:], valid[:3]]))
     assert all(isinstance(p, np.memmap) for p in everything.parts), "no copies of the corpus"
 
@@ -94,15 +103,6 @@ def test_train_splits_all_is_another_version(upstream, trained):
     ma, mb = (store.get("model", r["version"]).manifest["metrics"] for r in (a, b))
     assert a["version"] != b["version"] and mb["train_tokens"] > ma["train_tokens"]
     assert train_stage.train_model.fn(shards, tokenizer, settings, run_in(root))["build_id"] == a["build_id"], "reused"
-
-
-def test_concat_tokens_slices_across_parts():
-    parts = [np.arange(0, 5), np.arange(5, 5), np.arange(5, 12)]
-    c = train_stage.ConcatTokens(parts)
-    assert len(c) == 12 and c.shape == (12,)
-    for lo in range(12):
-        for hi in range(lo + 1, 13):
-            assert np.array_equal(c[lo:hi], np.arange(lo, hi))
 
 
 def test_chapter_defaults_and_resolved_device():
@@ -119,7 +119,49 @@ def test_chapter_defaults_and_resolved_device():
     ({"steps": 0}, r"steps must be an integer >= 1"),
     ({"device": "tpu"}, r"device: unknown device 'tpu'"),
     ({"threads": 2}, r"unknown model setting\(s\) threads"),
+    ({"nproc": 0}, r"^model.nproc must be an integer >= 1 or 'auto', got 0 \(training processes on this node"),
+    ({"nproc": "x"}, r"^model.nproc must be an integer >= 1 or 'auto', got 'x'"),
+    ({"nproc": 1.5}, r"^model.nproc must be an integer >= 1 or 'auto', got 1.5"),
+    ({"nproc": True}, r"^model.nproc must be an integer >= 1 or 'auto', got True"),
+    ({"compile": "yes"}, r"^model.compile must be true or false, got 'yes'"),
 ])
 def test_settings_reject(settings, message):
     with pytest.raises(UserError, match=message):
         train_stage.ModelSettings.parse(settings, "model")
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"device": "cpu", "nproc": 10_000}, r"^model.nproc \(10000\) is more than batch_size \(16\)"),
+    ({"device": "cpu", "nproc": (os.cpu_count() or 1) + 1, "batch_size": 10_000},
+     rf"^model.nproc \({(os.cpu_count() or 1) + 1}\) is more than the {os.cpu_count() or 1} CPU cores here"),
+])
+def test_nproc_beyond_the_machine_is_refused_when_resolved(settings, message):
+    s = train_stage.ModelSettings.parse(settings, "model")  # valid as settings; this machine cannot run it
+    with pytest.raises(UserError, match=message):
+        s.resolved()
+
+
+def test_nproc_and_compile_enter_the_version_resolved():
+    base = train_stage.ModelSettings(device="cpu")
+    v = base.resolved().version_params()
+    assert (v["nproc"], v["compile"]) == (1, False), "the defaults"
+    assert train_stage.ModelSettings(device="cpu", nproc="auto").resolved().version_params() == v, "auto = 1 on cpu"
+    assert base.model_copy(update={"compile": True}).resolved().version_params()["compile"] is True
+    assert list(train_stage.ModelSettings.model_fields)[:4] == ["device", "precision", "nproc", "compile"]
+
+
+def test_bf16_on_a_cpu_without_native_bf16_warns_once(upstream, monkeypatch, caplog):
+    import logging
+
+    import mygpt.device
+
+    monkeypatch.setattr(mygpt.device, "cpu_has_native_bf16", lambda: False)
+    root, _, tokenizer, shards = upstream
+    settings = TINY_MODEL.model_copy(update={"device": "cpu", "precision": "bf16", "steps": 2, "print_every": 1,
+                                             "eval_every": 2, "checkpoint_every": 0})
+    caplog.set_level(logging.INFO)
+    ref = train_stage.train_model.fn(shards, tokenizer, settings, run_in(root))
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "without native bf16" in r.getMessage()]
+    assert len(warned) == 1 and "use precision fp32" in warned[0].getMessage()
+    manifest = ArtifactStore(root).get("model", ref["version"]).manifest
+    assert len(manifest["metrics"]["warnings"]) == 1 and "without native bf16" in train_stage.report(manifest)

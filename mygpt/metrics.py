@@ -1,0 +1,127 @@
+"""The numbers people read about a training run: FLOPs per token, achieved TFLOP/s, MFU, bits per byte.
+
+FLOPs per token (nanoGPT's / PaLM's estimate, forward + backward)::
+
+    flops_per_token = 6 * N + 12 * L * H * Q * T
+
+* ``N`` -- parameters that take part in matmuls: every parameter except a learned position embedding (a table
+  lookup); the token embedding counts, because it is also the tied LM head (a ``E x vocab`` matmul).
+* ``L`` layers, ``H`` query heads, ``Q`` head size, ``T`` the training sequence length: ``12 L H Q T`` is the
+  attention score and value matmuls (``2`` matmuls x ``2`` FLOPs per multiply-add x ``3`` for forward + backward),
+  counted for the full ``T x T`` square as nanoGPT and PaLM do, although causal attention needs half of it.
+  Grouped-query attention changes only ``N`` (fewer key/value projection weights), not this term.
+
+Norms, RoPE, softmax, GELU and the optimizer are left out, so the estimate is a slight undercount. For the
+chapter's model (N = 2,163,264, L = 4, H = 6, Q = 32, T = 256) it is 15,338,880 FLOPs per token.
+
+Achieved TFLOP/s = ``flops_per_token * tokens/s / 1e12`` (tokens of the global batch, all processes together).
+MFU = achieved FLOP/s / (``world_size`` x the device's peak), with the peak from :data:`GPU_BF16_PEAK_TFLOPS`
+(dense bf16 tensor-core peak, the usual reference even for fp32/TF32 runs). It is ``None`` (shown as ``n/a``) on
+CPU, MPS and GPUs not in the table; ``MYGPT_PEAK_TFLOPS`` (a number) sets the peak for a GPU the table lacks.
+
+Bits per byte (nanochat's tokenizer-independent validation number)::
+
+    bpb = sum of the targets' cross-entropy in nats / (ln 2 * sum of the targets' UTF-8 bytes)
+
+where a token's bytes are the UTF-8 length of its string (``tokenizer.token_bytes()``) and a byte-fallback
+token counts 1 byte. Unlike loss per token, it does not move when the vocabulary changes.
+
+This module does not import torch at import time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+__all__ = ["GPU_BF16_PEAK_TFLOPS", "PEAK_ENV", "flops_per_token", "matmul_params", "peak_tflops", "peak_for_name",
+           "throughput",
+           "bits_per_byte", "format_throughput", "FLOPS_FORMULA"]
+
+FLOPS_FORMULA = "6N + 12*L*H*Q*T"
+PEAK_ENV = "MYGPT_PEAK_TFLOPS"
+
+#: Dense bf16 tensor-core peak in TFLOP/s (no sparsity), matched as a substring of
+#: ``torch.cuda.get_device_name()``; the first match wins, so specific names come before general ones.
+GPU_BF16_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("GH200", 989.0),
+    ("H200", 989.0),
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("H800", 989.0),
+    ("B200", 2250.0),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("L40S", 362.0),
+    ("L40", 181.0),
+    ("L4", 121.0),
+    ("RTX 4090", 165.2),
+    ("RTX 3090", 71.0),
+)
+
+
+def matmul_params(model) -> int:
+    """``N`` of the formula: the model's parameters minus a learned position embedding."""
+    n = model.num_params()
+    pos = getattr(model, "position_embedding", None)
+    if pos is not None:
+        n -= pos.weight.numel()
+    return n
+
+
+def flops_per_token(model, seq_len: int) -> int:
+    """``6N + 12*L*H*Q*T`` training FLOPs per token for ``model`` at sequence length ``seq_len``."""
+    head_dim = model.embed_dim // model.num_heads
+    return 6 * matmul_params(model) + 12 * model.num_layers * model.num_heads * head_dim * seq_len
+
+
+def peak_tflops(device) -> tuple[float | None, str]:
+    """``(peak bf16 TFLOP/s of one device or None, a description)`` for a ``torch.device``."""
+    env = os.environ.get(PEAK_ENV, "").strip()
+    if getattr(device, "type", str(device)) != "cuda":
+        return None, f"no peak known for {getattr(device, 'type', device)}"
+    import torch
+
+    name = torch.cuda.get_device_name(device)
+    if env:
+        try:
+            value = float(env)
+        except ValueError:
+            value = float("nan")
+        if math.isfinite(value) and value > 0:
+            return value, f"{name}, {PEAK_ENV}={env}"
+    peak = peak_for_name(name)
+    if peak is not None:
+        return peak, name
+    return None, f"{name} is not in mygpt.metrics.GPU_BF16_PEAK_TFLOPS (set {PEAK_ENV})"
+
+
+def peak_for_name(name: str) -> float | None:
+    """The table's peak for a CUDA device name, or ``None``."""
+    return next((peak for key, peak in GPU_BF16_PEAK_TFLOPS if key in name), None)
+
+
+def throughput(tokens_per_sec: float, flops_per_tok: int, peak: float | None, world_size: int = 1) -> dict:
+    """``{"tflops": achieved TFLOP/s, "mfu": fraction of world_size x peak or None}``."""
+    achieved = tokens_per_sec * flops_per_tok
+    mfu = achieved / (peak * 1e12 * world_size) if peak and achieved > 0 else None
+    return {"tflops": achieved / 1e12, "mfu": mfu}
+
+
+def bits_per_byte(nats: float, num_bytes: float) -> float | None:
+    """``nats / (ln 2 * num_bytes)``; ``None`` when there are no bytes."""
+    return nats / (math.log(2) * num_bytes) if num_bytes > 0 else None
+
+
+def format_throughput(tokens_per_sec: float, flops_per_tok: int, tflops: float, mfu: float | None,
+                      peak: float | None, peak_note: str, world_size: int = 1) -> str:
+    """One log line: tokens/s, FLOPs/token (with the formula), achieved TFLOP/s and MFU."""
+    procs = f" ({world_size} processes)" if world_size > 1 else ""
+    if mfu is not None and peak:
+        devices = f"{world_size} x " if world_size > 1 else ""
+        mfu_text = f"MFU {100 * mfu:.1f}% of {devices}{peak:g} TFLOP/s bf16 peak ({peak_note})"
+    else:
+        mfu_text = f"MFU n/a ({peak_note})"
+    return (f"throughput: {tokens_per_sec:,.0f} tokens/s{procs}, {flops_per_tok:,} FLOPs/token "
+            f"({FLOPS_FORMULA}), {tflops:.3g} TFLOP/s, {mfu_text}")

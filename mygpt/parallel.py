@@ -1,0 +1,153 @@
+"""Data parallelism inside the training loop: who takes which rows of the batch, and how gradients add up.
+
+The batch math does not depend on the number of processes. ``batch_size`` is the GLOBAL batch: every rank draws
+the same ``batch_size`` window offsets from the same seeded generator and keeps its contiguous slice of rows
+(``World.rows``: ``batch_size // world_size`` rows each, the first ``batch_size % world_size`` ranks one more).
+A rank's slice may be split further into micro-batches of ``micro_batch_size`` rows (gradient accumulation), and
+a micro-batch of ``r`` rows contributes ``mean_loss * r / batch_size`` to the loss, so the sum over every micro
+batch of every rank is the mean over the global batch -- the loss of a single process. DDP averages gradients
+over the ranks, so each rank scales its backward pass by ``world_size``; the accumulated gradient is then the
+single-process gradient (equal up to float rounding; exactly equal for one process without micro-batches).
+Ranks may hold different numbers of rows and micro-batches: each does exactly one synchronised backward pass per
+step (the others run under ``no_sync``).
+
+Validation draws the same windows on every rank, each rank sums the cross-entropy (nats) and the UTF-8 bytes of
+its rows' targets, and the sums are all-reduced: validation loss and bits per byte do not depend on the world
+size either.
+
+With dropout > 0 the masks are drawn per rank and micro-batch, so runs with different world sizes (or micro-batch
+sizes) follow different (equally valid) trajectories; with dropout 0 (the chapter's setting) they agree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .data import get_batch
+from .device import autocast
+from .errors import UserError
+from .metrics import bits_per_byte
+
+__all__ = ["World", "forward_backward", "evaluate"]
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the training processes (``rank`` of ``size``); ``size == 1`` = alone."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    #: called after every optimizer step with the step number (the launcher's test hooks use it)
+    step_hook: Callable[[int], None] | None = None
+
+    @classmethod
+    def current(cls, step_hook: Callable[[int], None] | None = None) -> "World":
+        """The initialised default process group's rank/size, or a single-process world."""
+        import os
+
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return cls(rank=dist.get_rank(), size=dist.get_world_size(),
+                       local_rank=int(os.environ.get("LOCAL_RANK", "0")), step_hook=step_hook)
+        return cls(step_hook=step_hook)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def check_batch(self, batch_size: int) -> None:
+        if batch_size < self.size:
+            raise UserError(f"batch_size ({batch_size}) is smaller than the number of training processes "
+                            f"({self.size}); every process needs at least one row: raise batch_size or lower nproc")
+
+    def rows(self, batch_size: int) -> slice | None:
+        """This rank's rows of a global batch (``None`` = all of them, for a single process)."""
+        if self.size == 1:
+            return None
+        base, extra = divmod(batch_size, self.size)
+        start = self.rank * base + min(self.rank, extra)
+        return slice(start, start + base + (1 if self.rank < extra else 0))
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over the ranks, in place (a no-op alone)."""
+        if self.size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def all_gather(self, obj) -> list:
+        """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` alone."""
+        if self.size == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def after_step(self, step: int) -> None:
+        if self.step_hook is not None:
+            self.step_hook(step)
+
+
+def forward_backward(model, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, world: World,
+                     micro_batch_size: int, device: torch.device, precision: str) -> torch.Tensor:
+    """Forward and backward over this rank's rows ``x``/``y`` (gradients accumulate into ``.grad``).
+
+    ``model`` is the module to call (DDP-wrapped when ``world.size > 1``). Returns this rank's detached
+    contribution to the global mean loss (the loss itself for a single process).
+    """
+    rows = x.size(0)
+    micro = micro_batch_size if 0 < micro_batch_size < rows else rows
+    starts = list(range(0, rows, micro))
+    contribution = None
+    for i, start in enumerate(starts):
+        xb, yb = x[start : start + micro], y[start : start + micro]
+        share = xb.size(0) / batch_size  # this micro-batch's share of the global mean
+        sync = i == len(starts) - 1
+        no_sync = model.no_sync() if (not sync and hasattr(model, "no_sync")) else contextlib.nullcontext()
+        with no_sync:
+            with autocast(device, precision):
+                _, loss = model(xb, yb)
+            scale = share * world.size
+            (loss * scale if scale != 1.0 else loss).backward()
+        part = loss.detach() * share if share != 1.0 else loss.detach()
+        contribution = part if contribution is None else contribution + part
+    return contribution
+
+
+@torch.no_grad()
+def evaluate(model, tokens, *, batch_size: int, seq_len: int, batches: int, seed: int, device: torch.device,
+             precision: str, world: World, token_bytes: torch.Tensor | None = None) -> tuple[float, float | None]:
+    """``(mean loss per token, bits per byte or None)`` over ``batches`` global batches of windows drawn from a
+    generator seeded with ``seed`` (the same on every rank and at every call).
+
+    ``model`` is the plain (unwrapped) module. ``token_bytes`` (int64, one entry per vocabulary id, on
+    ``device``) gives the UTF-8 bytes of each target token; without it bits per byte is ``None``.
+    """
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    rows = world.rows(batch_size)
+    nats_total, bytes_total = 0.0, 0
+    for _ in range(batches):
+        x, y = get_batch(tokens, batch_size, seq_len, gen, device, rows=rows)
+        with autocast(device, precision):
+            logits, _ = model(x)
+        nats_total += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum").item()
+        if token_bytes is not None:
+            bytes_total += int(token_bytes[y].sum().item())
+    model.train(was_training)
+    if world.size > 1:  # float64 on the process's device (CPU for gloo, CUDA for NCCL)
+        sums = world.all_reduce_sum(torch.tensor([nats_total, bytes_total], dtype=torch.float64, device=device))
+        nats_total, bytes_total = sums.tolist()
+    loss = nats_total / (batches * batch_size * seq_len)
+    return loss, bits_per_byte(nats_total, bytes_total) if token_bytes is not None else None
