@@ -148,6 +148,9 @@ def test_cli_two_processes_equal_one_process(shakespeare_text, tmp_path, monkeyp
     assert load_checkpoint_payload(tmp_path / "two.ckpt")["meta"]["tokenizer"] == "char"
 
 
+# slow: tests/reliability/test_model_nproc.py does the same through the model stage in every CI run;
+# this library-level one adds gradient accumulation. Run by hand: scripts/test -m slow
+@pytest.mark.slow
 def test_sigkill_of_the_process_group_then_rerun_resumes_bit_identical(files, tmp_path, two_process_run):
     job = make_job(files, tmp_path, **ACCUMULATE)
     job.save(tmp_path / "job.json")
@@ -184,6 +187,9 @@ def test_sigkill_of_the_process_group_then_rerun_resumes_bit_identical(files, tm
     assert_identical_runs(Path(job.checkpoint), out2 / "train.ckpt")
 
 
+# slow: tests/reliability/test_model_nproc.py does the same through the model stage in every CI run;
+# this library-level one adds gradient accumulation. Run by hand: scripts/test -m slow
+@pytest.mark.slow
 def test_one_rank_dying_alone_fails_clearly_and_the_rerun_resumes(files, tmp_path, two_process_run):
     job = make_job(files, tmp_path, **ACCUMULATE)
     run_dir = tmp_path / "run"
