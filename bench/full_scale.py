@@ -302,7 +302,7 @@ def main(argv=None) -> int:
     print(f"peak RSS over the run: flow process {peak['self_mb']} MB, largest worker {peak['worker_mb']} MB, "
           f"tree {peak['tree_mb']} MB")
     if rerun:
-        print(f"cached rerun of all five stages: {rerun['wall_s']:.1f} s ({rerun['states']})")
+        print(f"cached rerun of every stage: {rerun['wall_s']:.1f} s ({rerun['states']})")
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (1 min); "
           f"{os.cpu_count()} CPUs")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
