@@ -28,13 +28,13 @@ import json
 import os
 import re
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.memwatch import run_watched
 from flows.mirror import REPO, SHARED_DATA
 from mygpt import bpe_reference
 from mygpt.bpe import BPETokenizer
@@ -201,58 +201,19 @@ def encode_child(path: str, tok_path: str, workers: int, chunk_bytes: int) -> No
                       "chars": stats.chars}))
 
 
-def _hwm_kb(pid: int) -> int:
-    """VmHWM (peak RSS of the process's current image) from /proc; 0 if unavailable."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def run_encode_child(path: Path, tok_path: Path, workers: int, chunk_bytes: int) -> dict:
-    """Run one encode in a fresh child process and watch the memory of its whole process tree.
-
-    Every 50 ms: the sum of RSS and of PSS over the tree (PSS divides shared pages -- e.g. the numpy and
-    torch libraries every process maps -- among the processes that share them, so the PSS sum is the
-    tree's real footprint; the RSS sum counts shared pages once per process). Also each process's
-    VmHWM (kernel-tracked peak RSS), summed over processes: an upper bound that sampling cannot miss.
-    """
-    import psutil
-
+    """Run one encode in a fresh child process and watch the memory of its whole process tree
+    (``bench.memwatch``: peak RSS and PSS sums, and each process's VmHWM)."""
     cmd = [sys.executable, "-m", "bench.bpe_speed", "--encode-child", str(path), str(tok_path), str(workers), str(chunk_bytes)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    ps = psutil.Process(proc.pid)
-    peak_rss = peak_pss = 0
-    hwm: dict[int, int] = {}
-    while proc.poll() is None:
-        rss = pss = 0
-        try:
-            procs = [ps] + ps.children(recursive=True)
-        except psutil.Error:
-            procs = []
-        for p in procs:
-            try:
-                mi = p.memory_full_info()
-                rss += mi.rss
-                pss += mi.pss
-                hwm[p.pid] = max(hwm.get(p.pid, 0), _hwm_kb(p.pid))
-            except psutil.Error:
-                pass
-        peak_rss = max(peak_rss, rss)
-        peak_pss = max(peak_pss, pss)
-        time.sleep(0.05)
-    out = proc.stdout.read()
-    if proc.returncode:
-        raise SystemExit(f"encode child failed ({proc.returncode}): {out}")
+    w = run_watched(cmd, pss=True)
+    out = w.stdout
+    if w.returncode:
+        raise SystemExit(f"encode child failed ({w.returncode}): {out}")
     res = json.loads(out.strip().splitlines()[-1])
-    res["tree_peak_rss_mb"] = peak_rss / 2**20
-    res["tree_peak_pss_mb"] = peak_pss / 2**20
-    res["sum_vmhwm_mb"] = sum(hwm.values()) / 1024
-    res["processes"] = len(hwm)
+    res["tree_peak_rss_mb"] = w.peak_rss_mb
+    res["tree_peak_pss_mb"] = w.peak_pss_mb
+    res["sum_vmhwm_mb"] = w.sum_vmhwm_mb
+    res["processes"] = len(w.hwm_kb)
     return res
 
 

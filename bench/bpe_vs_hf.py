@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.memwatch import run_watched
 from flows.mirror import REPO
 
 OUT = REPO / "bench" / "out"
@@ -110,45 +111,15 @@ def child(trainer: str, path: str, end: int, merges: int) -> dict:
     return out
 
 
-def _hwm_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def run_child(trainer: str, end: int, merges: int) -> dict:
-    import psutil
-
     cmd = [sys.executable, "-m", "bench.bpe_vs_hf", "--child", trainer, str(CORPUS), str(end), str(merges)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    ps = psutil.Process(proc.pid)
-    peak_rss = 0
-    hwm: dict[int, int] = {}
-    while proc.poll() is None:
-        rss = 0
-        try:
-            procs = [ps] + ps.children(recursive=True)
-        except psutil.Error:
-            procs = []
-        for p in procs:
-            try:
-                rss += p.memory_info().rss
-                hwm[p.pid] = max(hwm.get(p.pid, 0), _hwm_kb(p.pid))
-            except psutil.Error:
-                pass
-        peak_rss = max(peak_rss, rss)
-        time.sleep(0.05)
-    out = proc.stdout.read()
-    if proc.returncode:
-        raise SystemExit(f"{trainer} failed ({proc.returncode})")
+    w = run_watched(cmd)
+    out = w.stdout
+    if w.returncode:
+        raise SystemExit(f"{trainer} failed ({w.returncode})")
     res = json.loads(out.strip().splitlines()[-1])
-    res.update(peak_rss_mb=round(peak_rss / 2**20), sum_vmhwm_mb=round(sum(hwm.values()) / 1024),
-               largest_process_mb=round(max(hwm.values(), default=0) / 1024), processes=len(hwm))
+    res.update(peak_rss_mb=round(w.peak_rss_mb), sum_vmhwm_mb=round(w.sum_vmhwm_mb),
+               largest_process_mb=round(w.largest_process_mb), processes=len(w.hwm_kb))
     return res
 
 

@@ -173,6 +173,19 @@ def compile_unavailable(device: "str | torch.device") -> str | None:
 
 
 @contextlib.contextmanager
+def torch_threads(threads: int | None):
+    """Run with ``threads`` torch CPU threads (None/0: leave torch's default), restoring the old count after."""
+    old = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if threads:
+            torch.set_num_threads(old)
+
+
+@contextlib.contextmanager
 def tf32_matmuls(device: "str | torch.device", enabled: bool = True):
     """TF32 for fp32 matmuls and convolutions on CUDA while inside (restored after); a no-op elsewhere."""
     device = device if isinstance(device, torch.device) else torch.device(str(device))

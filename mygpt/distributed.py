@@ -297,28 +297,15 @@ def run_training(
     return _launch(job, n, log, on_progress, on_checkpoint, env or {}, run_dir, rendezvous)
 
 
-@contextlib.contextmanager
-def _torch_threads(threads: int):
-    import torch
-
-    old = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if threads:
-            torch.set_num_threads(old)
-
-
 def _train_here(job: TrainJob, log, on_progress, on_checkpoint):
     from .checkpoint import save_checkpoint
+    from .device import torch_threads
     from .parallel import World
     from .train import train
 
     tokenizer, train_tokens, val_tokens = job.open_data()
     model = job.build_model(tokenizer)
-    with _torch_threads(job.threads):
+    with torch_threads(job.threads):
         result = train(model, tokenizer, train_tokens, config=job.config(), val_tokens=val_tokens, device=job.device,
                        checkpoint_path=job.checkpoint, resume=job.resume, log=log, on_progress=on_progress,
                        on_checkpoint=on_checkpoint, meta=job.meta, world=World())

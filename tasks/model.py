@@ -30,7 +30,6 @@ per byte next to the validation loss (:mod:`mygpt.metrics`).
 from __future__ import annotations
 
 import base64
-import contextlib
 import csv
 import io
 import json
@@ -350,20 +349,6 @@ def report(manifest: dict) -> str:
 |---:|---:|---:|
 {table}
 """
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int | None):
-    """Run with ``threads`` torch CPU threads (None/0: leave torch's default), restoring the old count."""
-    import torch
-
-    old = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 STAGE = Stage(name="model", code_version="2", report=report, inputs=("shards", "tokenizer"))

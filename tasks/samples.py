@@ -15,7 +15,6 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from mygpt.errors import UserError
-from tasks.model import torch_threads
 from tasks.settings import DeviceSettings, RunOptions, Seed
 from tasks.stage import BuildContext, Stage, StageRef, stage_task
 
@@ -68,6 +67,7 @@ def build_samples(ctx: BuildContext, settings: SamplesSettings, model: Path) -> 
     import time
 
     from mygpt.checkpoint import load_checkpoint
+    from mygpt.device import torch_threads
     from mygpt.errors import describe_chars
     from mygpt.generate import generate
 

@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -20,18 +19,9 @@ from flows.server import PrefectServer, free_port
 from tasks.store import STAGES, ArtifactStore
 from tests.support import REPO
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
+from tests.support.wait import wait_for
 
 PG_BIN = Path(os.environ.get("WIKI_PIPELINE_PG_BIN", "/usr/lib/postgresql/15/bin"))
-
-
-def wait_for(condition, what: str, timeout: float = 300.0, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = condition()
-        if got:
-            return got
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 class Postgres:
@@ -130,7 +120,7 @@ def test_two_runs_at_once_through_a_worker_on_postgres(team_server, tmp_path):
                 got = [_client_call(lambda c, i=i: c.read_flow_run(i)) for i in ids]
                 return got if all(r.state.is_final() for r in got) else None
 
-            done = wait_for(finished, "both flow runs to end", timeout=600)
+            done = wait_for(finished, "both flow runs to end", timeout=600, every=0.2)
         finally:
             worker.terminate()
             try:

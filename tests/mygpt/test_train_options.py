@@ -99,3 +99,18 @@ def test_result_progress_and_log_carry_the_numbers(data):
     assert f"{result.flops_per_token:,} FLOPs/token (6N + 12*L*H*Q*T)" in throughput_lines[0]
     assert all(" val_bpb = " in line for line in lines if line.startswith("step "))
     assert "val_bpb" in result.to_dict()["history"][0]
+
+
+def test_torch_threads_sets_and_restores_the_thread_count():
+    import torch
+
+    from mygpt.device import torch_threads
+
+    before = torch.get_num_threads()
+    other = 2 if before == 1 else 1
+    with torch_threads(other):
+        assert torch.get_num_threads() == other
+    assert torch.get_num_threads() == before
+    with torch_threads(None):  # None: torch's own count, untouched
+        assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -22,20 +21,10 @@ from mygpt.errors import UserError
 from tasks import dask_work
 from tasks.settings import RunOptions
 from tests.support import REPO, stages
+from tests.support.wait import wait_for
 
 SHARD = 20_000
 CHUNK = 20_000
-
-
-def wait_for(condition, what: str, timeout: float = 120.0, every: float = 0.005):
-    """Poll ``condition()`` until it returns something truthy (the event a test waits for); fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = condition()
-        if got:
-            return got
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def loopback_only(pids) -> list[str]:
