@@ -9,10 +9,10 @@ header); several files read as one concatenated sequence.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
-
-import os
 
 from .errors import UserError
 

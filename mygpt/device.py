@@ -27,10 +27,15 @@ import torch
 
 from .errors import UserError
 
-__all__ = ["resolve_device", "resolve_precision", "autocast", "PRECISIONS", "mps_available", "cpu_has_native_bf16",
+__all__ = ["as_device", "resolve_device", "resolve_precision", "autocast", "PRECISIONS", "mps_available", "cpu_has_native_bf16",
            "bf16_cpu_warning", "compile_unavailable", "tf32_matmuls"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def as_device(device: "str | torch.device") -> torch.device:
+    """``device`` as a ``torch.device`` (a string is parsed as it is; nothing is resolved or checked)."""
+    return device if isinstance(device, torch.device) else torch.device(str(device))
 
 
 def mps_available() -> bool:
@@ -78,7 +83,7 @@ def _bf16_supported(device: torch.device) -> bool:
 
 def resolve_precision(device: "str | torch.device", precision: str = "auto") -> str:
     """``"auto"|"fp32"|"bf16"`` -> ``"fp32"`` or ``"bf16"`` for ``device``; ``UserError`` when unsupported."""
-    device = device if isinstance(device, torch.device) else torch.device(str(device))
+    device = as_device(device)
     precision = (precision or "auto").strip().lower()
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
@@ -96,7 +101,7 @@ def resolve_precision(device: "str | torch.device", precision: str = "auto") -> 
 
 def autocast(device: "str | torch.device", precision: str):
     """Context manager: bf16 autocast when ``precision == "bf16"``, otherwise a no-op."""
-    device = device if isinstance(device, torch.device) else torch.device(str(device))
+    device = as_device(device)
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -135,7 +140,7 @@ def _cpu_name() -> str:
 
 def bf16_cpu_warning(device: "str | torch.device", requested: str) -> str | None:
     """The warning for an explicit ``precision="bf16"`` on a CPU without native bf16, else ``None``."""
-    device = device if isinstance(device, torch.device) else torch.device(str(device))
+    device = as_device(device)
     if device.type != "cpu" or (requested or "").strip().lower() != "bf16" or cpu_has_native_bf16() is not False:
         return None
     return (f"precision bf16 on {_cpu_name()}, a CPU without native bf16 (no AVX512-BF16/AMX): autocast emulates "
@@ -145,7 +150,7 @@ def bf16_cpu_warning(device: "str | torch.device", requested: str) -> str | None
 
 def compile_unavailable(device: "str | torch.device") -> str | None:
     """Why ``torch.compile`` (TorchInductor) cannot run on ``device`` here, or ``None`` when it can."""
-    device = device if isinstance(device, torch.device) else torch.device(str(device))
+    device = as_device(device)
     if not hasattr(torch, "compile"):
         return "this torch has no torch.compile"
     try:
@@ -188,7 +193,7 @@ def torch_threads(threads: int | None):
 @contextlib.contextmanager
 def tf32_matmuls(device: "str | torch.device", enabled: bool = True):
     """TF32 for fp32 matmuls and convolutions on CUDA while inside (restored after); a no-op elsewhere."""
-    device = device if isinstance(device, torch.device) else torch.device(str(device))
+    device = as_device(device)
     if not enabled or device.type != "cuda":
         yield
         return

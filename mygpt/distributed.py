@@ -188,24 +188,29 @@ class TrainJob:
         val_tokens = open_token_files([self.val_tokens], self.token_dtype) if self.val_tokens else None
         return tokenizer, train_tokens, val_tokens
 
+    def model_kwargs(self, tokenizer) -> dict:
+        """``GPT`` keyword arguments: ``model`` with ``vocab_size`` from the tokenizer (``UserError`` naming what
+        is wrong)."""
+        if not isinstance(self.model, dict):
+            raise UserError(f"job 'model' must be an object of GPT arguments, got {type(self.model).__name__}")
+        unknown = sorted(set(self.model) - set(MODEL_KEYS))
+        if unknown:
+            raise UserError(f"job 'model' has unknown key(s) {unknown}; known: {list(MODEL_KEYS)}")
+        vocab = self.model.get("vocab_size", tokenizer.vocab_size)
+        if vocab != tokenizer.vocab_size:
+            raise UserError(f"job 'model' has vocab_size {vocab}, but the tokenizer {self.tokenizer} has "
+                            f"{tokenizer.vocab_size}; drop vocab_size (it comes from the tokenizer)")
+        return {**self.model, "vocab_size": vocab}
+
     def build_model(self, tokenizer):
         """The initial model: ``torch.manual_seed(seed)`` then ``GPT(**model)`` (as ``mygpt train`` does)."""
         import torch
 
         from .model import GPT
 
-        if not isinstance(self.model, dict):
-            raise UserError(f"job 'model' must be an object of GPT arguments, got {type(self.model).__name__}")
-        unknown = sorted(set(self.model) - set(MODEL_KEYS))
-        if unknown:
-            raise UserError(f"job 'model' has unknown key(s) {unknown}; known: {list(MODEL_KEYS)}")
-        kwargs = dict(self.model)
-        vocab = kwargs.pop("vocab_size", tokenizer.vocab_size)
-        if vocab != tokenizer.vocab_size:
-            raise UserError(f"job 'model' has vocab_size {vocab}, but the tokenizer {self.tokenizer} has "
-                            f"{tokenizer.vocab_size}; drop vocab_size (it comes from the tokenizer)")
+        kwargs = self.model_kwargs(tokenizer)
         torch.manual_seed(self.config().seed)
-        return GPT(vocab_size=vocab, **kwargs)
+        return GPT(**kwargs)
 
     def check(self, nproc: int = 1) -> None:
         """Cheap checks before any process starts; ``UserError`` naming the field."""
@@ -220,12 +225,10 @@ class TrainJob:
 
         from .model import GPT, validate_config
 
-        if not isinstance(self.model, dict) or set(self.model) - set(MODEL_KEYS):
-            self.build_model(tokenizer)  # raises the UserError naming what is wrong
         defaults = {k: p.default for k, p in inspect.signature(GPT).parameters.items()
                     if p.default is not inspect.Parameter.empty}
-        kwargs = {**defaults, **{k: v for k, v in self.model.items() if k != "vocab_size"}}
-        validate_config(tokenizer.vocab_size, **kwargs)
+        kwargs = {**defaults, **self.model_kwargs(tokenizer)}
+        validate_config(kwargs.pop("vocab_size"), **kwargs)
         max_seq_len = kwargs["max_seq_len"]
         if config.seq_len > max_seq_len:
             raise UserError(f"job 'train' seq_len ({config.seq_len}) is larger than the model's max_seq_len "
@@ -298,18 +301,24 @@ def run_training(
 
 
 def _train_here(job: TrainJob, log, on_progress, on_checkpoint):
-    from .checkpoint import save_checkpoint
     from .device import torch_threads
     from .parallel import World
+
+    with torch_threads(job.threads):
+        return _train_job(job, job.config(), job.device, World(), log, on_progress, on_checkpoint)
+
+
+def _train_job(job: TrainJob, config, device, world, log, on_progress, on_checkpoint):
+    """This process's part of the job: open the data, build the model, train; rank 0 writes ``output``."""
+    from .checkpoint import save_checkpoint
     from .train import train
 
     tokenizer, train_tokens, val_tokens = job.open_data()
     model = job.build_model(tokenizer)
-    with torch_threads(job.threads):
-        result = train(model, tokenizer, train_tokens, config=job.config(), val_tokens=val_tokens, device=job.device,
-                       checkpoint_path=job.checkpoint, resume=job.resume, log=log, on_progress=on_progress,
-                       on_checkpoint=on_checkpoint, meta=job.meta, world=World())
-    if job.output:
+    result = train(model, tokenizer, train_tokens, config=config, val_tokens=val_tokens, device=device,
+                   checkpoint_path=job.checkpoint, resume=job.resume, log=log, on_progress=on_progress,
+                   on_checkpoint=on_checkpoint, meta=job.meta, world=world)
+    if world.is_main and job.output:
         save_checkpoint(model, tokenizer, job.output, meta=job.meta)
     return result
 
@@ -620,10 +629,8 @@ def _work(job: TrainJob, rank: int, local_rank: int, run_path: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from .checkpoint import save_checkpoint
     from .device import resolve_device
     from .parallel import World
-    from .train import train
 
     dev = resolve_device(job.device)
     if dev.type == "cuda":
@@ -636,8 +643,6 @@ def _work(job: TrainJob, rank: int, local_rank: int, run_path: Path) -> None:
         torch.set_num_threads(job.threads)
     try:
         world = World.current(step_hook=_exit_hook(rank))
-        tokenizer, train_tokens, val_tokens = job.open_data()
-        model = job.build_model(tokenizer)
         events = _Events(run_path / "events.jsonl") if rank == 0 else None
         stall = bool(os.environ.get(STALL_ENV))
         config = job.config()
@@ -649,14 +654,10 @@ def _work(job: TrainJob, rank: int, local_rank: int, run_path: Path) -> None:
                 while True:
                     time.sleep(1)
 
-        result = train(model, tokenizer, train_tokens, config=config, val_tokens=val_tokens, device=dev,
-                       checkpoint_path=job.checkpoint, resume=job.resume,
-                       log=events.log if events else None,
-                       on_progress=(lambda point: events.emit("progress", point=point)) if events else None,
-                       on_checkpoint=on_checkpoint if events else None, meta=job.meta, world=world)
+        result = _train_job(job, config, dev, world, events.log if events else None,
+                            (lambda point: events.emit("progress", point=point)) if events else None,
+                            on_checkpoint if events else None)
         if rank == 0:
-            if job.output:
-                save_checkpoint(model, tokenizer, job.output, meta=job.meta)
             atomic_write_text(run_path / "result.json", json.dumps(result.to_dict()))
     finally:
         dist.destroy_process_group()

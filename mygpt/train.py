@@ -48,7 +48,7 @@ import torch
 
 from .checkpoint import load_checkpoint_payload, save_checkpoint
 from .data import get_batch, num_tokens
-from .device import bf16_cpu_warning, compile_unavailable, resolve_device, resolve_precision, tf32_matmuls
+from .device import as_device, bf16_cpu_warning, compile_unavailable, resolve_device, resolve_precision, tf32_matmuls
 from .errors import UserError, check_int
 from .metrics import flops_per_token, format_throughput, peak_tflops, throughput
 from .parallel import World, evaluate, forward_backward
@@ -165,7 +165,7 @@ def lr_at(config: TrainConfig, step: int) -> float:
 def estimate_loss(model, tokens, config: TrainConfig, device, precision: str) -> float:
     """Mean loss over ``config.eval_batches`` windows drawn from a generator seeded with ``seed + 1`` (one
     process; :func:`mygpt.parallel.evaluate` also gives bits per byte and runs across processes)."""
-    device = device if isinstance(device, torch.device) else torch.device(str(device))
+    device = as_device(device)
     return evaluate(model, tokens, batch_size=config.batch_size, seq_len=config.seq_len,
                     batches=config.eval_batches, seed=config.seed + 1, device=device, precision=precision,
                     world=World())[0]
@@ -184,7 +184,7 @@ def _capture_rng(gen: torch.Generator, device: torch.device, ranks: list | None 
     np_state = np.random.get_state()
     py_state = random.getstate()
     rng = {
-        "torch": torch.get_rng_state(),
+        **_rank_rng(device),
         "generator": gen.get_state(),
         "numpy": {
             "kind": np_state[0],
@@ -195,15 +195,20 @@ def _capture_rng(gen: torch.Generator, device: torch.device, ranks: list | None 
         },
         "python": [py_state[0], list(py_state[1]), py_state[2]],
     }
-    if device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state(device)
     if ranks is not None:
         rng["ranks"] = ranks
     return rng
 
 
-def _restore_rng(rng: dict, gen: torch.Generator, device: torch.device, world: World | None = None) -> None:
+def _set_rank_rng(rng: dict, device: torch.device) -> None:
+    """Restore what :func:`_rank_rng` captured."""
     torch.set_rng_state(rng["torch"])
+    if device.type == "cuda" and "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"], device)
+
+
+def _restore_rng(rng: dict, gen: torch.Generator, device: torch.device, world: World | None = None) -> None:
+    _set_rank_rng(rng, device)
     gen.set_state(rng["generator"])
     n = rng.get("numpy")
     if n:
@@ -213,14 +218,9 @@ def _restore_rng(rng: dict, gen: torch.Generator, device: torch.device, world: W
     p = rng.get("python")
     if p:
         random.setstate((p[0], tuple(p[1]), p[2]))
-    if device.type == "cuda" and "cuda" in rng:
-        torch.cuda.set_rng_state(rng["cuda"], device)
     ranks = rng.get("ranks")
     if world is not None and ranks and len(ranks) == world.size:  # same world size: each rank its own stream
-        mine = ranks[world.rank]
-        torch.set_rng_state(mine["torch"])
-        if device.type == "cuda" and "cuda" in mine:
-            torch.cuda.set_rng_state(mine["cuda"], device)
+        _set_rank_rng(ranks[world.rank], device)
 
 
 def _check_resume_compatible(payload: dict, model, tokenizer, config: TrainConfig, path: str) -> None:
