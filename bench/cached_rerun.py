@@ -60,7 +60,7 @@ def main(argv=None) -> int:
 
         from flows.mirror import Mirror, build_wikitext_zip
         from tasks.corpus import CorpusSettings, download_corpus
-        from tasks.settings import RunOptions
+        from tasks.core.settings import RunOptions
         from tasks.shards import ShardsSettings, encode_shards
         from tasks.tokenizer import TokenizerSettings, train_tokenizer
 

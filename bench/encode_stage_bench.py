@@ -83,10 +83,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from mygpt.bpe import BPETokenizer
-    from tasks.settings import RunOptions
+    from tasks.core.settings import RunOptions
     from tasks.shards import ShardsSettings, encode_shards
-    from tasks.stage import StageRef
-    from tasks.store import ArtifactStore
+    from tasks.core.stage import StageRef
+    from tasks.core.store import ArtifactStore
 
     src = corpus_file(args.bytes)
     work = OUT / "encode-bench"

@@ -202,7 +202,7 @@ class StatusLine:
 
 def running_progress(client, task_run) -> str | None:
     """``model      42.0% step 4200/10000 loss 3.6102 · 5.1k tokens/s · ETA 12m05s``: the running stage's
-    latest progress artifact (see ``tasks.stage.BuildContext.progress``), or None before it posted one."""
+    latest progress artifact (see ``tasks.core.stage.BuildContext.progress``), or None before it posted one."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId, ArtifactFilterType
     from prefect.client.schemas.sorting import ArtifactSort
 
@@ -261,18 +261,18 @@ def code_versions() -> dict[str, str]:
     """Each stage's current code version (its module is named after it: ``tasks.<stage>.STAGE``)."""
     import importlib
 
-    from tasks.store import STAGES
+    from tasks.core.store import STAGES
 
     return {name: importlib.import_module(f"tasks.{name}").STAGE.code_version for name in STAGES}
 
 
 def cmd_artifacts(args) -> int:
-    from tasks.store import ArtifactStore, format_listing, human_bytes
+    from tasks.core.store import ArtifactStore, format_listing, human_bytes
 
     store = ArtifactStore(args.artifacts_dir)
     stages = [args.stage] if args.stage else None
     if args.stage:
-        from tasks.settings import stage_name
+        from tasks.core.settings import stage_name
 
         stages = [stage_name(args.stage, "--stage")]
     rows = [v for st in (stages or [None]) for v in store.versions(st)]
@@ -295,7 +295,7 @@ def cmd_artifacts(args) -> int:
 
 def cmd_gc(args) -> int:
     """List what no run needs -- how big, why -- and with ``--yes`` delete it, never what a running build locks."""
-    from tasks.store import ArtifactStore, human_bytes
+    from tasks.core.store import ArtifactStore, human_bytes
 
     store = ArtifactStore(args.artifacts_dir)
     items = store.garbage(code_versions() if args.stale else None)

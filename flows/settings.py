@@ -21,7 +21,7 @@ from tasks.corpus import CorpusSettings
 from tasks.export import ExportSettings
 from tasks.model import ModelSettings
 from tasks.samples import SamplesSettings
-from tasks.settings import RunOptions, Settings
+from tasks.core.settings import RunOptions, Settings
 from tasks.shards import ShardsSettings
 from tasks.tokenizer import TokenizerSettings
 

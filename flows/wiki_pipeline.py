@@ -9,7 +9,7 @@ because downstream versions depend on its build, everything after it; ``run.only
 stage against the latest published upstream versions (following their lineage).
 
 Stage tasks are called with ``return_state=True`` and ``.result()``: a reused version comes back as a state
-named Cached (see ``tasks.stage``), and ``.result()`` is its ``StageRef`` whether it was built or reused.
+named Cached (see ``tasks.core.stage``), and ``.result()`` is its ``StageRef`` whether it was built or reused.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from tasks.corpus import CorpusSettings, download_corpus
 from tasks.export import ExportSettings, export_model
 from tasks.model import ModelSettings, load_tokenizer, train_model
 from tasks.samples import SamplesSettings, check_prompts, sample_model
-from tasks.settings import RunOptions
+from tasks.core.settings import RunOptions
 from tasks.shards import ShardsSettings, encode_shards
-from tasks.stage import StageRef
-from tasks.store import STAGES, ArtifactStore
+from tasks.core.stage import StageRef
+from tasks.core.store import STAGES, ArtifactStore
 from tasks.tokenizer import TokenizerSettings, train_tokenizer
 
 

@@ -15,7 +15,7 @@
 
 ``chunk_bounds`` / ``encode_chunk`` / ``iter_encode_file``
     A UTF-8 file in chunks of about ``chunk_bytes`` bytes cut at safe points: :func:`encode_chunk` encodes one
-    (what a worker process runs; the pipeline spreads the chunks over Dask workers, ``tasks/dask_work.py``),
+    (what a worker process runs; the pipeline spreads the chunks over Dask workers, ``tasks/core/dask_work.py``),
     :func:`iter_encode_file` encodes them one after the other in this process and yields
     ``(chunk_index, byte_start, byte_end, ids, stats)`` in file order.
 

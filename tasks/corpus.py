@@ -77,9 +77,9 @@ from pydantic import Field, field_validator, model_serializer
 
 from mygpt.atomic import atomic_open, atomic_write_text
 from mygpt.errors import UserError
-from tasks.settings import RunOptions, Settings
-from tasks.stage import BuildContext, Stage, StageRef, stage_task, summary_table
-from tasks.store import ArtifactStore, human_bytes, sha256_file
+from tasks.core.settings import RunOptions, Settings
+from tasks.core.stage import BuildContext, Stage, StageRef, stage_task, summary_table
+from tasks.core.store import ArtifactStore, human_bytes, sha256_file
 
 DEFAULT_URL = "https://wikitext.smerity.com/wikitext-103-raw-v1.zip"
 PINNED_BYTES = 191_984_949  # the chapter's EXPECTED_BYTES for DEFAULT_URL

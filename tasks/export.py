@@ -17,8 +17,8 @@ from pathlib import Path
 from pydantic import Field
 
 from mygpt.errors import UserError
-from tasks.settings import RunOptions, Settings
-from tasks.stage import BuildContext, Stage, StageRef, stage_task, summary_table
+from tasks.core.settings import RunOptions, Settings
+from tasks.core.stage import BuildContext, Stage, StageRef, stage_task, summary_table
 
 
 class ExportSettings(Settings):

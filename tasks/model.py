@@ -10,7 +10,7 @@ Published files: ``model.ckpt`` (the chapter's checkpoint format, no optimizer s
 ``mygpt generate --checkpoint``), ``loss_history.json`` and ``loss_history.csv``.
 
 Device and precision are part of the version once resolved (``device="auto"`` becomes ``cpu``/``cuda``/``mps``,
-``precision="auto"`` becomes ``fp32``/``bf16``; :class:`tasks.settings.DeviceSettings`), because they change the
+``precision="auto"`` becomes ``fp32``/``bf16``; :class:`tasks.core.settings.DeviceSettings`), because they change the
 weights: the same settings on a machine that resolves them differently give a different version instead of
 silently reusing weights trained elsewhere. ``nproc`` (resolved: ``"auto"`` becomes the number) and ``compile``
 are part of it too: the global batch is the same for every world size, but gradients summed across processes
@@ -43,8 +43,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from mygpt.errors import UserError
-from tasks.settings import DeviceSettings, RunOptions, Seed
-from tasks.stage import BuildContext, Stage, StageRef, stage_task, summary_table
+from tasks.core.settings import DeviceSettings, RunOptions, Seed
+from tasks.core.stage import BuildContext, Stage, StageRef, stage_task, summary_table
 
 CHECKPOINT = "train.ckpt"  # in ctx.work: the resume checkpoint
 SPLITS = {"train": ("train",), "all": ("train", "valid", "test")}
@@ -136,7 +136,7 @@ def token_files(shards_dir: Path, work: Path, splits: tuple[str, ...]) -> tuple[
     """The flat token files of ``splits``, materialised into ``work`` from the Parquet shards (an empty split
     gives an empty file): ``(paths, numpy dtype name, tokens in all)``. Training memory-maps them."""
     from mygpt.atomic import atomic_write_bytes
-    from tasks.shard_format import materialize_tokens
+    from tasks.core.shard_format import materialize_tokens
 
     paths, dtypes, total = [], set(), 0
     for split in splits:

@@ -15,8 +15,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from mygpt.errors import UserError
-from tasks.settings import DeviceSettings, RunOptions, Seed
-from tasks.stage import BuildContext, Stage, StageRef, stage_task
+from tasks.core.settings import DeviceSettings, RunOptions, Seed
+from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 
 
 MIN_TEMPERATURE = 0.001

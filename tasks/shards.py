@@ -1,6 +1,6 @@
 """Stage ``shards`` (task ``encode_shards``): every corpus split → Parquet token shards.
 
-Layout and schema: :data:`tasks.shard_format.SCHEMA` (also written into each version as ``README.md``);
+Layout and schema: :data:`tasks.core.shard_format.SCHEMA` (also written into each version as ``README.md``);
 ``shards.json`` lists every shard with its token count and first/last token offsets.
 
 Settings: ``shard_tokens`` and ``unk_policy`` (they change the files). Where and how wide the work runs --
@@ -8,7 +8,7 @@ the Dask cluster (``RunOptions.workers``, ``RunOptions.dask_address``) and the c
 (``RunOptions.chunk_bytes``) -- only changes how fast the same bytes appear, so those are run options:
 changing them reuses the version.
 
-Parallelism (:mod:`tasks.dask_work`): each split is cut into chunks of about ``chunk_bytes`` at
+Parallelism (:mod:`tasks.core.dask_work`): each split is cut into chunks of about ``chunk_bytes`` at
 tokenisation-safe points (``mygpt.bpe_encode.chunk_bounds``); each chunk is encoded by a Dask worker that reads
 its byte range of the split file itself; the results come back in file order, a few chunks ahead at most.
 Their ids are copied into one shard buffer of ``shard_tokens`` ids, which is written out (pyarrow,
@@ -43,11 +43,11 @@ from mygpt.atomic import atomic_write_text
 from mygpt.bpe import BPETokenizer
 from mygpt.bpe_encode import EncodeStats, chunk_bounds
 from mygpt.errors import UserError
-from tasks import dask_work, shard_format
+from tasks.core import dask_work, shard_format
 from tasks.corpus import SPLIT_FILES, SPLITS
-from tasks.settings import RunOptions, Settings
-from tasks.stage import BuildContext, Stage, StageRef, stage_task
-from tasks.store import sha256_file
+from tasks.core.settings import RunOptions, Settings
+from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
+from tasks.core.store import sha256_file
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 PROGRESS_FILE = "progress.json"
@@ -120,7 +120,7 @@ def _kept_shards(out: Path, split: str, srec: dict, log) -> list[dict]:
 def encoded_chunks(client, tokenizer_key: str, tokenizer_json: str, path: Path, chunk_bytes: int, unk_policy: str,
                    start_chunk: int, window: int, name: str):
     """``(chunk_index, byte_start, byte_end, ids, stats)`` for the chunks of ``path`` from ``start_chunk`` on, in
-    order, each encoded by a Dask worker (``tasks.dask_work.encode_chunk``)."""
+    order, each encoded by a Dask worker (``tasks.core.dask_work.encode_chunk``)."""
     bounds = (b for b in chunk_bounds(path, chunk_bytes) if b[0] >= start_chunk)
     work = dask_work.in_order(client, dask_work.encode_chunk, bounds,
                               lambda b: (tokenizer_key, tokenizer_json, str(path), b[1], b[2], unk_policy),

@@ -9,7 +9,7 @@ How, in two phases:
 
 1. **count** -- pre-tokenise the slice and count each distinct word, as a map-reduce over the same
    deterministic chunks the shards stage encodes (cut where a word ends, so no word is split): each chunk is
-   counted by a Dask worker reading its byte range of the file (:mod:`tasks.dask_work`: a local cluster, or
+   counted by a Dask worker reading its byte range of the file (:mod:`tasks.core.dask_work`: a local cluster, or
    ``run.dask_address``), and this process adds the tables up as they arrive, in file order. Memory is a
    few chunks plus the table of distinct words -- it no longer grows with the slice;
 2. **train** -- ``mygpt.bpe_train.train_and_count_tokens`` on the table (the merges of ``from_corpus``).
@@ -40,10 +40,10 @@ from mygpt.bpe import BPETokenizer
 from mygpt.bpe_encode import chunk_bounds
 from mygpt.bpe_train import add_counts, gc_paused, train_and_count_tokens
 from mygpt.errors import UserError
-from tasks import dask_work
+from tasks.core import dask_work
 from tasks.corpus import SPLIT_FILES
-from tasks.settings import RunOptions, Settings
-from tasks.stage import BuildContext, Stage, StageRef, stage_task, summary_table
+from tasks.core.settings import RunOptions, Settings
+from tasks.core.stage import BuildContext, Stage, StageRef, stage_task, summary_table
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 FIRST_MERGES = 30

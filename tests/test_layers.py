@@ -138,4 +138,4 @@ def test_the_rule_checker_sees_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import os\nfrom flows.settings import Pipeline\n\ndef f():\n    from . import stage\n")
     got = _imports("tasks.bad", bad)
-    assert ("flows.settings", 2) in got and ("tasks.stage", 5) in got
+    assert ("flows.settings", 2) in got and ("tasks.core.stage", 5) in got

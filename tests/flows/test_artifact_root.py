@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tasks.store import STAGES, ArtifactStore
+from tasks.core.store import STAGES, ArtifactStore
 from tests.support.prefect_server import task_run_states
 from tests.support.tiny import tiny_flow_parameters
 

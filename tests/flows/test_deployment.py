@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from flows.settings import TINY
-from tasks.store import ArtifactStore
+from tasks.core.store import ArtifactStore
 
 KEYS = {"wiki-corpus": "corpus", "wiki-tokenizer": "tokenizer", "wiki-shards": "shards",
         "wiki-model": "model", "wiki-samples": "samples", "wiki-export": "export"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.store import ArtifactStore
+from tasks.core.store import ArtifactStore
 from tests.support.prefect_server import task_run_states
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
 

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from flows.cli import main
-from tasks.store import ArtifactStore, human_bytes
+from tasks.core.store import ArtifactStore, human_bytes
 
 HOLD_LOCK = textwrap.dedent("""
     import fcntl, sys, time

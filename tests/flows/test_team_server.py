@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from flows.server import PrefectServer, free_port
-from tasks.store import STAGES, ArtifactStore
+from tasks.core.store import STAGES, ArtifactStore
 from tests.support import REPO
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
 from tests.support.wait import wait_for

@@ -4,7 +4,7 @@ Everything runs on this machine: a real Prefect server and the wikitext mirror (
 127.0.0.1, and ``python -m flows.cli run --tiny`` as real subprocesses.
 
 * **Kills.** A run with ``WIKI_PIPELINE_FAULT=<point>@<n>`` SIGKILLs itself at the n-th call of a named point
-  (``tasks.stage.fault_point``: ``<stage>.start``, ``<stage>.progress``, ``<stage>.publish``, ``<stage>.published``).
+  (``tasks.core.stage.fault_point``: ``<stage>.start``, ``<stage>.progress``, ``<stage>.publish``, ``<stage>.published``).
   The points are drawn (seeded) from the trace of an uninterrupted reference run, so every kill lands inside
   the stage it names. Kills are chained: the run that carries the kill for stage k+1 is the rerun that must
   recover stage k; a last run without faults finishes. After every rerun: each published version verifies
@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flows.mirror import ZIP_NAME, Faults, Mirror, build_wikitext_zip, make_zip
-from tasks.stage import FAULT_ENV, FAULT_TRACE_ENV
-from tasks.store import MANIFEST, STAGES, ArtifactStore, human_bytes, sha256_file
+from tasks.core.stage import FAULT_ENV, FAULT_TRACE_ENV
+from tasks.core.store import MANIFEST, STAGES, ArtifactStore, human_bytes, sha256_file
 from tests.support import REPO, zips
 # Fields that measure time, not content: dropped before comparing (they differ between any two runs).
 TIMING_KEYS = re.compile(r"(^|_)seconds$|^tokens_per_sec$|^mb_per_s$")
@@ -725,7 +725,7 @@ def _edit_manifest(path: Path) -> None:
 
 def damage_cases(root: Path, url: str, reference: dict) -> list[dict]:
     """Damage a published (or in-progress) artifact, rerun, check detection, the logged reason and the rebuild."""
-    from tasks.stage import FaultInjected, reset_faults
+    from tasks.core.stage import FaultInjected, reset_faults
 
     params = tiny_stage_params(url)
     store = ArtifactStore(root)
@@ -973,7 +973,7 @@ def scorecard(results: dict) -> str:
              "`tests/reliability/test_reliability.py`.", ""]
     lines += ["## Kills (SIGKILL inside each stage, then rerun)", "",
               "Each kill is a real `python -m flows.cli run --tiny` process SIGKILLing itself at a seeded random "
-              "point that the reference run reached (`WIKI_PIPELINE_FAULT=<point>@<n>`, `tasks/stage.py` "
+              "point that the reference run reached (`WIKI_PIPELINE_FAULT=<point>@<n>`, `tasks/core/stage.py` "
               "`fault_point`). Recovered = the rerun completed, every published version verifies with sha256, "
               "its data files equal the uninterrupted run's (timing fields aside; see `file_digest`), training "
               "resumed from the checkpoint the kill left, no staging dir is left for a published version, and "
@@ -1016,7 +1016,7 @@ def scorecard(results: dict) -> str:
                      f"{' → rerun: ' + r['rerun'] if 'rerun' in r else ''} | {_md(r['statuses'])} | "
                      f"{'yes' if r['handled'] else 'NO'} | {_md(r['detail'][:220])} |")
     lines += ["", "## Damaged artifacts", "",
-              "Damage, then rerun the stages (plain stage calls, the same `tasks/stage.py` path as the flow). "
+              "Damage, then rerun the stages (plain stage calls, the same `tasks/core/stage.py` path as the flow). "
               "Detected = the reason was logged, the version rebuilt, it verifies with sha256 and its data equal "
               "the uninterrupted run's.", "",
               "| damage | logged | rebuilt | detected |", "|---|---|---|---|"]

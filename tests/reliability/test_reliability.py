@@ -16,9 +16,9 @@ import sys
 
 import pytest
 
-from tasks.settings import RunOptions, Settings
-from tasks.stage import FAULT_ENV, FAULT_TRACE_ENV, FaultInjected, Stage, fault_point, reset_faults
-from tasks.store import ArtifactStore
+from tasks.core.settings import RunOptions, Settings
+from tasks.core.stage import FAULT_ENV, FAULT_TRACE_ENV, FaultInjected, Stage, fault_point, reset_faults
+from tasks.core.store import ArtifactStore
 from tests.reliability import harness as R
 
 
@@ -51,7 +51,7 @@ def test_fault_point_is_off_by_default_and_counts_per_point(monkeypatch, tmp_pat
 
 
 def test_fault_point_sigkills_a_real_process():
-    code = "from tasks.stage import fault_point\nfor _ in range(3): fault_point('model.progress')\nprint('alive')"
+    code = "from tasks.core.stage import fault_point\nfor _ in range(3): fault_point('model.progress')\nprint('alive')"
     proc = subprocess.run([sys.executable, "-c", code], cwd=R.REPO, capture_output=True, text=True, timeout=60,
                           env={**os.environ, FAULT_ENV: "model.progress@3"})
     assert proc.returncode == -signal.SIGKILL and "alive" not in proc.stdout

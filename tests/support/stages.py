@@ -5,9 +5,9 @@ from __future__ import annotations
 from tasks.corpus import CorpusSettings, download_corpus
 from tasks.model import ModelSettings, train_model
 from tasks.samples import SamplesSettings, sample_model
-from tasks.settings import RunOptions
+from tasks.core.settings import RunOptions
 from tasks.shards import ShardsSettings, encode_shards
-from tasks.stage import StageRef
+from tasks.core.stage import StageRef
 from tasks.tokenizer import TokenizerSettings, train_tokenizer
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flows.settings import TINY, Pipeline
-from tasks.settings import RunOptions
+from tasks.core.settings import RunOptions
 
 SETTINGS = Pipeline.parse(**TINY)  # the tiny preset, checked: SETTINGS.model, SETTINGS.samples, ...
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from flows.mirror import MEMBER, Mirror, build_wikitext_zip, make_zip
 from mygpt.errors import UserError
 from tasks import corpus as D
-from tasks.store import ArtifactStore
+from tasks.core.store import ArtifactStore
 from tests.support import zips
 from tests.support.stages import corpus as download
 
@@ -335,7 +335,7 @@ def _all_text_under(root: Path) -> str:
 
 
 def test_credentials_in_the_url_are_used_but_never_shown_or_stored(tmp_path, caplog, fast_retries):
-    from tasks.stage import settings_table
+    from tasks.core.stage import settings_table
 
     with Mirror({"/w.zip": _tiny_zip("Secret")}) as m:
         url = f"http://alice:S3CRET@127.0.0.1:{m.port}/w.zip?token=T0KEN-abc&x=1"

@@ -18,8 +18,8 @@ import pytest
 from flows.mirror import build_wikitext_zip
 from flows.server import free_port
 from mygpt.errors import UserError
-from tasks import dask_work
-from tasks.settings import RunOptions
+from tasks.core import dask_work
+from tasks.core.settings import RunOptions
 from tests.support import REPO, stages
 from tests.support.wait import wait_for
 

@@ -9,9 +9,9 @@ import pytest
 
 from flows.mirror import Mirror, build_wikitext_zip
 from tasks.corpus import CorpusSettings, download_corpus
-from tasks.settings import RunOptions
+from tasks.core.settings import RunOptions
 from tasks.shards import ShardsSettings, encode_shards
-from tasks.store import ArtifactStore
+from tasks.core.store import ArtifactStore
 from tasks.tokenizer import TokenizerSettings, train_tokenizer
 from tests.support.prefect_server import task_run_states
 

@@ -10,7 +10,7 @@ import pytest
 from flows.settings import Pipeline
 from mygpt.errors import UserError
 from tasks import export as export_stage
-from tasks.store import ArtifactStore
+from tasks.core.store import ArtifactStore
 from tests.support.tiny import run_in
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from mygpt.errors import UserError
 from tasks import model as train_stage
-from tasks.store import ArtifactStore
+from tasks.core.store import ArtifactStore
 from tests.support.tiny import SETTINGS, run_in
 
 TINY_MODEL = SETTINGS.model

@@ -10,8 +10,8 @@ import pytest
 from mygpt.errors import UserError
 from tasks import samples as sample_stage
 from tasks.model import load_tokenizer
-from tasks.settings import RunOptions
-from tasks.store import ArtifactStore
+from tasks.core.settings import RunOptions
+from tasks.core.store import ArtifactStore
 from tests.support.tiny import SETTINGS, run_in
 
 SAMPLE = SETTINGS.samples

@@ -14,9 +14,9 @@ import pytest
 from flows.mirror import MEMBER, build_wikitext_zip, make_zip
 from mygpt.bpe import BPETokenizer
 from mygpt.errors import UserError
-from tasks import shard_format as SF
+from tasks.core import shard_format as SF
 from tasks import shards as E
-from tasks.settings import RunOptions
+from tasks.core.settings import RunOptions
 from tests.support import stages
 
 SHARD = 20_000

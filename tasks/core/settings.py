@@ -28,7 +28,7 @@ import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mygpt.errors import UserError
-from tasks.store import STAGES
+from tasks.core.store import STAGES
 
 #: Older names for the stages (what each one does), still accepted wherever a stage is named.
 ALIASES = {"download": "corpus", "bpe": "tokenizer", "encode": "shards", "train": "model", "sample": "samples"}
@@ -200,7 +200,7 @@ class RunOptions(Settings):
 
     def root(self) -> str:
         """The artifact root as an absolute path (``artifacts_dir``, else the store's default)."""
-        from tasks.store import default_root
+        from tasks.core.store import default_root
 
         return os.path.abspath(os.path.expanduser(self.artifacts_dir)) if self.artifacts_dir else str(default_root())
 

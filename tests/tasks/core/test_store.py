@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from tasks.store import MANIFEST, ArtifactStore, version_id
+from tasks.core.store import MANIFEST, ArtifactStore, version_id
 from tests.support import REPO
 
 
@@ -102,7 +102,7 @@ def test_rebuild_replaces_a_discarded_version(tmp_path):
 _KILLED_BUILDER = textwrap.dedent(
     """
     import sys, time
-    from tasks.store import ArtifactStore
+    from tasks.core.store import ArtifactStore
     store = ArtifactStore(sys.argv[1])
     with store.lock("corpus", "v1"):
         build = store.open_build("corpus", "v1")
@@ -136,7 +136,7 @@ def test_sigkill_mid_build_leaves_no_version_and_frees_the_lock(tmp_path):
 
 
 def test_listing_shows_lineage(tmp_path):
-    from tasks.store import format_listing
+    from tasks.core.store import format_listing
 
     store = ArtifactStore(tmp_path)
     corpus = _publish(store)

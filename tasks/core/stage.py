@@ -1,6 +1,6 @@
 """Running a stage: reuse its version from the artifact store, or build it in staging and publish it.
 
-A stage module holds the stage's settings (a :class:`~tasks.settings.Settings` subclass), a ``build``
+A stage module holds the stage's settings (a :class:`~tasks.core.settings.Settings` subclass), a ``build``
 function, a ``report`` function for its Prefect UI artifact, ``STAGE = Stage(...)`` and one Prefect task with
 an explicit signature -- its inputs, its settings, the run options -- whose body is one call of the one verb,
 :meth:`Stage.run`::
@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any, Callable, Generic, TypedDict, TypeVar
 
 from mygpt.errors import UserError
-from tasks.settings import RunOptions, Settings
-from tasks.store import ArtifactStore, Build, human_bytes, version_id
+from tasks.core.settings import RunOptions, Settings
+from tasks.core.store import ArtifactStore, Build, human_bytes, version_id
 
 log = logging.getLogger("wiki_pipeline")
 

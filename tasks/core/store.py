@@ -37,7 +37,7 @@ STAGES = ("corpus", "tokenizer", "shards", "model", "samples", "export")
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 ENV_ROOT = "WIKI_PIPELINE_ARTIFACTS"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 log = logging.getLogger("wiki_pipeline.store")
 
@@ -386,7 +386,7 @@ class Build:
     ) -> dict:
         """fsync every file of ``out/``, write the manifest last, rename into place, drop the staging dir.
 
-        ``fault`` (test hook, see ``tasks.stage.fault_point``) is called with ``"publish"`` after the manifest is
+        ``fault`` (test hook, see ``tasks.core.stage.fault_point``) is called with ``"publish"`` after the manifest is
         written and with ``"published"`` after the rename, before the staging dir is deleted."""
         self._sweep_temp_files()
         files: dict[str, dict] = {}
