@@ -86,13 +86,13 @@ def main(argv=None) -> int:
     from tasks.core.settings import RunOptions
     from tasks.shards import ShardsSettings, encode_shards
     from tasks.core.stage import StageRef
-    from tasks.core.store import ArtifactStore
+    from tasks.registry import open_store
 
     src = corpus_file(args.bytes)
     work = OUT / "encode-bench"
     shutil.rmtree(work, ignore_errors=True)
     root = work / "art"
-    store = ArtifactStore(root)
+    store = open_store(root)
     corpus_build = store.open_build("corpus", "bench")
     cdir = corpus_build.out
     os.link(src, cdir / "wiki.train.txt")

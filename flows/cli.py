@@ -257,26 +257,15 @@ def cmd_wait(args) -> int:
             time.sleep(args.interval)
 
 
-def code_versions() -> dict[str, str]:
-    """Each stage's current code version (its module is named after it: ``tasks.<stage>.STAGE``)."""
-    import importlib
-
-    from tasks.core.store import STAGES
-
-    return {name: importlib.import_module(f"tasks.{name}").STAGE.code_version for name in STAGES}
-
-
 def cmd_artifacts(args) -> int:
-    from tasks.core.store import ArtifactStore, format_listing, human_bytes
+    from tasks.core.store import format_listing, human_bytes
+    from tasks.registry import code_versions, open_store, stage_name
 
-    store = ArtifactStore(args.artifacts_dir)
-    stages = [args.stage] if args.stage else None
-    if args.stage:
-        from tasks.core.settings import stage_name
-
-        stages = [stage_name(args.stage, "--stage")]
-    rows = [v for st in (stages or [None]) for v in store.versions(st)]
-    stale = store.stale_versions(code_versions())
+    store = open_store(args.artifacts_dir)
+    stage = stage_name(args.stage, "--stage") if args.stage else None
+    everything = store.versions()  # read once: the listing and the stale verdicts (which need every version)
+    stale = store.stale_versions(code_versions(), everything)
+    rows = [v for v in everything if stage in (None, v.stage)]
     if args.json:
         print(json.dumps([{"stage": v.stage, "version": v.version, "path": str(v.path), "bytes": v.size_bytes,
                            "build_id": v.manifest.get("build_id"), "created_at": v.manifest.get("created_at"),
@@ -295,9 +284,10 @@ def cmd_artifacts(args) -> int:
 
 def cmd_gc(args) -> int:
     """List what no run needs -- how big, why -- and with ``--yes`` delete it, never what a running build locks."""
-    from tasks.core.store import ArtifactStore, human_bytes
+    from tasks.core.store import human_bytes
+    from tasks.registry import code_versions, open_store
 
-    store = ArtifactStore(args.artifacts_dir)
+    store = open_store(args.artifacts_dir)
     items = store.garbage(code_versions() if args.stale else None)
     if not items:
         print(f"nothing to collect under {store.root}")
@@ -356,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     art = sub.add_parser("artifacts", help="list published versions, sizes and lineage")
     art.add_argument("--artifacts-dir", help="artifact root (default: artifacts/ or $WIKI_PIPELINE_ARTIFACTS)")
-    art.add_argument("--stage", help="only this stage (corpus, tokenizer, shards, model, samples; or download, ...)")
+    art.add_argument("--stage", help="only this stage (its name: corpus, tokenizer, ...; see tasks/registry.py)")
     art.add_argument("--json", action="store_true")
     art.set_defaults(func=cmd_artifacts)
 

@@ -105,20 +105,29 @@ def drain_prefect_queues(timeout: float = 15) -> None:
 
 
 @contextlib.contextmanager
-def server_for_this_run(home: Path, say=print) -> Iterator[PrefectServer]:
-    """A Prefect server for one run (``wiki-pipeline run`` without ``PREFECT_API_URL``): started on a free
-    loopback port with its database in ``home``, this process's Prefect settings pointed at it, stopped after."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+def running_server(server: PrefectServer) -> Iterator[PrefectServer]:
+    """``server`` started, this process's Prefect settings (API URL and home) pointed at it while inside; on the
+    way out Prefect's queues are drained while it still answers, then it stops. The one start/drain/stop of
+    the CLI, the tests' session server, the team-server test and the reliability harness."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-    server = PrefectServer(home)
-    say(f"no PREFECT_API_URL: starting a Prefect server for this run on 127.0.0.1:{server.port} (database in "
-        f"{server.home}; a first start takes about a minute); it stops when the run ends")
     try:
         server.start()
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_HOME: str(server.home)}):
             try:
                 yield server
             finally:
                 drain_prefect_queues()
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def server_for_this_run(home: Path, say=print) -> Iterator[PrefectServer]:
+    """A Prefect server for one run (``wiki-pipeline run`` without ``PREFECT_API_URL``): started on a free
+    loopback port with its database in ``home``, this process's Prefect settings pointed at it, stopped after."""
+    server = PrefectServer(home)
+    say(f"no PREFECT_API_URL: starting a Prefect server for this run on 127.0.0.1:{server.port} (database in "
+        f"{server.home}; a first start takes about a minute); it stops when the run ends")
+    with running_server(server):
+        yield server

@@ -1,7 +1,7 @@
 """The pipeline's settings as one object, the flat ``KEY=VALUE`` convenience of the CLI, and the tiny preset.
 
-The flow takes one settings object per stage plus the run options (``flows.wiki_pipeline``); :class:`Pipeline`
-holds the same six as one frozen model, so the CLI, the tests and the flow's first line check them the same
+The flow takes one settings object per stage plus the run options (``flows.wiki_pipeline``); :data:`Pipeline`
+holds the same groups as one frozen model (derived from ``tasks.registry``), so the CLI, the tests and the flow's first line check them the same
 way. The defaults are the stages' own (each stage's settings class is their only home).
 
 Flat keys (``wiki-pipeline run --param steps=2000``) are mapped onto the settings here and nowhere else
@@ -12,47 +12,47 @@ whole stage with a JSON object (``model={"steps": 100}``).
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, create_model
 
 from mygpt.errors import UserError
-from tasks.corpus import CorpusSettings
-from tasks.export import ExportSettings
-from tasks.model import ModelSettings
-from tasks.samples import SamplesSettings
 from tasks.core.settings import RunOptions, Settings
-from tasks.shards import ShardsSettings
-from tasks.tokenizer import TokenizerSettings
+from tasks.registry import STAGES, check_run
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Pipeline(BaseModel):
-    """Every stage's settings and the run options: the flow's parameters, as one object."""
+class PipelineBase(BaseModel):
+    """Every stage's settings and the run options: the flow's parameters, as one object.
+
+    Its fields are derived from ``tasks.registry.STAGES`` (one per stage, named after it, typed by the stage's
+    settings class, defaulting to its defaults) plus ``run``: see :data:`Pipeline`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    corpus: CorpusSettings = CorpusSettings()
-    tokenizer: TokenizerSettings = TokenizerSettings()
-    shards: ShardsSettings = ShardsSettings()
-    model: ModelSettings = ModelSettings()
-    samples: SamplesSettings = SamplesSettings()
-    export: ExportSettings = ExportSettings()
-    run: RunOptions = RunOptions()
+    if TYPE_CHECKING:  # the fields are the registry's stages: s.model, s.tokenizer, ... and s.run
+        run: RunOptions
+
+        def __getattr__(self, name: str) -> Any: ...
 
     @classmethod
-    def parse(cls, **groups: Any) -> "Pipeline":
+    def parse(cls, **groups: Any) -> "PipelineBase":
         """Each group (a settings instance, a dict or None) checked with its class; ``UserError`` naming the field.
 
-        Also settles what depends on this machine (``device="auto"``, a device that is not here), so a bad
-        setting stops the run before any stage starts."""
+        Also settles what depends on this machine (``device="auto"``, a device that is not here) and checks each
+        stage's settings against the others' (:meth:`Settings.check_against`), so a bad setting stops the run
+        before any stage starts."""
         unknown = sorted(set(groups) - set(cls.model_fields))
         if unknown:
             raise UserError(f"unknown parameter(s) {', '.join(unknown)}; the flow's parameters are "
                             f"{', '.join(cls.model_fields)}")
         parsed = {name: cls.settings_class(name).parse(groups.get(name), name) for name in cls.model_fields}
-        for name in ("model", "samples"):
-            parsed[name].resolved()  # raises where the device or precision is not available here
-        parsed["export"].check_model(parsed["model"].norm, parsed["model"].position)
+        parsed["run"] = check_run(parsed["run"])
+        for name, group in parsed.items():
+            group.resolved()  # raises where the device or precision is not available here
+            group.check_against(parsed)
         return cls(**parsed)
 
     @classmethod
@@ -60,7 +60,18 @@ class Pipeline(BaseModel):
         return cls.model_fields[group].annotation
 
     @classmethod
-    def from_flat(cls, values: dict[str, Any]) -> "Pipeline":
+    def as_parameters(cls, fn: F) -> F:
+        """Give ``fn(**groups)`` the signature of one keyword parameter per group, typed by its settings class and
+        defaulting to its defaults, so Prefect's parameter schema (and the deployment's form in the UI) shows
+        every stage's fields: the flow's parameters, derived from the registry."""
+        fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=field.default, annotation=field.annotation)
+             for name, field in cls.model_fields.items()],
+            return_annotation=inspect.signature(fn).return_annotation)
+        return fn
+
+    @classmethod
+    def from_flat(cls, values: dict[str, Any]) -> "PipelineBase":
         """Flat or dotted ``{key: value}`` pairs (see the module docstring) on top of the defaults."""
         return cls.parse(**cls.group_flat(values))
 
@@ -96,6 +107,12 @@ class Pipeline(BaseModel):
         (for ``prefect deployment run --params``)."""
         return {name: group.model_dump(mode="json", exclude_defaults=True)
                 for name, group in self if group.model_dump(exclude_defaults=True)}
+
+
+#: The pipeline's settings: one field per stage of ``tasks.registry.STAGES`` (in order), then ``run``.
+Pipeline: type[PipelineBase] = create_model(  # type: ignore[call-overload]
+    "Pipeline", __base__=PipelineBase, __module__=__name__,
+    **{stage.name: (stage.settings, stage.settings()) for stage in STAGES}, run=(RunOptions, RunOptions()))
 
 
 #: The tiny preset (``--tiny``, ``scripts/pipeline --demo``): every stage in about a minute on 2 CPU cores

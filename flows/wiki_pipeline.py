@@ -16,74 +16,49 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from flows.settings import Pipeline
+from flows.settings import Pipeline, PipelineBase
 from mygpt.errors import UserError
-from tasks import corpus as corpus_stage
-from tasks import export as export_stage
-from tasks import model as model_stage
-from tasks import samples as samples_stage
-from tasks import shards as shards_stage
-from tasks import tokenizer as tokenizer_stage
-from tasks.corpus import CorpusSettings, download_corpus
-from tasks.export import ExportSettings, export_model
-from tasks.model import ModelSettings, load_tokenizer, train_model
-from tasks.samples import SamplesSettings, check_prompts, sample_model
-from tasks.core.settings import RunOptions
-from tasks.shards import ShardsSettings, encode_shards
-from tasks.core.stage import StageRef
-from tasks.core.store import STAGES, ArtifactStore
-from tasks.tokenizer import TokenizerSettings, train_tokenizer
+from tasks.core.stage import Stage, StageRef
+from tasks.core.store import ArtifactStore
+from tasks.registry import BY_NAME, NAMES, STAGES, open_store
 
 
 @flow(name="wiki-pipeline", description=__doc__.split("\n\n")[0], log_prints=True, validate_parameters=False)
-def wiki_pipeline(
-    corpus: CorpusSettings = CorpusSettings(),
-    tokenizer: TokenizerSettings = TokenizerSettings(),
-    shards: ShardsSettings = ShardsSettings(),
-    model: ModelSettings = ModelSettings(),
-    samples: SamplesSettings = SamplesSettings(),
-    export: ExportSettings = ExportSettings(),
-    run: RunOptions = RunOptions(),
-) -> dict[str, StageRef]:
-    # Prefect passes JSON objects for these parameters (validate_parameters=False): Pipeline.parse checks them
-    # with the stages' own classes and raises UserError naming the field.
-    s = Pipeline.parse(corpus=corpus, tokenizer=tokenizer, shards=shards, model=model, samples=samples,
-                       export=export, run=run)
+@Pipeline.as_parameters
+def wiki_pipeline(**parameters) -> dict[str, StageRef]:
+    """The flow. Its parameters (``Pipeline.as_parameters``) are one per stage of ``tasks.registry.STAGES``, that
+    stage's settings, plus ``run``; Prefect passes JSON objects for them (``validate_parameters=False``) and
+    ``Pipeline.parse`` checks them with the stages' own classes."""
+    s = Pipeline.parse(**parameters)
     if s.run.only:
         return run_only(s)
-
-    corpus_ref = download_corpus(s.corpus, s.run, return_state=True).result()
-    tokenizer_ref = train_tokenizer(corpus_ref, s.tokenizer, s.run, return_state=True).result()
-    check_prompt(tokenizer_ref, s.samples)
-    shards_ref = encode_shards(corpus_ref, tokenizer_ref, s.shards, s.run, return_state=True).result()
-    model_ref = train_model(shards_ref, tokenizer_ref, s.model, s.run, return_state=True).result()
-    samples_ref = sample_model(model_ref, s.samples, s.run, return_state=True).result()
-    refs = {"corpus": corpus_ref, "tokenizer": tokenizer_ref, "shards": shards_ref, "model": model_ref,
-            "samples": samples_ref}
-    if s.export.enabled:
-        refs["export"] = export_model(model_ref, s.export, s.run, return_state=True).result()
+    refs: dict[str, StageRef] = {}
+    for stage in STAGES:  # corpus -> tokenizer -> shards -> model -> samples -> export
+        settings = getattr(s, stage.name)
+        if settings.skipped():
+            continue
+        inputs = {name: refs[name] for name in stage.inputs}
+        refs[stage.name] = stage.task(**inputs, settings=settings, run=s.run, return_state=True).result()
+        early_checks(s, stage, refs[stage.name])
     return refs
 
 
-def check_prompt(tokenizer: StageRef, samples: SamplesSettings) -> None:
-    """Refuse a prompt the tokenizer cannot encode at all, before the expensive stages run."""
-    for warning in check_prompts(load_tokenizer(tokenizer["path"]), samples.prompt):
-        get_run_logger().warning(warning)
 
-
-#: Each stage's module (its ``STAGE``: name and inputs) and task, for ``only=``; a task takes its inputs by
-#: stage name, then its settings and the run options.
-STAGE_TASKS = {m.STAGE.name: (m.STAGE, task) for m, task in [
-    (corpus_stage, download_corpus), (tokenizer_stage, train_tokenizer), (shards_stage, encode_shards),
-    (model_stage, train_model), (samples_stage, sample_model), (export_stage, export_model)]}
+def early_checks(s: PipelineBase, built: Stage, ref: StageRef) -> None:
+    """Run the later stages' early checks on ``built`` (e.g. the samples' prompt against the tokenizer), so a
+    setting that cannot work stops the run before the expensive stages in between."""
+    for stage in STAGES:
+        if stage.early_check and stage.early_check[0] == built.name and not getattr(s, stage.name).skipped():
+            for warning in stage.early_check[1](getattr(s, stage.name), ref):
+                get_run_logger().warning(warning)
 
 
 def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
     """The inputs of ``stage`` from the latest published versions: the nearest upstream stage's latest
     version, and the versions it was built from for the others (so tokenizer and shards always match)."""
-    needed = STAGE_TASKS[stage][0].inputs
+    needed = BY_NAME[stage].inputs
     refs: dict[str, StageRef] = {}
-    for name in sorted(needed, key=STAGES.index, reverse=True):
+    for name in sorted(needed, key=NAMES.index, reverse=True):
         if name in refs:
             continue
         versions = store.versions(name)
@@ -105,15 +80,14 @@ def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
     return {name: refs[name] for name in needed}
 
 
-def run_only(s: Pipeline) -> dict[str, StageRef]:
+def run_only(s: PipelineBase) -> dict[str, StageRef]:
     """Run one stage against the latest upstream versions (``run.only``)."""
-    stage = s.run.only
-    inputs = latest_upstream(ArtifactStore(s.run.root()), stage)
-    get_run_logger().info("only %s: inputs %s", stage,
+    stage = BY_NAME[s.run.only]
+    inputs = latest_upstream(open_store(s.run.root()), stage.name)
+    get_run_logger().info("only %s: inputs %s", stage.name,
                           ", ".join(f"{k}/{v['version']}" for k, v in inputs.items()) or "(none)")
-    task = STAGE_TASKS[stage][1]
-    ref = task(**inputs, settings=getattr(s, stage), run=s.run, return_state=True).result()
-    return {**inputs, stage: ref}
+    ref = stage.task(**inputs, settings=getattr(s, stage.name), run=s.run, return_state=True).result()
+    return {**inputs, stage.name: ref}
 
 
 if __name__ == "__main__":

@@ -979,7 +979,8 @@ def report(manifest: dict) -> str:
 
 #: code version 3: the version also depends on what is at source_url (source_identity) and on the URL without
 #: its credentials (issue 10).
-STAGE = Stage(name="corpus", code_version="3", report=report, source=source_identity)
+STAGE = Stage(name="corpus", settings=CorpusSettings, code_version="3", report=report, source=source_identity,
+              alias="download")
 
 
 @stage_task(STAGE)

@@ -7,7 +7,7 @@ What a version holds (``export/<v>/``): ``tokenizer.json``, ``tokenizer_config.j
 equal on a probe text, fp32 logits bit-identical on CPU (the check fails the stage otherwise).
 
 Only the chapter's model maps exactly (RMSNorm + RoPE); the flow refuses other model settings up front unless
-``export.enabled`` is false (:meth:`ExportSettings.check_model`).
+``export.enabled`` is false (:meth:`ExportSettings.check_against`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,12 @@ class ExportSettings(Settings):
     enabled: bool = Field(True, description="export the trained model as a transformers directory (needs the "
                                             "chapter's norm=rms and position=rope)")
 
-    def check_model(self, norm: str, position: str) -> None:
+    def skipped(self) -> bool:
+        return not self.enabled
+
+    def check_against(self, groups) -> None:
         """Refuse, before anything runs, model settings that cannot be exported exactly while export is on."""
+        norm, position = groups["model"].norm, groups["model"].position
         if self.enabled and (norm, position) != ("rms", "rope"):
             raise UserError(f"export: a model with norm={norm!r} and position={position!r} has no exact Hugging Face "
                             "counterpart (the export maps RMSNorm + RoPE onto ArceeForCausalLM); use norm='rms' and "
@@ -83,7 +87,7 @@ Load it with transformers (no custom code):
 """
 
 
-STAGE = Stage(name="export", code_version="1", report=report, inputs=("model",))
+STAGE = Stage(name="export", settings=ExportSettings, code_version="1", report=report, inputs=("model",))
 
 
 @stage_task(STAGE)

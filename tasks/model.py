@@ -351,7 +351,8 @@ def report(manifest: dict) -> str:
 """
 
 
-STAGE = Stage(name="model", code_version="2", report=report, inputs=("shards", "tokenizer"))
+STAGE = Stage(name="model", settings=ModelSettings, code_version="2", report=report, inputs=("shards", "tokenizer"),
+              alias="train")
 
 
 @stage_task(STAGE)

@@ -124,9 +124,9 @@ def report(manifest: dict) -> str:
 
 
 def check_prompts(tokenizer, prompt) -> list[str]:
-    """Refuse prompts made only of characters ``tokenizer`` cannot encode (known right after the bpe stage).
+    """Refuse prompts made only of characters ``tokenizer`` cannot encode (known right after the tokenizer stage).
 
-    Returns warnings for prompts that merely contain some (the sample stage drops those characters)."""
+    Returns warnings for prompts that merely contain some (the samples stage drops those characters)."""
     from mygpt.errors import describe_chars
 
     warnings = []
@@ -138,11 +138,20 @@ def check_prompts(tokenizer, prompt) -> list[str]:
                             "corpus's alphabet")
         if unknown:
             warnings.append(f"prompt {text!r}: the tokenizer cannot encode {describe_chars(unknown)}; "
-                            "the sample stage drops them")
+                            "the samples stage drops them")
     return warnings
 
 
-STAGE = Stage(name="samples", code_version="2", report=report, inputs=("model",))
+def check_prompt_early(settings: SamplesSettings, tokenizer: StageRef) -> list[str]:
+    """The samples' early check (:attr:`Stage.early_check`): the prompt against the tokenizer, as soon as the
+    tokenizer version exists, so a prompt it cannot encode stops the run before the shards and the model."""
+    from tasks.model import load_tokenizer
+
+    return check_prompts(load_tokenizer(tokenizer["path"]), settings.prompt)
+
+
+STAGE = Stage(name="samples", settings=SamplesSettings, code_version="2", report=report, inputs=("model",),
+              early_check=("tokenizer", check_prompt_early), alias="sample")
 
 
 @stage_task(STAGE)

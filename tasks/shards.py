@@ -340,7 +340,8 @@ def report(manifest: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-STAGE = Stage(name="shards", code_version="2", report=report, inputs=("corpus", "tokenizer"))
+STAGE = Stage(name="shards", settings=ShardsSettings, code_version="2", report=report, inputs=("corpus", "tokenizer"),
+              alias="encode")
 
 
 @stage_task(STAGE)

@@ -147,25 +147,17 @@ def report(manifest: dict) -> str:
             ("vocab size", f"{m.get('vocab_size'):,} (alphabet {m.get('alphabet_size'):,})"),
             ("training slice", f"{m.get('train_bytes', 0):,} bytes / {m.get('train_chars', 0):,} chars of wiki.train.txt"),
             ("chars per token (slice)", m.get("chars_per_token")),
-            ("corpus chars missing from the slice", "counted while encoding: see the wiki-shards report"
-             if "missing_distinct" not in m else f"{m.get('missing_distinct', 0):,} distinct, "
-             f"{m.get('missing_positions', 0):,} positions of {m.get('corpus_chars', 0):,} "
-             f"({100 * m.get('missing_fraction', 0):.4f} %)"),
-            ("time", f"count words {m.get('count_seconds', 0):.1f} s, train {m.get('train_seconds', 0):.1f} s"
-             if "count_seconds" in m else f"train {m.get('train_seconds', 0):.1f} s, encode slice "
-             f"{m.get('encode_seconds', 0):.1f} s, analysis {m.get('analysis_seconds', 0):.1f} s"),
+            ("corpus chars missing from the slice", "counted while encoding: see the wiki-shards report"),
+            ("time", f"count words {m.get('count_seconds', 0):.1f} s, train {m.get('train_seconds', 0):.1f} s"),
         ]),
         "",
         "First merges: " + " ".join(_show(a) + "+" + _show(b) for a, b in m.get("first_merges", [])[:FIRST_MERGES]),
     ]
-    top = m.get("missing_top") or []
-    if top:
-        lines += ["", "Most frequent missing characters: " +
-                  ", ".join(f"{_show(t['char'])} {t['codepoint']} ×{t['count']}" for t in top[:10])]
     return "\n".join(lines) + "\n"
 
 
-STAGE = Stage(name="tokenizer", code_version="2", report=report, inputs=("corpus",))
+STAGE = Stage(name="tokenizer", settings=TokenizerSettings, code_version="2", report=report, inputs=("corpus",),
+              alias="bpe")
 
 
 @stage_task(STAGE)

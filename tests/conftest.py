@@ -44,21 +44,10 @@ def wikitext2_text(wikitext2_path: Path) -> str:
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     """A real Prefect server on 127.0.0.1 (temp PREFECT_HOME, SQLite); this process's settings point at it."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+    from flows.server import PrefectServer, running_server
 
-    from flows.server import PrefectServer
-
-    server = PrefectServer(tmp_path_factory.mktemp("prefect-home")).start()
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_HOME: str(server.home)}):
-            yield server
-    finally:
-        # Flush Prefect's background log/event senders while the server still answers; otherwise they
-        # retry a dead server for a minute at interpreter exit.
-        from prefect._internal.concurrency.services import QueueService
-
-        QueueService.drain_all(timeout=15)
-        server.stop()
+    with running_server(PrefectServer(tmp_path_factory.mktemp("prefect-home"))) as server:
+        yield server
 
 
 # ---- the tiny pipeline's upstream versions, built once per session (train and sample stage tests) ------

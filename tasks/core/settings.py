@@ -28,21 +28,6 @@ import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mygpt.errors import UserError
-from tasks.core.store import STAGES
-
-#: Older names for the stages (what each one does), still accepted wherever a stage is named.
-ALIASES = {"download": "corpus", "bpe": "tokenizer", "encode": "shards", "train": "model", "sample": "samples"}
-
-
-def stage_name(name: object, what: str) -> str:
-    """The stage called ``name`` (its output noun, or the older verb); ``UserError`` naming ``what``."""
-    key = name.strip().lower() if isinstance(name, str) else None
-    if key in STAGES:
-        return key
-    if key in ALIASES:
-        return ALIASES[key]
-    raise UserError(f"{what} names no stage: {name!r}; stages are {', '.join(ALIASES)} by what they do, or "
-                    f"{', '.join(STAGES)} by what they make")
 
 
 class Settings(BaseModel):
@@ -73,6 +58,14 @@ class Settings(BaseModel):
         """These settings with whatever depends on this machine settled (e.g. ``device="auto"`` -> ``"cpu"``);
         the stage builds with, and computes its version from, the resolved settings. Default: unchanged."""
         return self
+
+    def skipped(self) -> bool:
+        """Whether the flow leaves this stage out (``export.enabled=false``). Default: never."""
+        return False
+
+    def check_against(self, groups: "typing.Mapping[str, Settings]") -> None:
+        """Check these settings against the other stages' (``groups``: every stage's settings by name), before
+        any stage runs; ``UserError`` naming the fields. The one home of each cross-stage check. Default: none."""
 
     def version_params(self) -> dict:
         """What this stage's version id is computed from (all fields, JSON-shaped)."""
@@ -167,19 +160,21 @@ class RunOptions(Settings):
     threads: int | None = Field(None, ge=0, le=MAX_THREADS, description="torch CPU threads for training and "
                                                                         "sampling; null or 0 = torch's default")
 
+    # force and only name stages: their shapes are checked here, the names against tasks.registry (the one list
+    # of stages, which sits above this module) by tasks.registry.check_run, where the flow parses its settings.
     @field_validator("force", mode="before")
     @classmethod
-    def _force_names(cls, value: Any) -> Any:
+    def _force_list(cls, value: Any) -> Any:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, (list, tuple, set, frozenset)):
             raise ValueError(f"force must be a list of stage names, got {value!r}")
-        return tuple(sorted({stage_name(v, "force") for v in value}, key=STAGES.index))
+        return tuple(value)
 
     @field_validator("only", mode="before")
     @classmethod
-    def _only_name(cls, value: Any) -> Any:
-        return stage_name(value, "only") if value not in (None, "") else None
+    def _only_blank(cls, value: Any) -> Any:
+        return None if value == "" else value
 
     @field_validator("dask_address")
     @classmethod

@@ -133,7 +133,7 @@ def shard_paths(shards_dir: str | os.PathLike, split: str) -> list[Path]:
     missing = sorted(set(range(max(found) + 1)) - set(found))
     if missing:
         raise UserError(f"{shards_dir} is missing shard {shard_name(split, missing[0])}; "
-                        "the version is incomplete: rebuild the encode stage")
+                        "the version is incomplete: rebuild the shards stage")
     return [found[i] for i in sorted(found)]
 
 

@@ -34,7 +34,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generic, TypedDict, TypeVar
 
@@ -75,7 +75,7 @@ def reset_faults() -> None:
 def fault_point(name: str) -> None:
     """A named point where the reliability harness can crash the pipeline. Does nothing unless the environment says so.
 
-    Points (``<stage>`` is corpus, tokenizer, shards, model or samples): ``<stage>.start`` (staging opened,
+    Points (``<stage>`` is any stage of ``tasks.registry``): ``<stage>.start`` (staging opened,
     build not started), ``<stage>.progress`` (every :meth:`BuildContext.progress` call, before its throttling),
     ``<stage>.publish`` (manifest written in staging, not yet renamed into place) and ``<stage>.published``
     (renamed into place, staging not yet deleted).
@@ -163,9 +163,6 @@ class BuildContext(Generic[S]):
     def resumed(self) -> bool:
         return self.build.resumed
 
-    def input_manifest(self, stage: str) -> dict:
-        return self.store.get(stage, self.inputs[stage]["version"]).manifest
-
     def progress(self, done: float, total: float, message: str = "", force: bool = False) -> None:
         """Report progress: a log line (every ~10 s or 10 %) and a Prefect progress artifact."""
         fault_point(f"{self.stage}.progress")
@@ -251,9 +248,14 @@ def settings_table(settings: dict) -> str:
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage: its name (the noun it makes), code version, UI report and the stages it reads."""
+    """One stage: its name (the noun it makes), its settings, code version, UI report and the stages it reads.
 
-    name: str  # corpus, tokenizer, shards, model, samples: the store folder, the Prefect task, the UI key
+    A stage module declares ``STAGE = Stage(...)`` and decorates its task with :func:`stage_task`, which binds
+    the task here (:attr:`task`); ``tasks.registry`` lists the stages in order, and everything that lists
+    stages (the flow, its parameters, ``only=``, the CLI, the store's listings) is derived from that list."""
+
+    name: str  # corpus, tokenizer, ...: the store folder, the Prefect task, the flow parameter, the UI key
+    settings: type[Settings]  # the stage's settings class: the flow parameter's type, the home of its defaults
     code_version: str  # bump when the stage's output for the same settings and inputs changes
     # manifest -> markdown for the Prefect UI; the manifest handed to it also has "path", where the version is
     # published (a manifest itself never names its root)
@@ -263,6 +265,14 @@ class Stage:
     #: logger) -> {...}``, the identity of what it would read now (e.g. size and ETag). It enters the version id
     #: and the manifest, so new content at the same address gives a new version.
     source: Callable[..., dict] | None = None
+    #: ``(upstream stage, check)``: ``check(settings, upstream_ref) -> warnings`` runs as soon as that upstream
+    #: version exists, before the stages in between (the samples' prompt against the tokenizer: refused before
+    #: the shards and the model are built); it raises ``UserError`` for settings that cannot work.
+    early_check: tuple[str, Callable[[Any, StageRef], list[str]]] | None = None
+    #: The older verb for this stage (``train`` for model), still accepted where a user names a stage.
+    alias: str | None = None
+    #: The stage's Prefect task, bound by :func:`stage_task`: ``task(*inputs, settings, run) -> StageRef``.
+    task: Any = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def artifact_key(self) -> str:
@@ -303,12 +313,12 @@ class Stage:
             logger.info("%s %s: another run is building this version; waiting for it", self.name, version)
 
         with store.lock(self.name, version, on_wait=waiting):
-            ok, reason = store.verify(self.name, version, full=run.full_check)
-            if ok and not force:
+            published, reason = store.verified(self.name, version, full=run.full_check)
+            if published is not None and not force:
                 logger.info("%s: reusing %s/%s", self.name, self.name, version)
                 store.drop_staging(self.name, version)  # left by a run killed between publish and clean-up
-                return self._reused(ref(store.read_manifest(self.name, version)))
-            if ok:
+                return self._reused(ref(published))
+            if published is not None:
                 logger.info("%s: rebuilding %s/%s (forced)", self.name, self.name, version)
             elif reason != "missing":
                 logger.warning("%s: %s/%s is damaged (%s); rebuilding it", self.name, self.name, version, reason)
@@ -356,4 +366,11 @@ def stage_task(stage: Stage):
     from prefect import task
     from prefect.cache_policies import NO_CACHE
 
-    return task(name=stage.name, task_run_name=stage.name, cache_policy=NO_CACHE, persist_result=False)
+    decorate = task(name=stage.name, task_run_name=stage.name, cache_policy=NO_CACHE, persist_result=False)
+
+    def bind(fn):
+        stage_task_ = decorate(fn)
+        object.__setattr__(stage, "task", stage_task_)
+        return stage_task_
+
+    return bind

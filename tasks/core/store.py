@@ -23,18 +23,19 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from mygpt.atomic import atomic_write_text, fsync_dir
 
-STAGES = ("corpus", "tokenizer", "shards", "model", "samples", "export")
 MANIFEST = "manifest.json"
+_STAGE_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")  # a stage's folder: a plain name, never a path
 MANIFEST_FORMAT = 1
 ENV_ROOT = "WIKI_PIPELINE_ARTIFACTS"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -99,15 +100,26 @@ class VersionInfo:
 class ArtifactStore:
     """One artifact root. All stages read and publish through this class."""
 
-    def __init__(self, root: str | os.PathLike | None = None) -> None:
+    def __init__(self, root: str | os.PathLike | None = None, stages: Sequence[str] = ()) -> None:
+        """``stages``: the stages this root holds, in the order they run (``tasks.registry.open_store`` passes
+        them). Reading, building and publishing one stage's versions need none; the listings of the whole root
+        (:meth:`versions` of every stage, :meth:`garbage`, :meth:`stale_versions`) need them."""
         self.root = Path(root) if root is not None else default_root()
         self.root = self.root.expanduser().absolute()
+        self.stages = tuple(stages)
 
     # ---- paths -------------------------------------------------------------------------------
     def stage_dir(self, stage: str) -> Path:
-        if stage not in STAGES:
-            raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+        if not _STAGE_NAME_RE.fullmatch(stage) or (self.stages and stage not in self.stages):
+            known = f"; stages are {', '.join(self.stages)}" if self.stages else ""
+            raise ValueError(f"unknown stage {stage!r}{known}")
         return self.root / stage
+
+    def _all_stages(self) -> tuple[str, ...]:
+        if not self.stages:
+            raise ValueError("this ArtifactStore was opened without its stages; open it with "
+                             "tasks.registry.open_store to list the whole root")
+        return self.stages
 
     def version_path(self, stage: str, version: str) -> Path:
         return self.stage_dir(stage) / version
@@ -125,37 +137,44 @@ class ArtifactStore:
         return manifest if isinstance(manifest, dict) else None
 
     def verify(self, stage: str, version: str, full: bool = False) -> tuple[bool, str]:
-        """Check a published version. Returns (ok, reason); reason is "ok", "missing" or what is wrong.
+        """Check a published version. Returns (ok, reason); reason is "ok", "missing" or what is wrong
+        (see :meth:`verified`)."""
+        manifest, reason = self.verified(stage, version, full)
+        return manifest is not None, reason
+
+    def verified(self, stage: str, version: str, full: bool = False) -> tuple[dict | None, str]:
+        """Check a published version: ``(its manifest, "ok")``, or ``(None, reason)`` with reason "missing" or
+        what is wrong. Reuse reads the manifest once, here.
 
         Quick check: manifest present and well-formed, every listed file present with its size, no stray
         files. ``full=True`` also recomputes every file's sha256.
         """
         path = self.version_path(stage, version)
         if not path.is_dir():
-            return False, "missing"
+            return None, "missing"
         manifest = self.read_manifest(stage, version)
         if manifest is None:
-            return False, f"{MANIFEST} is missing or unreadable in {path}"
+            return None, f"{MANIFEST} is missing or unreadable in {path}"
         if manifest.get("stage") != stage or manifest.get("version") != version:
-            return False, f"{MANIFEST} in {path} names {manifest.get('stage')}/{manifest.get('version')}"
+            return None, f"{MANIFEST} in {path} names {manifest.get('stage')}/{manifest.get('version')}"
         files = manifest.get("files")
         if not isinstance(files, dict):
-            return False, f"{MANIFEST} in {path} has no file list"
+            return None, f"{MANIFEST} in {path} has no file list"
         for rel, meta in sorted(files.items()):
             fpath = path / rel
             try:
                 size = fpath.stat().st_size
             except FileNotFoundError:
-                return False, f"{rel} is missing"
+                return None, f"{rel} is missing"
             if size != meta.get("size"):
-                return False, f"{rel} is {size} bytes, manifest says {meta.get('size')}"
+                return None, f"{rel} is {size} bytes, manifest says {meta.get('size')}"
             if full and sha256_file(fpath) != meta.get("sha256"):
-                return False, f"{rel} does not match its sha256 in the manifest"
+                return None, f"{rel} does not match its sha256 in the manifest"
         present = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {MANIFEST}
         stray = sorted(present - set(files))
         if stray:
-            return False, f"unexpected file(s) not in the manifest: {', '.join(stray[:5])}"
-        return True, "ok"
+            return None, f"unexpected file(s) not in the manifest: {', '.join(stray[:5])}"
+        return manifest, "ok"
 
     def get(self, stage: str, version: str) -> VersionInfo:
         manifest = self.read_manifest(stage, version)
@@ -166,7 +185,8 @@ class ArtifactStore:
     def versions(self, stage: str | None = None) -> list[VersionInfo]:
         """Published versions (those with a manifest), oldest first."""
         found = []
-        for st in [stage] if stage else STAGES:
+        order = self._all_stages() if stage is None else (stage,)
+        for st in order:
             sdir = self.stage_dir(st)
             if not sdir.is_dir():
                 continue
@@ -176,7 +196,7 @@ class ArtifactStore:
                 manifest = self.read_manifest(st, child.name)
                 if manifest is not None:
                     found.append(VersionInfo(st, child.name, child, manifest))
-        return sorted(found, key=lambda v: (STAGES.index(v.stage), v.manifest.get("created_at", "")))
+        return sorted(found, key=lambda v: (order.index(v.stage), v.manifest.get("created_at", "")))
 
     # ---- writing -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -233,51 +253,43 @@ class ArtifactStore:
         """Delete the staging dir of ``stage/version`` (call under ``lock``, once the version is published)."""
         shutil.rmtree(self.staging_path(stage, version), ignore_errors=True)
 
-    def clean_trash(self) -> None:
-        for st in STAGES:
-            shutil.rmtree(self.stage_dir(st) / ".trash", ignore_errors=True)
-
     # ---- what no run will use ----------------------------------------------------------------
-    def stale_versions(self, code_versions: dict[str, str]) -> dict[tuple[str, str], str]:
+    def stale_versions(self, code_versions: dict[str, str],
+                       versions: list[VersionInfo] | None = None) -> dict[tuple[str, str], str]:
         """``{(stage, version): why}`` for the published versions that no run can reuse any more: built by an
         older code version of their stage (``code_versions``: each stage's current one), or from an input
-        version that was rebuilt, deleted or is stale itself (a version id names its inputs' build ids)."""
+        version that was rebuilt, deleted or is stale itself (a version id names its inputs' build ids).
+        ``versions``: the whole root's listing (:meth:`versions`) when the caller has it, so each manifest is
+        read once."""
+        listing = self.versions() if versions is None else versions
+        manifests = {(v.stage, v.version): v.manifest for v in listing}
         stale: dict[tuple[str, str], str] = {}
-        for v in self.versions():  # stage order: an input's verdict is known before its users'
+        for v in listing:  # stage order: an input's verdict is known before its users'
             code = code_versions.get(v.stage)
             if code is not None and str(v.manifest.get("code_version")) != str(code):
                 stale[(v.stage, v.version)] = (f"built by {v.stage} code version {v.manifest.get('code_version')}; "
                                                f"the code is at version {code}, so no run reuses it")
                 continue
             for name, ref in sorted((v.manifest.get("inputs") or {}).items()):
-                why = self._input_problem(name, ref, stale)
+                why = _input_problem(name, ref, manifests, stale)
                 if why:
                     stale[(v.stage, v.version)] = f"{why}, so no run reuses it"
                     break
         return stale
 
-    def _input_problem(self, name: str, ref: dict, stale: dict) -> str | None:
-        up = self.read_manifest(name, ref.get("version", ""))
-        if up is None:
-            return f"its input {name}/{ref.get('version')} is no longer published"
-        if up.get("build_id") != ref.get("build_id"):
-            return f"its input {name}/{ref.get('version')} was rebuilt since"
-        if (name, ref.get("version")) in stale:
-            return f"its input {name}/{ref.get('version')} is stale"
-        return None
-
     def garbage(self, code_versions: dict[str, str] | None = None) -> list["Garbage"]:
         """What no run needs: staging dirs (unfinished builds, leftovers of published ones), interrupted
         deletions in ``.trash``, and with ``code_versions`` the stale published versions (:meth:`stale_versions`)."""
         found = []
-        for st in STAGES:
+        for st in self._all_stages():
             for d in _subdirs(self.stage_dir(st) / ".staging"):
+                size, newest = _usage(d)
                 if self.read_manifest(st, d.name) is not None:
                     why = f"leftover staging of the published {st}/{d.name} (a run stopped before deleting it)"
                 else:
-                    why = (f"unfinished build of {st}/{d.name}, last written {_newest_mtime(d)}; a rerun with the "
+                    why = (f"unfinished build of {st}/{d.name}, last written {newest}; a rerun with the "
                            "same settings would resume from it")
-                found.append(Garbage(d, st, d.name, dir_bytes(d), why, self.is_locked(st, d.name)))
+                found.append(Garbage(d, st, d.name, size, why, self.is_locked(st, d.name)))
             for d in _subdirs(self.stage_dir(st) / ".trash"):
                 found.append(Garbage(d, st, "", dir_bytes(d), "a discarded version whose deletion was interrupted"))
         if code_versions is not None:
@@ -320,27 +332,38 @@ class Garbage:
     published: bool = False  # a stale published version (not a staging or trash dir)
 
 
+def _input_problem(name: str, ref: dict, manifests: dict, stale: dict) -> str | None:
+    """Why the input ``name`` (``ref``: its lineage in a manifest) makes its user stale, or None."""
+    key = (name, ref.get("version", ""))
+    if key not in manifests:
+        return f"its input {name}/{key[1]} is no longer published"
+    if manifests[key].get("build_id") != ref.get("build_id"):
+        return f"its input {name}/{key[1]} was rebuilt since"
+    if key in stale:
+        return f"its input {name}/{key[1]} is stale"
+    return None
+
+
 def _subdirs(path: Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if p.is_dir()) if path.is_dir() else []
 
 
 def dir_bytes(path: Path) -> int:
     """Bytes of the files under ``path`` (0 when it is gone)."""
-    total = 0
-    for dirpath, _, names in os.walk(path):
-        for name in names:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
+    return _usage(path)[0]
 
 
-def _newest_mtime(path: Path) -> str:
-    """When anything under ``path`` was last written (UTC)."""
-    newest = 0.0
-    for p in [path, *path.rglob("*")]:
-        with contextlib.suppress(OSError):  # a file a running build just replaced
-            newest = max(newest, p.stat().st_mtime)
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(newest))
+def _usage(path: Path) -> tuple[int, str]:
+    """Bytes of the files under ``path`` and when anything there was last written (UTC), in one walk."""
+    total, newest = 0, 0.0
+    for dirpath, dirs, names in os.walk(path):
+        for name in [*dirs, *names, ""]:  # "" = the directory itself
+            with contextlib.suppress(OSError):  # a file a running build just replaced
+                st = os.lstat(os.path.join(dirpath, name))
+                newest = max(newest, st.st_mtime)
+                if name in names:
+                    total += st.st_size
+    return total, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(newest))
 
 
 class Build:

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tasks.core.store import STAGES, ArtifactStore
+from tasks.registry import NAMES, open_store
 from tests.support.prefect_server import task_run_states
 from tests.support.tiny import tiny_flow_parameters
 
@@ -26,7 +26,7 @@ def _manifests_text(root: Path) -> str:
 
 
 def _check(refs: dict, root: Path) -> None:
-    store = ArtifactStore(root)
+    store = open_store(root)
     for stage, ref in refs.items():
         assert Path(ref["path"]) == root / stage / ref["version"], f"{stage}: {ref['path']} is not under {root}"
         assert store.verify(stage, ref["version"], full=True) == (True, "ok"), stage
@@ -41,7 +41,7 @@ def test_a_moved_root_is_reused_and_a_copied_one_reads_only_itself(prefect_serve
 
     os.rename(a, b)  # mv a b
     moved, states = _run(url, b)
-    assert states == dict.fromkeys(STAGES, "Cached")
+    assert states == dict.fromkeys(NAMES, "Cached")
     assert {s: (r["version"], r["build_id"]) for s, r in moved.items()} == \
         {s: (r["version"], r["build_id"]) for s, r in first.items()}
     _check(moved, b)

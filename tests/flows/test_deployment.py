@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from flows.settings import TINY
-from tasks.core.store import ArtifactStore
+from tasks.registry import open_store
 
 KEYS = {"wiki-corpus": "corpus", "wiki-tokenizer": "tokenizer", "wiki-shards": "shards",
         "wiki-model": "model", "wiki-samples": "samples", "wiki-export": "export"}
@@ -85,7 +85,7 @@ def test_prefect_deployment_run_runs_the_pipeline(runner, mirror):
 
     artifacts = _artifacts(flow_run_id)
     assert set(KEYS) <= set(artifacts), f"missing UI artifacts: {set(KEYS) - set(artifacts)}"
-    store = ArtifactStore(root)
+    store = open_store(root)
     versions = {}
     for key, stage in KEYS.items():
         art = artifacts[key]

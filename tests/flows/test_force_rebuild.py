@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core.store import ArtifactStore
+from tasks.registry import open_store
 from tests.support.prefect_server import task_run_states
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
 
@@ -24,7 +24,7 @@ def tiny_run(prefect_server, tmp_path_factory):
         state = wiki_pipeline(**tiny_flow_parameters(url, tmp / "art", **groups), return_state=True)
         return state.result(), task_run_states(state.state_details.flow_run_id)
 
-    return run, ArtifactStore(tmp / "art")
+    return run, open_store(tmp / "art")
 
 
 def test_force_bpe_rebuilds_bpe_and_everything_after_it(tiny_run):

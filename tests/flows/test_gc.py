@@ -11,7 +11,8 @@ import textwrap
 import pytest
 
 from flows.cli import main
-from tasks.core.store import ArtifactStore, human_bytes
+from tasks.core.store import human_bytes
+from tasks.registry import open_store
 
 HOLD_LOCK = textwrap.dedent("""
     import fcntl, sys, time
@@ -32,9 +33,9 @@ def root(tmp_path):
     """corpus/v1 (published, current), tokenizer/t1 built from a corpus build that was since replaced (stale),
     samples/s1 built by an older code version (stale); staging: leftover of corpus/v1, an unfinished model
     build, an abandoned download, a build a live process is working on; and an interrupted deletion."""
-    from flows.cli import code_versions
+    from tasks.registry import code_versions
 
-    store = ArtifactStore(tmp_path / "art")
+    store = open_store(tmp_path / "art")
     codes = code_versions()
 
     def publish(stage, version, files, inputs=None, code=None):
@@ -107,8 +108,8 @@ def test_gc_lists_deletes_and_spares_a_locked_build(root, capsys):
     done = _cli(capsys, "gc", "--artifacts-dir", str(art), "--stale", "--yes")
     assert "tokenizer/t1" in done and "samples/s1" in done
     assert _paths(art) == {"model/.staging/m2", "corpus/v1"}
-    assert ArtifactStore(art).verify("corpus", "v1", full=True) == (True, "ok")
-    assert ArtifactStore(art).get("corpus", "v1").manifest["build_id"] == corpus["build_id"]
+    assert open_store(art).verify("corpus", "v1", full=True) == (True, "ok")
+    assert open_store(art).get("corpus", "v1").manifest["build_id"] == corpus["build_id"]
 
 
 def test_gc_on_a_clean_root(tmp_path, capsys):

@@ -1,5 +1,5 @@
 """The flow's settings: typed per stage, checked up front (every bad input is refused, naming the field, before
-any stage runs), flat keys mapped onto them in one place, and the flow's signature is the same six groups."""
+any stage runs), flat keys mapped onto them in one place, and the flow's parameters are the registry's stages."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ BAD = [
     ({"steps": "many"}, r"steps must be an integer"),
     ({"device": "tpu"}, r"device: unknown device 'tpu'"),
     ({"precision": "fp16"}, r"precision must be one of auto, fp32, bf16"),
-    ({"force": ["tokenize"]}, r"force names no stage: 'tokenize'; stages are download, bpe, encode, train, sample"),
+    ({"force": ["tokenize"]}, r"run.force names no stage: 'tokenize'; the stages are corpus, tokenizer, shards, model, samples, export$"),
     ({"force": "nope"}, r"force names no stage: 'nope'"),
     ({"only": "evaluate"}, r"only names no stage: 'evaluate'"),
     ({"train_splits": "most"}, r"train_splits must be one of train, all"),
@@ -68,16 +68,20 @@ def test_defaults_are_the_chapters_and_live_in_the_stage_settings():
     assert ModelSettings.model_fields["seed"].default == SamplesSettings.model_fields["seed"].default == 1337
 
 
-def test_flow_signature_is_the_pipeline_settings():
-    """The flow's parameters are exactly Pipeline's groups, with the same types and defaults (one home)."""
-    from flows.wiki_pipeline import wiki_pipeline
+def test_flow_parameters_are_the_registry_stages():
+    """Prefect sees one flow parameter per registered stage (its settings' schema, its defaults), then run."""
+    from prefect.utilities.callables import parameter_schema
 
+    from flows.wiki_pipeline import wiki_pipeline
+    from tasks.registry import STAGES
+
+    schema = parameter_schema(wiki_pipeline.fn)
+    assert list(schema.properties) == [s.name for s in STAGES] + ["run"]
+    assert schema.properties["model"]["default"]["steps"] == ModelSettings().steps == 10_000
+    for stage in STAGES:
+        assert schema.definitions[stage.settings.__name__]["properties"].keys() == stage.settings.model_fields.keys()
     sig = inspect.signature(wiki_pipeline.fn)
-    assert list(sig.parameters) == list(Pipeline.model_fields)
-    for name, p in sig.parameters.items():
-        assert p.annotation == Pipeline.model_fields[name].annotation.__name__ or \
-            p.annotation is Pipeline.model_fields[name].annotation
-        assert p.default == Pipeline.model_fields[name].default
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in sig.parameters.values())
 
 
 def test_flat_keys_map_onto_the_stages():

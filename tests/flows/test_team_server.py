@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.server import PrefectServer, free_port
-from tasks.core.store import STAGES, ArtifactStore
+from flows.server import PrefectServer, free_port, running_server
+from tasks.registry import NAMES, open_store
 from tests.support import REPO
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
 from tests.support.wait import wait_for
@@ -63,14 +63,8 @@ def team_server(tmp_path, monkeypatch):
     pg = Postgres().start()
     try:
         monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", pg.url)
-        server = PrefectServer(tmp_path / "prefect-home").start()
-        try:
+        with running_server(PrefectServer(tmp_path / "prefect-home")) as server:
             yield server
-        finally:
-            from prefect._internal.concurrency.services import QueueService
-
-            QueueService.drain_all(timeout=15)
-            server.stop()
     finally:
         pg.stop()
 
@@ -138,13 +132,13 @@ def test_two_runs_at_once_through_a_worker_on_postgres(team_server, tmp_path):
         for tr in task_runs:
             states.setdefault(tr.name, []).append(tr.state.name)
         # each stage: built by one run, reused (Cached) by the other
-        assert {s: sorted(v) for s, v in states.items()} == {s: ["Cached", "Completed"] for s in STAGES}, states
+        assert {s: sorted(v) for s, v in states.items()} == {s: ["Cached", "Completed"] for s in NAMES}, states
         arts = _client_call(lambda c: c.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=[f"wiki-{s}" for s in STAGES]))))
-        assert sorted(x.key for x in arts) == sorted(f"wiki-{s}" for s in STAGES)  # one build per stage
+            key=ArtifactFilterKey(any_=[f"wiki-{s}" for s in NAMES]))))
+        assert sorted(x.key for x in arts) == sorted(f"wiki-{s}" for s in NAMES)  # one build per stage
 
-    store = ArtifactStore(root)
-    for stage in STAGES:
+    store = open_store(root)
+    for stage in NAMES:
         versions = store.versions(stage)
         assert len(versions) == 1 and store.verify(stage, versions[0].version, full=True) == (True, "ok")
         assert versions[0].manifest["flow_run_id"] in {str(i) for i in ids}

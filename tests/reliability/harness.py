@@ -54,7 +54,8 @@ from pathlib import Path
 
 from flows.mirror import ZIP_NAME, Faults, Mirror, build_wikitext_zip, make_zip
 from tasks.core.stage import FAULT_ENV, FAULT_TRACE_ENV
-from tasks.core.store import MANIFEST, STAGES, ArtifactStore, human_bytes, sha256_file
+from tasks.core.store import MANIFEST, human_bytes, sha256_file
+from tasks.registry import NAMES, open_store
 from tests.support import REPO, zips
 # Fields that measure time, not content: dropped before comparing (they differ between any two runs).
 TIMING_KEYS = re.compile(r"(^|_)seconds$|^tokens_per_sec$|^mb_per_s$")
@@ -103,7 +104,7 @@ def file_digest(path: Path) -> str:
 
 def stage_digests(root: Path, stage: str, version: str | None = None) -> dict[str, str]:
     """{file: digest} of a published version's data files (not the manifest); the newest version by default."""
-    store = ArtifactStore(root)
+    store = open_store(root)
     if version is None:
         versions = store.versions(stage)
         if not versions:
@@ -115,7 +116,7 @@ def stage_digests(root: Path, stage: str, version: str | None = None) -> dict[st
 
 
 def all_digests(root: Path) -> dict[str, dict[str, str]]:
-    return {stage: stage_digests(root, stage) for stage in STAGES}
+    return {stage: stage_digests(root, stage) for stage in NAMES}
 
 
 # ---- watching a live artifact root -----------------------------------------------------------------------
@@ -132,9 +133,9 @@ class Watcher(threading.Thread):
         self.seen: set[str] = set()
 
     def run(self) -> None:
-        store = ArtifactStore(self.root)
+        store = open_store(self.root)
         while not self.stop_event.is_set():
-            for stage in STAGES:
+            for stage in NAMES:
                 sdir = self.root / stage
                 try:
                     children = [c for c in sdir.iterdir() if not c.name.startswith(".")]
@@ -173,12 +174,6 @@ class Env:
         return self.mirror.url()
 
 
-def _drain_prefect() -> None:
-    from prefect._internal.concurrency.services import QueueService
-
-    QueueService.drain_all(timeout=15)
-
-
 @contextlib.contextmanager
 def environment(workdir: Path, api_env: dict | None = None):
     """A mirror (and, unless ``api_env`` is given, a Prefect server) on 127.0.0.1 for the harness."""
@@ -187,18 +182,11 @@ def environment(workdir: Path, api_env: dict | None = None):
     data = build_wikitext_zip()
     with contextlib.ExitStack() as stack:
         if api_env is None:
-            from flows.server import PrefectServer
+            from flows.server import PrefectServer, running_server
 
-            from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
-
-            server = PrefectServer(workdir / "prefect-home").start()
-            stack.callback(server.stop)
-            api_env = server.env
-            # flush Prefect's background log senders while the server still answers (runs before stop)
-            stack.callback(_drain_prefect)
             # in-process flow runs (the bad-input cases) report to this server too
-            stack.enter_context(temporary_settings(updates={PREFECT_API_URL: server.api_url,
-                                                            PREFECT_HOME: str(server.home)}))
+            server = stack.enter_context(running_server(PrefectServer(workdir / "prefect-home")))
+            api_env = server.env
         # a 0.1 s pause after the first 100 kB of every response: the first progress point of the download
         # then lands mid-body, so kills there exercise the Range resume (loopback is otherwise one gulp)
         mirror = stack.enter_context(Mirror({"/" + ZIP_NAME: data},
@@ -262,7 +250,7 @@ def run_pipeline(env: Env, root: Path, *, fault: str | None = None, trace: Path 
 
 def read_trace(path: Path) -> dict[str, list[tuple[str, int]]]:
     """{stage: [(point, n), ...]} from a ``WIKI_PIPELINE_FAULT_TRACE`` file."""
-    points: dict[str, list[tuple[str, int]]] = {stage: [] for stage in STAGES}
+    points: dict[str, list[tuple[str, int]]] = {stage: [] for stage in NAMES}
     for line in path.read_text().splitlines():
         name, n = line.split()
         points[name.split(".")[0]].append((name, int(n)))
@@ -285,7 +273,7 @@ def staging_state(root: Path, task: str) -> tuple[str, dict]:
     """What a killed build left in ``<stage>/.staging`` (a description and facts to check the rerun against)."""
     stage = task
     dirs = [d for d in (root / stage / ".staging").glob("*") if d.is_dir()]
-    published = {v.version for v in ArtifactStore(root).versions(stage)}
+    published = {v.version for v in open_store(root).versions(stage)}
     if not dirs:
         return ("published, no staging left" if published else "nothing"), {}
     if dirs[0].name in published:
@@ -342,7 +330,7 @@ def check_resume(kill: Kill, facts: dict, rerun: RunResult, root: Path, env: Env
         if not kill.resumed:
             kill.problems.append("download did not reuse the complete zip")
     elif task == "shards" and facts.get("shards"):
-        versions = ArtifactStore(root).versions("shards")
+        versions = open_store(root).versions("shards")
         path = versions[-1].path if versions else None
         kept = [name for name, mtime in facts["mtimes"].items()
                 if path is not None and (path / name).exists() and (path / name).stat().st_mtime_ns == mtime]
@@ -355,7 +343,7 @@ def check_resume(kill: Kill, facts: dict, rerun: RunResult, root: Path, env: Env
             kill.problems.append(f"shards rewrote {len(facts['mtimes']) - len(kept)} of {len(facts['mtimes'])} "
                                  "recorded shard(s) instead of keeping them")
     elif task == "model":
-        versions = ArtifactStore(root).versions("model")
+        versions = open_store(root).versions("model")
         got = versions[-1].manifest["metrics"]["resumed_from"] if versions else None
         if got != facts.get("ckpt_step"):
             kill.problems.append(f"model resumed from step {got}, the kill left a checkpoint at step "
@@ -369,9 +357,9 @@ def check_resume(kill: Kill, facts: dict, rerun: RunResult, root: Path, env: Env
 def check_root(root: Path, reference: dict, upto: int) -> list[str]:
     """Problems with the first ``upto`` stages of ``root``: not verifying (full), differing from the reference,
     or a staging dir left for a published version."""
-    store = ArtifactStore(root)
+    store = open_store(root)
     problems = []
-    for stage in STAGES[:upto]:
+    for stage in NAMES[:upto]:
         versions = store.versions(stage)
         if not versions:
             problems.append(f"{stage}: nothing published")
@@ -405,7 +393,7 @@ def kill_chain(env: Env, root: Path, faults: list[tuple[str, str]], reference: d
         if pending:
             prev, facts = pending
             check_resume(prev, facts, res, root, env, before)
-            upto = STAGES.index(prev.task) + 1
+            upto = NAMES.index(prev.task) + 1
             prev.problems += check_root(root, reference, upto)
             prev.problems += [f"watcher: {v}" for v in res.violations]
             prev.recovered = not prev.problems
@@ -415,7 +403,7 @@ def kill_chain(env: Env, root: Path, faults: list[tuple[str, str]], reference: d
                 raise RuntimeError(f"the final run failed (rc {res.rc}):\n{res.log[-3000:]}")
             for k in kills:
                 if k.recovered:
-                    extra = check_root(root, reference, len(STAGES))
+                    extra = check_root(root, reference, len(NAMES))
                     if extra:
                         k.problems += extra
                         k.recovered = False
@@ -433,7 +421,7 @@ def kill_chain(env: Env, root: Path, faults: list[tuple[str, str]], reference: d
 def pick_faults(trace: dict[str, list[tuple[str, int]]], rng: random.Random, per_stage: int) -> list[list[tuple[str, str]]]:
     """``per_stage`` rounds, each one random reachable point per stage (without repeats while possible)."""
     rounds: list[list[tuple[str, str]]] = [[] for _ in range(per_stage)]
-    for task in STAGES:
+    for task in NAMES:
         points = list(trace[task])
         rng.shuffle(points)
         while len(points) < per_stage:
@@ -467,16 +455,16 @@ def concurrent_runs(env: Env, root: Path) -> dict:
     watcher.stop()
     logs = [r.log for r in results]
     built = {}
-    for stage in STAGES:
+    for stage in NAMES:
         built[stage] = sum(len(re.findall(rf"{stage}: building {stage}/", log)) for log in logs)
-    refs = [sorted(line for line in log.splitlines() if re.match(rf"^({'|'.join(STAGES)})\s+/", line))
+    refs = [sorted(line for line in log.splitlines() if re.match(rf"^({'|'.join(NAMES)})\s+/", line))
             for log in logs]
     waited = sum(log.count("another run is building this version; waiting for it") for log in logs)
-    store = ArtifactStore(root)
-    versions = {stage: [v.version for v in store.versions(stage)] for stage in STAGES}
+    store = open_store(root)
+    versions = {stage: [v.version for v in store.versions(stage)] for stage in NAMES}
     full_ok = all(store.verify(st, v, full=True)[0] for st, vs in versions.items() for v in vs)
     return {"rcs": [r.rc for r in results], "built": built, "waited": waited, "refs_equal": refs[0] == refs[1]
-            and len(refs[0]) == len(STAGES), "versions": versions, "verify_full": full_ok, "violations": watcher.violations,
+            and len(refs[0]) == len(NAMES), "versions": versions, "verify_full": full_ok, "violations": watcher.violations,
             "checks": watcher.checks, "seconds": max(r.seconds for r in results)}
 
 
@@ -576,7 +564,7 @@ def network_faults(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> l
                 row["outcome"] = "error"
                 row["detail"] = str(e)
                 row["handled"] = case.expect != "corpus" and bool(re.search(case.expect, str(e)))
-                if ArtifactStore(root).versions():
+                if open_store(root).versions():
                     row["handled"] = False
                     row["detail"] += "; SOMETHING WAS PUBLISHED"
             row["seconds"] = round(time.monotonic() - t0, 2)
@@ -728,7 +716,7 @@ def damage_cases(root: Path, url: str, reference: dict) -> list[dict]:
     from tasks.core.stage import FaultInjected, reset_faults
 
     params = tiny_stage_params(url)
-    store = ArtifactStore(root)
+    store = open_store(root)
     build_plain(root, url, params)
     rows = []
 
@@ -878,8 +866,8 @@ def bad_input_cases(tmp: Path, url: str) -> list[tuple]:
         (["--param", "threads=-2"], "error: run.threads must be an integer >= 0 and <= 1024 (or null), got -2 (torch CPU threads for training and sampling; null or 0 = torch's default)"),
         (["--param", f"threads={10**6}"], "error: run.threads must be an integer >= 0 and <= 1024 (or null), got 1000000 (torch CPU threads for training and sampling; null or 0 = torch's default)"),
         (["--param", "full_check=yes"], "error: run.full_check must be true or false, got 'yes' (verify every reused file's sha256, not only its size)"),
-        (["--force", "tokenise"], "error: run.force names no stage: 'tokenise'; stages are download, bpe, encode, train, sample by what they do, or corpus, tokenizer, shards, model, samples, export by what they make"),
-        (["--only", "evaluate"], "error: run.only names no stage: 'evaluate'; stages are download, bpe, encode, train, sample by what they do, or corpus, tokenizer, shards, model, samples, export by what they make"),
+        (["--force", "tokenise"], "error: run.force names no stage: 'tokenise'; the stages are corpus, tokenizer, shards, model, samples, export"),
+        (["--only", "evaluate"], "error: run.only names no stage: 'evaluate'; the stages are corpus, tokenizer, shards, model, samples, export"),
         (["--param", "num_layer=2"], None),
         (["--param", "steps"], "error: --param 'steps' is not KEY=VALUE (e.g. --param steps=100)"),
         (["--params", "[1]"], "error: --params must be a JSON object, got '[1]'"),
@@ -946,7 +934,7 @@ def bad_inputs(tmp: Path, url: str, *, with_flow: bool = True) -> list[dict]:
             code = main(argv)
         lines = [line for line in err.getvalue().splitlines() if line.startswith("error: ")]
         got = lines[-1] if lines else err.getvalue().strip()[-300:]
-        store = ArtifactStore(root)
+        store = open_store(root)
         later = [v.stage for v in store.versions() if v.stage not in ("corpus", "tokenizer")]
         # the prompt check runs after download and bpe by design: nothing after them may be published
         nothing = not later if "prompt=🦜🦜🦜" in args else not store.versions()
@@ -979,7 +967,7 @@ def scorecard(results: dict) -> str:
               "resumed from the checkpoint the kill left, no staging dir is left for a published version, and "
               "the watcher never saw a version directory that did not verify.", "",
               "| stage | kills | killed | recovered | resumed how (examples) |", "|---|---:|---:|---:|---|"]
-    for task in STAGES:
+    for task in NAMES:
         ks = [k for k in kills if k.task == task]
         hows = sorted({k.resumed for k in ks if k.resumed})
         lines.append(f"| {task} | {len(ks)} | {sum(k.killed for k in ks)} | {sum(k.recovered for k in ks)} | "

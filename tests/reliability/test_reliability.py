@@ -18,7 +18,7 @@ import pytest
 
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.stage import FAULT_ENV, FAULT_TRACE_ENV, FaultInjected, Stage, fault_point, reset_faults
-from tasks.core.store import ArtifactStore
+from tasks.registry import open_store
 from tests.reliability import harness as R
 
 
@@ -67,7 +67,7 @@ def _run(calls: list, root) -> dict:
         (ctx.out / "data.txt").write_text("same bytes\n")
         return {}
 
-    return Stage(name="samples", code_version="t", report=lambda m: "").run(build, P(), RunOptions(artifacts_dir=str(root)))
+    return Stage(name="samples", settings=P, code_version="t", report=lambda m: "").run(build, P(), RunOptions(artifacts_dir=str(root)))
 
 
 @pytest.mark.parametrize("edge", ["publish", "published"])
@@ -80,7 +80,7 @@ def test_a_kill_at_either_publish_edge_is_recovered(tmp_path, monkeypatch, edge)
     with pytest.raises(FaultInjected):
         _run(calls, tmp_path)
     monkeypatch.delenv(FAULT_ENV)
-    store = ArtifactStore(tmp_path)
+    store = open_store(tmp_path)
     version = next((tmp_path / "samples" / ".staging").iterdir()).name
     assert store.verify("samples", version)[0] is (edge == "published")
     ref = _run(calls, tmp_path)
@@ -115,7 +115,7 @@ def test_two_runs_at_once_build_each_version_once(harness):
     env, reference, _, workdir = harness
     c = R.concurrent_runs(env, workdir / "concurrent")
     assert c["rcs"] == [0, 0], c
-    assert c["built"] == dict.fromkeys(R.STAGES, 1), c
+    assert c["built"] == dict.fromkeys(R.NAMES, 1), c
     assert c["waited"] >= 1 and c["refs_equal"] and c["verify_full"], c
     assert all(len(v) == 1 for v in c["versions"].values()), c
     assert c["violations"] == [] and c["checks"] > 0, c

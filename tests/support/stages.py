@@ -1,32 +1,29 @@
-"""Plain (no Prefect) calls of the stage tasks with keyword settings, for the stage tests."""
+"""Plain (no Prefect) calls of the stage tasks with keyword settings, for the stage tests, derived from
+``tasks.registry``: ``stages.<name>(root, *input_refs, run={...}, **settings)`` for every stage, its inputs
+positional in the stage's order (``stages.shards(root, corpus_ref, tokenizer_ref, shard_tokens=...)``)."""
 
 from __future__ import annotations
 
-from tasks.corpus import CorpusSettings, download_corpus
-from tasks.model import ModelSettings, train_model
-from tasks.samples import SamplesSettings, sample_model
+from typing import Any, Callable
+
 from tasks.core.settings import RunOptions
-from tasks.shards import ShardsSettings, encode_shards
 from tasks.core.stage import StageRef
-from tasks.tokenizer import TokenizerSettings, train_tokenizer
+from tasks.registry import BY_NAME
 
 
-def corpus(root, *, run: dict | None = None, **settings) -> StageRef:
-    return download_corpus.fn(CorpusSettings(**settings), RunOptions(artifacts_dir=str(root), **(run or {})))
+def plain_call(name: str) -> Callable[..., StageRef]:
+    stage = BY_NAME[name]
+
+    def call(root, *inputs: StageRef, run: dict | None = None, **settings: Any) -> StageRef:
+        if len(inputs) != len(stage.inputs):
+            raise TypeError(f"{name} takes its inputs {list(stage.inputs)}, got {len(inputs)}")
+        return stage.task.fn(*inputs, stage.settings(**settings), RunOptions(artifacts_dir=str(root), **(run or {})))
+
+    call.__name__ = name
+    return call
 
 
-def tokenizer(root, corpus: StageRef, *, run: dict | None = None, **settings) -> StageRef:
-    return train_tokenizer.fn(corpus, TokenizerSettings(**settings), RunOptions(artifacts_dir=str(root), **(run or {})))
-
-
-def shards(root, corpus: StageRef, tokenizer: StageRef, *, run: dict | None = None, **settings) -> StageRef:
-    return encode_shards.fn(corpus, tokenizer, ShardsSettings(**settings),
-                            RunOptions(artifacts_dir=str(root), **(run or {})))
-
-
-def model(root, shards: StageRef, tokenizer: StageRef, *, run: dict | None = None, **settings) -> StageRef:
-    return train_model.fn(shards, tokenizer, ModelSettings(**settings), RunOptions(artifacts_dir=str(root), **(run or {})))
-
-
-def samples(root, model: StageRef, *, run: dict | None = None, **settings) -> StageRef:
-    return sample_model.fn(model, SamplesSettings(**settings), RunOptions(artifacts_dir=str(root), **(run or {})))
+def __getattr__(name: str) -> Callable[..., StageRef]:
+    if name in BY_NAME:
+        return plain_call(name)
+    raise AttributeError(name)

@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from flows.mirror import MEMBER, Mirror, build_wikitext_zip, make_zip
 from mygpt.errors import UserError
 from tasks import corpus as D
-from tasks.core.store import ArtifactStore
+from tasks.registry import open_store
 from tests.support import zips
 from tests.support.stages import corpus as download
 
@@ -190,7 +190,7 @@ def test_repeated_5xx_is_a_user_error_and_publishes_nothing(tmp_path, mirror, fa
     with pytest.raises(UserError, match=re.escape(mirror.url()) + ".*failed 3 times.*HTTP 502"):
         download(tmp_path / "art", source_url=mirror.url())
     assert len(mirror.requests) == 3
-    assert published(tmp_path / "art") == [] and ArtifactStore(tmp_path / "art").versions() == []
+    assert published(tmp_path / "art") == [] and open_store(tmp_path / "art").versions() == []
 
 
 def test_404_is_not_retried(tmp_path, mirror, fast_retries):

@@ -11,7 +11,7 @@ from flows.mirror import Mirror, build_wikitext_zip
 from tasks.corpus import CorpusSettings, download_corpus
 from tasks.core.settings import RunOptions
 from tasks.shards import ShardsSettings, encode_shards
-from tasks.core.store import ArtifactStore
+from tasks.registry import open_store
 from tasks.tokenizer import TokenizerSettings, train_tokenizer
 from tests.support.prefect_server import task_run_states
 
@@ -59,7 +59,7 @@ def test_rerun_is_cached_and_a_parameter_change_makes_new_versions(prefect_serve
     assert refs3["corpus"] == refs1["corpus"]
     assert refs3["tokenizer"]["version"] != refs1["tokenizer"]["version"]
     assert refs3["shards"]["version"] != refs1["shards"]["version"]
-    store = ArtifactStore(root)
+    store = open_store(root)
     for stage, ref in (("tokenizer", refs1["tokenizer"]), ("shards", refs1["shards"])):  # old ones intact
         assert store.verify(stage, ref["version"], full=True) == (True, "ok")
     assert len(store.versions("tokenizer")) == 2 and len(store.versions("shards")) == 2
@@ -87,6 +87,6 @@ def test_failed_download_in_a_flow_publishes_nothing(prefect_server, tmp_path, m
     assert state.is_failed()
     with pytest.raises(Exception, match="HTTP 404"):
         state.result()
-    assert ArtifactStore(root).versions() == []
+    assert open_store(root).versions() == []
     states = task_run_states(state.state_details.flow_run_id)
     assert states == {"corpus": "Failed"}

@@ -10,7 +10,7 @@ import pytest
 from flows.settings import Pipeline
 from mygpt.errors import UserError
 from tasks import export as export_stage
-from tasks.core.store import ArtifactStore
+from tasks.registry import open_store
 from tests.support.tiny import run_in
 
 
@@ -27,7 +27,7 @@ def test_export_publishes_a_directory_transformers_loads(exported, trained, wiki
     from mygpt.checkpoint import load_checkpoint
 
     root, ref = exported
-    store = ArtifactStore(root)
+    store = open_store(root)
     assert store.verify("export", ref["version"], full=True) == (True, "ok")
     info = store.get("export", ref["version"])
     assert sorted(info.manifest["files"]) == ["config.json", "generation_config.json", "model.safetensors",

@@ -15,7 +15,7 @@ import pytest
 
 from mygpt.errors import UserError
 from tasks import model as train_stage
-from tasks.core.store import ArtifactStore
+from tasks.registry import open_store
 from tests.support.tiny import SETTINGS, run_in
 
 TINY_MODEL = SETTINGS.model
@@ -24,7 +24,7 @@ TINY_MODEL = SETTINGS.model
 
 def test_train_publishes_checkpoint_history_and_metrics(upstream, trained):
     root, _, tokenizer, _ = upstream
-    store = ArtifactStore(root)
+    store = open_store(root)
     assert store.verify("model", trained["version"], full=True) == (True, "ok")
     info = store.get("model", trained["version"])
     assert sorted(info.manifest["files"]) == ["loss_history.csv", "loss_history.json", "model.ckpt"]
@@ -64,7 +64,7 @@ def test_published_checkpoint_works_with_mygpt_generate(trained, capsys):
 
 
 def test_report_has_a_readable_loss_curve_and_summary(upstream, trained):
-    manifest = ArtifactStore(upstream[0]).get("model", trained["version"]).manifest
+    manifest = open_store(upstream[0]).get("model", trained["version"]).manifest
     md = train_stage.report(manifest)
     m = re.search(r"!\[loss curve\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", md)
     assert m, "the curve is an inline SVG image"
@@ -99,7 +99,7 @@ def test_train_splits_all_is_another_version(upstream, trained):
     settings = TINY_MODEL.model_copy(update={"steps": 3, "print_every": 1, "eval_every": 3, "checkpoint_every": 0})
     a = train_stage.train_model.fn(shards, tokenizer, settings, run_in(root))
     b = train_stage.train_model.fn(shards, tokenizer, settings.model_copy(update={"train_splits": "all"}), run_in(root))
-    store = ArtifactStore(root)
+    store = open_store(root)
     ma, mb = (store.get("model", r["version"]).manifest["metrics"] for r in (a, b))
     assert a["version"] != b["version"] and mb["train_tokens"] > ma["train_tokens"]
     assert train_stage.train_model.fn(shards, tokenizer, settings, run_in(root))["build_id"] == a["build_id"], "reused"
@@ -163,5 +163,5 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_once(upstream, monkeypatch, cap
     ref = train_stage.train_model.fn(shards, tokenizer, settings, run_in(root))
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "without native bf16" in r.getMessage()]
     assert len(warned) == 1 and "use precision fp32" in warned[0].getMessage()
-    manifest = ArtifactStore(root).get("model", ref["version"]).manifest
+    manifest = open_store(root).get("model", ref["version"]).manifest
     assert len(manifest["metrics"]["warnings"]) == 1 and "without native bf16" in train_stage.report(manifest)

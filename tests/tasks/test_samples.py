@@ -11,7 +11,7 @@ from mygpt.errors import UserError
 from tasks import samples as sample_stage
 from tasks.model import load_tokenizer
 from tasks.core.settings import RunOptions
-from tasks.core.store import ArtifactStore
+from tasks.registry import open_store
 from tests.support.tiny import SETTINGS, run_in
 
 SAMPLE = SETTINGS.samples
@@ -26,7 +26,7 @@ def test_sample_publishes_markdown_and_json(upstream, trained):
     root = upstream[0]
     prompts = ["The history of", "In 1999 , the"]
     ref = sample(root, trained, prompt=tuple(prompts))
-    info = ArtifactStore(root).get("samples", ref["version"])
+    info = open_store(root).get("samples", ref["version"])
     assert sorted(info.manifest["files"]) == ["samples.json", "samples.md"]
     samples = json.loads((info.path / "samples.json").read_text())
     assert [s["prompt"] for s in samples] == prompts

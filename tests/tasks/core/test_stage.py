@@ -36,8 +36,8 @@ def _build_upper(ctx, settings: NoSettings, corpus: Path) -> dict:
     return {}
 
 
-SOURCE = Stage("corpus", "1", lambda m: f"# source {m['version']}")
-UPPER = Stage("tokenizer", "1", lambda m: "# upper", inputs=("corpus",))
+SOURCE = Stage("corpus", WordSettings, "1", lambda m: f"# source {m['version']}")
+UPPER = Stage("tokenizer", NoSettings, "1", lambda m: "# upper", inputs=("corpus",))
 
 
 @stage_task(SOURCE)
@@ -115,7 +115,7 @@ def test_failed_build_publishes_nothing(tmp_path):
         (ctx.out / "partial.txt").write_text("half")
         raise RuntimeError("disk on fire")
 
-    stage = Stage("corpus", "1", lambda m: "")
+    stage = Stage("corpus", NoSettings, "1", lambda m: "")
     with pytest.raises(RuntimeError, match="disk on fire"):
         stage.run(boom, NoSettings(), RunOptions(artifacts_dir=str(tmp_path)))
     assert list((tmp_path / "corpus").iterdir()) != [] and not any(
@@ -162,6 +162,6 @@ def test_progress_log_line_carries_the_pace(tmp_path, caplog):
         return {}
 
     with caplog.at_level("INFO", logger="wiki_pipeline"):
-        Stage("corpus", "1", lambda m: "").run(slow_build, NoSettings(), RunOptions(artifacts_dir=str(tmp_path)))
+        Stage("corpus", NoSettings, "1", lambda m: "").run(slow_build, NoSettings(), RunOptions(artifacts_dir=str(tmp_path)))
     line = next(r.getMessage() for r in caplog.records if "step 1/4" in r.getMessage())
     assert re.search(r"corpus:  25\.0% step 1/4 · ETA \d+", line), line

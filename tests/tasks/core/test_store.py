@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 from tasks.core.store import MANIFEST, ArtifactStore, version_id
+from tasks.registry import open_store
 from tests.support import REPO
 
 
@@ -41,7 +42,7 @@ def test_version_id_depends_on_every_ingredient():
 
 
 def test_publish_writes_manifest_last_and_drops_staging(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = open_store(tmp_path)
     manifest = _publish(store)
     vdir = tmp_path / "corpus" / "v1"
     assert sorted(str(p.relative_to(vdir)) for p in vdir.rglob("*") if p.is_file()) == ["a.txt", MANIFEST, "sub/b.bin"]
@@ -55,7 +56,7 @@ def test_publish_writes_manifest_last_and_drops_staging(tmp_path):
 
 
 def test_unpublished_build_is_invisible_and_resumable(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = open_store(tmp_path)
     build = store.open_build("corpus", "v1")
     assert not build.resumed
     (build.out / "a.txt").write_text("half")
@@ -81,7 +82,7 @@ def test_unpublished_build_is_invisible_and_resumable(tmp_path):
     ],
 )
 def test_verify_detects_damage(tmp_path, damage, full, expected):
-    store = ArtifactStore(tmp_path)
+    store = open_store(tmp_path)
     _publish(store)
     damage(tmp_path / "corpus" / "v1")
     ok, reason = store.verify("corpus", "v1", full=full)
@@ -90,7 +91,7 @@ def test_verify_detects_damage(tmp_path, damage, full, expected):
 
 
 def test_rebuild_replaces_a_discarded_version(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = open_store(tmp_path)
     first = _publish(store, files={"a.txt": b"one"})
     second = _publish(store, files={"a.txt": b"two!"})
     assert first["build_id"] != second["build_id"]
@@ -119,7 +120,7 @@ def test_sigkill_mid_build_leaves_no_version_and_frees_the_lock(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", _KILLED_BUILDER, str(tmp_path)], cwd=REPO,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "building"
-    store = ArtifactStore(tmp_path)
+    store = open_store(tmp_path)
     # While it builds, another builder has to wait for the lock.
     waited = []
     killer = subprocess.Popen(["sh", "-c", f"sleep 1; kill -9 {proc.pid}"])
@@ -137,8 +138,9 @@ def test_sigkill_mid_build_leaves_no_version_and_frees_the_lock(tmp_path):
 
 def test_listing_shows_lineage(tmp_path):
     from tasks.core.store import format_listing
+    from tasks.registry import open_store
 
-    store = ArtifactStore(tmp_path)
+    store = open_store(tmp_path)
     corpus = _publish(store)
     build = store.open_build("tokenizer", "t1")
     (build.out / "tokenizer.json").write_text("{}")
@@ -148,7 +150,7 @@ def test_listing_shows_lineage(tmp_path):
     rows = {line.split()[0]: line.split() for line in text.splitlines()[2:]}
     assert rows["corpus"][1] == "v1" and rows["corpus"][-1] == "-"
     assert rows["tokenizer"][1] == "t1" and rows["tokenizer"][-1] == "corpus/v1"
-    assert format_listing(ArtifactStore(tmp_path / "empty")).startswith("no published versions under")
+    assert format_listing(open_store(tmp_path / "empty")).startswith("no published versions under")
 
 
 def test_atomic_open_keeps_old_file_on_error(tmp_path):

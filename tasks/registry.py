@@ -1,0 +1,66 @@
+"""The pipeline's stages, in the order they run: the one list of stages.
+
+Everything that lists stages is derived from :data:`STAGES`: the flow's parameters and wiring
+(``flows.wiki_pipeline``), the settings groups (``flows.settings.Pipeline``), ``only=`` and ``force``, the
+store's listings and ``gc`` (:func:`open_store`), the code versions that mark stale versions, the CLI's
+listings and the tests' plain stage calls. Adding a stage is one module (its settings, build, report,
+``STAGE`` and task; see ``tasks.core.stage``) and one line here.
+
+It sits above the stage modules (it imports them), so ``tasks.core`` never imports it: the machinery takes the
+stage names it needs from its callers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from mygpt.errors import UserError
+from tasks import corpus, export, model, samples, shards, tokenizer
+from tasks.core.settings import RunOptions
+from tasks.core.stage import Stage
+from tasks.core.store import ArtifactStore
+
+STAGES: tuple[Stage, ...] = (
+    corpus.STAGE,
+    tokenizer.STAGE,
+    shards.STAGE,
+    model.STAGE,
+    samples.STAGE,
+    export.STAGE,
+)
+
+NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
+BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
+_ALIASES: dict[str, str] = {s.alias: s.name for s in STAGES if s.alias}
+
+
+def stage_name(name: object, what: str) -> str:
+    """The stage called ``name`` (its name, or its older verb); ``UserError`` naming ``what`` otherwise."""
+    key = name.strip().lower() if isinstance(name, str) else None
+    if key in BY_NAME:
+        return key
+    if key in _ALIASES:
+        return _ALIASES[key]
+    raise UserError(f"{what} names no stage: {name!r}; the stages are {', '.join(NAMES)}")
+
+
+def in_order(names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` (stage names) without repeats, in the order the stages run."""
+    return tuple(sorted(set(names), key=NAMES.index))
+
+
+def check_run(run: RunOptions) -> RunOptions:
+    """``run`` with the stages it names (``force``, ``only``) checked and written by their names."""
+    force = in_order(stage_name(v, "run.force") for v in run.force)
+    only = stage_name(run.only, "run.only") if run.only is not None else None
+    return run.model_copy(update={"force": force, "only": only})
+
+
+def code_versions() -> dict[str, str]:
+    """Each stage's current code version (what marks a published version stale)."""
+    return {s.name: s.code_version for s in STAGES}
+
+
+def open_store(root: Any = None) -> ArtifactStore:
+    """The artifact store at ``root`` (default: the configured one), knowing the stages it holds, in order."""
+    return ArtifactStore(root, stages=NAMES)
