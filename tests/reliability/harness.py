@@ -551,7 +551,7 @@ def _cached_zip_problem(root: Path, zip_bytes: bytes) -> str | None:
 def network_faults(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> list[dict]:
     """Each network case against a fresh root; then a healthy rerun on the same root must give the corpus."""
     from mygpt.errors import UserError
-    from tasks import corpus as D
+    from tasks.core.download import ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT
     from tests.support.stages import corpus as download
 
     rows = []
@@ -559,8 +559,8 @@ def network_faults(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> l
         root = Path(workdir) / f"net-{i}"
         data = case.serve if case.serve is not None else zip_bytes
         row = {"case": case.name, "expect": "corpus" if case.expect == "corpus" else "clear error"}
-        with Mirror({"/" + ZIP_NAME: data}) as m, env_vars(**{D.ENV_BASE_DELAY: 0.01, D.ENV_ATTEMPTS: 3,
-                                                              D.ENV_READ_TIMEOUT: 1.0}):
+        with Mirror({"/" + ZIP_NAME: data}) as m, env_vars(**{ENV_BASE_DELAY: 0.01, ENV_ATTEMPTS: 3,
+                                                              ENV_READ_TIMEOUT: 1.0}):
             m.set_faults(**case.faults)
             t0 = time.monotonic()
             try:
@@ -586,7 +586,7 @@ def network_faults(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> l
                 row["handled"] = False
                 row["detail"] += f"; CORRUPT CACHE: {bad}"
         if row["outcome"] == "error":  # the same root with a healthy server: must not reuse anything bad
-            with Mirror({"/" + ZIP_NAME: zip_bytes}) as healthy, env_vars(**{D.ENV_BASE_DELAY: 0.01}):
+            with Mirror({"/" + ZIP_NAME: zip_bytes}) as healthy, env_vars(**{ENV_BASE_DELAY: 0.01}):
                 try:
                     download(root, source_url=healthy.url(), **{k: v for k, v in case.kwargs.items()
                                                                    if k != "expected_sha256" or case.serve is None})
@@ -606,7 +606,7 @@ def source_cases(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> lis
     """What is at source_url (issue 10, items 3 and 5), in the network table's row format: new content at the
     same URL gives a new version holding the new text; credentials in the URL download the corpus and are
     stored nowhere."""
-    from tasks.corpus import redact_url
+    from tasks.core.urls import redact_url
     from tests.support.stages import corpus as download
 
     rows = []
