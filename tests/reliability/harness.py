@@ -52,10 +52,11 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flows.mirror import ZIP_NAME, Faults, Mirror, build_wikitext_zip, make_zip
+from flows.mirror import ZIP_NAME, Mirror, build_wikitext_zip, make_zip
 from tasks.core.stage import FAULT_ENV, FAULT_TRACE_ENV
 from tasks.core.store import MANIFEST, STAGES, ArtifactStore, human_bytes, sha256_file
 from tests.support import REPO, zips
+from tests.support.mirror_faults import Faults, FaultyMirror
 # Fields that measure time, not content: dropped before comparing (they differ between any two runs).
 TIMING_KEYS = re.compile(r"(^|_)seconds$|^tokens_per_sec$|^mb_per_s$")
 RUN_TIMEOUT = 240.0  # one pipeline subprocess (tiny preset: ~10 s)
@@ -201,8 +202,8 @@ def environment(workdir: Path, api_env: dict | None = None):
                                                             PREFECT_HOME: str(server.home)}))
         # a 0.1 s pause after the first 100 kB of every response: the first progress point of the download
         # then lands mid-body, so kills there exercise the Range resume (loopback is otherwise one gulp)
-        mirror = stack.enter_context(Mirror({"/" + ZIP_NAME: data},
-                                            faults=Faults(stall=0.1, stall_after=100_000, stall_times=-1)))
+        mirror = stack.enter_context(FaultyMirror({"/" + ZIP_NAME: data},
+                                                  faults=Faults(stall=0.1, stall_after=100_000, stall_times=-1)))
         env = {**api_env, "OMP_NUM_THREADS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         env.pop(FAULT_ENV, None)
         env.pop(FAULT_TRACE_ENV, None)
@@ -559,8 +560,8 @@ def network_faults(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> l
         root = Path(workdir) / f"net-{i}"
         data = case.serve if case.serve is not None else zip_bytes
         row = {"case": case.name, "expect": "corpus" if case.expect == "corpus" else "clear error"}
-        with Mirror({"/" + ZIP_NAME: data}) as m, env_vars(**{ENV_BASE_DELAY: 0.01, ENV_ATTEMPTS: 3,
-                                                              ENV_READ_TIMEOUT: 1.0}):
+        with FaultyMirror({"/" + ZIP_NAME: data}) as m, env_vars(**{ENV_BASE_DELAY: 0.01, ENV_ATTEMPTS: 3,
+                                                                    ENV_READ_TIMEOUT: 1.0}):
             m.set_faults(**case.faults)
             t0 = time.monotonic()
             try:

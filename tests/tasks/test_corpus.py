@@ -20,6 +20,7 @@ from tasks.core.header_strip import HEADER_RE, strip_headers
 from tasks.core.store import ArtifactStore
 from tasks.core.urls import redact_text, redact_url
 from tests.support import zips
+from tests.support.mirror_faults import FaultyMirror
 from tests.support.stages import corpus as download
 
 
@@ -52,7 +53,7 @@ def fast_retries(monkeypatch):
 
 @pytest.fixture()
 def mirror(wiki_zip):
-    with Mirror({"/wikitext-103-raw-v1.zip": wiki_zip}) as m:
+    with FaultyMirror({"/wikitext-103-raw-v1.zip": wiki_zip}) as m:
         yield m
 
 
