@@ -98,7 +98,7 @@ def loopback_mirror():
 
 
 def cmd_run(args) -> int:
-    from tasks.corpus import DownloadKnobs
+    from tasks.core.download import DownloadKnobs
 
     with contextlib.ExitStack() as stack:
         settings = checked(args)
@@ -146,7 +146,7 @@ def prefect_api_url() -> str | None:
 def flow_parameters(args) -> dict:
     """The chosen settings as the flow's JSON parameters, credentials in ``source_url`` included: this is what
     a deployment runs with (everywhere else the JSON form of the settings is redacted)."""
-    from tasks.corpus import credentials_revealed
+    from tasks.core.urls import credentials_revealed
 
     with credentials_revealed():
         return checked(args).flow_parameters()
@@ -156,7 +156,7 @@ def cmd_serve(args) -> int:
     from prefect.types.entrypoint import EntrypointType
 
     from flows.wiki_pipeline import wiki_pipeline
-    from tasks.corpus import DownloadKnobs
+    from tasks.core.download import DownloadKnobs
 
     parameters = flow_parameters(args)
     DownloadKnobs.from_env()  # the runner's environment is what its flow runs download with

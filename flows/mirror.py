@@ -5,14 +5,14 @@
   article boundaries (the `` = Title = `` lines) into train / valid / test, optionally with Tiny
   Shakespeare appended to train.
 * :class:`Mirror` serves byte strings or files on ``127.0.0.1`` only (``ThreadingHTTPServer`` on port 0
-  in a daemon thread; a context manager), with ``Range`` support and fault modes (:class:`Faults`) for
-  tests: fail the first N requests with 503, drop the connection after K body bytes, ignore ``Range``,
-  send a wrong ``Content-Length``, stall, answer 404. Every request is logged in ``mirror.requests``.
+  in a daemon thread; a context manager), with ``Range`` support and an ``ETag``. Every request is logged in
+  ``mirror.requests``. (The tests' fault modes -- 503s, dropped connections, ... -- are a subclass of it in
+  ``tests/support/mirror_faults.py``.)
 
 CLI::
 
     python -m flows.mirror --write-zip /tmp/wikitext-mini.zip
-    python -m flows.mirror --serve --port 8765 [--fail-first 2] [--drop-after 100000] ...
+    python -m flows.mirror --serve --port 8765 [--zip PATH]
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 import zipfile
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -87,33 +86,12 @@ def build_wikitext_zip(dest: str | os.PathLike | None = None, *, data_dir=None,
 
 
 # ---- the server --------------------------------------------------------------------------------------
-@dataclass
-class Faults:
-    """Fault modes; counters count requests (or responses with a body) from when the faults were set."""
+class MirrorHandler(BaseHTTPRequestHandler):
+    """Answers GET and HEAD with a file of the :class:`Mirror`, whole or the one ``Range`` asked for.
 
-    fail_first: int = 0  # answer the first N requests with ``fail_status``
-    fail_status: int = 503
-    not_found: bool = False  # answer every request with 404
-    drop_after: int | None = None  # close the connection after this many body bytes ...
-    drop_times: int = 1  # ... in this many responses (-1: every response)
-    ignore_range: bool = False  # answer Range requests with 200 and the whole file
-    length_delta: int = 0  # add this to the Content-Length header (body unchanged; then close)
-    length_times: int = 1  # ... in this many responses (-1: every response)
-    stall: float = 0.0  # sleep this long before sending the body ...
-    stall_after: int = 0  # ... after this many body bytes ...
-    stall_times: int = 1  # ... in this many responses (-1: every response)
-    counts: dict = field(default_factory=dict)
+    A subclass may change how a request is answered through :meth:`refusal`, :meth:`range_header`,
+    :meth:`response_headers` and :meth:`send_body` (the tests' fault injection does)."""
 
-    def take(self, name: str, times: int) -> bool:
-        """Whether fault ``name`` applies to this response (and count it)."""
-        used = self.counts.get(name, 0)
-        if times >= 0 and used >= times:
-            return False
-        self.counts[name] = used + 1
-        return True
-
-
-class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "wiki-mirror/1"
 
@@ -126,78 +104,75 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         self._serve(head=False)
 
+    def refusal(self) -> tuple[int, str] | None:
+        """The status and message to answer instead of the file, or None (called for every request, under the
+        mirror's lock)."""
+        return None
+
+    def range_header(self) -> str | None:
+        """The ``Range`` this answer honours."""
+        return self.headers.get("Range")
+
+    def response_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        """The headers of an answer with the file (not of an error)."""
+        return headers
+
+    def send_body(self, body: bytes, entry: dict) -> None:
+        """Send ``body``, counting the bytes sent in ``entry["sent"]``."""
+        for pos in range(0, len(body), 65536):
+            piece = body[pos:pos + 65536]
+            self.wfile.write(piece)
+            entry["sent"] = pos + len(piece)
+        self.wfile.flush()
+
     def _serve(self, head: bool) -> None:
         mirror: Mirror = self.server.mirror
         with mirror.lock:
-            faults = mirror.faults
-            n = mirror._request_count
-            mirror._request_count += 1
             entry = {"method": self.command, "path": self.path, "range": self.headers.get("Range"),
                      "status": None, "sent": 0}
             mirror.requests.append(entry)
             data = mirror.files.get(self.path.split("?", 1)[0])
-            fail = n < faults.fail_first
-            drop = stall = delta = None
-        if faults.not_found or data is None:
+            refusal = self.refusal()
+        if data is None:
             return self._error(entry, 404, "not found")
-        if fail:
-            return self._error(entry, faults.fail_status, "induced failure")
+        if refusal is not None:
+            return self._error(entry, *refusal)
         if isinstance(data, Path):
             data = data.read_bytes()
-        size = len(data)
-        start, end, status = 0, size, 200
-        rng = self.headers.get("Range")
-        if rng and not faults.ignore_range:
-            m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())
-            if not m:
-                return self._error(entry, 416, "bad range", {"Content-Range": f"bytes */{size}"})
-            start = int(m.group(1))
-            end = min(size, int(m.group(2)) + 1) if m.group(2) else size
-            if start >= size or start >= end:
-                return self._error(entry, 416, "range not satisfiable", {"Content-Range": f"bytes */{size}"})
-            status = 206
+        span = self._span(entry, len(data))
+        if span is None:
+            return
+        start, end, status = span
         body = data[start:end]
-        with mirror.lock:
-            if faults.drop_after is not None and faults.take("drop", faults.drop_times):
-                drop = faults.drop_after
-            if faults.stall and faults.take("stall", faults.stall_times):
-                stall = (faults.stall_after, faults.stall)
-            if faults.length_delta and faults.take("length", faults.length_times):
-                delta = faults.length_delta
         entry["status"] = status
-        self.send_response(status)
-        self.send_header("Content-Type", "application/zip")
-        self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", f'"{mirror.etag(self.path)}"')
-        self.send_header("Content-Length", str(len(body) + (delta or 0)))
+        headers = {"Content-Type": "application/zip", "Accept-Ranges": "bytes", "ETag": f'"{mirror.etag(self.path)}"',
+                   "Content-Length": str(len(body))}
         if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
-        if drop is not None or delta:
-            self.send_header("Connection", "close")
-            self.close_connection = True
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+        self.send_response(status)
+        for name, value in self.response_headers(headers).items():
+            self.send_header(name, value)
         self.end_headers()
         if head:
             return
-        limit = len(body) if drop is None else min(drop, len(body))
-        pos = 0
         try:
-            while pos < limit:
-                if stall and pos >= stall[0]:
-                    if mirror._stop.wait(stall[1]):
-                        return
-                    stall = None
-                piece = body[pos:min(limit, pos + 65536, stall[0] if stall and stall[0] > pos else limit)]
-                self.wfile.write(piece)
-                pos += len(piece)
-                entry["sent"] = pos
-            if stall and pos >= stall[0]:  # stall at the very end of the body
-                mirror._stop.wait(stall[1])
-            self.wfile.flush()
+            self.send_body(body, entry)
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             self.close_connection = True
-            return
-        if drop is not None:
-            self.close_connection = True
+
+    def _span(self, entry: dict, size: int) -> tuple[int, int, int] | None:
+        """``(start, end, status)`` of the answer; None when it was answered with 416."""
+        rng = self.range_header()
+        if not rng:
+            return 0, size, 200
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())
+        if not m:
+            return self._error(entry, 416, "bad range", {"Content-Range": f"bytes */{size}"})
+        start = int(m.group(1))
+        end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+        if start >= size or start >= end:
+            return self._error(entry, 416, "range not satisfiable", {"Content-Range": f"bytes */{size}"})
+        return start, end, 206
 
     def _error(self, entry: dict, status: int, message: str, headers: dict | None = None) -> None:
         entry["status"] = status
@@ -218,22 +193,19 @@ class _Handler(BaseHTTPRequestHandler):
 class Mirror:
     """Serve ``{"/path": bytes | Path}`` on 127.0.0.1; use as a context manager.
 
-    ``mirror.url("/wikitext-103-raw-v1.zip")`` is the address; ``mirror.faults`` (a :class:`Faults`) can be
-    replaced at any time with :meth:`set_faults`; ``mirror.requests`` logs every request
-    (``method, path, range, status, sent``).
+    ``mirror.url("/wikitext-103-raw-v1.zip")`` is the address; ``mirror.requests`` logs every request
+    (``method, path, range, status, sent``); :attr:`handler` answers them.
     """
 
-    def __init__(self, files: dict[str, bytes | os.PathLike] | None = None, port: int = 0,
-                 faults: Faults | None = None) -> None:
+    handler: type[MirrorHandler] = MirrorHandler
+
+    def __init__(self, files: dict[str, bytes | os.PathLike] | None = None, port: int = 0) -> None:
         self.files: dict[str, bytes | Path] = {}
         for name, data in (files or {}).items():
             self.add(name, data)
         self.port = port
-        self.faults = faults or Faults()
         self.requests: list[dict] = []
         self.lock = threading.Lock()
-        self._request_count = 0
-        self._stop = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -250,19 +222,12 @@ class Mirror:
             return f"{st.st_size:x}-{st.st_mtime_ns:x}"
         return hashlib.sha1(data or b"").hexdigest()[:16]
 
-    def set_faults(self, **kw) -> Faults:
-        """Replace the fault modes (counters restart from the next request)."""
-        with self.lock:
-            self.faults = Faults(**kw)
-            self._request_count = 0
-        return self.faults
-
     def clear_log(self) -> None:
         with self.lock:
             self.requests.clear()
 
     def start(self) -> "Mirror":
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
         self._server.daemon_threads = True
         self._server.mirror = self
         self.port = self._server.server_address[1]
@@ -272,7 +237,6 @@ class Mirror:
         return self
 
     def stop(self) -> None:
-        self._stop.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -300,10 +264,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--zip", metavar="PATH", help="serve this zip instead of building one")
     ap.add_argument("--with-shakespeare", action="store_true", help="append tinyshakespeare to train")
     ap.add_argument("--data-dir", default=None, help=f"folder with wikitext2-valid.txt (default {SHARED_DATA})")
-    for name in ("fail-first", "drop-after", "length-delta"):
-        ap.add_argument(f"--{name}", type=int, default=None)
-    ap.add_argument("--stall", type=float, default=0.0)
-    ap.add_argument("--ignore-range", action="store_true")
     args = ap.parse_args(argv)
     if not args.write_zip and not args.serve:
         ap.error("give --write-zip PATH and/or --serve")
@@ -316,9 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             data = Path(args.zip).read_bytes()
         elif data is None:
             data = build_wikitext_zip(data_dir=args.data_dir, with_shakespeare=args.with_shakespeare)
-        faults = Faults(fail_first=args.fail_first or 0, drop_after=args.drop_after,
-                        length_delta=args.length_delta or 0, stall=args.stall, ignore_range=args.ignore_range)
-        with Mirror({"/" + ZIP_NAME: data}, port=args.port, faults=faults) as m:
+        with Mirror({"/" + ZIP_NAME: data}, port=args.port) as m:
             print(m.url(), flush=True)
             try:
                 while True:

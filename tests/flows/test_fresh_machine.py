@@ -14,8 +14,9 @@ import time
 import psutil
 import pytest
 
-from flows.mirror import ZIP_NAME, Faults, Mirror, build_wikitext_zip
+from flows.mirror import ZIP_NAME, build_wikitext_zip
 from tests.support import REPO
+from tests.support.mirror_faults import Faults, FaultyMirror
 
 
 def _env_without_a_server(home) -> dict:
@@ -40,7 +41,7 @@ def test_a_sigkilled_run_leaves_no_server_behind(prefect_server, tmp_path):
     with sqlite3.connect(prefect_server.home / "prefect.db") as src, sqlite3.connect(home / "prefect.db") as dst:
         src.backup(dst)  # an already migrated database: the server starts in seconds
     # the corpus stage's first request never gets its body: the run is still going when it is killed
-    with Mirror({"/" + ZIP_NAME: build_wikitext_zip()}, faults=Faults(stall=120, stall_times=-1)) as mirror:
+    with FaultyMirror({"/" + ZIP_NAME: build_wikitext_zip()}, faults=Faults(stall=120, stall_times=-1)) as mirror:
         log = tmp_path / "run.log"
         with open(log, "w") as out:
             run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "--tiny", "--only", "corpus",

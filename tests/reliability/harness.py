@@ -52,11 +52,12 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flows.mirror import ZIP_NAME, Faults, Mirror, build_wikitext_zip, make_zip
+from flows.mirror import ZIP_NAME, Mirror, build_wikitext_zip, make_zip
 from tasks.core.stage import FAULT_ENV, FAULT_TRACE_ENV
 from tasks.core.store import MANIFEST, human_bytes, sha256_file
 from tasks.registry import NAMES, open_store
 from tests.support import REPO, zips
+from tests.support.mirror_faults import Faults, FaultyMirror
 # Fields that measure time, not content: dropped before comparing (they differ between any two runs).
 TIMING_KEYS = re.compile(r"(^|_)seconds$|^tokens_per_sec$|^mb_per_s$")
 RUN_TIMEOUT = 240.0  # one pipeline subprocess (tiny preset: ~10 s)
@@ -189,8 +190,8 @@ def environment(workdir: Path, api_env: dict | None = None):
             api_env = server.env
         # a 0.1 s pause after the first 100 kB of every response: the first progress point of the download
         # then lands mid-body, so kills there exercise the Range resume (loopback is otherwise one gulp)
-        mirror = stack.enter_context(Mirror({"/" + ZIP_NAME: data},
-                                            faults=Faults(stall=0.1, stall_after=100_000, stall_times=-1)))
+        mirror = stack.enter_context(FaultyMirror({"/" + ZIP_NAME: data},
+                                                  faults=Faults(stall=0.1, stall_after=100_000, stall_times=-1)))
         env = {**api_env, "OMP_NUM_THREADS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         env.pop(FAULT_ENV, None)
         env.pop(FAULT_TRACE_ENV, None)
@@ -539,7 +540,7 @@ def _cached_zip_problem(root: Path, zip_bytes: bytes) -> str | None:
 def network_faults(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> list[dict]:
     """Each network case against a fresh root; then a healthy rerun on the same root must give the corpus."""
     from mygpt.errors import UserError
-    from tasks import corpus as D
+    from tasks.core.download import ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT
     from tests.support.stages import corpus as download
 
     rows = []
@@ -547,8 +548,8 @@ def network_faults(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> l
         root = Path(workdir) / f"net-{i}"
         data = case.serve if case.serve is not None else zip_bytes
         row = {"case": case.name, "expect": "corpus" if case.expect == "corpus" else "clear error"}
-        with Mirror({"/" + ZIP_NAME: data}) as m, env_vars(**{D.ENV_BASE_DELAY: 0.01, D.ENV_ATTEMPTS: 3,
-                                                              D.ENV_READ_TIMEOUT: 1.0}):
+        with FaultyMirror({"/" + ZIP_NAME: data}) as m, env_vars(**{ENV_BASE_DELAY: 0.01, ENV_ATTEMPTS: 3,
+                                                                    ENV_READ_TIMEOUT: 1.0}):
             m.set_faults(**case.faults)
             t0 = time.monotonic()
             try:
@@ -574,7 +575,7 @@ def network_faults(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> l
                 row["handled"] = False
                 row["detail"] += f"; CORRUPT CACHE: {bad}"
         if row["outcome"] == "error":  # the same root with a healthy server: must not reuse anything bad
-            with Mirror({"/" + ZIP_NAME: zip_bytes}) as healthy, env_vars(**{D.ENV_BASE_DELAY: 0.01}):
+            with Mirror({"/" + ZIP_NAME: zip_bytes}) as healthy, env_vars(**{ENV_BASE_DELAY: 0.01}):
                 try:
                     download(root, source_url=healthy.url(), **{k: v for k, v in case.kwargs.items()
                                                                    if k != "expected_sha256" or case.serve is None})
@@ -594,7 +595,7 @@ def source_cases(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> lis
     """What is at source_url (issue 10, items 3 and 5), in the network table's row format: new content at the
     same URL gives a new version holding the new text; credentials in the URL download the corpus and are
     stored nowhere."""
-    from tasks.corpus import redact_url
+    from tasks.core.urls import redact_url
     from tests.support.stages import corpus as download
 
     rows = []

@@ -14,8 +14,13 @@ from hypothesis import given, settings, strategies as st
 from flows.mirror import MEMBER, Mirror, build_wikitext_zip, make_zip
 from mygpt.errors import UserError
 from tasks import corpus as D
+from tasks.core import unzip
+from tasks.core.download import ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT, DownloadKnobs, fetch
+from tasks.core.header_strip import HEADER_RE, strip_headers
+from tasks.core.urls import redact_text, redact_url
 from tasks.registry import open_store
 from tests.support import zips
+from tests.support.mirror_faults import FaultyMirror
 from tests.support.stages import corpus as download
 
 
@@ -42,13 +47,13 @@ def wiki_zip(wikitext2_path) -> bytes:
 
 @pytest.fixture()
 def fast_retries(monkeypatch):
-    monkeypatch.setenv(D.ENV_BASE_DELAY, "0.01")
-    monkeypatch.setenv(D.ENV_ATTEMPTS, "4")
+    monkeypatch.setenv(ENV_BASE_DELAY, "0.01")
+    monkeypatch.setenv(ENV_ATTEMPTS, "4")
 
 
 @pytest.fixture()
 def mirror(wiki_zip):
-    with Mirror({"/wikitext-103-raw-v1.zip": wiki_zip}) as m:
+    with FaultyMirror({"/wikitext-103-raw-v1.zip": wiki_zip}) as m:
         yield m
 
 
@@ -73,14 +78,14 @@ _LINES = st.one_of(
 def test_streamed_strip_equals_one_re_sub(lines, block_chars, piece):
     whole = "".join(lines)
     pieces = [whole[i:i + piece] for i in range(0, len(whole), piece)]
-    got = list(D.strip_headers(pieces, block_chars))
-    assert "".join(t for t, _ in got) == D.HEADER_RE.sub("", whole)
-    assert sum(n for _, n in got) == len(D.HEADER_RE.findall(whole))
+    got = list(strip_headers(pieces, block_chars))
+    assert "".join(t for t, _ in got) == HEADER_RE.sub("", whole)
+    assert sum(n for _, n in got) == len(HEADER_RE.findall(whole))
 
 
 def test_streamed_strip_on_real_wikitext_small_blocks(wikitext2_text):
     pieces = [wikitext2_text[i:i + 7919] for i in range(0, len(wikitext2_text), 7919)]
-    got = "".join(t for t, _ in D.strip_headers(pieces, block_chars=2000))
+    got = "".join(t for t, _ in strip_headers(pieces, block_chars=2000))
     assert got == re.sub(r"^\s*=+ [^=]+ =+\s*$\n?", "", wikitext2_text, flags=re.MULTILINE)
 
 
@@ -155,7 +160,7 @@ def test_wrong_content_length_is_overruled_by_the_probed_size(tmp_path, mirror, 
 
 
 def test_stalled_body_hits_the_read_timeout_and_resumes(tmp_path, mirror, wiki_zip, fast_retries, monkeypatch):
-    monkeypatch.setenv(D.ENV_READ_TIMEOUT, "1.0")
+    monkeypatch.setenv(ENV_READ_TIMEOUT, "1.0")
     mirror.set_faults(stall=4.0, stall_after=65536, stall_times=2)
     ref = download(tmp_path / "art", source_url=mirror.url())
     ranges = [r["range"] for r in mirror.requests]
@@ -164,7 +169,7 @@ def test_stalled_body_hits_the_read_timeout_and_resumes(tmp_path, mirror, wiki_z
 
 
 def test_interrupted_run_resumes_on_the_next_run(tmp_path, mirror, wiki_zip, monkeypatch):
-    monkeypatch.setenv(D.ENV_ATTEMPTS, "1")
+    monkeypatch.setenv(ENV_ATTEMPTS, "1")
     mirror.set_faults(drop_after=150_000, drop_times=2)
     root = tmp_path / "art"
     with pytest.raises(UserError, match="failed 1 times in a row"):
@@ -185,7 +190,7 @@ def test_503s_are_retried(tmp_path, mirror, fast_retries):
 
 
 def test_repeated_5xx_is_a_user_error_and_publishes_nothing(tmp_path, mirror, fast_retries, monkeypatch):
-    monkeypatch.setenv(D.ENV_ATTEMPTS, "3")
+    monkeypatch.setenv(ENV_ATTEMPTS, "3")
     mirror.set_faults(fail_first=1000, fail_status=502)
     with pytest.raises(UserError, match=re.escape(mirror.url()) + ".*failed 3 times.*HTTP 502"):
         download(tmp_path / "art", source_url=mirror.url())
@@ -368,10 +373,10 @@ def _closed_port() -> int:
 
 
 def test_redact_url():
-    assert D.redact_url("https://u:p@h:8/a/b.zip?sig=x%2F&e=1#f") == "https://***@h:8/a/b.zip?sig=***&e=***#f"
-    assert D.redact_url("https://h/b.zip?tokenonly") == "https://h/b.zip?***"
-    assert D.redact_url(D.DEFAULT_URL) == D.DEFAULT_URL
-    assert D.redact_text("GET /b.zip?sig=x%2F&e=1 failed", "https://h/b.zip?sig=x%2F&e=1") == \
+    assert redact_url("https://u:p@h:8/a/b.zip?sig=x%2F&e=1#f") == "https://***@h:8/a/b.zip?sig=***&e=***#f"
+    assert redact_url("https://h/b.zip?tokenonly") == "https://h/b.zip?***"
+    assert redact_url(D.DEFAULT_URL) == D.DEFAULT_URL
+    assert redact_text("GET /b.zip?sig=x%2F&e=1 failed", "https://h/b.zip?sig=x%2F&e=1") == \
         "GET /b.zip?sig=***&e=*** failed"
 
 
@@ -424,7 +429,7 @@ def test_announced_size_beyond_the_bound_is_refused_before_the_body(tmp_path, mi
         download(tmp_path / "art", source_url=mirror.url(), expected_bytes=1000)
     assert [r["range"] for r in mirror.requests] == ["bytes=0-0"], "refused from the probe: nothing downloaded"
     with pytest.raises(UserError, match=r"larger than expected_bytes \(1,000\): it announces"):
-        D.fetch(mirror.url(), tmp_path / "z.zip", max_bytes=1000)
+        fetch(mirror.url(), tmp_path / "z.zip", max_bytes=1000)
     assert not list(tmp_path.glob("z.zip*"))
 
 
@@ -456,33 +461,33 @@ def test_zip_members_are_checked_before_anything_is_unzipped(tmp_path, case):
 def test_unzipped_total_is_bounded(tmp_path, monkeypatch):
     zpath = tmp_path / "w.zip"
     zpath.write_bytes(_tiny_zip("Total"))
-    monkeypatch.setattr(D, "MAX_UNZIPPED_BYTES", 64)
+    monkeypatch.setattr(unzip, "MAX_UNZIPPED_BYTES", 64)
     with pytest.raises(UserError, match=r"would unzip to \d+ B, more than the 64 B this stage accepts"):
         download(tmp_path / "art", source_url=zpath.as_uri())
 
 
 # ---- the download knobs (item 7) ----------------------------------------------------------------------------
 @pytest.mark.parametrize("env, value, message", [
-    (D.ENV_ATTEMPTS, "nan", r"WIKI_PIPELINE_DOWNLOAD_ATTEMPTS must be a whole number >= 1, got 'nan'"),
-    (D.ENV_ATTEMPTS, "2.5", r"must be a whole number >= 1, got '2.5'"),
-    (D.ENV_ATTEMPTS, "0", r"must be a whole number >= 1, got '0'"),
-    (D.ENV_BASE_DELAY, "-1", r"WIKI_PIPELINE_RETRY_BASE_DELAY must be a number of seconds >= 0, got '-1'"),
-    (D.ENV_BASE_DELAY, "inf", r"must be a number of seconds >= 0, got 'inf'"),
-    (D.ENV_READ_TIMEOUT, "0", r"WIKI_PIPELINE_READ_TIMEOUT must be a number of seconds > 0, got '0'"),
-    (D.ENV_READ_TIMEOUT, "-5", r"must be a number of seconds > 0, got '-5' \(seconds without data before a try "
+    (ENV_ATTEMPTS, "nan", r"WIKI_PIPELINE_DOWNLOAD_ATTEMPTS must be a whole number >= 1, got 'nan'"),
+    (ENV_ATTEMPTS, "2.5", r"must be a whole number >= 1, got '2.5'"),
+    (ENV_ATTEMPTS, "0", r"must be a whole number >= 1, got '0'"),
+    (ENV_BASE_DELAY, "-1", r"WIKI_PIPELINE_RETRY_BASE_DELAY must be a number of seconds >= 0, got '-1'"),
+    (ENV_BASE_DELAY, "inf", r"must be a number of seconds >= 0, got 'inf'"),
+    (ENV_READ_TIMEOUT, "0", r"WIKI_PIPELINE_READ_TIMEOUT must be a number of seconds > 0, got '0'"),
+    (ENV_READ_TIMEOUT, "-5", r"must be a number of seconds > 0, got '-5' \(seconds without data before a try "
                                r"fails; default 60\); fix or unset it"),
 ])
 def test_bad_download_knobs_are_user_errors(monkeypatch, env, value, message):
     monkeypatch.setenv(env, value)
     with pytest.raises(UserError, match=message):
-        D.DownloadKnobs.from_env()
+        DownloadKnobs.from_env()
 
 
 def test_download_knobs_from_env(monkeypatch):
-    for env in (D.ENV_ATTEMPTS, D.ENV_BASE_DELAY, D.ENV_READ_TIMEOUT):
+    for env in (ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT):
         monkeypatch.setenv(env, "")
-    assert D.DownloadKnobs.from_env() == D.DownloadKnobs(6, 2.0, 60.0)
-    monkeypatch.setenv(D.ENV_ATTEMPTS, "3")
-    monkeypatch.setenv(D.ENV_BASE_DELAY, "0")
-    monkeypatch.setenv(D.ENV_READ_TIMEOUT, "0.5")
-    assert D.DownloadKnobs.from_env() == D.DownloadKnobs(3, 0.0, 0.5)
+    assert DownloadKnobs.from_env() == DownloadKnobs(6, 2.0, 60.0)
+    monkeypatch.setenv(ENV_ATTEMPTS, "3")
+    monkeypatch.setenv(ENV_BASE_DELAY, "0")
+    monkeypatch.setenv(ENV_READ_TIMEOUT, "0.5")
+    assert DownloadKnobs.from_env() == DownloadKnobs(3, 0.0, 0.5)

@@ -12,7 +12,8 @@ from hypothesis import given, settings, strategies as st
 
 from flows.mirror import MEMBER, make_zip
 from mygpt.errors import UserError
-from tasks import corpus as C
+from tasks.core.header_strip import strip_block
+from tasks.corpus import extract_corpus
 
 CHAPTER_RE = re.compile(r"^\s*=+ [^=]+ =+\s*$\n?", flags=re.MULTILINE)  # the chapter's regex, verbatim
 
@@ -24,11 +25,11 @@ _BITS = st.sampled_from([" ", "\n", "=", "==", " = ", " = = ", "x", "a b", " \n"
 @given(st.lists(_BITS, max_size=30))
 def test_strip_block_equals_the_chapters_subn(bits):
     text = "".join(bits)
-    assert C.strip_block(text) == CHAPTER_RE.subn("", text)
+    assert strip_block(text) == CHAPTER_RE.subn("", text)
 
 
 def test_strip_block_on_real_wikitext(wikitext2_text):
-    got, n = C.strip_block(wikitext2_text)
+    got, n = strip_block(wikitext2_text)
     want, m = CHAPTER_RE.subn("", wikitext2_text)
     assert got == want and n == m > 10
 
@@ -44,7 +45,7 @@ def test_extract_writes_what_one_pass_would(tmp_path, wikitext2_text):
     zpath = _zip(tmp_path, wikitext2_text)
     out = tmp_path / "out"
     out.mkdir()
-    m = C.extract_corpus(zpath, out, source="test", block_chars=5000)  # many blocks through the threads
+    m = extract_corpus(zpath, out, source="test", block_chars=5000)  # many blocks through the threads
     train = CHAPTER_RE.sub("", wikitext2_text)
     assert (out / "wiki.train.txt").read_text(encoding="utf-8") == train
     assert (out / "wikipedia.txt").read_text(encoding="utf-8") == train + " v\n" + " t\n"
@@ -63,6 +64,6 @@ def test_a_damaged_member_fails_in_the_reader_thread_and_writes_nothing(tmp_path
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(UserError, match="wiki.train.raw in test is"):
-        C.extract_corpus(zpath, out, source="test", block_chars=5000)
+        extract_corpus(zpath, out, source="test", block_chars=5000)
     assert list(out.iterdir()) == []  # no split, no wikipedia.txt, no temp file
     assert not [t for t in threading.enumerate() if t.name.startswith(("corpus-reader", "corpus-writer"))]
