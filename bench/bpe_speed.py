@@ -121,8 +121,10 @@ def part1(results: dict, repeat: int, chapter_train: bool) -> None:
         chars, merges = bpe_reference.train(text, 1024)
         r["train_chapter_s"] = time.perf_counter() - t0
         r["train_same_merges"] = merges == tok.merges and chars == tok.chars
-        print(f"  train  chapter algorithm         {r['train_chapter_s']:8.3f} s   "
-              f"same merges: {r['train_same_merges']}   speed-up x{r['train_chapter_s'] / t_ours:.0f}")
+        print(
+            f"  train  chapter algorithm         {r['train_chapter_s']:8.3f} s   "
+            f"same merges: {r['train_same_merges']}   speed-up x{r['train_chapter_s'] / t_ours:.0f}"
+        )
     alphabet = sorted(set(text))
     t_hf1, _ = best_of(lambda: hf_train([text], alphabet, 1024), repeat)
     pieces = safe_pieces(text)
@@ -146,12 +148,21 @@ def part1(results: dict, repeat: int, chapter_train: bool) -> None:
     tok.encode_corpus(text)
     t_us_w, _ = best_of(lambda: tok.encode_corpus(text), repeat)
     assert ch_ids.tolist() == us_ids.tolist()
-    r.update(encode_chapter_cold_s=t_ch, encode_ours_cold_s=t_us, encode_chapter_warm_s=t_ch_w,
-             encode_ours_warm_s=t_us_w, tokens=int(us_ids.size))
-    print(f"  encode chapter encode_corpus     cold {t_ch:6.3f} s ({mb(nbytes, t_ch):5.1f} MB/s)   "
-          f"warm {t_ch_w:6.3f} s ({mb(nbytes, t_ch_w):5.1f} MB/s)")
-    print(f"  encode ours    encode_corpus     cold {t_us:6.3f} s ({mb(nbytes, t_us):5.1f} MB/s)   "
-          f"warm {t_us_w:6.3f} s ({mb(nbytes, t_us_w):5.1f} MB/s)   x{t_ch / t_us:.1f} / x{t_ch_w / t_us_w:.1f}")
+    r.update(
+        encode_chapter_cold_s=t_ch,
+        encode_ours_cold_s=t_us,
+        encode_chapter_warm_s=t_ch_w,
+        encode_ours_warm_s=t_us_w,
+        tokens=int(us_ids.size),
+    )
+    print(
+        f"  encode chapter encode_corpus     cold {t_ch:6.3f} s ({mb(nbytes, t_ch):5.1f} MB/s)   "
+        f"warm {t_ch_w:6.3f} s ({mb(nbytes, t_ch_w):5.1f} MB/s)"
+    )
+    print(
+        f"  encode ours    encode_corpus     cold {t_us:6.3f} s ({mb(nbytes, t_us):5.1f} MB/s)   "
+        f"warm {t_us_w:6.3f} s ({mb(nbytes, t_us_w):5.1f} MB/s)   x{t_ch / t_us:.1f} / x{t_ch_w / t_us_w:.1f}"
+    )
     results["wikitext2"] = r
 
 
@@ -183,9 +194,14 @@ def encode_child(path: str, tok_path: str, workers: int, chunk_bytes: int) -> No
 
             client = stack.enter_context(dask_work.dask_client(RunOptions(workers=workers), logging.getLogger("bench")))
             tok_json = json.dumps(tok.state())
-            work = dask_work.in_order(client, dask_work.encode_chunk, chunk_bounds(path, chunk_bytes),
-                                      lambda b: ("bench", tok_json, path, b[1], b[2], "skip"),
-                                      window=2 * workers + 2, name="encode")
+            work = dask_work.in_order(
+                client,
+                dask_work.encode_chunk,
+                chunk_bounds(path, chunk_bytes),
+                lambda b: ("bench", tok_json, path, b[1], b[2], "skip"),
+                window=2 * workers + 2,
+                name="encode",
+            )
             parts = ((b[0], b[1], b[2], r[0], EncodeStats(**r[1])) for b, r in work)
         for _idx, _s, _e, ids, st in parts:
             n_tokens += ids.size
@@ -196,15 +212,35 @@ def encode_child(path: str, tok_path: str, workers: int, chunk_bytes: int) -> No
     ru_self = resource.getrusage(resource.RUSAGE_SELF)
     ru_kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # the Dask workers (joined by now)
     cpu = ru_self.ru_utime + ru_self.ru_stime + ru_kids.ru_utime + ru_kids.ru_stime
-    print(json.dumps({"seconds": dt, "cpu_s": cpu, "tokens": n_tokens, "checksum": checksum, "chunks": chunks,
-                      "skipped_positions": stats.skipped_positions, "skipped_distinct": len(stats.skipped_chars),
-                      "chars": stats.chars}))
+    print(
+        json.dumps(
+            {
+                "seconds": dt,
+                "cpu_s": cpu,
+                "tokens": n_tokens,
+                "checksum": checksum,
+                "chunks": chunks,
+                "skipped_positions": stats.skipped_positions,
+                "skipped_distinct": len(stats.skipped_chars),
+                "chars": stats.chars,
+            }
+        )
+    )
 
 
 def run_encode_child(path: Path, tok_path: Path, workers: int, chunk_bytes: int) -> dict:
     """Run one encode in a fresh child process and watch the memory of its whole process tree
     (``bench.memwatch``: peak RSS and PSS sums, and each process's VmHWM)."""
-    cmd = [sys.executable, "-m", "bench.bpe_speed", "--encode-child", str(path), str(tok_path), str(workers), str(chunk_bytes)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.bpe_speed",
+        "--encode-child",
+        str(path),
+        str(tok_path),
+        str(workers),
+        str(chunk_bytes),
+    ]
     w = run_watched(cmd, pss=True)
     out = w.stdout
     if w.returncode:
@@ -217,8 +253,9 @@ def run_encode_child(path: Path, tok_path: Path, workers: int, chunk_bytes: int)
     return res
 
 
-def part2(results: dict, big_bytes: int, train_bytes: int, workers_list: list[int], chunk_bytes: int,
-          chapter_slice: int) -> None:
+def part2(
+    results: dict, big_bytes: int, train_bytes: int, workers_list: list[int], chunk_bytes: int, chapter_slice: int
+) -> None:
     from bench.make_corpus import make_corpus
 
     OUT.mkdir(parents=True, exist_ok=True)
@@ -233,8 +270,7 @@ def part2(results: dict, big_bytes: int, train_bytes: int, workers_list: list[in
     tok = BPETokenizer.from_corpus(text, 1024)
     r["train_slice_bytes"] = train_bytes
     r["train_slice_s"] = time.perf_counter() - t0
-    print(f"== generated corpus: train 1024 merges on the first {train_bytes / 1e6:.0f} MB: "
-          f"{r['train_slice_s']:.2f} s")
+    print(f"== generated corpus: train 1024 merges on the first {train_bytes / 1e6:.0f} MB: {r['train_slice_s']:.2f} s")
     tok_path = OUT / f"tok_{train_bytes // 1_000_000}m.json"
     tok.save(tok_path)
     sl = text[:chapter_slice]
@@ -247,29 +283,37 @@ def part2(results: dict, big_bytes: int, train_bytes: int, workers_list: list[in
     t_us = time.perf_counter() - t0
     assert ch_ids.tolist() == us_ids.tolist()
     r.update(slice_bytes=nb, slice_chapter_s=t_ch, slice_ours_s=t_us)
-    print(f"  encode {nb / 1e6:.0f} MB in memory: chapter {t_ch:.2f} s ({mb(nb, t_ch):.1f} MB/s), "
-          f"ours {t_us:.2f} s ({mb(nb, t_us):.1f} MB/s)  x{t_ch / t_us:.1f}")
+    print(
+        f"  encode {nb / 1e6:.0f} MB in memory: chapter {t_ch:.2f} s ({mb(nb, t_ch):.1f} MB/s), "
+        f"ours {t_us:.2f} s ({mb(nb, t_us):.1f} MB/s)  x{t_ch / t_us:.1f}"
+    )
     del text, sl, ch_ids, us_ids
     runs = {}
     for w in workers_list:
         res = run_encode_child(big, tok_path, w, chunk_bytes)
         runs[w] = res
-        print(f"  iter_encode_file {r['bytes'] / 1e6:.0f} MB workers={w}: {res['seconds']:.1f} s "
-              f"({mb(r['bytes'], res['seconds']):.1f} MB/s; CPU {res['cpu_s']:.1f} s), tokens={res['tokens']:,}, "
-              f"chunks={res['chunks']}, checksum {res['checksum']}\n"
-              f"      peak memory of the {res['processes']} processes: PSS sum {res['tree_peak_pss_mb']:.0f} MB, "
-              f"RSS sum {res['tree_peak_rss_mb']:.0f} MB, sum of per-process VmHWM {res['sum_vmhwm_mb']:.0f} MB")
+        print(
+            f"  iter_encode_file {r['bytes'] / 1e6:.0f} MB workers={w}: {res['seconds']:.1f} s "
+            f"({mb(r['bytes'], res['seconds']):.1f} MB/s; CPU {res['cpu_s']:.1f} s), tokens={res['tokens']:,}, "
+            f"chunks={res['chunks']}, checksum {res['checksum']}\n"
+            f"      peak memory of the {res['processes']} processes: PSS sum {res['tree_peak_pss_mb']:.0f} MB, "
+            f"RSS sum {res['tree_peak_rss_mb']:.0f} MB, sum of per-process VmHWM {res['sum_vmhwm_mb']:.0f} MB"
+        )
     if len(runs) > 1:
         ws = sorted(runs)
         same = len({(runs[w]["checksum"], runs[w]["tokens"]) for w in ws}) == 1
-        print(f"  identical ids across workers: {same}; wall speed-up workers={ws[-1]} vs {ws[0]}: "
-              f"x{runs[ws[0]]['seconds'] / runs[ws[-1]]['seconds']:.2f}; CPU used x"
-              f"{runs[ws[-1]]['cpu_s'] / runs[ws[0]]['cpu_s']:.2f} (load average now {os.getloadavg()[0]:.1f} "
-              f"on {os.cpu_count()} cores)")
+        print(
+            f"  identical ids across workers: {same}; wall speed-up workers={ws[-1]} vs {ws[0]}: "
+            f"x{runs[ws[0]]['seconds'] / runs[ws[-1]]['seconds']:.2f}; CPU used x"
+            f"{runs[ws[-1]]['cpu_s'] / runs[ws[0]]['cpu_s']:.2f} (load average now {os.getloadavg()[0]:.1f} "
+            f"on {os.cpu_count()} cores)"
+        )
         r["identical_across_workers"] = same
     first = runs[min(runs)]
-    print(f"  chars skipped by the {train_bytes / 1e6:.0f} MB tokenizer: {first['skipped_distinct']} distinct, "
-          f"{first['skipped_positions']:,} / {first['chars']:,} positions")
+    print(
+        f"  chars skipped by the {train_bytes / 1e6:.0f} MB tokenizer: {first['skipped_distinct']} distinct, "
+        f"{first['skipped_positions']:,} / {first['chars']:,} positions"
+    )
     r["encode_runs"] = {str(k): v for k, v in runs.items()}
     results["generated"] = r
 
@@ -300,8 +344,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     part1(results, args.repeat, not args.skip_chapter_train)
     if args.big_bytes:
-        part2(results, args.big_bytes, args.train_bytes, [int(w) for w in args.workers.split(",")],
-              args.chunk_bytes, args.chapter_slice)
+        part2(
+            results,
+            args.big_bytes,
+            args.train_bytes,
+            [int(w) for w in args.workers.split(",")],
+            args.chunk_bytes,
+            args.chapter_slice,
+        )
     results["load_avg_end"] = os.getloadavg()
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "bpe_speed.json").write_text(json.dumps(results, indent=2))

@@ -69,8 +69,14 @@ def child(trainer: str, path: str, end: int, merges: int) -> dict:
 
             with dask_work.dask_client(RunOptions(workers=2), logging.getLogger("bench")) as client:
                 t_up = time.perf_counter()
-                work = dask_work.in_order(client, dask_work.count_chunk, chunk_bounds(path, 8 << 20, end=end),
-                                          lambda b: (path, b[1], b[2]), window=6, name="count")
+                work = dask_work.in_order(
+                    client,
+                    dask_work.count_chunk,
+                    chunk_bounds(path, 8 << 20, end=end),
+                    lambda b: (path, b[1], b[2]),
+                    window=6,
+                    name="count",
+                )
                 with gc_paused():
                     for _, table in work:
                         add_counts(counts, dask_work.word_counts(table))
@@ -82,7 +88,7 @@ def child(trainer: str, path: str, end: int, merges: int) -> dict:
         out["count_s"] = round(time.perf_counter() - t0, 2)
         t1 = time.perf_counter()
         with gc_paused():
-            chars, got, tokens = train_and_count_tokens(counts, merges)
+            _chars, got, tokens = train_and_count_tokens(counts, merges)
         out.update(train_s=round(time.perf_counter() - t1, 2), distinct_words=len(counts), tokens=tokens)
     elif trainer == "hf":
         from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
@@ -97,17 +103,28 @@ def child(trainer: str, path: str, end: int, merges: int) -> dict:
         t0 = time.perf_counter()
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\s*\S+|\s+"), behavior="isolated")
-        trainer_ = trainers.BpeTrainer(vocab_size=len(alphabet) + merges, initial_alphabet=alphabet, min_frequency=0,
-                                       special_tokens=[], show_progress=False)
+        trainer_ = trainers.BpeTrainer(
+            vocab_size=len(alphabet) + merges,
+            initial_alphabet=alphabet,
+            min_frequency=0,
+            special_tokens=[],
+            show_progress=False,
+        )
         tok.train_from_iterator(texts(), trainer=trainer_)
-        got = [tuple(m) if isinstance(m, (list, tuple)) else tuple(m.split(" ", 1))
-               for m in json.loads(tok.to_str())["model"]["merges"]]
+        got = [
+            tuple(m) if isinstance(m, (list, tuple)) else tuple(m.split(" ", 1))
+            for m in json.loads(tok.to_str())["model"]["merges"]
+        ]
     else:
         from mygpt.bpe import BPETokenizer
 
         got = BPETokenizer.from_corpus(read_chunk(path, 0, end), merges).merges
-    out.update(seconds=round(time.perf_counter() - t0, 2), merges=len(got), digest=_digest(got),
-               first=[list(m) for m in got[:1024]])
+    out.update(
+        seconds=round(time.perf_counter() - t0, 2),
+        merges=len(got),
+        digest=_digest(got),
+        first=[list(m) for m in got[:1024]],
+    )
     return out
 
 
@@ -118,8 +135,12 @@ def run_child(trainer: str, end: int, merges: int) -> dict:
     if w.returncode:
         raise SystemExit(f"{trainer} failed ({w.returncode})")
     res = json.loads(out.strip().splitlines()[-1])
-    res.update(peak_rss_mb=round(w.peak_rss_mb), sum_vmhwm_mb=round(w.sum_vmhwm_mb),
-               largest_process_mb=round(w.largest_process_mb), processes=len(w.hwm_kb))
+    res.update(
+        peak_rss_mb=round(w.peak_rss_mb),
+        sum_vmhwm_mb=round(w.sum_vmhwm_mb),
+        largest_process_mb=round(w.largest_process_mb),
+        processes=len(w.hwm_kb),
+    )
     return res
 
 
@@ -135,8 +156,11 @@ def main(argv=None) -> int:
         print(json.dumps(child(trainer, path, int(end), int(merges))))
         return 0
     if not CORPUS.exists():
-        subprocess.run([sys.executable, "-m", "bench.make_corpus", "--bytes", "545000000", "--out", str(CORPUS)],
-                       check=True, cwd=REPO)
+        subprocess.run(
+            [sys.executable, "-m", "bench.make_corpus", "--bytes", "545000000", "--out", str(CORPUS)],
+            check=True,
+            cwd=REPO,
+        )
     end = slice_bytes(CORPUS, args.bytes)
     trainers = args.only or [t for t in TRAINERS if not (t == "in-memory" and args.bytes == 0)]
     load_before = os.getloadavg()
@@ -144,27 +168,45 @@ def main(argv=None) -> int:
     results = {}
     for t in trainers:
         results[t] = r = run_child(t, end, args.merges)
-        print(f"  {t:10s} {r['seconds']:6.2f} s   peak RSS {r['peak_rss_mb']:5d} MB (tree of {r['processes']}; "
-              f"largest process {r['largest_process_mb']} MB, sum of VmHWM {r['sum_vmhwm_mb']} MB)   "
-              + " ".join(f"{k}={r[k]}" for k in ("cluster_start_s", "count_s", "train_s", "distinct_words")
-                         if k in r), flush=True)
+        print(
+            f"  {t:10s} {r['seconds']:6.2f} s   peak RSS {r['peak_rss_mb']:5d} MB (tree of {r['processes']}; "
+            f"largest process {r['largest_process_mb']} MB, sum of VmHWM {r['sum_vmhwm_mb']} MB)   "
+            + " ".join(f"{k}={r[k]}" for k in ("cluster_start_s", "count_s", "train_s", "distinct_words") if k in r),
+            flush=True,
+        )
     ref = results.get("in-memory") or results.get("ours-1") or results.get("ours")
     for t, r in results.items():
         same = sum(1 for a, b in zip(r["first"], ref["first"]) if a == b)
-        print(f"  {t:10s} merges identical to {'in-memory' if 'in-memory' in results else 'ours'}: "
-              f"{r['digest'] == ref['digest']} ({same}/{len(ref['first'])} in the same place)")
+        print(
+            f"  {t:10s} merges identical to {'in-memory' if 'in-memory' in results else 'ours'}: "
+            f"{r['digest'] == ref['digest']} ({same}/{len(ref['first'])} in the same place)"
+        )
     if "hf" in results and "ours" in results:
         o, h = results["ours"], results["hf"]
-        print(f"  ours/HF: time x{o['seconds'] / h['seconds']:.2f}, peak RSS (tree) x{o['peak_rss_mb'] / h['peak_rss_mb']:.2f}"
-              f", largest process x{o['largest_process_mb'] / h['largest_process_mb']:.2f}")
+        print(
+            f"  ours/HF: time x{o['seconds'] / h['seconds']:.2f}, "
+            f"peak RSS (tree) x{o['peak_rss_mb'] / h['peak_rss_mb']:.2f}"
+            f", largest process x{o['largest_process_mb'] / h['largest_process_mb']:.2f}"
+        )
     load_after = os.getloadavg()
     print(f"  load average before {load_before[0]:.2f}, after {load_after[0]:.2f} ({os.cpu_count()} CPUs)")
     for r in results.values():
         r.pop("first", None)
     OUT.mkdir(parents=True, exist_ok=True)
     name = "bpe_vs_hf.json" if args.bytes else "bpe_vs_hf_whole.json"
-    (OUT / name).write_text(json.dumps({"bytes": end, "merges": args.merges, "load_before": load_before,
-                                        "load_after": load_after, "results": results}, indent=1) + "\n")
+    (OUT / name).write_text(
+        json.dumps(
+            {
+                "bytes": end,
+                "merges": args.merges,
+                "load_before": load_before,
+                "load_after": load_after,
+                "results": results,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     return 0
 
 

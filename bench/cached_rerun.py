@@ -59,8 +59,8 @@ def main(argv=None) -> int:
         from prefect import flow
 
         from flows.mirror import Mirror, build_wikitext_zip
-        from tasks.corpus import CorpusSettings, download_corpus
         from tasks.core.settings import RunOptions
+        from tasks.corpus import CorpusSettings, download_corpus
         from tasks.shards import ShardsSettings, encode_shards
         from tasks.tokenizer import TokenizerSettings, train_tokenizer
 
@@ -68,11 +68,15 @@ def main(argv=None) -> int:
         def data_stages(root: str, url: str, full_check: bool = False):
             run = RunOptions(artifacts_dir=root, full_check=full_check)
             corpus = download_corpus(CorpusSettings(source_url=url), run, return_state=True).result()
-            tok = train_tokenizer(corpus, TokenizerSettings(num_merges=args.num_merges,
-                                                            bpe_train_bytes=args.bpe_train_bytes),
-                                  run, return_state=True).result()
-            shards = encode_shards(corpus, tok, ShardsSettings(shard_tokens=args.shard_tokens), run,
-                                   return_state=True).result()
+            tok = train_tokenizer(
+                corpus,
+                TokenizerSettings(num_merges=args.num_merges, bpe_train_bytes=args.bpe_train_bytes),
+                run,
+                return_state=True,
+            ).result()
+            shards = encode_shards(
+                corpus, tok, ShardsSettings(shard_tokens=args.shard_tokens), run, return_state=True
+            ).result()
             return {"corpus": corpus, "tokenizer": tok, "shards": shards}
 
         def task_run_states(flow_run_id) -> dict[str, str]:
@@ -87,8 +91,11 @@ def main(argv=None) -> int:
         root = Path(tempfile.mkdtemp(prefix="cached-rerun-art-"))
         results = {"zip_bytes": len(data), "params": vars(args), "runs": []}
         with Mirror({"/wikitext-103-raw-v1.zip": data}) as mirror:
-            for label, full in (("first (builds)", False), ("second (cached)", False),
-                                ("third (cached, full_check)", True)):
+            for label, full in (
+                ("first (builds)", False),
+                ("second (cached)", False),
+                ("third (cached, full_check)", True),
+            ):
                 t0 = time.time()
                 state = data_stages(str(root), mirror.url(), full_check=full, return_state=True)
                 wall = time.time() - t0

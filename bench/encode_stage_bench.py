@@ -37,8 +37,11 @@ def corpus_file(nbytes: int) -> Path:
     path = OUT / (f"wiki{nbytes // 1_000_000}m.txt" if nbytes % 1_000_000 == 0 else f"wiki{nbytes}.txt")
     if not path.exists() or path.stat().st_size != nbytes:
         print(f"generating {path} with bench/make_corpus.py ...", flush=True)
-        subprocess.run([sys.executable, "-m", "bench.make_corpus", "--bytes", str(nbytes), "--out", str(path)],
-                       check=True, cwd=REPO)
+        subprocess.run(
+            [sys.executable, "-m", "bench.make_corpus", "--bytes", str(nbytes), "--out", str(path)],
+            check=True,
+            cwd=REPO,
+        )
     return path
 
 
@@ -84,9 +87,9 @@ def main(argv=None) -> int:
 
     from mygpt.bpe import BPETokenizer
     from tasks.core.settings import RunOptions
-    from tasks.shards import ShardsSettings, encode_shards
     from tasks.core.stage import StageRef
     from tasks.registry import open_store
+    from tasks.shards import ShardsSettings, encode_shards
 
     src = corpus_file(args.bytes)
     work = OUT / "encode-bench"
@@ -112,12 +115,19 @@ def main(argv=None) -> int:
     refs = {}
     for name, build in (("corpus", corpus_build), ("tokenizer", tokenizer_build)):
         manifest = build.publish(settings={}, inputs={}, code_version="bench")
-        refs[name] = StageRef(stage=name, version="bench", build_id=manifest["build_id"],
-                              path=str(store.version_path(name, "bench")))
+        refs[name] = StageRef(
+            stage=name, version="bench", build_id=manifest["build_id"], path=str(store.version_path(name, "bench"))
+        )
 
-    results = {"corpus": str(src), "text_bytes": text_bytes, "vocab_size": tok.vocab_size,
-               "shard_tokens": args.shard_tokens, "cpu_count": os.cpu_count(),
-               "load_avg_start": os.getloadavg(), "runs": []}
+    results = {
+        "corpus": str(src),
+        "text_bytes": text_bytes,
+        "vocab_size": tok.vocab_size,
+        "shard_tokens": args.shard_tokens,
+        "cpu_count": os.cpu_count(),
+        "load_avg_start": os.getloadavg(),
+        "runs": [],
+    }
     shas = {}
     for workers in args.workers:
         import psutil
@@ -127,23 +137,34 @@ def main(argv=None) -> int:
         sampler = RssSampler()
         sampler.start()
         t0 = time.time()
-        ref = encode_shards.fn(refs["corpus"], refs["tokenizer"], ShardsSettings(shard_tokens=args.shard_tokens),
-                               RunOptions(artifacts_dir=str(root), workers=workers, force=["shards"]))
+        ref = encode_shards.fn(
+            refs["corpus"],
+            refs["tokenizer"],
+            ShardsSettings(shard_tokens=args.shard_tokens),
+            RunOptions(artifacts_dir=str(root), workers=workers, force=["shards"]),
+        )
         wall = time.time() - t0
         sampler.stop_event.set()
         sampler.join()
         manifest = json.loads((Path(ref["path"]) / "manifest.json").read_text())
         m = manifest["metrics"]
         shas[workers] = manifest["files"]
-        run = {"workers": workers, "wall_s": round(wall, 2), "mb_per_s": round(text_bytes / 1e6 / wall, 2),
-               "stage_mb_per_s": m["mb_per_s"], "tokens": m["tokens"],
-               "shards": len(m["shards"]), "shard_bytes": sum(f["size"] for f in manifest["files"].values()),
-               "rss_before_stage_mb": round(rss_before / 2**20, 1),
-               "peak_rss_total_sampled_mb": round(sampler.peak / 2**20, 1),
-               "peak_rss_stage_process_mb": round(sampler.peak_self / 2**20, 1),
-               "peak_rss_per_worker_mb": round(sampler.peak_worker / 2**20, 1),
-               "peak_rss_self_maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-               "load_avg_start": load_start, "load_avg_end": os.getloadavg()}
+        run = {
+            "workers": workers,
+            "wall_s": round(wall, 2),
+            "mb_per_s": round(text_bytes / 1e6 / wall, 2),
+            "stage_mb_per_s": m["mb_per_s"],
+            "tokens": m["tokens"],
+            "shards": len(m["shards"]),
+            "shard_bytes": sum(f["size"] for f in manifest["files"].values()),
+            "rss_before_stage_mb": round(rss_before / 2**20, 1),
+            "peak_rss_total_sampled_mb": round(sampler.peak / 2**20, 1),
+            "peak_rss_stage_process_mb": round(sampler.peak_self / 2**20, 1),
+            "peak_rss_per_worker_mb": round(sampler.peak_worker / 2**20, 1),
+            "peak_rss_self_maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "load_avg_start": load_start,
+            "load_avg_end": os.getloadavg(),
+        }
         results["runs"].append(run)
         print(json.dumps(run), flush=True)
     results["identical_across_workers"] = len({json.dumps(v, sort_keys=True) for v in shas.values()}) == 1

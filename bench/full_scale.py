@@ -29,6 +29,7 @@ and after is printed and recorded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -55,8 +56,11 @@ def corpus_file(nbytes: int) -> Path:
     path = OUT / f"wiki{nbytes // 1_000_000}m.txt"
     if not path.exists() or path.stat().st_size != nbytes:
         print(f"generating {path} with bench/make_corpus.py ...", flush=True)
-        subprocess.run([sys.executable, "-m", "bench.make_corpus", "--bytes", str(nbytes), "--out", str(path)],
-                       check=True, cwd=REPO)
+        subprocess.run(
+            [sys.executable, "-m", "bench.make_corpus", "--bytes", str(nbytes), "--out", str(path)],
+            check=True,
+            cwd=REPO,
+        )
     return path
 
 
@@ -80,8 +84,10 @@ def zip_file(text: Path) -> Path:
         test_start = _article_cut(f, size, size - TEST_BYTES)
         valid_start = _article_cut(f, size, size - TEST_BYTES - VALID_BYTES)
     ranges = {"train": (0, valid_start), "valid": (valid_start, test_start), "test": (test_start, size)}
-    print(f"zipping {text.name} -> {dest.name}: " + ", ".join(f"{k} {b - a:,} B" for k, (a, b) in ranges.items()),
-          flush=True)
+    print(
+        f"zipping {text.name} -> {dest.name}: " + ", ".join(f"{k} {b - a:,} B" for k, (a, b) in ranges.items()),
+        flush=True,
+    )
     tmp = dest.with_suffix(".zip.tmp")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z, open(text, "rb") as f:
         for split in ("train", "valid", "test"):
@@ -104,8 +110,12 @@ class Mirror:
     """``python -m flows.mirror --serve --zip PATH`` as a child process (its own interpreter, like a real server)."""
 
     def __init__(self, zip_path: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "flows.mirror", "--serve", "--zip", str(zip_path)],
-                                     cwd=REPO, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.mirror", "--serve", "--zip", str(zip_path)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.url = self.proc.stdout.readline().strip()
         if not self.url.startswith("http://127.0.0.1:"):
             self.stop()
@@ -155,20 +165,20 @@ class TreeSampler(threading.Thread):
                 for c in self.me.children(recursive=True):
                     if c.pid in excluded:
                         continue
-                    try:
+                    with contextlib.suppress(psutil.Error):
                         kids.append(c.memory_info().rss)
-                    except psutil.Error:
-                        pass
             except psutil.Error:
                 continue
             self.samples.append((time.time(), own, kids))
 
     def peaks(self, t0: float, t1: float) -> dict:
         window = [s for s in self.samples if t0 <= s[0] <= t1] or [min(self.samples, key=lambda s: abs(s[0] - t0))]
-        mib = 2 ** 20
-        return {"self_mb": round(max(s[1] for s in window) / mib),
-                "worker_mb": round(max((max(s[2]) for s in window if s[2]), default=0) / mib),
-                "tree_mb": round(max(s[1] + sum(s[2]) for s in window) / mib)}
+        mib = 2**20
+        return {
+            "self_mb": round(max(s[1] for s in window) / mib),
+            "worker_mb": round(max((max(s[2]) for s in window if s[2]), default=0) / mib),
+            "tree_mb": round(max(s[1] + sum(s[2]) for s in window) / mib),
+        }
 
 
 def task_runs(flow_run_id) -> tuple[dict, dict]:
@@ -180,8 +190,10 @@ def task_runs(flow_run_id) -> tuple[dict, dict]:
         fr = client.read_flow_run(flow_run_id)
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     ts = lambda d: d.timestamp() if d else None  # noqa: E731
-    return ({"start": ts(fr.start_time), "end": ts(fr.end_time)},
-            {r.name: {"state": r.state.name, "start": ts(r.start_time), "end": ts(r.end_time)} for r in runs})
+    return (
+        {"start": ts(fr.start_time), "end": ts(fr.end_time)},
+        {r.name: {"state": r.state.name, "start": ts(r.start_time), "end": ts(r.end_time)} for r in runs},
+    )
 
 
 def manifest(ref: dict) -> dict:
@@ -191,8 +203,11 @@ def manifest(ref: dict) -> dict:
 def digests(refs: dict) -> dict:
     """sha256 of the outputs that must not change: every shard, the tokenizer, the corpus text files."""
     out = {}
-    for stage, keep in (("corpus", lambda n: n.endswith(".txt")), ("tokenizer", lambda n: n == "tokenizer.json"),
-                        ("shards", lambda n: n.endswith(".parquet") or n == "shards.json")):
+    for stage, keep in (
+        ("corpus", lambda n: n.endswith(".txt")),
+        ("tokenizer", lambda n: n == "tokenizer.json"),
+        ("shards", lambda n: n.endswith(".parquet") or n == "shards.json"),
+    ):
         for name, f in sorted(manifest(refs[stage])["files"].items()):
             if keep(name):
                 out[f"{stage}/{name}"] = f["sha256"]
@@ -204,16 +219,19 @@ def stage_details(refs: dict) -> dict:
     m = {s: manifest(refs[s]) for s in ("corpus", "tokenizer", "shards", "model")}
     c, t, s, mo = (m[k]["metrics"] for k in ("corpus", "tokenizer", "shards", "model"))
     build = {k: m[k]["timings"]["build_seconds"] for k in m}
-    tok_parts = [f"{k.removesuffix('_seconds')} {t[k]:.1f}" for k in
-                 ("count_seconds", "train_seconds", "encode_seconds", "analysis_seconds") if t.get(k) is not None]
+    tok_parts = [
+        f"{k.removesuffix('_seconds')} {t[k]:.1f}"
+        for k in ("count_seconds", "train_seconds", "encode_seconds", "analysis_seconds")
+        if t.get(k) is not None
+    ]
     return {
         "corpus": f"download {c['download_seconds']:.1f}; unzip + strip + write {c['extract_seconds']:.1f}; "
-                  f"{c['wikipedia']['bytes'] / 1e6:.0f} MB of text",
+        f"{c['wikipedia']['bytes'] / 1e6:.0f} MB of text",
         "tokenizer": "; ".join(tok_parts) + f" (slice {t['train_bytes'] / 1e6:.0f} MB)",
         "shards": f"{s['encoded_bytes_this_run'] / 1e6:.0f} MB at {s['mb_per_s']} MB/s with {s['workers']} worker(s); "
-                  f"{len(s['shards'])} shards",
+        f"{len(s['shards'])} shards",
         "model": f"before step 1 {build['model'] - mo['train_seconds']:.1f} (materialise + init); "
-                 f"step 1 + 1 eval batch + checkpoint {mo['train_seconds']:.1f}",
+        f"step 1 + 1 eval batch + checkpoint {mo['train_seconds']:.1f}",
         "build_seconds": build,
     }
 
@@ -223,8 +241,13 @@ def main(argv=None) -> int:
     ap.add_argument("--bytes", type=int, default=DEFAULT_BYTES)
     ap.add_argument("--out", default=str(OUT / "full_scale.json"))
     ap.add_argument("--compare", help="an earlier full_scale.json: check the output digests are identical")
-    ap.add_argument("--run", action="append", default=[], metavar="KEY=JSON",
-                    help="a run option for the flow, e.g. --run workers=2 (how to run, not what)")
+    ap.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="a run option for the flow, e.g. --run workers=2 (how to run, not what)",
+    )
     ap.add_argument("--no-rerun", action="store_true", help="skip the cached rerun")
     ap.add_argument("--keep", action="store_true", help="keep the artifact root")
     args = ap.parse_args(argv)
@@ -256,8 +279,12 @@ def main(argv=None) -> int:
                 run_options[k] = json.loads(v)
             except ValueError:
                 run_options[k] = v
-        params = dict(corpus={"source_url": mirror.url}, model={"steps": 1, "eval_batches": 1},
-                      samples={"max_new_tokens": 20}, run=run_options)
+        params = dict(
+            corpus={"source_url": mirror.url},
+            model={"steps": 1, "eval_batches": 1},
+            samples={"max_new_tokens": 20},
+            run=run_options,
+        )
         sampler.start()
         t0 = time.time()
         state = wiki_pipeline(**params, return_state=True)
@@ -268,8 +295,10 @@ def main(argv=None) -> int:
         if not args.no_rerun:
             t1 = time.time()
             state2 = wiki_pipeline(**params, return_state=True)
-            rerun = {"wall_s": round(time.time() - t1, 2),
-                     "states": {k: v["state"] for k, v in task_runs(state2.state_details.flow_run_id)[1].items()}}
+            rerun = {
+                "wall_s": round(time.time() - t1, 2),
+                "states": {k: v["state"] for k, v in task_runs(state2.state_details.flow_run_id)[1].items()},
+            }
         sampler.stop_event.set()
         sampler.join()
     finally:
@@ -286,34 +315,64 @@ def main(argv=None) -> int:
     rows = []
     for name in ("corpus", "tokenizer", "shards", "model", "samples"):
         tr = tasks[name]
-        rows.append({"stage": name, "seconds": round(tr["end"] - tr["start"], 1), "state": tr["state"],
-                     "detail": details.get(name, ""), **sampler.peaks(tr["start"], tr["end"])})
+        rows.append(
+            {
+                "stage": name,
+                "seconds": round(tr["end"] - tr["start"], 1),
+                "state": tr["state"],
+                "detail": details.get(name, ""),
+                **sampler.peaks(tr["start"], tr["end"]),
+            }
+        )
     to_first_step = tasks["model"]["end"] - start
     gaps = to_first_step - sum(r["seconds"] for r in rows[:4])
     print()
     print("| stage | seconds | peak RSS: flow process / largest worker / tree (MB) | where the time goes |")
     print("|---|---:|---|---|")
     for r in rows:
-        print(f"| {r['stage']} | {r['seconds']:.1f} | {r['self_mb']} / {r['worker_mb']} / {r['tree_mb']} | {r['detail']} |")
+        print(
+            f"| {r['stage']} | {r['seconds']:.1f} | {r['self_mb']} / {r['worker_mb']} / {r['tree_mb']} "
+            f"| {r['detail']} |"
+        )
     print(f"| (Prefect between stages) | {gaps:.1f} | | |")
-    print(f"\nflow start -> first training step done (model stage, steps=1): {to_first_step:.1f} s "
-          f"(flow call wall {wall:.1f} s incl. samples)")
+    print(
+        f"\nflow start -> first training step done (model stage, steps=1): {to_first_step:.1f} s "
+        f"(flow call wall {wall:.1f} s incl. samples)"
+    )
     peak = sampler.peaks(t0, t0 + wall)
-    print(f"peak RSS over the run: flow process {peak['self_mb']} MB, largest worker {peak['worker_mb']} MB, "
-          f"tree {peak['tree_mb']} MB")
+    print(
+        f"peak RSS over the run: flow process {peak['self_mb']} MB, largest worker {peak['worker_mb']} MB, "
+        f"tree {peak['tree_mb']} MB"
+    )
     if rerun:
         print(f"cached rerun of every stage: {rerun['wall_s']:.1f} s ({rerun['states']})")
-    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (1 min); "
-          f"{os.cpu_count()} CPUs")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                                capture_output=True, text=True).stdout.strip())
-    result = {"commit": commit + ("+dirty" if dirty else ""), "when": dt.datetime.now().isoformat(timespec="seconds"),
-              "text_bytes": args.bytes, "zip_bytes": zpath.stat().st_size, "run_options": run_options,
-              "to_first_step_s": round(to_first_step, 2), "flow_wall_s": round(wall, 2), "rows": rows,
-              "between_stages_s": round(gaps, 2), "peak": peak, "cached_rerun": rerun,
-              "build_seconds": details["build_seconds"], "load_before": load_before, "load_after": load_after,
-              "cpus": os.cpu_count(), "digests": digests(refs)}
+    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (1 min); {os.cpu_count()} CPUs")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+    )
+    result = {
+        "commit": commit + ("+dirty" if dirty else ""),
+        "when": dt.datetime.now().isoformat(timespec="seconds"),
+        "text_bytes": args.bytes,
+        "zip_bytes": zpath.stat().st_size,
+        "run_options": run_options,
+        "to_first_step_s": round(to_first_step, 2),
+        "flow_wall_s": round(wall, 2),
+        "rows": rows,
+        "between_stages_s": round(gaps, 2),
+        "peak": peak,
+        "cached_rerun": rerun,
+        "build_seconds": details["build_seconds"],
+        "load_before": load_before,
+        "load_after": load_after,
+        "cpus": os.cpu_count(),
+        "digests": digests(refs),
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
@@ -322,8 +381,11 @@ def main(argv=None) -> int:
         old = json.loads(Path(args.compare).read_text())["digests"]
         new = result["digests"]
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        print(f"outputs identical to {args.compare}: {not diff}" + (f" (differ: {diff[:10]})" if diff else "")
-              + f" ({len(new)} files)")
+        print(
+            f"outputs identical to {args.compare}: {not diff}"
+            + (f" (differ: {diff[:10]})" if diff else "")
+            + f" ({len(new)} files)"
+        )
         status = 1 if diff else 0
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)

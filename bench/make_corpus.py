@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 from flows.mirror import SHARED_DATA
 from mygpt.atomic import atomic_open
 
@@ -180,8 +179,14 @@ def generate_block(src: Source, rng: np.random.Generator, novel_rate: float) -> 
     return "".join(out)
 
 
-def make_corpus(out_path: str | os.PathLike, n_bytes: int, seed: int = 0, source: str | os.PathLike = DEFAULT_SOURCE,
-                novel_rate: float = 0.01, log=print) -> int:
+def make_corpus(
+    out_path: str | os.PathLike,
+    n_bytes: int,
+    seed: int = 0,
+    source: str | os.PathLike = DEFAULT_SOURCE,
+    novel_rate: float = 0.01,
+    log=print,
+) -> int:
     """Write ``n_bytes`` (or a few less, at a UTF-8 character boundary) of corpus to ``out_path``."""
     src = Source(Path(source).read_text(encoding="utf-8"))
     rng = np.random.Generator(np.random.PCG64(seed))

@@ -5,6 +5,7 @@ libraries every process maps -- among the processes that share them, so the PSS 
 footprint; the RSS sum counts shared pages once per process). Also each process's VmHWM (the kernel-tracked
 peak RSS), which sampling cannot miss.
 """
+
 from __future__ import annotations
 
 import subprocess

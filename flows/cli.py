@@ -83,13 +83,17 @@ def loopback_mirror():
     try:
         data = build_wikitext_zip()
     except OSError as e:
-        raise UserError(f"--mirror needs ../shared/data/wikitext2-valid.txt (or WIKI_PIPELINE_SHARED_DATA): {e}") from None
+        raise UserError(
+            f"--mirror needs ../shared/data/wikitext2-valid.txt (or WIKI_PIPELINE_SHARED_DATA): {e}"
+        ) from None
     try:  # a fixed port keeps source_url, and so every version, the same from one run to the next
         mirror = Mirror({"/" + ZIP_NAME: data}, port=MIRROR_PORT).start()
     except OSError:
         mirror = Mirror({"/" + ZIP_NAME: data}).start()
-        print(f"note: port {MIRROR_PORT} is busy; the mirror URL (and so the versions) differ from other runs",
-              file=sys.stderr)
+        print(
+            f"note: port {MIRROR_PORT} is busy; the mirror URL (and so the versions) differ from other runs",
+            file=sys.stderr,
+        )
     try:
         print(f"loopback mirror: {mirror.url()} ({len(data):,} bytes)", file=sys.stderr)
         yield mirror.url()
@@ -160,9 +164,13 @@ def cmd_serve(args) -> int:
 
     parameters = flow_parameters(args)
     DownloadKnobs.from_env()  # the runner's environment is what its flow runs download with
-    wiki_pipeline.serve(name=DEPLOYMENT, parameters=parameters or None, limit=args.limit,
-                        entrypoint_type=EntrypointType.MODULE_PATH,
-                        description="Wikipedia -> BPE -> token shards -> mygpt -> samples (chapter 28)")
+    wiki_pipeline.serve(
+        name=DEPLOYMENT,
+        parameters=parameters or None,
+        limit=args.limit,
+        entrypoint_type=EntrypointType.MODULE_PATH,
+        description="Wikipedia -> BPE -> token shards -> mygpt -> samples (chapter 28)",
+    )
     return 0
 
 
@@ -207,9 +215,12 @@ def running_progress(client, task_run) -> str | None:
     from prefect.client.schemas.sorting import ArtifactSort
 
     found = client.read_artifacts(
-        artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[task_run.id]),
-                                       type=ArtifactFilterType(any_=["progress"])),
-        sort=ArtifactSort.UPDATED_DESC, limit=1)
+        artifact_filter=ArtifactFilter(
+            task_run_id=ArtifactFilterTaskRunId(any_=[task_run.id]), type=ArtifactFilterType(any_=["progress"])
+        ),
+        sort=ArtifactSort.UPDATED_DESC,
+        limit=1,
+    )
     if not found:
         return None
     what = (found[0].description or "").partition(": ")[2]
@@ -251,8 +262,11 @@ def cmd_wait(args) -> int:
                 return 0 if run.state.is_completed() else 1
             if deadline and time.monotonic() > deadline:
                 status.end()
-                print(f"flow run {run.name} is still {run.state.name if run.state else '?'} after "
-                      f"{args.timeout}s; it keeps running", file=sys.stderr)
+                print(
+                    f"flow run {run.name} is still {run.state.name if run.state else '?'} after "
+                    f"{args.timeout}s; it keeps running",
+                    file=sys.stderr,
+                )
                 return 1
             time.sleep(args.interval)
 
@@ -267,18 +281,34 @@ def cmd_artifacts(args) -> int:
     stale = store.stale_versions(code_versions(), everything)
     rows = [v for v in everything if stage in (None, v.stage)]
     if args.json:
-        print(json.dumps([{"stage": v.stage, "version": v.version, "path": str(v.path), "bytes": v.size_bytes,
-                           "build_id": v.manifest.get("build_id"), "created_at": v.manifest.get("created_at"),
-                           "inputs": {k: i["version"] for k, i in v.manifest.get("inputs", {}).items()},
-                           "settings": v.manifest.get("settings"), "stale": stale.get((v.stage, v.version))}
-                          for v in rows], indent=1))
+        print(
+            json.dumps(
+                [
+                    {
+                        "stage": v.stage,
+                        "version": v.version,
+                        "path": str(v.path),
+                        "bytes": v.size_bytes,
+                        "build_id": v.manifest.get("build_id"),
+                        "created_at": v.manifest.get("created_at"),
+                        "inputs": {k: i["version"] for k, i in v.manifest.get("inputs", {}).items()},
+                        "settings": v.manifest.get("settings"),
+                        "stale": stale.get((v.stage, v.version)),
+                    }
+                    for v in rows
+                ],
+                indent=1,
+            )
+        )
         return 0
     print(format_listing(store, rows, stale))
     leftovers = store.garbage()
     if leftovers or stale:
         size = sum(g.bytes for g in leftovers)
-        print(f"\n{len(stale)} stale version(s) (no run reuses them); {len(leftovers)} unfinished build or leftover "
-              f"dir(s) holding {human_bytes(size)}: `wiki-pipeline gc` lists them (--stale for the stale versions)")
+        print(
+            f"\n{len(stale)} stale version(s) (no run reuses them); {len(leftovers)} unfinished build or leftover "
+            f"dir(s) holding {human_bytes(size)}: `wiki-pipeline gc` lists them (--stale for the stale versions)"
+        )
     return 0
 
 
@@ -314,16 +344,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add_params(p, serve=False):
         p.add_argument("--tiny", action="store_true", help="the tiny preset (flows/settings.py TINY)")
-        p.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
-                       help="a flow parameter (repeatable); VALUE is JSON or a plain string")
+        p.add_argument(
+            "--param",
+            "-p",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a flow parameter (repeatable); VALUE is JSON or a plain string",
+        )
         p.add_argument("--params", metavar="JSON", help="a JSON object of flow parameters (--param wins)")
         p.add_argument("--artifacts-dir", help="artifact root (default: artifacts/ or $WIKI_PIPELINE_ARTIFACTS)")
         p.add_argument("--source-url", help="where to download the wikitext-103-raw-v1 zip from")
 
     run = sub.add_parser("run", help="run the flow in this process")
     add_params(run)
-    run.add_argument("--mirror", action="store_true",
-                     help="serve ../shared/data as a wikitext-103-style zip on 127.0.0.1 for this run (no internet)")
+    run.add_argument(
+        "--mirror",
+        action="store_true",
+        help="serve ../shared/data as a wikitext-103-style zip on 127.0.0.1 for this run (no internet)",
+    )
     run.add_argument("--force", action="append", metavar="STAGE", help="rebuild STAGE (and so everything after it)")
     run.add_argument("--only", metavar="STAGE", help="run only STAGE, against the latest upstream versions")
     run.add_argument("--full-check", action="store_true", help="verify every reused file's sha256")
@@ -350,11 +389,15 @@ def build_parser() -> argparse.ArgumentParser:
     art.add_argument("--json", action="store_true")
     art.set_defaults(func=cmd_artifacts)
 
-    gc = sub.add_parser("gc", help="list what no run needs (unfinished builds, leftovers): what, how big, why; "
-                                   "--yes deletes it")
+    gc = sub.add_parser(
+        "gc", help="list what no run needs (unfinished builds, leftovers): what, how big, why; --yes deletes it"
+    )
     gc.add_argument("--artifacts-dir", help="artifact root (default: artifacts/ or $WIKI_PIPELINE_ARTIFACTS)")
-    gc.add_argument("--stale", action="store_true",
-                    help="also the published versions no run can reuse (marked stale by `wiki-pipeline artifacts`)")
+    gc.add_argument(
+        "--stale",
+        action="store_true",
+        help="also the published versions no run can reuse (marked stale by `wiki-pipeline artifacts`)",
+    )
     gc.add_argument("--yes", action="store_true", help="delete them (default: only list them)")
     gc.set_defaults(func=cmd_gc)
     return ap

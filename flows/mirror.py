@@ -74,8 +74,9 @@ def wikitext_splits(data_dir: str | os.PathLike | None = None, with_shakespeare:
     return splits
 
 
-def build_wikitext_zip(dest: str | os.PathLike | None = None, *, data_dir=None,
-                       with_shakespeare: bool = False) -> bytes:
+def build_wikitext_zip(
+    dest: str | os.PathLike | None = None, *, data_dir=None, with_shakespeare: bool = False
+) -> bytes:
     """A wikitext-103-style zip from the shared data; written to ``dest`` when given. Returns its bytes."""
     splits = wikitext_splits(data_dir, with_shakespeare)
     data = make_zip({MEMBER.format(split=s): splits[s] for s in ("train", "valid", "test")})
@@ -120,7 +121,7 @@ class MirrorHandler(BaseHTTPRequestHandler):
     def send_body(self, body: bytes, entry: dict) -> None:
         """Send ``body``, counting the bytes sent in ``entry["sent"]``."""
         for pos in range(0, len(body), 65536):
-            piece = body[pos:pos + 65536]
+            piece = body[pos : pos + 65536]
             self.wfile.write(piece)
             entry["sent"] = pos + len(piece)
         self.wfile.flush()
@@ -128,8 +129,13 @@ class MirrorHandler(BaseHTTPRequestHandler):
     def _serve(self, head: bool) -> None:
         mirror: Mirror = self.server.mirror
         with mirror.lock:
-            entry = {"method": self.command, "path": self.path, "range": self.headers.get("Range"),
-                     "status": None, "sent": 0}
+            entry = {
+                "method": self.command,
+                "path": self.path,
+                "range": self.headers.get("Range"),
+                "status": None,
+                "sent": 0,
+            }
             mirror.requests.append(entry)
             data = mirror.files.get(self.path.split("?", 1)[0])
             refusal = self.refusal()
@@ -145,8 +151,12 @@ class MirrorHandler(BaseHTTPRequestHandler):
         start, end, status = span
         body = data[start:end]
         entry["status"] = status
-        headers = {"Content-Type": "application/zip", "Accept-Ranges": "bytes", "ETag": f'"{mirror.etag(self.path)}"',
-                   "Content-Length": str(len(body))}
+        headers = {
+            "Content-Type": "application/zip",
+            "Accept-Ranges": "bytes",
+            "ETag": f'"{mirror.etag(self.path)}"',
+            "Content-Length": str(len(body)),
+        }
         if status == 206:
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
         self.send_response(status)
@@ -226,13 +236,14 @@ class Mirror:
         with self.lock:
             self.requests.clear()
 
-    def start(self) -> "Mirror":
+    def start(self) -> Mirror:
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
         self._server.daemon_threads = True
         self._server.mirror = self
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="wiki-mirror", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="wiki-mirror", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -242,7 +253,7 @@ class Mirror:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> "Mirror":
+    def __enter__(self) -> Mirror:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -21,8 +21,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 START_TIMEOUT = 240.0  # seconds: a first start's migrations, on a busy machine
 _PR_SET_PDEATHSIG = 1
@@ -36,6 +36,7 @@ def free_port() -> int:
 
 def _die_with(parent: int):
     """A ``preexec_fn``: in the child, before exec, ask Linux for SIGTERM when ``parent`` dies."""
+
     def arm() -> None:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
@@ -44,6 +45,7 @@ def _die_with(parent: int):
             return
         if os.getppid() != parent:  # the parent died before the request took effect
             os._exit(1)
+
     return arm
 
 
@@ -63,14 +65,18 @@ class PrefectServer:
         self.proc: subprocess.Popen | None = None
         self.log_path = self.home / "server.log"
 
-    def start(self, timeout: float = START_TIMEOUT) -> "PrefectServer":
+    def start(self, timeout: float = START_TIMEOUT) -> PrefectServer:
         self.home.mkdir(parents=True, exist_ok=True)
         prefect = Path(sys.executable).with_name("prefect")
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
-            env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_die_with(os.getpid()))
+        with open(self.log_path, "w") as log:  # the child writes to its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with(os.getpid()),
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -92,8 +98,6 @@ class PrefectServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if getattr(self, "_log", None):
-            self._log.close()
 
 
 def drain_prefect_queues(timeout: float = 15) -> None:
@@ -127,7 +131,9 @@ def server_for_this_run(home: Path, say=print) -> Iterator[PrefectServer]:
     """A Prefect server for one run (``wiki-pipeline run`` without ``PREFECT_API_URL``): started on a free
     loopback port with its database in ``home``, this process's Prefect settings pointed at it, stopped after."""
     server = PrefectServer(home)
-    say(f"no PREFECT_API_URL: starting a Prefect server for this run on 127.0.0.1:{server.port} (database in "
-        f"{server.home}; a first start takes about a minute); it stops when the run ends")
+    say(
+        f"no PREFECT_API_URL: starting a Prefect server for this run on 127.0.0.1:{server.port} (database in "
+        f"{server.home}; a first start takes about a minute); it stops when the run ends"
+    )
     with running_server(server):
         yield server

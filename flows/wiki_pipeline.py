@@ -43,7 +43,6 @@ def wiki_pipeline(**parameters) -> dict[str, StageRef]:
     return refs
 
 
-
 def early_checks(s: PipelineBase, built: Stage, ref: StageRef) -> None:
     """Run the later stages' early checks on ``built`` (e.g. the samples' prompt against the tokenizer), so a
     setting that cannot work stops the run before the expensive stages in between."""
@@ -63,20 +62,28 @@ def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
             continue
         versions = store.versions(name)
         if not versions:
-            raise UserError(f"only={stage!r} needs a published {name} version under {store.root}, and there is "
-                            "none; run the whole pipeline once first")
+            raise UserError(
+                f"only={stage!r} needs a published {name} version under {store.root}, and there is "
+                "none; run the whole pipeline once first"
+            )
         todo = [versions[-1]]
         while todo:
             info = todo.pop()
-            refs.setdefault(info.stage, StageRef(stage=info.stage, version=info.version,
-                                                 build_id=info.manifest["build_id"], path=str(info.path)))
+            refs.setdefault(
+                info.stage,
+                StageRef(
+                    stage=info.stage, version=info.version, build_id=info.manifest["build_id"], path=str(info.path)
+                ),
+            )
             for up_name, up in info.manifest.get("inputs", {}).items():
                 if up_name in needed and up_name not in refs:
                     try:
                         todo.append(store.get(up_name, up["version"]))
                     except FileNotFoundError:
-                        raise UserError(f"{info.stage}/{info.version} was built from {up_name}/{up['version']}, "
-                                        "which is no longer published; rerun the whole pipeline") from None
+                        raise UserError(
+                            f"{info.stage}/{info.version} was built from {up_name}/{up['version']}, "
+                            "which is no longer published; rerun the whole pipeline"
+                        ) from None
     return {name: refs[name] for name in needed}
 
 
@@ -84,8 +91,9 @@ def run_only(s: PipelineBase) -> dict[str, StageRef]:
     """Run one stage against the latest upstream versions (``run.only``)."""
     stage = BY_NAME[s.run.only]
     inputs = latest_upstream(open_store(s.run.root()), stage.name)
-    get_run_logger().info("only %s: inputs %s", stage.name,
-                          ", ".join(f"{k}/{v['version']}" for k, v in inputs.items()) or "(none)")
+    get_run_logger().info(
+        "only %s: inputs %s", stage.name, ", ".join(f"{k}/{v['version']}" for k, v in inputs.items()) or "(none)"
+    )
     ref = stage.task(**inputs, settings=getattr(s, stage.name), run=s.run, return_state=True).result()
     return {**inputs, stage.name: ref}
 

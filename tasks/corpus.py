@@ -81,13 +81,20 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 class CorpusSettings(Settings):
     """Where the wikitext-103-raw-v1 zip comes from and how it is checked."""
 
-    source_url: str = Field(DEFAULT_URL, description="the wikitext-103-raw-v1 zip: an http(s):// URL, or "
-                                                     "file:///absolute/path for a local copy")
-    expected_bytes: int | None = Field(None, ge=0, description="the zip's exact size in bytes; null = the pinned "
-                                                              "191984949 for the default URL and no check for "
-                                                              "others; 0 = no size check")
-    expected_sha256: str | None = Field(None, description="the sha256 of the zip (64 hex digits, the output of "
-                                                          "sha256sum); checked when given")
+    source_url: str = Field(
+        DEFAULT_URL,
+        description="the wikitext-103-raw-v1 zip: an http(s):// URL, or file:///absolute/path for a local copy",
+    )
+    expected_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="the zip's exact size in bytes; null = the pinned "
+        "191984949 for the default URL and no check for "
+        "others; 0 = no size check",
+    )
+    expected_sha256: str | None = Field(
+        None, description="the sha256 of the zip (64 hex digits, the output of sha256sum); checked when given"
+    )
 
     @field_validator("source_url")
     @classmethod
@@ -99,15 +106,19 @@ class CorpusSettings(Settings):
         scheme = parsed.scheme.lower()
         shown = redact_url(url)
         if scheme not in ("http", "https", "file"):
-            raise ValueError(f"source_url {shown!r} has scheme {parsed.scheme or '(none)'!r}; use an http://, "
-                             "https:// or file:// URL (for a local zip: "
-                             "file:///absolute/path/to/wikitext-103-raw-v1.zip)")
+            raise ValueError(
+                f"source_url {shown!r} has scheme {parsed.scheme or '(none)'!r}; use an http://, "
+                "https:// or file:// URL (for a local zip: "
+                "file:///absolute/path/to/wikitext-103-raw-v1.zip)"
+            )
         if scheme in ("http", "https") and not parsed.hostname:
             raise ValueError(f"source_url {shown!r} has no host; write it as {scheme}://host/path")
         if scheme == "file":
             if parsed.netloc not in ("", "localhost"):
-                raise ValueError(f"source_url {shown!r}: a file:// URL cannot name a host ({parsed.netloc!r}); "
-                                 "use file:///absolute/path")
+                raise ValueError(
+                    f"source_url {shown!r}: a file:// URL cannot name a host ({parsed.netloc!r}); "
+                    "use file:///absolute/path"
+                )
             if not parsed.path.startswith("/"):
                 raise ValueError(f"source_url {shown!r}: a file:// URL needs an absolute path (file:///...)")
         return url
@@ -116,8 +127,9 @@ class CorpusSettings(Settings):
     @classmethod
     def _check_size(cls, value):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"expected_bytes must be a whole number of bytes >= 0 (0 = don't check the size), "
-                             f"got {value!r}")
+            raise ValueError(
+                f"expected_bytes must be a whole number of bytes >= 0 (0 = don't check the size), got {value!r}"
+            )
         return value
 
     @field_validator("expected_sha256")
@@ -137,7 +149,7 @@ class CorpusSettings(Settings):
             data["source_url"] = stored_url(data["source_url"])
         return data
 
-    def resolved(self) -> "CorpusSettings":
+    def resolved(self) -> CorpusSettings:
         """``expected_bytes`` settled: the pinned size for the default URL, 0 (no check) for others."""
         if self.expected_bytes is not None:
             return self
@@ -178,13 +190,18 @@ def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict
         except SourceUnreachable as e:
             return _last_known_identity(settings, store, log, e)
         if not identity:
-            log.warning("corpus: %s sends no ETag, Last-Modified or size, so new content there would not give a new "
-                        "version; pass expected_sha256 to be sure of what you get", settings.shown_url)
+            log.warning(
+                "corpus: %s sends no ETag, Last-Modified or size, so new content there would not give a new "
+                "version; pass expected_sha256 to be sure of what you get",
+                settings.shown_url,
+            )
     size = identity.get("bytes")
     if settings.expected_bytes and size is not None and size != settings.expected_bytes:
-        raise UserError(f"{settings.shown_url} is {size:,} bytes but expected_bytes is {settings.expected_bytes:,}; "
-                        f"the mirror may serve a different file: check source_url, or pass expected_bytes={size} "
-                        "(0 = no size check) if you trust it")
+        raise UserError(
+            f"{settings.shown_url} is {size:,} bytes but expected_bytes is {settings.expected_bytes:,}; "
+            f"the mirror may serve a different file: check source_url, or pass expected_bytes={size} "
+            "(0 = no size check) if you trust it"
+        )
     return identity
 
 
@@ -198,20 +215,31 @@ def _file_identity(settings: CorpusSettings) -> dict:
 
 def _last_known_identity(settings: CorpusSettings, store: ArtifactStore, log, error: SourceUnreachable) -> dict:
     params = settings.version_params()
-    known = [v for v in store.versions("corpus")
-             if v.manifest.get("settings") == params and v.manifest.get("code_version") == STAGE.code_version
-             and isinstance(v.manifest.get("source"), dict)]
+    known = [
+        v
+        for v in store.versions("corpus")
+        if v.manifest.get("settings") == params
+        and v.manifest.get("code_version") == STAGE.code_version
+        and isinstance(v.manifest.get("source"), dict)
+    ]
     if not known:
         raise error
     newest = known[-1]
-    log.warning("corpus: cannot check %s now (%s); reusing corpus/%s, fetched from it on %s: the file there may "
-                "have changed since", settings.shown_url, error, newest.version, newest.manifest.get("created_at"))
+    log.warning(
+        "corpus: cannot check %s now (%s); reusing corpus/%s, fetched from it on %s: the file there may "
+        "have changed since",
+        settings.shown_url,
+        error,
+        newest.version,
+        newest.manifest.get("created_at"),
+    )
     return newest.manifest["source"]
 
 
 # ---- unzip + strip -------------------------------------------------------------------------------------
-def extract_corpus(zip_path: Path, out_dir: Path, *, source: str, progress=None,
-                   block_chars: int = BLOCK_CHARS) -> dict:
+def extract_corpus(
+    zip_path: Path, out_dir: Path, *, source: str, progress=None, block_chars: int = BLOCK_CHARS
+) -> dict:
     """Unzip the three splits, strip headers, write the split files and wikipedia.txt. Returns per-split metrics."""
     with open_zip(zip_path, source) as zf:
         _check_layout(zf, source)
@@ -227,8 +255,16 @@ def extract_corpus(zip_path: Path, out_dir: Path, *, source: str, progress=None,
                     if progress:
                         progress(raw_done + raw_bytes, raw_total, f"unzipping {member}")
 
-                splits[split] = _extract_split(zf, member, out_dir / SPLIT_FILES[split], writer, (all_f, all_sha),
-                                               source=source, block_chars=block_chars, unzipped=unzipped)
+                splits[split] = _extract_split(
+                    zf,
+                    member,
+                    out_dir / SPLIT_FILES[split],
+                    writer,
+                    (all_f, all_sha),
+                    source=source,
+                    block_chars=block_chars,
+                    unzipped=unzipped,
+                )
                 raw_done += splits[split]["raw_bytes"]
             writer.drain()
     totals = {key: sum(st[key] for st in splits.values()) for key in ("bytes", "chars", "lines")}
@@ -241,18 +277,36 @@ def _check_layout(zf: zipfile.ZipFile, source: str) -> None:
     for split in SPLITS:
         if MEMBERS[split] not in names:
             shown = ", ".join(sorted(names)[:8]) or "(no files)"
-            raise UserError(f"{source} has no member {MEMBERS[split]!r} (it has: {shown}); source_url must "
-                            "point at the wikitext-103-raw-v1 zip")
+            raise UserError(
+                f"{source} has no member {MEMBERS[split]!r} (it has: {shown}); source_url must "
+                "point at the wikitext-103-raw-v1 zip"
+            )
 
 
-def _extract_split(zf: zipfile.ZipFile, member: str, path: Path, writer: BlockWriter, corpus: tuple, *,
-                   source: str, block_chars: int, unzipped) -> dict:
+def _extract_split(
+    zf: zipfile.ZipFile,
+    member: str,
+    path: Path,
+    writer: BlockWriter,
+    corpus: tuple,
+    *,
+    source: str,
+    block_chars: int,
+    unzipped,
+) -> dict:
     """``member`` unzipped (in a reader thread), stripped, and written (in the writer thread) to ``path`` and to
     ``corpus``, wikipedia.txt's ``(file, sha256)``; ``unzipped(raw_bytes)`` follows the unzipping. Returns the
     split's metrics."""
     sha = hashlib.sha256()
-    st = {"member": member, "raw_bytes": zf.getinfo(member).file_size, "raw_lines": 0,
-          "bytes": 0, "chars": 0, "lines": 0, "headers_stripped": 0}
+    st = {
+        "member": member,
+        "raw_bytes": zf.getinfo(member).file_size,
+        "raw_lines": 0,
+        "bytes": 0,
+        "chars": 0,
+        "lines": 0,
+        "headers_stripped": 0,
+    }
     last = ""
     raw_last = ""
 
@@ -280,8 +334,9 @@ def _extract_split(zf: zipfile.ZipFile, member: str, path: Path, writer: BlockWr
                 writer.settle()  # nothing touches f once it is synced and renamed (or dropped)
             writer.drain()
     except (zipfile.BadZipFile, zlib.error, EOFError) as e:
-        raise UserError(f"{member} in {source} is damaged ({e}); rerun to download it again, or "
-                        "check source_url") from None
+        raise UserError(
+            f"{member} in {source} is damaged ({e}); rerun to download it again, or check source_url"
+        ) from None
     if last and not last.endswith("\n"):
         st["lines"] += 1
     if raw_last and not raw_last.endswith("\n"):
@@ -299,15 +354,19 @@ def _check_zip(path: Path, settings: CorpusSettings, *, ours: bool) -> tuple[int
     if want and size != want:
         if ours:
             path.unlink(missing_ok=True)
-        raise UserError(f"{shown} gave {size:,} bytes but expected_bytes is {want:,}; the mirror may serve a "
-                        f"different file: check source_url, or pass expected_bytes={size} (0 = no size check) "
-                        "if you trust it")
+        raise UserError(
+            f"{shown} gave {size:,} bytes but expected_bytes is {want:,}; the mirror may serve a "
+            f"different file: check source_url, or pass expected_bytes={size} (0 = no size check) "
+            "if you trust it"
+        )
     sha = sha256_file(path)
     if settings.expected_sha256 and sha != settings.expected_sha256:
         if ours:
             path.unlink(missing_ok=True)
-        raise UserError(f"{shown} has sha256 {sha} but expected_sha256 is {settings.expected_sha256}; check "
-                        "source_url, or pass the right expected_sha256")
+        raise UserError(
+            f"{shown} has sha256 {sha} but expected_sha256 is {settings.expected_sha256}; check "
+            "source_url, or pass the right expected_sha256"
+        )
     return size, sha
 
 
@@ -326,9 +385,15 @@ def _downloaded_zip(ctx: BuildContext, settings: CorpusSettings) -> tuple[Path, 
         ctx.log.info("download: reusing %s downloaded by an earlier attempt", zip_path)
         return zip_path, {"tries": 0, "range_requests": 0, "resumed_bytes": 0, "seconds": 0.0}
     ctx.log.info("download: fetching %s", settings.shown_url)
-    facts = fetch(settings.source_url, zip_path, knobs=DownloadKnobs.from_env(), identity=ctx.source,
-                  max_bytes=settings.max_zip_bytes, log=ctx.log,
-                  progress=lambda d, t, m: ctx.progress(d, t, "downloading " + m))
+    facts = fetch(
+        settings.source_url,
+        zip_path,
+        knobs=DownloadKnobs.from_env(),
+        identity=ctx.source,
+        max_bytes=settings.max_zip_bytes,
+        log=ctx.log,
+        progress=lambda d, t, m: ctx.progress(d, t, "downloading " + m),
+    )
     return zip_path, facts
 
 
@@ -348,8 +413,7 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
     t1 = time.monotonic()
     try:
         check_members(zip_path, shown, MEMBERS.values())
-        corpus = extract_corpus(zip_path, ctx.out, source=shown,
-                                progress=lambda d, t, m: ctx.progress(d, t, m))
+        corpus = extract_corpus(zip_path, ctx.out, source=shown, progress=lambda d, t, m: ctx.progress(d, t, m))
     except UserError:
         if ours:
             zip_path.unlink(missing_ok=True)  # a rerun fetches again instead of reusing a bad archive
@@ -380,15 +444,20 @@ def report(manifest: dict) -> str:
     lines = [
         f"# corpus `{manifest['version']}`",
         "",
-        summary_table([
-            ("source", redact_url(m.get("source_url") or "")),
-            ("source identity (part of the version)", _source_line(manifest.get("source"))),
-            ("zip", f"{m.get('zip_bytes', 0):,} bytes, sha256 `{m.get('zip_sha256')}` (not kept)"),
-            ("download", f"{m.get('download_seconds', 0):.1f} s; {d.get('tries', 0)} request(s), "
-             f"{d.get('range_requests', 0)} of them resuming (Range); {d.get('resumed_bytes', 0):,} bytes kept "
-             "from an interrupted run"),
-            ("unzip + strip", f"{m.get('extract_seconds', 0):.1f} s"),
-        ]),
+        summary_table(
+            [
+                ("source", redact_url(m.get("source_url") or "")),
+                ("source identity (part of the version)", _source_line(manifest.get("source"))),
+                ("zip", f"{m.get('zip_bytes', 0):,} bytes, sha256 `{m.get('zip_sha256')}` (not kept)"),
+                (
+                    "download",
+                    f"{m.get('download_seconds', 0):.1f} s; {d.get('tries', 0)} request(s), "
+                    f"{d.get('range_requests', 0)} of them resuming (Range); {d.get('resumed_bytes', 0):,} bytes kept "
+                    "from an interrupted run",
+                ),
+                ("unzip + strip", f"{m.get('extract_seconds', 0):.1f} s"),
+            ]
+        ),
         "",
         "| file | bytes | chars | lines | header matches stripped | lines removed | sha256 |",
         "|---|---:|---:|---:|---:|---:|---|",
@@ -397,19 +466,23 @@ def report(manifest: dict) -> str:
         st = m.get("splits", {}).get(split)
         if not st:
             continue
-        lines.append(f"| {SPLIT_FILES[split]} | {st['bytes']:,} | {st['chars']:,} | {st['lines']:,} | "
-                     f"{st['headers_stripped']:,} | {st['lines_removed']:,} | `{st['sha256'][:16]}…` |")
+        lines.append(
+            f"| {SPLIT_FILES[split]} | {st['bytes']:,} | {st['chars']:,} | {st['lines']:,} | "
+            f"{st['headers_stripped']:,} | {st['lines_removed']:,} | `{st['sha256'][:16]}…` |"
+        )
     w = m.get("wikipedia")
     if w:
-        lines.append(f"| **{CORPUS_FILE}** | {w['bytes']:,} | {w['chars']:,} | {w['lines']:,} | | | "
-                     f"`{w['sha256'][:16]}…` |")
+        lines.append(
+            f"| **{CORPUS_FILE}** | {w['bytes']:,} | {w['chars']:,} | {w['lines']:,} | | | `{w['sha256'][:16]}…` |"
+        )
     return "\n".join(lines) + "\n"
 
 
 #: code version 3: the version also depends on what is at source_url (source_identity) and on the URL without
 #: its credentials (issue 10).
-STAGE = Stage(name="corpus", settings=CorpusSettings, code_version="3", report=report, source=source_identity,
-              alias="download")
+STAGE = Stage(
+    name="corpus", settings=CorpusSettings, code_version="3", report=report, source=source_identity, alias="download"
+)
 
 
 @stage_task(STAGE)

@@ -12,7 +12,8 @@ stage names it needs from its callers.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from mygpt.errors import UserError
 from tasks import corpus, export, model, samples, shards, tokenizer

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-
 from pydantic import Field, field_validator
 
 from mygpt.atomic import atomic_write_text
@@ -44,10 +43,10 @@ from mygpt.bpe import BPETokenizer
 from mygpt.bpe_encode import EncodeStats, chunk_bounds
 from mygpt.errors import UserError
 from tasks.core import dask_work, shard_format
-from tasks.corpus import SPLIT_FILES, SPLITS
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 from tasks.core.store import sha256_file
+from tasks.corpus import SPLIT_FILES, SPLITS
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 PROGRESS_FILE = "progress.json"
@@ -59,19 +58,27 @@ MISSING_TOP = 20
 class ShardsSettings(Settings):
     """How the corpus becomes token shards."""
 
-    shard_tokens: int = Field(10_000_000, ge=1, description="tokens per Parquet shard (10000000 is ~20 MB of "
-                                                            "uint16, ~20 shards for wikitext-103 at 1024 merges)")
+    shard_tokens: int = Field(
+        10_000_000,
+        ge=1,
+        description="tokens per Parquet shard (10000000 is ~20 MB of "
+        "uint16, ~20 shards for wikitext-103 at 1024 merges)",
+    )
     unk_policy: Literal["skip", "error"] = Field(
-        "skip", description="characters outside the tokenizer's alphabet: skip them (the chapter) or stop with an "
-                            "error naming them")
+        "skip",
+        description="characters outside the tokenizer's alphabet: skip them (the chapter) or stop with an "
+        "error naming them",
+    )
 
     @field_validator("shard_tokens")
     @classmethod
     def _fits_in_memory(cls, value: int) -> int:
         if value > MAX_SHARD_TOKENS:
-            raise ValueError(f"shard_tokens must be at most {MAX_SHARD_TOKENS:,} (a shard is built in memory, "
-                             f"{value * 2 / 2**40:.1f} TiB of uint16 ids at this size), got {value}; the default "
-                             "10000000 makes ~20 MB shards")
+            raise ValueError(
+                f"shard_tokens must be at most {MAX_SHARD_TOKENS:,} (a shard is built in memory, "
+                f"{value * 2 / 2**40:.1f} TiB of uint16 ids at this size), got {value}; the default "
+                "10000000 makes ~20 MB shards"
+            )
         return value
 
 
@@ -95,8 +102,12 @@ def _kept_shards(out: Path, split: str, srec: dict, log) -> list[dict]:
     for sh in srec.get("shards", []):
         path = out / shard_format.shard_name(split, sh["index"])
         try:
-            ok = (sh["index"] == len(good) and path.stat().st_size == sh["size"]
-                  and shard_format.shard_tokens_in(path) == sh["tokens"] and sha256_file(path) == sh["sha256"])
+            ok = (
+                sh["index"] == len(good)
+                and path.stat().st_size == sh["size"]
+                and shard_format.shard_tokens_in(path) == sh["tokens"]
+                and sha256_file(path) == sh["sha256"]
+            )
         except Exception:  # missing or unreadable
             ok = False
         if not ok:
@@ -117,14 +128,28 @@ def _kept_shards(out: Path, split: str, srec: dict, log) -> list[dict]:
 
 
 # ---- build -------------------------------------------------------------------------------------------
-def encoded_chunks(client, tokenizer_key: str, tokenizer_json: str, path: Path, chunk_bytes: int, unk_policy: str,
-                   start_chunk: int, window: int, name: str):
+def encoded_chunks(
+    client,
+    tokenizer_key: str,
+    tokenizer_json: str,
+    path: Path,
+    chunk_bytes: int,
+    unk_policy: str,
+    start_chunk: int,
+    window: int,
+    name: str,
+):
     """``(chunk_index, byte_start, byte_end, ids, stats)`` for the chunks of ``path`` from ``start_chunk`` on, in
     order, each encoded by a Dask worker (``tasks.core.dask_work.encode_chunk``)."""
     bounds = (b for b in chunk_bounds(path, chunk_bytes) if b[0] >= start_chunk)
-    work = dask_work.in_order(client, dask_work.encode_chunk, bounds,
-                              lambda b: (tokenizer_key, tokenizer_json, str(path), b[1], b[2], unk_policy),
-                              window=window, name=name)
+    work = dask_work.in_order(
+        client,
+        dask_work.encode_chunk,
+        bounds,
+        lambda b: (tokenizer_key, tokenizer_json, str(path), b[1], b[2], unk_policy),
+        window=window,
+        name=name,
+    )
     for (idx, bstart, bend), (ids, stats) in work:
         yield idx, bstart, bend, ids, EncodeStats(**stats)
 
@@ -139,9 +164,13 @@ def missing_summary(stats: list[EncodeStats]) -> dict:
     chars = sum(st.chars for st in stats)
     positions = sum(counts.values())
     top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:MISSING_TOP]
-    return {"corpus_chars": chars, "missing_distinct": len(counts), "missing_positions": positions,
-            "missing_fraction": positions / chars if chars else 0.0,
-            "missing_top": [{"char": c, "codepoint": f"U+{ord(c):04X}", "count": n} for c, n in top]}
+    return {
+        "corpus_chars": chars,
+        "missing_distinct": len(counts),
+        "missing_positions": positions,
+        "missing_fraction": positions / chars if chars else 0.0,
+        "missing_top": [{"char": c, "codepoint": f"U+{ord(c):04X}", "count": n} for c, n in top],
+    }
 
 
 def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, tokenizer: Path) -> dict:
@@ -156,8 +185,10 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
     total_bytes = sum(p.stat().st_size for p in files.values()) or 1
 
     rec_path = ctx.work / PROGRESS_FILE
-    rec = _load_record(rec_path, {"format": RECORD_FORMAT, "chunk_bytes": chunk_bytes, "dtype": dtype.name,
-                                  "shard_tokens": shard_tokens})
+    rec = _load_record(
+        rec_path,
+        {"format": RECORD_FORMAT, "chunk_bytes": chunk_bytes, "dtype": dtype.name, "shard_tokens": shard_tokens},
+    )
     if ctx.resumed and rec["splits"]:
         ctx.log.info("shards: resuming from %s", rec_path)
 
@@ -198,37 +229,56 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
 
                 def emit(ids: np.ndarray, next_chunk, next_skip, stats_before: EncodeStats) -> None:
                     nonlocal index, offset
-                    spath = ctx.out / shard_format.shard_name(split, index)
+                    spath = ctx.out / shard_format.shard_name(split, index)  # noqa: B023 (called in this split's loop)
                     nbytes = shard_format.write_shard(spath, ids)
-                    srec["shards"].append({
-                        "index": index, "tokens": int(ids.size), "first_token": offset, "size": nbytes,
-                        "sha256": sha256_file(spath), "next_chunk": next_chunk, "skip": next_skip,
-                        "stats": stats_before.to_dict()})
+                    srec["shards"].append(  # noqa: B023
+                        {
+                            "index": index,
+                            "tokens": int(ids.size),
+                            "first_token": offset,
+                            "size": nbytes,
+                            "sha256": sha256_file(spath),
+                            "next_chunk": next_chunk,
+                            "skip": next_skip,
+                            "stats": stats_before.to_dict(),
+                        }
+                    )
                     save_record()
                     index += 1
                     offset += int(ids.size)
 
                 if client is None:
-                    client = cluster.enter_context(dask_work.dask_client(ctx.run, ctx.log, needs=[str(p) for p in
-                                                                                               files.values()]))
+                    client = cluster.enter_context(
+                        dask_work.dask_client(ctx.run, ctx.log, needs=[str(p) for p in files.values()])
+                    )
                     workers = len(client.scheduler_info()["workers"])
                     # the tokenizer travels with each task as one opaque string (~20 KB): a worker that dies takes
                     # nothing with it that cannot be sent again (scattered data would be lost with it)
                     state = json.dumps(tok.state(), ensure_ascii=False)
                 try:
                     for idx, bstart, bend, ids, st in encoded_chunks(
-                            client, tokenizer_key, state, path, chunk_bytes, unk_policy, start_chunk,
-                            window=2 * workers + 2, name=f"encode-{split}"):
+                        client,
+                        tokenizer_key,
+                        state,
+                        path,
+                        chunk_bytes,
+                        unk_policy,
+                        start_chunk,
+                        window=2 * workers + 2,
+                        name=f"encode-{split}",
+                    ):
                         pos = 0
                         if idx == start_chunk and skip:
                             if skip > ids.size:
-                                raise RuntimeError(f"progress record says {skip} ids of chunk {idx} of {path.name} "
-                                                   f"are written, but the chunk has {ids.size}; rerun with force")
+                                raise RuntimeError(
+                                    f"progress record says {skip} ids of chunk {idx} of {path.name} "
+                                    f"are written, but the chunk has {ids.size}; rerun with force"
+                                )
                             pos = skip
                         n = ids.size
                         while pos < n:
                             take = min(shard_tokens - fill, n - pos)
-                            buf[fill:fill + take] = ids[pos:pos + take]
+                            buf[fill : fill + take] = ids[pos : pos + take]
                             fill += take
                             pos += take
                             if fill == shard_tokens:
@@ -236,8 +286,9 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                                 fill = 0
                         stats.merge(st)
                         split_bytes += bend - bstart
-                        ctx.progress(bytes_before + bend, total_bytes,
-                                     f"{split}: {bend / max(size, 1):.0%} of {path.name}")
+                        ctx.progress(
+                            bytes_before + bend, total_bytes, f"{split}: {bend / max(size, 1):.0%} of {path.name}"
+                        )
                 except UserError as e:
                     raise UserError(f"encoding {path.name}: {e}") from None
                 if fill or index == 0:
@@ -252,36 +303,61 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
             bytes_before += size
             shards = srec["shards"]
             for sh in shards:
-                shard_list.append({
-                    "file": shard_format.shard_name(split, sh["index"]), "split": split, "index": sh["index"],
-                    "tokens": sh["tokens"], "first_token": sh["first_token"],
-                    "last_token": sh["first_token"] + sh["tokens"] - 1 if sh["tokens"] else None})
+                shard_list.append(
+                    {
+                        "file": shard_format.shard_name(split, sh["index"]),
+                        "split": split,
+                        "index": sh["index"],
+                        "tokens": sh["tokens"],
+                        "first_token": sh["first_token"],
+                        "last_token": sh["first_token"] + sh["tokens"] - 1 if sh["tokens"] else None,
+                    }
+                )
             top = sorted(stats.skipped_chars.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
             split_metrics[split] = {
-                "text_bytes": size, "chars": stats.chars, "tokens": stats.tokens, "shards": len(shards),
-                "skipped_positions": stats.skipped_positions, "skipped_distinct": len(stats.skipped_chars),
+                "text_bytes": size,
+                "chars": stats.chars,
+                "tokens": stats.tokens,
+                "shards": len(shards),
+                "skipped_positions": stats.skipped_positions,
+                "skipped_distinct": len(stats.skipped_chars),
                 "skipped_top": [{"char": c, "codepoint": f"U+{ord(c):04X}", "count": k} for c, k in top],
-                "encoded_bytes_this_run": split_bytes, "seconds": round(seconds, 3),
+                "encoded_bytes_this_run": split_bytes,
+                "seconds": round(seconds, 3),
                 "mb_per_s": round(split_bytes / 1e6 / seconds, 2) if split_bytes and seconds > 0 else None,
             }
             if sum(sh["tokens"] for sh in shards) != stats.tokens:  # pragma: no cover - internal consistency
-                raise RuntimeError(f"{split}: shards hold {sum(sh['tokens'] for sh in shards)} tokens, stats say "
-                                   f"{stats.tokens}")
+                raise RuntimeError(
+                    f"{split}: shards hold {sum(sh['tokens'] for sh in shards)} tokens, stats say {stats.tokens}"
+                )
 
     seconds = time.monotonic() - t_start
     index = {
-        "format": 1, "column": shard_format.COLUMN, "dtype": dtype.name, "vocab_size": tok.vocab_size,
-        "shard_tokens": shard_tokens, "unk_policy": unk_policy,
-        "splits": {s: {"tokens": split_metrics[s]["tokens"],
-                       "shards": [{k: v for k, v in sh.items() if k != "split"} for sh in shard_list
-                                  if sh["split"] == s]} for s in SPLITS},
+        "format": 1,
+        "column": shard_format.COLUMN,
+        "dtype": dtype.name,
+        "vocab_size": tok.vocab_size,
+        "shard_tokens": shard_tokens,
+        "unk_policy": unk_policy,
+        "splits": {
+            s: {
+                "tokens": split_metrics[s]["tokens"],
+                "shards": [{k: v for k, v in sh.items() if k != "split"} for sh in shard_list if sh["split"] == s],
+            }
+            for s in SPLITS
+        },
     }
     atomic_write_text(ctx.out / "shards.json", json.dumps(index, indent=1) + "\n")
     atomic_write_text(ctx.out / "README.md", _readme(index, split_metrics))
     ctx.progress(1, 1, "done", force=True)
     return {
-        "dtype": dtype.name, "vocab_size": tok.vocab_size, "shard_tokens": shard_tokens, "unk_policy": unk_policy,
-        "workers": workers, "dask": ctx.run.dask_address or "local", "chunk_bytes": chunk_bytes,
+        "dtype": dtype.name,
+        "vocab_size": tok.vocab_size,
+        "shard_tokens": shard_tokens,
+        "unk_policy": unk_policy,
+        "workers": workers,
+        "dask": ctx.run.dask_address or "local",
+        "chunk_bytes": chunk_bytes,
         "tokens": sum(m["tokens"] for m in split_metrics.values()),
         "splits": split_metrics,
         "missing": missing_summary(split_stats),
@@ -293,15 +369,24 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
 
 
 def _readme(index: dict, split_metrics: dict) -> str:
-    lines = [shard_format.SCHEMA, "", "This version", "------------", "",
-             f"dtype {index['dtype']}, vocab_size {index['vocab_size']}, shard_tokens {index['shard_tokens']:,}, "
-             f"unk_policy {index['unk_policy']}", "",
-             "| split | shards | tokens | characters | skipped characters (positions / distinct) |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        shard_format.SCHEMA,
+        "",
+        "This version",
+        "------------",
+        "",
+        f"dtype {index['dtype']}, vocab_size {index['vocab_size']}, shard_tokens {index['shard_tokens']:,}, "
+        f"unk_policy {index['unk_policy']}",
+        "",
+        "| split | shards | tokens | characters | skipped characters (positions / distinct) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for s in SPLITS:
         m = split_metrics[s]
-        lines.append(f"| {s} | {m['shards']} | {m['tokens']:,} | {m['chars']:,} | "
-                     f"{m['skipped_positions']:,} / {m['skipped_distinct']:,} |")
+        lines.append(
+            f"| {s} | {m['shards']} | {m['tokens']:,} | {m['chars']:,} | "
+            f"{m['skipped_positions']:,} / {m['skipped_distinct']:,} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -326,27 +411,41 @@ def report(manifest: dict) -> str:
         if not sm:
             continue
         cpt = f"{sm['chars'] / sm['tokens']:.2f}" if sm["tokens"] else "-"
-        lines.append(f"| {s} | {sm['shards']} | {sm['tokens']:,} | {sm['chars']:,} | {cpt} | "
-                     f"{sm['skipped_positions']:,} | {sm['skipped_distinct']:,} | {sm['mb_per_s'] or '-'} |")
+        lines.append(
+            f"| {s} | {sm['shards']} | {sm['tokens']:,} | {sm['chars']:,} | {cpt} | "
+            f"{sm['skipped_positions']:,} | {sm['skipped_distinct']:,} | {sm['mb_per_s'] or '-'} |"
+        )
     miss = m.get("missing")
     if miss:
-        lines += ["", f"Corpus characters missing from the tokenizer's alphabet (the chapter's \"missing from the "
-                      f"slice\" analysis, over wikipedia.txt = all splits): {miss['missing_distinct']:,} distinct, "
-                      f"{miss['missing_positions']:,} positions of {miss['corpus_chars']:,} "
-                      f"({100 * miss['missing_fraction']:.4f} %)"]
+        lines += [
+            "",
+            f"Corpus characters missing from the tokenizer's alphabet (the chapter's \"missing from the "
+            f'slice" analysis, over wikipedia.txt = all splits): {miss["missing_distinct"]:,} distinct, '
+            f"{miss['missing_positions']:,} positions of {miss['corpus_chars']:,} "
+            f"({100 * miss['missing_fraction']:.4f} %)",
+        ]
         if miss["missing_top"]:
-            lines.append("Most frequent: " + ", ".join(
-                f"{_show(t['char'])} {t['codepoint']} ×{t['count']}" for t in miss["missing_top"][:10]))
+            lines.append(
+                "Most frequent: "
+                + ", ".join(f"{_show(t['char'])} {t['codepoint']} ×{t['count']}" for t in miss["missing_top"][:10])
+            )
     return "\n".join(lines) + "\n"
 
 
-STAGE = Stage(name="shards", settings=ShardsSettings, code_version="2", report=report, inputs=("corpus", "tokenizer"),
-              alias="encode")
+STAGE = Stage(
+    name="shards",
+    settings=ShardsSettings,
+    code_version="2",
+    report=report,
+    inputs=("corpus", "tokenizer"),
+    alias="encode",
+)
 
 
 @stage_task(STAGE)
-def encode_shards(corpus: StageRef, tokenizer: StageRef, settings: ShardsSettings = ShardsSettings(),
-                  run: RunOptions = RunOptions()) -> StageRef:
+def encode_shards(
+    corpus: StageRef, tokenizer: StageRef, settings: ShardsSettings = ShardsSettings(), run: RunOptions = RunOptions()
+) -> StageRef:
     """Encode every split of a corpus version with a tokenizer version into Parquet shards (or reuse them).
 
     The chunks are encoded on Dask: a local cluster of ``run.workers`` processes (default: CPU count, at most 8)

@@ -41,9 +41,9 @@ from mygpt.bpe_encode import chunk_bounds
 from mygpt.bpe_train import add_counts, gc_paused, train_and_count_tokens
 from mygpt.errors import UserError
 from tasks.core import dask_work
-from tasks.corpus import SPLIT_FILES
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task, summary_table
+from tasks.corpus import SPLIT_FILES
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 FIRST_MERGES = 30
@@ -53,8 +53,11 @@ class TokenizerSettings(Settings):
     """The chapter's BPE: how many merges, learnt from how much text."""
 
     num_merges: int = Field(1024, ge=0, description="BPE merges to learn; the chapter uses 1024")
-    bpe_train_bytes: int = Field(50_000_000, ge=0, description="train on the first N bytes of wiki.train.txt; the "
-                                                               "chapter uses 50000000; 0 = the whole split")
+    bpe_train_bytes: int = Field(
+        50_000_000,
+        ge=0,
+        description="train on the first N bytes of wiki.train.txt; the chapter uses 50000000; 0 = the whole split",
+    )
 
 
 def slice_end(path: Path, max_bytes: int) -> int:
@@ -78,8 +81,14 @@ def count_slice(ctx: BuildContext, path: Path, end: int, chunk_bytes: int) -> di
     counts: dict[str, int] = {}
     with dask_work.dask_client(ctx.run, ctx.log, needs=[str(path)]) as client:
         workers = len(client.scheduler_info()["workers"])
-        chunks = dask_work.in_order(client, dask_work.count_chunk, chunk_bounds(path, chunk_bytes, end=end),
-                                    lambda b: (str(path), b[1], b[2]), window=2 * workers + 2, name="count-words")
+        chunks = dask_work.in_order(
+            client,
+            dask_work.count_chunk,
+            chunk_bounds(path, chunk_bytes, end=end),
+            lambda b: (str(path), b[1], b[2]),
+            window=2 * workers + 2,
+            name="count-words",
+        )
         with gc_paused():
             for (_, _, bend), table in chunks:
                 add_counts(counts, dask_work.word_counts(table))
@@ -92,8 +101,9 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
     train_path = corpus / SPLIT_FILES["train"]
     used = slice_end(train_path, settings.bpe_train_bytes)
     if not used:
-        raise UserError(f"{train_path} is empty, so there is nothing to train BPE on; check the corpus stage's "
-                        "source_url")
+        raise UserError(
+            f"{train_path} is empty, so there is nothing to train BPE on; check the corpus stage's source_url"
+        )
     ctx.log.info("tokenizer: counting the words of %s bytes of %s", f"{used:,}", train_path.name)
     t0 = time.monotonic()
     try:
@@ -102,8 +112,12 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
         raise UserError(f"{e}; rebuild the corpus stage") from None
     count_seconds = time.monotonic() - t0
     chars = sum(len(w) * n for w, n in counts.items())
-    ctx.log.info("tokenizer: %s distinct words, %s chars; training %d merges", f"{len(counts):,}", f"{chars:,}",
-                 settings.num_merges)
+    ctx.log.info(
+        "tokenizer: %s distinct words, %s chars; training %d merges",
+        f"{len(counts):,}",
+        f"{chars:,}",
+        settings.num_merges,
+    )
     ctx.progress(1, 2, "training", force=True)
     t1 = time.monotonic()
     with gc_paused():
@@ -142,26 +156,33 @@ def report(manifest: dict) -> str:
     lines = [
         f"# tokenizer `{manifest['version']}`",
         "",
-        summary_table([
-            ("merges", f"{m.get('num_merges')} (asked {p.get('num_merges')})"),
-            ("vocab size", f"{m.get('vocab_size'):,} (alphabet {m.get('alphabet_size'):,})"),
-            ("training slice", f"{m.get('train_bytes', 0):,} bytes / {m.get('train_chars', 0):,} chars of wiki.train.txt"),
-            ("chars per token (slice)", m.get("chars_per_token")),
-            ("corpus chars missing from the slice", "counted while encoding: see the wiki-shards report"),
-            ("time", f"count words {m.get('count_seconds', 0):.1f} s, train {m.get('train_seconds', 0):.1f} s"),
-        ]),
+        summary_table(
+            [
+                ("merges", f"{m.get('num_merges')} (asked {p.get('num_merges')})"),
+                ("vocab size", f"{m.get('vocab_size'):,} (alphabet {m.get('alphabet_size'):,})"),
+                (
+                    "training slice",
+                    f"{m.get('train_bytes', 0):,} bytes / {m.get('train_chars', 0):,} chars of wiki.train.txt",
+                ),
+                ("chars per token (slice)", m.get("chars_per_token")),
+                ("corpus chars missing from the slice", "counted while encoding: see the wiki-shards report"),
+                ("time", f"count words {m.get('count_seconds', 0):.1f} s, train {m.get('train_seconds', 0):.1f} s"),
+            ]
+        ),
         "",
         "First merges: " + " ".join(_show(a) + "+" + _show(b) for a, b in m.get("first_merges", [])[:FIRST_MERGES]),
     ]
     return "\n".join(lines) + "\n"
 
 
-STAGE = Stage(name="tokenizer", settings=TokenizerSettings, code_version="2", report=report, inputs=("corpus",),
-              alias="bpe")
+STAGE = Stage(
+    name="tokenizer", settings=TokenizerSettings, code_version="2", report=report, inputs=("corpus",), alias="bpe"
+)
 
 
 @stage_task(STAGE)
-def train_tokenizer(corpus: StageRef, settings: TokenizerSettings = TokenizerSettings(),
-                    run: RunOptions = RunOptions()) -> StageRef:
+def train_tokenizer(
+    corpus: StageRef, settings: TokenizerSettings = TokenizerSettings(), run: RunOptions = RunOptions()
+) -> StageRef:
     """Train the chapter's word-level BPE on a corpus version (or reuse that version)."""
     return STAGE.run(build_tokenizer, settings, run, corpus=corpus)

@@ -18,25 +18,36 @@ PRODUCT = ("mygpt", "tasks", "flows")
 
 
 def _is_sys_path(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "path"
+        and isinstance(node.value, ast.Name)
         and node.value.id == "sys"
+    )
 
 
 def test_no_sys_path_edits_outside_tests():
     edits = []
     for path in sorted(p for package in (*PRODUCT, "bench") for p in (REPO / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            called_on_sys_path = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and _is_sys_path(node.func.value)
+            called_on_sys_path = (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_sys_path(node.func.value)
+            )
             assigned = isinstance(node, (ast.Assign, ast.AugAssign)) and any(
-                _is_sys_path(t) for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))
+                _is_sys_path(t) for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            )
             if called_on_sys_path or assigned:
                 edits.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not edits, "sys.path is edited in: " + ", ".join(edits)
 
 
-@pytest.mark.parametrize("statement", ["import mygpt", "import mygpt.bpe, mygpt.bpe_encode, mygpt.bpe_train, "
-                                                       "mygpt.bpe_reference, mygpt.tokenizer, mygpt.errors"])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import mygpt",
+        "import mygpt.bpe, mygpt.bpe_encode, mygpt.bpe_train, mygpt.bpe_reference, mygpt.tokenizer, mygpt.errors",
+    ],
+)
 def test_importing_the_library_loads_no_torch_and_no_prefect(statement):
     code = f"{statement}\nimport sys\nprint(sorted(m for m in ('torch', 'prefect') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -36,7 +36,8 @@ import logging
 import os
 import pickle
 import uuid
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from mygpt.errors import UserError
 
@@ -49,8 +50,7 @@ def default_workers() -> int:
 
 
 # ---- what the workers run ------------------------------------------------------------------------------
-def encode_chunk(tokenizer_key: str, tokenizer_json: str, path: str, start: int, end: int,
-                 unk_policy: str) -> tuple:
+def encode_chunk(tokenizer_key: str, tokenizer_json: str, path: str, start: int, end: int, unk_policy: str) -> tuple:
     """Encode bytes ``start..end`` of ``path``: ``(ids, stats as a dict)``. The tokenizer (its state as JSON) is
     built once per worker, keyed by ``tokenizer_key``, and keeps its word cache from chunk to chunk."""
     import json
@@ -98,16 +98,21 @@ def dask_client(run, log, *, needs: Iterable[str] = ()) -> Iterator[Any]:
         client = _connect(run.dask_address)
         try:
             _check_workers(client, run.dask_address, needs)
-            log.info("dask: using the cluster at %s (%d workers)", run.dask_address,
-                     len(client.scheduler_info()["workers"]))
+            log.info(
+                "dask: using the cluster at %s (%d workers)", run.dask_address, len(client.scheduler_info()["workers"])
+            )
             yield client
         finally:
             client.close()
         return
     n = run.workers or default_workers()
     # every address on 127.0.0.1 (the scheduler's HTTP endpoint too); no dashboards
-    common = dict(threads_per_worker=1, dashboard_address=None, silence_logs=logging.WARNING,
-                  scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
+    common = dict(
+        threads_per_worker=1,
+        dashboard_address=None,
+        silence_logs=logging.WARNING,
+        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+    )
     if n == 1:  # one worker: scheduler and worker threads in this process (in-process transport), nothing to start
         cluster = LocalCluster(n_workers=1, processes=False, **common)
     else:
@@ -115,11 +120,16 @@ def dask_client(run, log, *, needs: Iterable[str] = ()) -> Iterator[Any]:
         # threshold: every numpy temporary of the chunk work is then mmap'ed and unmapped again, page faults and
         # all, and the chunks run at half speed (measured: 0.70 s vs 0.35 s CPU for 8 MB). Leave malloc alone.
         with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
-            cluster = LocalCluster(n_workers=n, processes=True, host="127.0.0.1", worker_dashboard_address=None,
-                                   **common)
+            cluster = LocalCluster(
+                n_workers=n, processes=True, host="127.0.0.1", worker_dashboard_address=None, **common
+            )
     with cluster, Client(cluster, set_as_default=False) as client:
-        log.info("dask: local cluster of %d worker%s (%s)", n, "s" if n > 1 else "",
-                 "processes on 127.0.0.1" if n > 1 else "threads in this process")
+        log.info(
+            "dask: local cluster of %d worker%s (%s)",
+            n,
+            "s" if n > 1 else "",
+            "processes on 127.0.0.1" if n > 1 else "threads in this process",
+        )
         yield client
 
 
@@ -129,9 +139,11 @@ def _connect(address: str):
     try:
         return Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
     except (OSError, TimeoutError) as e:
-        raise UserError(f"dask_address {address}: no Dask scheduler answered within {CONNECT_TIMEOUT_S} s ({e}); "
-                        "start one there (dask scheduler, plus dask worker processes), fix the address, or leave "
-                        "dask_address unset to use a local cluster") from None
+        raise UserError(
+            f"dask_address {address}: no Dask scheduler answered within {CONNECT_TIMEOUT_S} s ({e}); "
+            "start one there (dask scheduler, plus dask worker processes), fix the address, or leave "
+            "dask_address unset to use a local cluster"
+        ) from None
 
 
 def _check_workers(client, address: str, needs: Iterable[str]) -> None:
@@ -139,19 +151,24 @@ def _check_workers(client, address: str, needs: Iterable[str]) -> None:
     try:
         client.wait_for_workers(1, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError):
-        raise UserError(f"dask_address {address}: the scheduler has no workers; start some (dask worker "
-                        f"{address}) on machines that share the artifact root") from None
+        raise UserError(
+            f"dask_address {address}: the scheduler has no workers; start some (dask worker "
+            f"{address}) on machines that share the artifact root"
+        ) from None
     for path in needs:
         seen = client.run(worker_can_read, path)
         blind = sorted(w for w, ok in seen.items() if not ok)
         if blind:
-            raise UserError(f"dask_address {address}: worker(s) {', '.join(blind)} cannot read {path}; the "
-                            "artifact root must be on a filesystem every worker shares, at the same path")
+            raise UserError(
+                f"dask_address {address}: worker(s) {', '.join(blind)} cannot read {path}; the "
+                "artifact root must be on a filesystem every worker shares, at the same path"
+            )
 
 
 # ---- chunks in, results out in order ------------------------------------------------------------------------
-def in_order(client, fn: Callable, items: Iterable[tuple], args: Callable[[tuple], tuple], *,
-             window: int, name: str) -> Iterator[tuple[tuple, Any]]:
+def in_order(
+    client, fn: Callable, items: Iterable[tuple], args: Callable[[tuple], tuple], *, window: int, name: str
+) -> Iterator[tuple[tuple, Any]]:
     """``(item, fn(*args(item)))`` for each item, computed on the cluster, yielded in the items' order.
 
     At most ``window`` chunks are submitted and not yet consumed (earlier ones first: Dask priorities), so
@@ -176,8 +193,10 @@ def in_order(client, fn: Callable, items: Iterable[tuple], args: Callable[[tuple
             try:
                 result = future.result()
             except KilledWorker as e:
-                raise RuntimeError(f"{name}: chunk {item[0]} (bytes {item[1]}..{item[2]}) killed the Dask workers "
-                                   f"that ran it ({e}); rerun to resume from the last finished shard") from None
+                raise RuntimeError(
+                    f"{name}: chunk {item[0]} (bytes {item[1]}..{item[2]}) killed the Dask workers "
+                    f"that ran it ({e}); rerun to resume from the last finished shard"
+                ) from None
             future.release()
             nxt = next(items, None)
             if nxt is not None:

@@ -58,16 +58,31 @@ class DownloadKnobs:
     read_timeout: float = 60.0
 
     @classmethod
-    def from_env(cls) -> "DownloadKnobs":
+    def from_env(cls) -> DownloadKnobs:
         """The knobs from the environment (unset or empty = default); ``UserError`` naming a bad one."""
         d = cls()
         return cls(
-            attempts=_env_number(ENV_ATTEMPTS, d.attempts, "a whole number >= 1", lambda v: v >= 1 and v == int(v),
-                                 "failed tries in a row before the download gives up"),
-            base_delay=_env_number(ENV_BASE_DELAY, d.base_delay, "a number of seconds >= 0", lambda v: v >= 0,
-                                   "wait before the first retry, doubled each time, at most 60 s"),
-            read_timeout=_env_number(ENV_READ_TIMEOUT, d.read_timeout, "a number of seconds > 0", lambda v: v > 0,
-                                     "seconds without data before a try fails"),
+            attempts=_env_number(
+                ENV_ATTEMPTS,
+                d.attempts,
+                "a whole number >= 1",
+                lambda v: v >= 1 and v == int(v),
+                "failed tries in a row before the download gives up",
+            ),
+            base_delay=_env_number(
+                ENV_BASE_DELAY,
+                d.base_delay,
+                "a number of seconds >= 0",
+                lambda v: v >= 0,
+                "wait before the first retry, doubled each time, at most 60 s",
+            ),
+            read_timeout=_env_number(
+                ENV_READ_TIMEOUT,
+                d.read_timeout,
+                "a number of seconds > 0",
+                lambda v: v > 0,
+                "seconds without data before a try fails",
+            ),
         )
 
 
@@ -93,6 +108,7 @@ class SourceUnreachable(UserError):
     """The source would not say what it holds: network down or server failing (retried, then given up), or
     refusing (4xx)."""
 
+
 # ---- what is at an address -----------------------------------------------------------------------------
 def probe(url: str, knobs: DownloadKnobs, log=None) -> dict:
     """Ask the server what is at ``url`` with a one-byte ``Range`` GET (HEAD is refused by signed URLs):
@@ -106,8 +122,7 @@ def probe(url: str, knobs: DownloadKnobs, log=None) -> dict:
     with requests.Session() as session:
         while True:
             try:
-                with session.get(url, headers=headers, stream=True,
-                                 timeout=(CONNECT_TIMEOUT, knobs.read_timeout)) as r:
+                with session.get(url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, knobs.read_timeout)) as r:
                     _raise_for_status(url, r)
                     identity = _identity_of(r)
                     if r.status_code == 206:  # read the one byte, so the connection ends cleanly (no reset)
@@ -116,14 +131,20 @@ def probe(url: str, knobs: DownloadKnobs, log=None) -> dict:
                     return identity
             except UserError as e:  # a 4xx: the server will not say
                 raise SourceUnreachable(str(e)) from None
-            except (_Transient, requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError,
-                    TimeoutError) as exc:
+            except (
+                _Transient,
+                requests.RequestException,
+                urllib3.exceptions.HTTPError,
+                ConnectionError,
+                TimeoutError,
+            ) as exc:
                 failures += 1
                 if failures >= knobs.attempts:
                     raise SourceUnreachable(
                         f"downloading {redact_url(url)} failed {failures} times in a row (last: "
                         f"{_describe(exc, url)}); check the network or the mirror, or pass another "
-                        "source_url") from None
+                        "source_url"
+                    ) from None
                 _back_off(knobs, failures, f"asking {redact_url(url)} what it holds", exc, url, log)
 
 
@@ -144,22 +165,35 @@ def _raise_for_status(url: str, r) -> None:
     if status >= 500 or status in _TRANSIENT_STATUS:
         raise _Transient(f"HTTP {status} {r.reason}")
     if status not in (200, 206):
-        hint = ("the file is not there: check source_url" if status in (404, 410)
-                else "the server refused the request: check source_url or try another mirror")
+        hint = (
+            "the file is not there: check source_url"
+            if status in (404, 410)
+            else "the server refused the request: check source_url or try another mirror"
+        )
         raise UserError(f"downloading {redact_url(url)} failed: HTTP {status} {r.reason}; {hint}")
 
 
-def _back_off(knobs: DownloadKnobs, failures: int, what: str, exc: BaseException, url: str, log,
-              have: int | None = None) -> None:
+def _back_off(
+    knobs: DownloadKnobs, failures: int, what: str, exc: BaseException, url: str, log, have: int | None = None
+) -> None:
     delay = min(60.0, knobs.base_delay * 2 ** (failures - 1))
     if log:
         kept = f" with {human_bytes(have)} downloaded" if have is not None else ""
         log.warning("download: %s failed (%s)%s; retrying in %.1fs", what, _describe(exc, url), kept, delay)
     time.sleep(delay)
 
+
 # ---- downloading -------------------------------------------------------------------------------------
-def fetch(url: str, dest: Path, *, knobs: DownloadKnobs = DownloadKnobs(), identity: dict | None = None,
-          max_bytes: int = MAX_ZIP_BYTES, log=None, progress=None) -> dict:
+def fetch(
+    url: str,
+    dest: Path,
+    *,
+    knobs: DownloadKnobs = DownloadKnobs(),
+    identity: dict | None = None,
+    max_bytes: int = MAX_ZIP_BYTES,
+    log=None,
+    progress=None,
+) -> dict:
     """Download ``url`` to ``dest`` (via ``dest.part``, resumable). Returns download facts for the metrics.
 
     ``dest`` appears only when the whole body arrived. A ``dest.part`` left by an earlier (crashed) attempt
@@ -196,8 +230,11 @@ def fetch(url: str, dest: Path, *, knobs: DownloadKnobs = DownloadKnobs(), ident
         headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
         if have:
             headers["Range"] = f"bytes={have}-"
-            validator = meta.get("etag") if meta.get("etag") and not meta["etag"].startswith("W/") \
+            validator = (
+                meta.get("etag")
+                if meta.get("etag") and not meta["etag"].startswith("W/")
                 else meta.get("last_modified")
+            )
             if validator:
                 headers["If-Range"] = validator
             range_requests += 1
@@ -217,8 +254,10 @@ def fetch(url: str, dest: Path, *, knobs: DownloadKnobs = DownloadKnobs(), ident
                     m = _CONTENT_RANGE_RE.match(r.headers.get("Content-Range", "").strip())
                     if not have or not m or int(m.group(1)) != have:
                         part.unlink(missing_ok=True)
-                        raise _Transient(f"the server answered a Range request for byte {have:,} with "
-                                         f"Content-Range {r.headers.get('Content-Range')!r}; starting over")
+                        raise _Transient(
+                            f"the server answered a Range request for byte {have:,} with "
+                            f"Content-Range {r.headers.get('Content-Range')!r}; starting over"
+                        )
                     total = int(m.group(3)) if m.group(3) != "*" else None
                     mode = "ab"
                 else:
@@ -257,20 +296,30 @@ def fetch(url: str, dest: Path, *, knobs: DownloadKnobs = DownloadKnobs(), ident
                 break
         except UserError:
             raise
-        except (_Transient, requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError,
-                TimeoutError) as exc:
+        except (
+            _Transient,
+            requests.RequestException,
+            urllib3.exceptions.HTTPError,
+            ConnectionError,
+            TimeoutError,
+        ) as exc:
             now_have = part.stat().st_size if part.exists() else 0
             failures = 1 if now_have > start_have else failures + 1
             if failures >= knobs.attempts:
                 raise UserError(
                     f"downloading {shown} failed {failures} times in a row (last: {_describe(exc, url)}); check the "
                     f"network or the mirror, or pass another source_url; a rerun resumes from the "
-                    f"{now_have:,} bytes already downloaded") from None
+                    f"{now_have:,} bytes already downloaded"
+                ) from None
             _back_off(knobs, failures, f"try {tries}", exc, url, log, have=now_have)
     os.replace(part, dest)
     meta_path.unlink(missing_ok=True)
-    return {"tries": tries, "range_requests": range_requests, "resumed_bytes": resumed_bytes,
-            "seconds": round(time.monotonic() - t0, 3)}
+    return {
+        "tries": tries,
+        "range_requests": range_requests,
+        "resumed_bytes": resumed_bytes,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
 
 
 def _next_read(have: int, total: int | None) -> int:
@@ -282,18 +331,24 @@ def _check_unchanged(shown: str, identity: dict, r) -> None:
     for key, header in (("etag", "ETag"), ("last_modified", "Last-Modified")):
         now = r.headers.get(header)
         if identity.get(key) and now and now != identity[key]:
-            raise UserError(f"{shown} changed while this run was fetching it ({header} {identity[key]} became "
-                            f"{now}); rerun to fetch the new file")
+            raise UserError(
+                f"{shown} changed while this run was fetching it ({header} {identity[key]} became "
+                f"{now}); rerun to fetch the new file"
+            )
 
 
 def _too_big(shown: str, limit: int, what: str) -> UserError:
     if limit == MAX_ZIP_BYTES:
-        bound = (f"{human_bytes(limit)}, the most this stage downloads without expected_bytes (the "
-                 "wikitext-103 zip is 183 MB)")
+        bound = (
+            f"{human_bytes(limit)}, the most this stage downloads without expected_bytes (the "
+            "wikitext-103 zip is 183 MB)"
+        )
     else:
         bound = f"expected_bytes ({limit:,})"
-    return UserError(f"{shown} is larger than {bound}: {what}, so nothing was kept; check source_url, or pass the "
-                     "right expected_bytes")
+    return UserError(
+        f"{shown} is larger than {bound}: {what}, so nothing was kept; check source_url, or pass the "
+        "right expected_bytes"
+    )
 
 
 def _describe(exc: BaseException, url: str = "") -> str:

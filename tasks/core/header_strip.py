@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 #: The chapter's header-strip regex, verbatim.
 HEADER_RE = re.compile(r"^\s*=+ [^=]+ =+\s*$\n?", flags=re.MULTILINE)
@@ -47,7 +47,7 @@ def _safe_cut(buf: str) -> int:
             r0 = q
             while r0 > 0 and buf[r0 - 1] == "=":
                 r0 -= 1
-            if buf[buf.rfind("\n", 0, r0) + 1:r0].strip():
+            if buf[buf.rfind("\n", 0, r0) + 1 : r0].strip():
                 return nl + 1
         nl = ls - 1
     return -1

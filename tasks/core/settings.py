@@ -36,7 +36,7 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     @classmethod
-    def parse(cls, value: Any, name: str = "") -> "typing.Self":
+    def parse(cls, value: Any, name: str = "") -> typing.Self:
         """``value`` (an instance, a dict or ``None`` for the defaults) as a valid instance; ``UserError`` otherwise.
 
         ``name`` prefixes field names in messages (``"tokenizer"`` gives ``tokenizer.num_merges ...``)."""
@@ -47,14 +47,15 @@ class Settings(BaseModel):
         if value is None:
             value = {}
         if not isinstance(value, dict):
-            raise UserError(f"{name or cls.__name__} must be an object of settings ({', '.join(cls.model_fields)}), "
-                            f"got {value!r}")
+            raise UserError(
+                f"{name or cls.__name__} must be an object of settings ({', '.join(cls.model_fields)}), got {value!r}"
+            )
         try:
             return cls.model_validate(value)
         except ValidationError as e:
             raise UserError(cls._explain(e, value, name)) from None
 
-    def resolved(self) -> "typing.Self":
+    def resolved(self) -> typing.Self:
         """These settings with whatever depends on this machine settled (e.g. ``device="auto"`` -> ``"cpu"``);
         the stage builds with, and computes its version from, the resolved settings. Default: unchanged."""
         return self
@@ -63,7 +64,7 @@ class Settings(BaseModel):
         """Whether the flow leaves this stage out (``export.enabled=false``). Default: never."""
         return False
 
-    def check_against(self, groups: "typing.Mapping[str, Settings]") -> None:
+    def check_against(self, groups: typing.Mapping[str, Settings]) -> None:
         """Check these settings against the other stages' (``groups``: every stage's settings by name), before
         any stage runs; ``UserError`` naming the fields. The one home of each cross-stage check. Default: none."""
 
@@ -83,8 +84,10 @@ class Settings(BaseModel):
         where = f"{prefix}." if prefix else ""
         if err["type"] == "extra_forbidden":
             unknown = sorted(set(value) - set(cls.model_fields))
-            return (f"unknown {prefix or cls.__name__} setting(s) {', '.join(unknown)}; the settings are "
-                    f"{', '.join(cls.model_fields)}")
+            return (
+                f"unknown {prefix or cls.__name__} setting(s) {', '.join(unknown)}; the settings are "
+                f"{', '.join(cls.model_fields)}"
+            )
         if err["type"] == "value_error":  # one of our own checks: its message says it all
             message = str(err.get("ctx", {}).get("error", err["msg"]))
             if not field:
@@ -124,8 +127,14 @@ def _requirement(annotation: Any, metadata: list) -> str:
     return text + (" (or null)" if is_union and type(None) in args else "")
 
 
-_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list of strings",
-          tuple: "a list of strings"}
+_KINDS = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list of strings",
+    tuple: "a list of strings",
+}
 
 
 #: Upper bounds of the run options: far above anything useful, far below what breaks a machine (a million
@@ -142,23 +151,40 @@ class RunOptions(Settings):
     """How to run the pipeline, not what it builds: nothing here enters a version id."""
 
     artifacts_dir: str | None = Field(
-        None, description="the artifact root; null = $WIKI_PIPELINE_ARTIFACTS, else artifacts/ in the checkout")
+        None, description="the artifact root; null = $WIKI_PIPELINE_ARTIFACTS, else artifacts/ in the checkout"
+    )
     force: tuple[str, ...] = Field(
-        (), strict=False, description="stages to rebuild even though a valid version exists, e.g. [\"tokenizer\"]")
+        (), strict=False, description='stages to rebuild even though a valid version exists, e.g. ["tokenizer"]'
+    )
     full_check: bool = Field(False, description="verify every reused file's sha256, not only its size")
     only: str | None = Field(None, description="run only this stage, against the latest published upstream versions")
-    workers: int | None = Field(None, ge=1, le=MAX_WORKERS,
-                                description="worker processes of the local Dask cluster the tokenizer and shards "
-                                            "stages start; null = CPU count (at most 8); not used with dask_address")
-    chunk_bytes: int | None = Field(None, ge=1, le=MAX_CHUNK_BYTES,
-                                    description="bytes of text per tokenizer/encode chunk; null = 8 MiB (speed and "
-                                                "memory only: the outputs are the same)")
-    dask_address: str | None = Field(None, description="run the tokenizer and shards stages' chunk work on this "
-                                                       "existing Dask scheduler (e.g. tcp://10.0.0.5:8786) instead of "
-                                                       "a local cluster; its workers must see the corpus at the same "
-                                                       "path (a shared filesystem)")
-    threads: int | None = Field(None, ge=0, le=MAX_THREADS, description="torch CPU threads for training and "
-                                                                        "sampling; null or 0 = torch's default")
+    workers: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_WORKERS,
+        description="worker processes of the local Dask cluster the tokenizer and shards "
+        "stages start; null = CPU count (at most 8); not used with dask_address",
+    )
+    chunk_bytes: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_CHUNK_BYTES,
+        description="bytes of text per tokenizer/encode chunk; null = 8 MiB (speed and "
+        "memory only: the outputs are the same)",
+    )
+    dask_address: str | None = Field(
+        None,
+        description="run the tokenizer and shards stages' chunk work on this "
+        "existing Dask scheduler (e.g. tcp://10.0.0.5:8786) instead of "
+        "a local cluster; its workers must see the corpus at the same "
+        "path (a shared filesystem)",
+    )
+    threads: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_THREADS,
+        description="torch CPU threads for training and sampling; null or 0 = torch's default",
+    )
 
     # force and only name stages: their shapes are checked here, the names against tasks.registry (the one list
     # of stages, which sits above this module) by tasks.registry.check_run, where the flow parses its settings.
@@ -208,7 +234,8 @@ class DeviceSettings(Settings):
 
     device: str = Field("auto", description="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="auto = bf16 on cuda (with bf16) and mps, fp32 elsewhere; fp32; bf16 (autocast)")
+        "auto", description="auto = bf16 on cuda (with bf16) and mps, fp32 elsewhere; fp32; bf16 (autocast)"
+    )
 
     @field_validator("device")
     @classmethod
@@ -217,7 +244,7 @@ class DeviceSettings(Settings):
             raise ValueError(f"unknown device {value!r}; expected auto, cpu, cuda, cuda:N or mps")
         return value.strip().lower()
 
-    def resolved(self) -> "typing.Self":
+    def resolved(self) -> typing.Self:
         """``device``/``precision`` as this machine runs them; ``UserError`` when one is not available here."""
         from mygpt.device import resolve_device, resolve_precision
 

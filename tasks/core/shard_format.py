@@ -87,8 +87,14 @@ def write_shard(path: str | os.PathLike, ids: np.ndarray) -> int:
     schema = pa.schema([pa.field(COLUMN, arrow_type(ids.dtype), nullable=False)])
     table = pa.Table.from_arrays([pa.array(ids, type=schema.field(0).type)], schema=schema)
     with atomic_open(path, "wb") as f:
-        pq.write_table(table, f, compression=COMPRESSION, use_dictionary=True,
-                       row_group_size=ROW_GROUP_TOKENS, write_statistics=True)
+        pq.write_table(
+            table,
+            f,
+            compression=COMPRESSION,
+            use_dictionary=True,
+            row_group_size=ROW_GROUP_TOKENS,
+            write_statistics=True,
+        )
     return os.path.getsize(path)
 
 
@@ -128,12 +134,16 @@ def shard_paths(shards_dir: str | os.PathLike, split: str) -> list[Path]:
         if m:
             found[int(m.group(2))] = p
     if not found:
-        raise UserError(f"no {split} shards ({split}-00000.parquet ...) in {shards_dir}; "
-                        "point at a published version of the shards stage")
+        raise UserError(
+            f"no {split} shards ({split}-00000.parquet ...) in {shards_dir}; "
+            "point at a published version of the shards stage"
+        )
     missing = sorted(set(range(max(found) + 1)) - set(found))
     if missing:
-        raise UserError(f"{shards_dir} is missing shard {shard_name(split, missing[0])}; "
-                        "the version is incomplete: rebuild the shards stage")
+        raise UserError(
+            f"{shards_dir} is missing shard {shard_name(split, missing[0])}; "
+            "the version is incomplete: rebuild the shards stage"
+        )
     return [found[i] for i in sorted(found)]
 
 

@@ -34,9 +34,10 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generic, TypedDict, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar
 
 from mygpt.errors import UserError
 from tasks.core.settings import RunOptions, Settings
@@ -139,9 +140,18 @@ def input_ids(inputs: dict[str, StageRef]) -> dict[str, str]:
 class BuildContext(Generic[S]):
     """What a stage's build function gets besides its settings and input directories."""
 
-    def __init__(self, stage: str, store: ArtifactStore, version: str, run: RunOptions, build: Build,
-                 inputs: dict[str, StageRef], logger, rate_unit: tuple[str, float] | None = None,
-                 source: dict | None = None) -> None:
+    def __init__(
+        self,
+        stage: str,
+        store: ArtifactStore,
+        version: str,
+        run: RunOptions,
+        build: Build,
+        inputs: dict[str, StageRef],
+        logger,
+        rate_unit: tuple[str, float] | None = None,
+        source: dict | None = None,
+    ) -> None:
         self.stage, self.store, self.version, self.run = stage, store, version, run
         self.build, self.inputs, self.log = build, inputs, logger
         self.source = source  # the identity of what a stage with Stage.source reads (what the version names)
@@ -224,7 +234,7 @@ class Pace:
 
 def human_seconds(seconds: float) -> str:
     """``45s``, ``12m05s``, ``2h03m``."""
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:
@@ -239,6 +249,7 @@ def summary_table(rows: list[tuple[str, object]]) -> str:
 
 def settings_table(settings: dict) -> str:
     """The settings a version was built with, one named row each (the end of every stage's UI artifact)."""
+
     def cell(value) -> str:
         return json.dumps(value, ensure_ascii=False).replace("|", "\\|")
 
@@ -298,16 +309,22 @@ class Stage:
         input_dirs = {}
         for name, ref in inputs.items():
             if store.read_manifest(name, ref["version"]) is None:
-                raise UserError(f"{self.name} needs {name}/{ref['version']}, which is not published under "
-                                f"{store.root}; run the stages before it first")
+                raise UserError(
+                    f"{self.name} needs {name}/{ref['version']}, which is not published under "
+                    f"{store.root}; run the stages before it first"
+                )
             input_dirs[name] = store.version_path(name, ref["version"])
         source = self.source(settings, store, logger) if self.source else None
         version = self.version(settings, inputs, source)
         force = self.name in run.force
 
         def ref(manifest: dict) -> StageRef:
-            return StageRef(stage=self.name, version=version, build_id=manifest["build_id"],
-                            path=str(store.version_path(self.name, version)))
+            return StageRef(
+                stage=self.name,
+                version=version,
+                build_id=manifest["build_id"],
+                path=str(store.version_path(self.name, version)),
+            )
 
         def waiting() -> None:
             logger.info("%s %s: another run is building this version; waiting for it", self.name, version)
@@ -326,10 +343,24 @@ class Stage:
             staging = store.open_build(self.name, version)
             if force:
                 staging.reset()  # a forced build starts from nothing, whatever an earlier attempt left
-            logger.info("%s: building %s/%s%s", self.name, self.name, version,
-                        " (resuming from an interrupted attempt)" if staging.resumed else "")
-            ctx: BuildContext[S] = BuildContext(self.name, store, version, run, staging, dict(inputs), logger,
-                                                rate_unit=settings.progress_unit(), source=source)
+            logger.info(
+                "%s: building %s/%s%s",
+                self.name,
+                self.name,
+                version,
+                " (resuming from an interrupted attempt)" if staging.resumed else "",
+            )
+            ctx: BuildContext[S] = BuildContext(
+                self.name,
+                store,
+                version,
+                run,
+                staging,
+                dict(inputs),
+                logger,
+                rate_unit=settings.progress_unit(),
+                source=source,
+            )
             fault_point(f"{self.name}.start")
             t0 = time.time()
             metrics = build(ctx, settings, **input_dirs) or {}
@@ -347,9 +378,12 @@ class Stage:
         if in_task_run():
             from prefect.artifacts import create_markdown_artifact
 
-            create_markdown_artifact(key=self.artifact_key, description=f"built {self.name}/{version}",
-                                     markdown=self.report({**manifest, "path": str(store.version_path(self.name, version))})
-                                     + settings_table(manifest["settings"]))
+            create_markdown_artifact(
+                key=self.artifact_key,
+                description=f"built {self.name}/{version}",
+                markdown=self.report({**manifest, "path": str(store.version_path(self.name, version))})
+                + settings_table(manifest["settings"]),
+            )
         return ref(manifest)
 
     def _reused(self, ref: StageRef) -> Any:

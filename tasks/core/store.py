@@ -28,9 +28,10 @@ import shutil
 import socket
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from mygpt.atomic import atomic_write_text, fsync_dir
 
@@ -52,8 +53,9 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def version_id(stage: str, settings: dict, inputs: dict[str, str], code_version: str,
-               source: dict | None = None) -> str:
+def version_id(
+    stage: str, settings: dict, inputs: dict[str, str], code_version: str, source: dict | None = None
+) -> str:
     """12 hex digits of sha256 over the stage, its settings, its inputs' ids, its code version and, for a stage
     that reads from outside the store (the corpus), the identity of what it reads (``source``)."""
     ingredients = {"stage": stage, "settings": settings, "inputs": inputs, "code": code_version}
@@ -117,8 +119,10 @@ class ArtifactStore:
 
     def _all_stages(self) -> tuple[str, ...]:
         if not self.stages:
-            raise ValueError("this ArtifactStore was opened without its stages; open it with "
-                             "tasks.registry.open_store to list the whole root")
+            raise ValueError(
+                "this ArtifactStore was opened without its stages; open it with "
+                "tasks.registry.open_store to list the whole root"
+            )
         return self.stages
 
     def version_path(self, stage: str, version: str) -> Path:
@@ -245,7 +249,7 @@ class ArtifactStore:
         log.info("discarded %s/%s (%s)", stage, version, reason)
         shutil.rmtree(target, ignore_errors=True)
 
-    def open_build(self, stage: str, version: str) -> "Build":
+    def open_build(self, stage: str, version: str) -> Build:
         """Staging area for building ``stage/version``. Call under ``lock``. Survives crashes for resume."""
         return Build(self, stage, version)
 
@@ -254,8 +258,9 @@ class ArtifactStore:
         shutil.rmtree(self.staging_path(stage, version), ignore_errors=True)
 
     # ---- what no run will use ----------------------------------------------------------------
-    def stale_versions(self, code_versions: dict[str, str],
-                       versions: list[VersionInfo] | None = None) -> dict[tuple[str, str], str]:
+    def stale_versions(
+        self, code_versions: dict[str, str], versions: list[VersionInfo] | None = None
+    ) -> dict[tuple[str, str], str]:
         """``{(stage, version): why}`` for the published versions that no run can reuse any more: built by an
         older code version of their stage (``code_versions``: each stage's current one), or from an input
         version that was rebuilt, deleted or is stale itself (a version id names its inputs' build ids).
@@ -267,8 +272,10 @@ class ArtifactStore:
         for v in listing:  # stage order: an input's verdict is known before its users'
             code = code_versions.get(v.stage)
             if code is not None and str(v.manifest.get("code_version")) != str(code):
-                stale[(v.stage, v.version)] = (f"built by {v.stage} code version {v.manifest.get('code_version')}; "
-                                               f"the code is at version {code}, so no run reuses it")
+                stale[(v.stage, v.version)] = (
+                    f"built by {v.stage} code version {v.manifest.get('code_version')}; "
+                    f"the code is at version {code}, so no run reuses it"
+                )
                 continue
             for name, ref in sorted((v.manifest.get("inputs") or {}).items()):
                 why = _input_problem(name, ref, manifests, stale)
@@ -277,7 +284,7 @@ class ArtifactStore:
                     break
         return stale
 
-    def garbage(self, code_versions: dict[str, str] | None = None) -> list["Garbage"]:
+    def garbage(self, code_versions: dict[str, str] | None = None) -> list[Garbage]:
         """What no run needs: staging dirs (unfinished builds, leftovers of published ones), interrupted
         deletions in ``.trash``, and with ``code_versions`` the stale published versions (:meth:`stale_versions`)."""
         found = []
@@ -287,16 +294,21 @@ class ArtifactStore:
                 if self.read_manifest(st, d.name) is not None:
                     why = f"leftover staging of the published {st}/{d.name} (a run stopped before deleting it)"
                 else:
-                    why = (f"unfinished build of {st}/{d.name}, last written {newest}; a rerun with the "
-                           "same settings would resume from it")
+                    why = (
+                        f"unfinished build of {st}/{d.name}, last written {newest}; a rerun with the "
+                        "same settings would resume from it"
+                    )
                 found.append(Garbage(d, st, d.name, size, why, self.is_locked(st, d.name)))
             for d in _subdirs(self.stage_dir(st) / ".trash"):
                 found.append(Garbage(d, st, "", dir_bytes(d), "a discarded version whose deletion was interrupted"))
         if code_versions is not None:
             for (st, version), why in self.stale_versions(code_versions).items():
                 path = self.version_path(st, version)
-                found.append(Garbage(path, st, version, dir_bytes(path), f"stale: {why}", self.is_locked(st, version),
-                                     published=True))
+                found.append(
+                    Garbage(
+                        path, st, version, dir_bytes(path), f"stale: {why}", self.is_locked(st, version), published=True
+                    )
+                )
         return found
 
     def is_locked(self, stage: str, version: str) -> bool:
@@ -304,7 +316,7 @@ class ArtifactStore:
         with self.try_lock(stage, version) as taken:
             return not taken
 
-    def collect(self, item: "Garbage") -> bool:
+    def collect(self, item: Garbage) -> bool:
         """Delete one :meth:`garbage` item under its version's lock; False (and nothing deleted) when a run holds it."""
         if not item.version:
             shutil.rmtree(item.path, ignore_errors=True)
@@ -461,18 +473,24 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
-def format_listing(store: ArtifactStore, versions: list[VersionInfo] | None = None,
-                   stale: dict[tuple[str, str], str] | None = None) -> str:
+def format_listing(
+    store: ArtifactStore, versions: list[VersionInfo] | None = None, stale: dict[tuple[str, str], str] | None = None
+) -> str:
     """Published versions (all, or ``versions``): stage, version, creation time, size, and lineage; those in
     ``stale`` (see :meth:`ArtifactStore.stale_versions`) are marked, with why."""
     versions = store.versions() if versions is None else versions
     stale = stale or {}
     if not versions:
         return f"no published versions under {store.root}"
-    lines = [f"artifacts under {store.root}", f"{'stage':10s} {'version':12s} {'created (UTC)':20s} {'size':>9s}  inputs"]
+    lines = [
+        f"artifacts under {store.root}",
+        f"{'stage':10s} {'version':12s} {'created (UTC)':20s} {'size':>9s}  inputs",
+    ]
     for v in versions:
         inputs = ", ".join(f"{k}/{i['version']}" for k, i in sorted((v.manifest.get("inputs") or {}).items()))
         why = stale.get((v.stage, v.version))
-        lines.append(f"{v.stage:10s} {v.version:12s} {v.manifest.get('created_at', ''):20s} "
-                     f"{human_bytes(v.size_bytes):>9s}  {inputs or '-'}" + (f"  [stale: {why}]" if why else ""))
+        lines.append(
+            f"{v.stage:10s} {v.version:12s} {v.manifest.get('created_at', ''):20s} "
+            f"{human_bytes(v.size_bytes):>9s}  {inputs or '-'}" + (f"  [stale: {why}]" if why else "")
+        )
     return "\n".join(lines)

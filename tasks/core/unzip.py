@@ -19,8 +19,8 @@ import concurrent.futures
 import queue
 import threading
 import zipfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from mygpt.errors import UserError
 from tasks.core.store import human_bytes
@@ -30,8 +30,12 @@ PIECE_BYTES = 4 << 20
 MAX_UNZIPPED_BYTES = 4 << 30  # the most the members may declare, together
 MAX_RATIO = 20  # declared / compressed size of the members (text deflates 3-4x; bombs 100-1000x)
 #: The compression methods Python's zipfile reads (stored, deflate, bzip2, lzma).
-READABLE_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2",
-                    zipfile.ZIP_LZMA: "lzma"}
+READABLE_METHODS = {
+    zipfile.ZIP_STORED: "stored",
+    zipfile.ZIP_DEFLATED: "deflate",
+    zipfile.ZIP_BZIP2: "bzip2",
+    zipfile.ZIP_LZMA: "lzma",
+}
 _METHOD_NAMES = {9: "deflate64", 12: "bzip2", 14: "lzma", 93: "zstandard", 95: "xz", 98: "ppmd", 99: "AES"}
 
 
@@ -41,8 +45,9 @@ def open_zip(zip_path: Path, source: str) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(zip_path)
     except zipfile.BadZipFile:
-        raise UserError(f"{source} is not a zip archive; source_url must point at wikitext-103-raw-v1.zip "
-                        "(or a copy of it)") from None
+        raise UserError(
+            f"{source} is not a zip archive; source_url must point at wikitext-103-raw-v1.zip (or a copy of it)"
+        ) from None
 
 
 def check_members(zip_path: Path, source: str, members: Iterable[str]) -> None:
@@ -54,29 +59,38 @@ def check_members(zip_path: Path, source: str, members: Iterable[str]) -> None:
         infos = [zf.getinfo(name) for name in members if name in zf.NameToInfo]
         for info in infos:
             if info.flag_bits & 0x1:
-                raise UserError(f"{info.filename} in {source} is encrypted; the wikitext-103-raw-v1 zip is not: "
-                                "check source_url, or give an unencrypted copy")
+                raise UserError(
+                    f"{info.filename} in {source} is encrypted; the wikitext-103-raw-v1 zip is not: "
+                    "check source_url, or give an unencrypted copy"
+                )
             if info.compress_type not in READABLE_METHODS:
-                raise UserError(f"{info.filename} in {source} is compressed with method {info.compress_type} "
-                                f"({_METHOD_NAMES.get(info.compress_type, 'unknown')}), which Python's zipfile "
-                                f"cannot read (it reads {', '.join(READABLE_METHODS.values())}); recompress it, "
-                                "e.g. with `zip -Z deflate`, or check source_url")
+                raise UserError(
+                    f"{info.filename} in {source} is compressed with method {info.compress_type} "
+                    f"({_METHOD_NAMES.get(info.compress_type, 'unknown')}), which Python's zipfile "
+                    f"cannot read (it reads {', '.join(READABLE_METHODS.values())}); recompress it, "
+                    "e.g. with `zip -Z deflate`, or check source_url"
+                )
         declared = sum(i.file_size for i in infos)
         packed = sum(i.compress_size for i in infos)
         if declared > MAX_UNZIPPED_BYTES:
-            raise UserError(f"{source} would unzip to {human_bytes(declared)}, more than the "
-                            f"{human_bytes(MAX_UNZIPPED_BYTES)} this stage accepts (wikitext-103 is ~520 MB); "
-                            "nothing was extracted: check source_url")
+            raise UserError(
+                f"{source} would unzip to {human_bytes(declared)}, more than the "
+                f"{human_bytes(MAX_UNZIPPED_BYTES)} this stage accepts (wikitext-103 is ~520 MB); "
+                "nothing was extracted: check source_url"
+            )
         if declared > MAX_RATIO * max(packed, 1) and declared > 1 << 20:
-            raise UserError(f"{source} would unzip {human_bytes(packed)} into {human_bytes(declared)} "
-                            f"({declared / max(packed, 1):,.0f}x; text compresses 3-4x, this stage accepts at most "
-                            f"{MAX_RATIO}x): it looks like a zip bomb, not wikitext; nothing was extracted: check "
-                            "source_url")
+            raise UserError(
+                f"{source} would unzip {human_bytes(packed)} into {human_bytes(declared)} "
+                f"({declared / max(packed, 1):,.0f}x; text compresses 3-4x, this stage accepts at most "
+                f"{MAX_RATIO}x): it looks like a zip bomb, not wikitext; nothing was extracted: check "
+                "source_url"
+            )
 
 
 # ---- decoding a member, in threads ----------------------------------------------------------------------
-def decode_member(zf: zipfile.ZipFile, name: str, source: str, piece_bytes: int = PIECE_BYTES,
-                  counter: dict | None = None) -> Iterator[str]:
+def decode_member(
+    zf: zipfile.ZipFile, name: str, source: str, piece_bytes: int = PIECE_BYTES, counter: dict | None = None
+) -> Iterator[str]:
     """Decode a zip member as strict UTF-8 with universal newlines (what ``open(path, encoding="utf-8")``
     gives), in pieces. ``UserError`` naming the member and byte offset on invalid UTF-8."""
     dec = codecs.getincrementaldecoder("utf-8")("strict")
@@ -94,7 +108,8 @@ def decode_member(zf: zipfile.ZipFile, name: str, source: str, piece_bytes: int 
                 raise UserError(
                     f"{name} in {source} is not valid UTF-8: byte {e.object[e.start]:#04x} at offset {offset:,} "
                     f"({e.reason}); the archive is not the wikitext-103-raw-v1 zip or is damaged: check "
-                    "source_url and expected_sha256") from None
+                    "source_url and expected_sha256"
+                ) from None
             fed += len(raw)
             if counter is not None:
                 counter["raw_bytes"] = fed
@@ -108,7 +123,6 @@ def decode_member(zf: zipfile.ZipFile, name: str, source: str, piece_bytes: int 
                 yield text
             if final:
                 return
-
 
 
 def member_text(zf: zipfile.ZipFile, member: str, source: str) -> Iterator[tuple[str, int]]:
@@ -141,7 +155,7 @@ def read_ahead(items: Iterator, depth: int = 4) -> Iterator:
                 if stop.is_set():
                     return
             q.put((done, None))
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+        except BaseException as e:
             q.put((done, e))
 
     thread = threading.Thread(target=produce, name="corpus-reader", daemon=True)
@@ -167,7 +181,7 @@ class BlockWriter:
         self.depth = depth
         self.pending: collections.deque = collections.deque()
 
-    def __enter__(self) -> "BlockWriter":
+    def __enter__(self) -> BlockWriter:
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="corpus-writer")
         return self
 

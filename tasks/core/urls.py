@@ -13,8 +13,8 @@ import contextlib
 import contextvars
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def redact_url(url: str) -> str:
@@ -28,8 +28,9 @@ def redact_url(url: str) -> str:
 
 
 def _redact_query(query: str) -> str:
-    return "&".join(f"{key}=***" if sep else "***"
-                    for key, sep, _ in (item.partition("=") for item in query.split("&") if item))
+    return "&".join(
+        f"{key}=***" if sep else "***" for key, sep, _ in (item.partition("=") for item in query.split("&") if item)
+    )
 
 
 def redact_text(text: str, url: str) -> str:

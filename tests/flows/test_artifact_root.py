@@ -42,18 +42,28 @@ def test_a_moved_root_is_reused_and_a_copied_one_reads_only_itself(prefect_serve
     os.rename(a, b)  # mv a b
     moved, states = _run(url, b)
     assert states == dict.fromkeys(NAMES, "Cached")
-    assert {s: (r["version"], r["build_id"]) for s, r in moved.items()} == \
-        {s: (r["version"], r["build_id"]) for s, r in first.items()}
+    assert {s: (r["version"], r["build_id"]) for s, r in moved.items()} == {
+        s: (r["version"], r["build_id"]) for s, r in first.items()
+    }
     _check(moved, b)
 
     subprocess.run(["cp", "-a", str(b), str(c)], check=True)
     shutil.rmtree(b)  # whatever the run on the copy reads, it cannot be the original's
     copied, states = _run(url, c, run={"force": ["model"]})
-    assert states == {"corpus": "Cached", "tokenizer": "Cached", "shards": "Cached", "model": "Completed",
-                      "samples": "Completed", "export": "Completed"}
+    assert states == {
+        "corpus": "Cached",
+        "tokenizer": "Cached",
+        "shards": "Cached",
+        "model": "Completed",
+        "samples": "Completed",
+        "export": "Completed",
+    }
     _check(copied, c)
     model = json.loads((Path(copied["model"]["path"]) / "manifest.json").read_text())
-    assert model["inputs"]["shards"] == {"stage": "shards", "version": copied["shards"]["version"],
-                                         "build_id": copied["shards"]["build_id"]}
+    assert model["inputs"]["shards"] == {
+        "stage": "shards",
+        "version": copied["shards"]["version"],
+        "build_id": copied["shards"]["build_id"],
+    }
     text = _manifests_text(c)
     assert not [root for root in (original, a, b) if str(root) in text], "a manifest records another root's path"

@@ -20,7 +20,8 @@ def _what_prefect_keeps(flow_run_id) -> str:
             run = await client.read_flow_run(flow_run_id)
             logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
             arts = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+            )
             return json.dumps(run.parameters), [log.message for log in logs], [str(a.data) for a in arts]
 
     parameters, logs, artifacts = asyncio.run(read())

@@ -19,8 +19,14 @@ import pytest
 from flows.settings import TINY
 from tasks.registry import open_store
 
-KEYS = {"wiki-corpus": "corpus", "wiki-tokenizer": "tokenizer", "wiki-shards": "shards",
-        "wiki-model": "model", "wiki-samples": "samples", "wiki-export": "export"}
+KEYS = {
+    "wiki-corpus": "corpus",
+    "wiki-tokenizer": "tokenizer",
+    "wiki-shards": "shards",
+    "wiki-model": "model",
+    "wiki-samples": "samples",
+    "wiki-export": "export",
+}
 
 
 @pytest.fixture
@@ -41,8 +47,13 @@ def runner(prefect_server, tmp_path):
     env = {**prefect_server.env, "WIKI_PIPELINE_ARTIFACTS": str(tmp_path / "art")}
     log_path = tmp_path / "runner.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "serve"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 120
         while "is being served" not in log_path.read_text():
@@ -66,7 +77,8 @@ def _artifacts(flow_run_id: str) -> dict:
     async def read():
         async with get_client() as client:
             arts = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+            )
             return {a.key: a for a in arts if a.key}
 
     return asyncio.run(read())
@@ -76,10 +88,26 @@ def test_prefect_deployment_run_runs_the_pipeline(runner, mirror):
     env, root, runner_log = runner
     prefect = str(Path(sys.executable).with_name("prefect"))
     params = json.dumps({**TINY, "corpus": {"source_url": mirror.url()}})
-    done = subprocess.run([prefect, "deployment", "run", "wiki-pipeline/wiki-pipeline", "--params", params,
-                           "--watch", "--watch-timeout", "300"], env=env, capture_output=True, text=True, timeout=360)
-    assert done.returncode == 0, \
+    done = subprocess.run(
+        [
+            prefect,
+            "deployment",
+            "run",
+            "wiki-pipeline/wiki-pipeline",
+            "--params",
+            params,
+            "--watch",
+            "--watch-timeout",
+            "300",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=360,
+    )
+    assert done.returncode == 0, (
         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\nrunner:\n{runner_log.read_text()[-3000:]}"
+    )
     assert "Flow run finished successfully in 'Completed'" in done.stdout
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", done.stdout).group(1)
 
@@ -118,7 +146,8 @@ def _deployment_and_tokenizer_run(flow_run_id: str):
             runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
             tokenizer_run = next(r for r in runs if r.name == "tokenizer")
             arts = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[tokenizer_run.id])))
+                artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[tokenizer_run.id]))
+            )
             return deployment, tokenizer_run, arts
 
     return asyncio.run(read())

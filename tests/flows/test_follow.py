@@ -40,16 +40,37 @@ def test_wait_shows_the_running_stages_progress_live(prefect_server, upstream, t
     url = (upstream[0].parent / "wikitext-103-raw-v1.zip").as_uri()
     env = {**prefect_server.env, STALL_ENV: "1"}
     log = open(tmp_path / "run.log", "w")
-    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "--tiny", "--source-url", url, "--artifacts-dir",
-                            str(root), "--force", "model"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                           start_new_session=True)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "run",
+            "--tiny",
+            "--source-url",
+            url,
+            "--artifacts-dir",
+            str(root),
+            "--force",
+            "model",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     follower = None
     try:
         deadline = time.monotonic() + 240
         flow_run_id = _flow_run_of(root, deadline)
-        follower = subprocess.Popen([sys.executable, "-m", "flows.cli", "wait", flow_run_id, "--interval", "0.3",
-                                     "--timeout", "200"],
-                                    cwd=REPO, env=prefect_server.env, stdout=subprocess.PIPE, text=True)
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "wait", flow_run_id, "--interval", "0.3", "--timeout", "200"],
+            cwd=REPO,
+            env=prefect_server.env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         lines = []
         for line in follower.stdout:  # wait for the event: the model's progress shown (the run holds at step 10)
             lines.append(line.rstrip("\n"))

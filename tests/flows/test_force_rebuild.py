@@ -37,8 +37,14 @@ def test_force_bpe_rebuilds_bpe_and_everything_after_it(tiny_run):
     assert again == first
 
     forced, states = run(run={"force": ["bpe"]})  # the old task name still works
-    assert states == {"corpus": "Cached", "tokenizer": "Completed", "shards": "Completed", "model": "Completed",
-                      "samples": "Completed", "export": "Completed"}
+    assert states == {
+        "corpus": "Cached",
+        "tokenizer": "Completed",
+        "shards": "Completed",
+        "model": "Completed",
+        "samples": "Completed",
+        "export": "Completed",
+    }
     assert forced["corpus"] == first["corpus"], "download reused"
     assert forced["tokenizer"]["version"] == first["tokenizer"]["version"], "same parameters, same version ..."
     assert forced["tokenizer"]["build_id"] != first["tokenizer"]["build_id"], "... rebuilt"

@@ -44,9 +44,25 @@ def test_a_sigkilled_run_leaves_no_server_behind(prefect_server, tmp_path):
     with FaultyMirror({"/" + ZIP_NAME: build_wikitext_zip()}, faults=Faults(stall=120, stall_times=-1)) as mirror:
         log = tmp_path / "run.log"
         with open(log, "w") as out:
-            run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "--tiny", "--only", "corpus",
-                                    "--source-url", mirror.url(), "--artifacts-dir", str(tmp_path / "art")], cwd=REPO,
-                                   env=_env_without_a_server(home), stdout=out, stderr=subprocess.STDOUT)
+            run = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "flows.cli",
+                    "run",
+                    "--tiny",
+                    "--only",
+                    "corpus",
+                    "--source-url",
+                    mirror.url(),
+                    "--artifacts-dir",
+                    str(tmp_path / "art"),
+                ],
+                cwd=REPO,
+                env=_env_without_a_server(home),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         servers: list[psutil.Process] = []
         try:
             deadline = time.monotonic() + 240
@@ -67,9 +83,14 @@ def test_a_sigkilled_run_leaves_no_server_behind(prefect_server, tmp_path):
 @pytest.mark.slow
 def test_run_on_a_fresh_machine(tmp_path):
     """A new user's first run: fresh PREFECT_HOME, no server anywhere (about a minute and a half on 2 cores)."""
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--tiny", "--mirror", "--artifacts-dir",
-                           str(tmp_path / "art")], cwd=REPO, env=_env_without_a_server(tmp_path / "home"),
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", "--tiny", "--mirror", "--artifacts-dir", str(tmp_path / "art")],
+        cwd=REPO,
+        env=_env_without_a_server(tmp_path / "home"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-5000:]
     assert "starting a Prefect server for this run" in done.stderr
     assert (tmp_path / "home" / "prefect.db").is_file() and "samples" in done.stdout

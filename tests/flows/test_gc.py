@@ -62,8 +62,11 @@ def root(tmp_path):
     (tmp_path / "art" / "corpus" / ".trash" / "v0.1234abcd" / "wiki.train.txt").write_bytes(b"z" * 700)
 
     (tmp_path / "art" / "model" / ".locks").mkdir(exist_ok=True)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path / "art" / "model" / ".locks" / "m2.lock")],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(tmp_path / "art" / "model" / ".locks" / "m2.lock")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "locked"
     yield tmp_path / "art", corpus
     holder.kill()
@@ -71,9 +74,11 @@ def root(tmp_path):
 
 
 def _paths(root) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.glob("*/.staging/*")} | \
-        {str(p.relative_to(root)) for p in root.glob("*/.trash/*")} | \
-        {str(p.relative_to(root)) for p in root.glob("*/*") if not p.name.startswith(".")}
+    return (
+        {str(p.relative_to(root)) for p in root.glob("*/.staging/*")}
+        | {str(p.relative_to(root)) for p in root.glob("*/.trash/*")}
+        | {str(p.relative_to(root)) for p in root.glob("*/*") if not p.name.startswith(".")}
+    )
 
 
 def test_gc_lists_deletes_and_spares_a_locked_build(root, capsys):
@@ -93,8 +98,11 @@ def test_gc_lists_deletes_and_spares_a_locked_build(root, capsys):
     assert "tokenizer/t1" not in listing, "published versions only with --stale"
 
     listing = _cli(capsys, "artifacts", "--artifacts-dir", str(art))
-    rows = {line.split()[0]: line for line in listing.splitlines()[2:] if line and line.split()[0] in
-            ("corpus", "tokenizer", "samples")}
+    rows = {
+        line.split()[0]: line
+        for line in listing.splitlines()[2:]
+        if line and line.split()[0] in ("corpus", "tokenizer", "samples")
+    }
     assert "stale" not in rows["corpus"]
     assert "[stale: its input corpus/v1 was rebuilt since, so no run reuses it]" in rows["tokenizer"]
     assert "[stale: built by samples code version 0; the code is at version 2" in rows["samples"]

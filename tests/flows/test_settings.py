@@ -23,7 +23,10 @@ BAD = [
     ({"steps": "many"}, r"steps must be an integer"),
     ({"device": "tpu"}, r"device: unknown device 'tpu'"),
     ({"precision": "fp16"}, r"precision must be one of auto, fp32, bf16"),
-    ({"force": ["tokenize"]}, r"run.force names no stage: 'tokenize'; the stages are corpus, tokenizer, shards, model, samples, export$"),
+    (
+        {"force": ["tokenize"]},
+        r"run.force names no stage: 'tokenize'; the stages are corpus, tokenizer, shards, model, samples, export$",
+    ),
     ({"force": "nope"}, r"force names no stage: 'nope'"),
     ({"only": "evaluate"}, r"only names no stage: 'evaluate'"),
     ({"train_splits": "most"}, r"train_splits must be one of train, all"),
@@ -58,12 +61,28 @@ def test_bad_parameter_is_refused_naming_it(bad, message):
 def test_defaults_are_the_chapters_and_live_in_the_stage_settings():
     d = Pipeline()
     assert (d.model.embed_dim, d.model.num_layers, d.model.num_heads, d.model.num_kv_heads, d.model.max_seq_len) == (
-        192, 4, 6, 2, 256)
-    assert (d.model.steps, d.model.batch_size, d.model.seq_len, d.model.lr, d.model.warmup) == (10_000, 16, 256, 1e-3, 500)
+        192,
+        4,
+        6,
+        2,
+        256,
+    )
+    assert (d.model.steps, d.model.batch_size, d.model.seq_len, d.model.lr, d.model.warmup) == (
+        10_000,
+        16,
+        256,
+        1e-3,
+        500,
+    )
     assert d.samples.prompt == ("The history of",) and d.tokenizer.num_merges == 1024
     assert d.tokenizer.bpe_train_bytes == 50_000_000
     assert (d.samples.temperature, d.samples.top_k, d.samples.max_new_tokens, d.run.force, d.run.full_check) == (
-        1.0, 40, 200, (), False)
+        1.0,
+        40,
+        200,
+        (),
+        False,
+    )
     assert d.corpus.source_url.endswith("wikitext-103-raw-v1.zip")
     assert ModelSettings.model_fields["seed"].default == SamplesSettings.model_fields["seed"].default == 1337
 
@@ -85,13 +104,25 @@ def test_flow_parameters_are_the_registry_stages():
 
 
 def test_flat_keys_map_onto_the_stages():
-    p = Pipeline.from_flat({"steps": 5, "seed": 3, "samples.seed": 9, "prompt": "Hi", "num_merges": 12,
-                            "tokenizer": {"bpe_train_bytes": 7}, "threads": 1})
+    p = Pipeline.from_flat(
+        {
+            "steps": 5,
+            "seed": 3,
+            "samples.seed": 9,
+            "prompt": "Hi",
+            "num_merges": 12,
+            "tokenizer": {"bpe_train_bytes": 7},
+            "threads": 1,
+        }
+    )
     assert (p.model.steps, p.model.seed, p.samples.seed, p.samples.prompt) == (5, 3, 9, ("Hi",))
     assert (p.tokenizer.num_merges, p.tokenizer.bpe_train_bytes, p.run.threads) == (12, 7, 1)
-    assert p.flow_parameters() == {"tokenizer": {"num_merges": 12, "bpe_train_bytes": 7},
-                                   "model": {"steps": 5, "seed": 3}, "samples": {"prompt": ["Hi"], "seed": 9},
-                                   "run": {"threads": 1}}
+    assert p.flow_parameters() == {
+        "tokenizer": {"num_merges": 12, "bpe_train_bytes": 7},
+        "model": {"steps": 5, "seed": 3},
+        "samples": {"prompt": ["Hi"], "seed": 9},
+        "run": {"threads": 1},
+    }
     with pytest.raises(UserError, match=r"unknown parameter\(s\) tokenizer.nope"):
         Pipeline.from_flat({"tokenizer.nope": 1})
 
@@ -100,7 +131,8 @@ def test_force_and_only_accept_task_or_store_names():
     p = Pipeline.from_flat({"force": ["tokenizer", "train", "SAMPLES"], "only": "model"})
     assert p.run.force == ("tokenizer", "model", "samples") and p.run.only == "model"
     assert Pipeline.from_flat({"force": ["bpe"], "only": "sample"}).run == p.run.model_copy(
-        update={"force": ("tokenizer",), "only": "samples"})
+        update={"force": ("tokenizer",), "only": "samples"}
+    )
 
 
 def test_tiny_preset_is_valid_and_small():
@@ -118,13 +150,16 @@ def test_parse_param():
         parse_param("steps")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--param", "num_heads=5"], "num_heads (5) must divide embed_dim (192)"),
-    (["--force", "tokenise"], "force names no stage: 'tokenise'"),
-    (["--only", "eval"], "only names no stage"),
-    (["--param", "device=quantum"], "device: unknown device 'quantum'"),
-    (["--params", "[1]"], "--params must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--param", "num_heads=5"], "num_heads (5) must divide embed_dim (192)"),
+        (["--force", "tokenise"], "force names no stage: 'tokenise'"),
+        (["--only", "eval"], "only names no stage"),
+        (["--param", "device=quantum"], "device: unknown device 'quantum'"),
+        (["--params", "[1]"], "--params must be a JSON object"),
+    ],
+)
 def test_cli_refuses_before_anything_runs(tmp_path, capsys, argv, message):
     root = tmp_path / "art"
     assert main(["run", "--artifacts-dir", str(root), *argv]) == 2

@@ -41,18 +41,33 @@ class Postgres:
         done = subprocess.run([*self.as_user, *args], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"{args[0]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
 
-    def start(self) -> "Postgres":
-        self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "prefect", "--auth=trust", "-E", "UTF8",
-                  "--no-sync")
-        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "postgres.log"), "-w", "-t", "120",
-                  "-o", f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.data} "
-                        "-c fsync=off -c max_connections=100", "start")
+    def start(self) -> Postgres:
+        self._run(
+            str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "prefect", "--auth=trust", "-E", "UTF8", "--no-sync"
+        )
+        self._run(
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.dir / "postgres.log"),
+            "-w",
+            "-t",
+            "120",
+            "-o",
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.data} "
+            "-c fsync=off -c max_connections=100",
+            "start",
+        )
         return self
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
-            subprocess.run([*self.as_user, str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"],
-                           capture_output=True, timeout=120)
+            subprocess.run(
+                [*self.as_user, str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"],
+                capture_output=True,
+                timeout=120,
+            )
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -70,8 +85,14 @@ def team_server(tmp_path, monkeypatch):
 
 
 def _prefect(env: dict, *args: str) -> str:
-    done = subprocess.run([str(Path(sys.executable).with_name("prefect")), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("prefect")), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
 
@@ -104,9 +125,21 @@ def test_two_runs_at_once_through_a_worker_on_postgres(team_server, tmp_path):
         log_path = tmp_path / "worker.log"
         with open(log_path, "w") as log:
             worker = subprocess.Popen(
-                [str(Path(sys.executable).with_name("prefect")), "worker", "start", "--pool", "wiki-local",
-                 "--limit", "2"], cwd=REPO, env={**env, "PREFECT_WORKER_QUERY_SECONDS": "1"}, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    str(Path(sys.executable).with_name("prefect")),
+                    "worker",
+                    "start",
+                    "--pool",
+                    "wiki-local",
+                    "--limit",
+                    "2",
+                ],
+                cwd=REPO,
+                env={**env, "PREFECT_WORKER_QUERY_SECONDS": "1"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             ids = [r.id for r in runs]
 
@@ -126,15 +159,19 @@ def test_two_runs_at_once_through_a_worker_on_postgres(team_server, tmp_path):
         a, b = done
         assert a.start_time < b.end_time and b.start_time < a.end_time  # they overlapped
 
-        task_runs = _client_call(lambda c: c.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids))))
+        task_runs = _client_call(
+            lambda c: c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+        )
         states = {}
         for tr in task_runs:
             states.setdefault(tr.name, []).append(tr.state.name)
         # each stage: built by one run, reused (Cached) by the other
         assert {s: sorted(v) for s, v in states.items()} == {s: ["Cached", "Completed"] for s in NAMES}, states
-        arts = _client_call(lambda c: c.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=[f"wiki-{s}" for s in NAMES]))))
+        arts = _client_call(
+            lambda c: c.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"wiki-{s}" for s in NAMES]))
+            )
+        )
         assert sorted(x.key for x in arts) == sorted(f"wiki-{s}" for s in NAMES)  # one build per stage
 
     store = open_store(root)

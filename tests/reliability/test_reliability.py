@@ -47,13 +47,22 @@ def test_fault_point_is_off_by_default_and_counts_per_point(monkeypatch, tmp_pat
         fault_point("tokenizer.progress")
     reset_faults()
     assert (tmp_path / "trace").read_text().split("\n")[:3] == [
-        "tokenizer.progress 1", "shards.progress 1", "tokenizer.progress 2"]
+        "tokenizer.progress 1",
+        "shards.progress 1",
+        "tokenizer.progress 2",
+    ]
 
 
 def test_fault_point_sigkills_a_real_process():
     code = "from tasks.core.stage import fault_point\nfor _ in range(3): fault_point('model.progress')\nprint('alive')"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=R.REPO, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, FAULT_ENV: "model.progress@3"})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=R.REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, FAULT_ENV: "model.progress@3"},
+    )
     assert proc.returncode == -signal.SIGKILL and "alive" not in proc.stdout
 
 
@@ -67,7 +76,9 @@ def _run(calls: list, root) -> dict:
         (ctx.out / "data.txt").write_text("same bytes\n")
         return {}
 
-    return Stage(name="samples", settings=P, code_version="t", report=lambda m: "").run(build, P(), RunOptions(artifacts_dir=str(root)))
+    return Stage(name="samples", settings=P, code_version="t", report=lambda m: "").run(
+        build, P(), RunOptions(artifacts_dir=str(root))
+    )
 
 
 @pytest.mark.parametrize("edge", ["publish", "published"])
@@ -96,8 +107,10 @@ def test_sigkill_inside_each_stage_then_rerun_recovers(harness):
         point, n = fault.split("@")
         assert (point, int(n)) in trace[task], (fault, trace[task])
     kills = R.kill_chain(env, workdir / "kills", R.FAST_FAULTS, reference)
-    report = "\n".join(f"{k.task} {k.fault}: killed={k.killed} left={k.left!r} resumed={k.resumed!r} "
-                       f"problems={k.problems}" for k in kills)
+    report = "\n".join(
+        f"{k.task} {k.fault}: killed={k.killed} left={k.left!r} resumed={k.resumed!r} problems={k.problems}"
+        for k in kills
+    )
     assert all(k.killed for k in kills), report
     assert all(k.recovered for k in kills), report
     by_task = {k.task: k for k in kills}
@@ -162,10 +175,28 @@ def test_bad_inputs_are_refused_with_their_exact_message_and_publish_nothing(har
 
 def test_scorecard_renders(harness):
     kills = [R.Kill("model", "model.progress@4", killed=True, left="x", resumed="from step 10", recovered=True)]
-    text = R.scorecard({"command": "cmd", "when": "now", "machine": "m", "seconds": 1.0, "kills": kills,
-                        "watcher": {"checks": 3, "runs": 2, "violations": []},
-                        "concurrent": {"rcs": [0, 0], "built": {"corpus": 1}, "waited": 1, "refs_equal": True,
-                                       "versions": {"corpus": ["v"]}, "verify_full": True, "violations": [],
-                                       "checks": 1, "same_as_reference": True},
-                        "network": [], "damage": [], "bad_inputs": []})
+    text = R.scorecard(
+        {
+            "command": "cmd",
+            "when": "now",
+            "machine": "m",
+            "seconds": 1.0,
+            "kills": kills,
+            "watcher": {"checks": 3, "runs": 2, "violations": []},
+            "concurrent": {
+                "rcs": [0, 0],
+                "built": {"corpus": 1},
+                "waited": 1,
+                "refs_equal": True,
+                "versions": {"corpus": ["v"]},
+                "verify_full": True,
+                "violations": [],
+                "checks": 1,
+                "same_as_reference": True,
+            },
+            "network": [],
+            "damage": [],
+            "bad_inputs": [],
+        }
+    )
     assert "| model | 1 | 1 | 1 | from step 10 |" in text and "Reproduce: `cmd`" in text

@@ -53,8 +53,7 @@ def test_sigkill_mid_training_then_rerun_resumes_bit_identical(prefect_server, t
 
     url = tiny_zip_url(tmp_path)
     killed_root, clean_root = tmp_path / "killed", tmp_path / "clean"
-    cmd = [sys.executable, "-m", "flows.cli", "run", "--tiny", "--source-url", url,
-           "--artifacts-dir", str(killed_root)]
+    cmd = [sys.executable, "-m", "flows.cli", "run", "--tiny", "--source-url", url, "--artifacts-dir", str(killed_root)]
     env = {**prefect_server.env, STALL_ENV: "1"}
     ckpt = _kill_after_first_checkpoint(cmd, env, killed_root, tmp_path / "killed.log")
     assert ckpt.is_file() and not list(killed_root.glob("model/*/model.ckpt")), "killed before publishing"
@@ -64,8 +63,13 @@ def test_sigkill_mid_training_then_rerun_resumes_bit_identical(prefect_server, t
     state = wiki_pipeline(**tiny_flow_parameters(url, killed_root), return_state=True)
     resumed = state.result()
     assert task_run_states(state.state_details.flow_run_id) == {
-        "corpus": "Cached", "tokenizer": "Cached", "shards": "Cached", "model": "Completed", "samples": "Completed",
-        "export": "Completed"}
+        "corpus": "Cached",
+        "tokenizer": "Cached",
+        "shards": "Cached",
+        "model": "Completed",
+        "samples": "Completed",
+        "export": "Completed",
+    }
     assert "model: resuming from step 10" in caplog.text
     manifest = json.loads((Path(resumed["model"]["path"]) / "manifest.json").read_text())
     assert manifest["metrics"]["resumed_from"] == 10 and manifest["metrics"]["steps"] == SETTINGS.model.steps

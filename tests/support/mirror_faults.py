@@ -85,7 +85,7 @@ class FaultyHandler(MirrorHandler):
                 if stopping.wait(stall[1]):
                     return
                 stall = None
-            piece = body[pos:min(limit, pos + 65536, stall[0] if stall and stall[0] > pos else limit)]
+            piece = body[pos : min(limit, pos + 65536, stall[0] if stall and stall[0] > pos else limit)]
             self.wfile.write(piece)
             pos += len(piece)
             entry["sent"] = pos
@@ -100,8 +100,9 @@ class FaultyMirror(Mirror):
 
     handler = FaultyHandler
 
-    def __init__(self, files: dict[str, bytes | os.PathLike] | None = None, port: int = 0,
-                 faults: Faults | None = None) -> None:
+    def __init__(
+        self, files: dict[str, bytes | os.PathLike] | None = None, port: int = 0, faults: Faults | None = None
+    ) -> None:
         super().__init__(files, port)
         self.faults = faults or Faults()
         self.request_count = 0

@@ -4,7 +4,8 @@ positional in the stage's order (``stages.shards(root, corpus_ref, tokenizer_ref
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tasks.core.settings import RunOptions
 from tasks.core.stage import StageRef

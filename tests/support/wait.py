@@ -1,4 +1,5 @@
 """Polling for an event a test waits on (a process, a file, a scheduler state), failing with what it was."""
+
 from __future__ import annotations
 
 import time

@@ -16,14 +16,15 @@ def small_members(repeat: int = 50) -> dict[str, str]:
     return {MEMBER.format(split=s): f" = T{s} = \n text {s} .\n" * repeat for s in ("train", "valid", "test")}
 
 
-def patch_member(data: bytes, member: str, *, flag_bits: int | None = None, method: int | None = None,
-                 file_size: int | None = None) -> bytes:
+def patch_member(
+    data: bytes, member: str, *, flag_bits: int | None = None, method: int | None = None, file_size: int | None = None
+) -> bytes:
     """``data`` (a zip) with one member's header fields rewritten, in its local header and the central directory
     (what a zip tool that sets them would have written)."""
     buf = bytearray(data)
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         local = z.getinfo(member).header_offset
-    central = next(i for i in _central_entries(data) if data[i + 46:i + 46 + len(member)] == member.encode())
+    central = next(i for i in _central_entries(data) if data[i + 46 : i + 46 + len(member)] == member.encode())
     for start, flags_at, method_at, size_at in ((local, 6, 8, 22), (central, 8, 10, 24)):
         if flag_bits is not None:
             struct.pack_into("<H", buf, start + flags_at, flag_bits)

@@ -9,7 +9,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flows.mirror import MEMBER, Mirror, build_wikitext_zip, make_zip
 from mygpt.errors import UserError
@@ -68,23 +69,39 @@ def metrics(ref) -> dict:
 
 # ---- header stripping ---------------------------------------------------------------------------------
 _LINES = st.one_of(
-    st.sampled_from([" \n", " = Title = \n", " = = Section = = \n", " = open\n", "close = \n", " a = b\n",
-                     " plain words .\n", "=\n", "  \n", "= x =", "\xa0= y =\xa0\n", " =\n", "\t\n"]),
-    st.text(st.sampled_from(list("= x\n\xa0\u3000")), max_size=8))
+    st.sampled_from(
+        [
+            " \n",
+            " = Title = \n",
+            " = = Section = = \n",
+            " = open\n",
+            "close = \n",
+            " a = b\n",
+            " plain words .\n",
+            "=\n",
+            "  \n",
+            "= x =",
+            "\xa0= y =\xa0\n",
+            " =\n",
+            "\t\n",
+        ]
+    ),
+    st.text(st.sampled_from(list("= x\n\xa0\u3000")), max_size=8),
+)
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(_LINES, max_size=40), st.integers(1, 60), st.integers(1, 50))
 def test_streamed_strip_equals_one_re_sub(lines, block_chars, piece):
     whole = "".join(lines)
-    pieces = [whole[i:i + piece] for i in range(0, len(whole), piece)]
+    pieces = [whole[i : i + piece] for i in range(0, len(whole), piece)]
     got = list(strip_headers(pieces, block_chars))
     assert "".join(t for t, _ in got) == HEADER_RE.sub("", whole)
     assert sum(n for _, n in got) == len(HEADER_RE.findall(whole))
 
 
 def test_streamed_strip_on_real_wikitext_small_blocks(wikitext2_text):
-    pieces = [wikitext2_text[i:i + 7919] for i in range(0, len(wikitext2_text), 7919)]
+    pieces = [wikitext2_text[i : i + 7919] for i in range(0, len(wikitext2_text), 7919)]
     got = "".join(t for t, _ in strip_headers(pieces, block_chars=2000))
     assert got == re.sub(r"^\s*=+ [^=]+ =+\s*$\n?", "", wikitext2_text, flags=re.MULTILINE)
 
@@ -95,12 +112,17 @@ def test_http_download_is_byte_identical_to_the_chapter(tmp_path, mirror, wiki_z
     out = Path(ref["path"])
     assert (out / "wikipedia.txt").read_bytes() == chapter_wikipedia_txt(wiki_zip, tmp_path / "chapter")
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["manifest.json", "wikipedia.txt", "wiki.train.txt", "wiki.valid.txt", "wiki.test.txt"])
+        ["manifest.json", "wikipedia.txt", "wiki.train.txt", "wiki.valid.txt", "wiki.test.txt"]
+    )
     assert (out / "wikipedia.txt").read_bytes() == b"".join(
-        (out / f"wiki.{s}.txt").read_bytes() for s in ("train", "valid", "test"))
+        (out / f"wiki.{s}.txt").read_bytes() for s in ("train", "valid", "test")
+    )
     m = metrics(ref)
     assert m["zip_bytes"] == len(wiki_zip) and m["zip_published"] is False
-    assert m["splits"]["train"]["headers_stripped"] > 10 and m["wikipedia"]["bytes"] == (out / "wikipedia.txt").stat().st_size
+    assert (
+        m["splits"]["train"]["headers_stripped"] > 10
+        and m["wikipedia"]["bytes"] == (out / "wikipedia.txt").stat().st_size
+    )
     assert not (tmp_path / "art" / "corpus" / ".staging" / ref["version"]).exists()  # zip + work dir gone
     report = D.STAGE.report(json.loads((out / "manifest.json").read_text()))
     assert "| wiki.train.txt |" in report and m["zip_sha256"] in report
@@ -110,7 +132,7 @@ def test_newlines_and_odd_headers_match_the_chapter(tmp_path):
     """CRLF, lone CR, Unicode whitespace, headers at the very start/end, no final newline."""
     members = {
         MEMBER.format(split="train"): " = Head = \r\n \r\n Text with crlf .\r\nlone\rcr\r\n = = Sub = = \r\n"
-                                      "\xa0= Nbsp header =\xa0\n Body ü 戦場 .\n = open\nnot closed\n end = \n",
+        "\xa0= Nbsp header =\xa0\n Body ü 戦場 .\n = open\nnot closed\n end = \n",
         MEMBER.format(split="valid"): "= Top =\n\n\n = Two =\n = Three = \r",
         MEMBER.format(split="test"): " no newline at end = x",
     }
@@ -144,7 +166,10 @@ def test_server_that_ignores_range_gets_a_clean_restart(tmp_path, mirror, wiki_z
     mirror.set_faults(drop_after=100_000, drop_times=2, ignore_range=True)
     ref = download(tmp_path / "art", source_url=mirror.url())
     assert [(r["range"], r["status"]) for r in mirror.requests] == [
-        ("bytes=0-0", 200), (None, 200), ("bytes=100000-", 200)]
+        ("bytes=0-0", 200),
+        (None, 200),
+        ("bytes=100000-", 200),
+    ]
     assert metrics(ref)["zip_sha256"] == hashlib.sha256(wiki_zip).hexdigest()  # no bytes appended twice
 
 
@@ -215,16 +240,18 @@ def _bad_archives() -> dict[str, tuple[bytes, str]]:
     return {
         "not-a-zip": (b"<html>Not the file you wanted</html>", "is not a zip archive"),
         "missing-member": (make_zip(missing), "has no member 'wikitext-103-raw/wiki.valid.raw'"),
-        "not-utf8": (make_zip(bad_utf8), r"wikitext-103-raw/wiki.test.raw in .* is not valid UTF-8: byte 0xff at offset 15"),
+        "not-utf8": (
+            make_zip(bad_utf8),
+            r"wikitext-103-raw/wiki.test.raw in .* is not valid UTF-8: byte 0xff at offset 15",
+        ),
     }
 
 
 @pytest.mark.parametrize("case", ["not-a-zip", "missing-member", "not-utf8"])
 def test_bad_archive_is_a_user_error_and_publishes_nothing(tmp_path, case):
     data, message = _bad_archives()[case]
-    with Mirror({"/w.zip": data}) as m:
-        with pytest.raises(UserError, match=message):
-            download(tmp_path / "art", source_url=m.url("/w.zip"))
+    with Mirror({"/w.zip": data}) as m, pytest.raises(UserError, match=message):
+        download(tmp_path / "art", source_url=m.url("/w.zip"))
     assert published(tmp_path / "art") == []
     staged = list((tmp_path / "art" / "corpus" / ".staging").glob("*/work/source.zip"))
     assert staged == []  # a rerun downloads again instead of reusing the bad archive
@@ -248,16 +275,19 @@ def test_missing_local_file(tmp_path):
         download(tmp_path / "art", source_url=(tmp_path / "absent.zip").as_uri())
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"source_url": "ftp://example.org/w.zip"}, "scheme 'ftp'"),
-    ({"source_url": "wikitext.zip"}, "scheme '\\(none\\)'"),
-    ({"source_url": "https:///w.zip"}, "has no host"),
-    ({"source_url": "file://host/w.zip"}, "cannot name a host"),
-    ({"source_url": ""}, "source_url must be"),
-    ({"expected_bytes": -1}, "expected_bytes must be a whole number"),
-    ({"expected_bytes": 1.5}, "expected_bytes must be a whole number"),
-    ({"expected_sha256": "abc"}, "expected_sha256 must be 64 hexadecimal digits"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"source_url": "ftp://example.org/w.zip"}, "scheme 'ftp'"),
+        ({"source_url": "wikitext.zip"}, "scheme '\\(none\\)'"),
+        ({"source_url": "https:///w.zip"}, "has no host"),
+        ({"source_url": "file://host/w.zip"}, "cannot name a host"),
+        ({"source_url": ""}, "source_url must be"),
+        ({"expected_bytes": -1}, "expected_bytes must be a whole number"),
+        ({"expected_bytes": 1.5}, "expected_bytes must be a whole number"),
+        ({"expected_sha256": "abc"}, "expected_sha256 must be 64 hexadecimal digits"),
+    ],
+)
 def test_settings_reject(kwargs, message):
     with pytest.raises(UserError, match=message):
         D.CorpusSettings.parse(kwargs)
@@ -279,8 +309,12 @@ def test_mirror_serves_loopback_only(mirror):
 
 # ---- the version follows what is at source_url (issue 10, item 3) ------------------------------------------
 def _tiny_zip(word: str) -> bytes:
-    return make_zip({MEMBER.format(split=s): f" = {word} {s} = \n {word} text of the {s} split .\n"
-                     for s in ("train", "valid", "test")})
+    return make_zip(
+        {
+            MEMBER.format(split=s): f" = {word} {s} = \n {word} text of the {s} split .\n"
+            for s in ("train", "valid", "test")
+        }
+    )
 
 
 def _train_text(ref) -> str:
@@ -348,8 +382,11 @@ def test_credentials_in_the_url_are_used_but_never_shown_or_stored(tmp_path, cap
             ref = download(tmp_path / "art", source_url=url)
             other = download(tmp_path / "art", source_url=url.replace("S3CRET", "0ther").replace("T0KEN", "TOK2"))
         manifest = json.loads((Path(ref["path"]) / "manifest.json").read_text())
-        shown = [caplog.text, _all_text_under(tmp_path / "art"),
-                 D.STAGE.report(manifest) + settings_table(manifest["settings"])]
+        shown = [
+            caplog.text,
+            _all_text_under(tmp_path / "art"),
+            D.STAGE.report(manifest) + settings_table(manifest["settings"]),
+        ]
         assert "Secret text" in _train_text(ref), "the credentials were used to download"
         assert manifest["settings"]["source_url"] == f"http://***@127.0.0.1:{m.port}/w.zip?token=***&x=***"
         assert other == ref, "the version id does not depend on the credentials (only on the file)"
@@ -361,8 +398,12 @@ def test_credentials_in_the_url_are_used_but_never_shown_or_stored(tmp_path, cap
     assert "HTTP 404" in errors[0] and "failed 4 times in a row" in errors[1]
     assert "***@127.0.0.1" in errors[0] and "token=***" in errors[1]
     shown += errors + [caplog.text, _all_text_under(tmp_path / "bad")]
-    leaks = [(secret, text[max(0, text.find(secret) - 80):text.find(secret) + 20])
-             for text in shown for secret in SECRETS if secret in text]
+    leaks = [
+        (secret, text[max(0, text.find(secret) - 80) : text.find(secret) + 20])
+        for text in shown
+        for secret in SECRETS
+        if secret in text
+    ]
     assert not leaks, leaks
 
 
@@ -376,8 +417,10 @@ def test_redact_url():
     assert redact_url("https://u:p@h:8/a/b.zip?sig=x%2F&e=1#f") == "https://***@h:8/a/b.zip?sig=***&e=***#f"
     assert redact_url("https://h/b.zip?tokenonly") == "https://h/b.zip?***"
     assert redact_url(D.DEFAULT_URL) == D.DEFAULT_URL
-    assert redact_text("GET /b.zip?sig=x%2F&e=1 failed", "https://h/b.zip?sig=x%2F&e=1") == \
-        "GET /b.zip?sig=***&e=*** failed"
+    assert (
+        redact_text("GET /b.zip?sig=x%2F&e=1 failed", "https://h/b.zip?sig=x%2F&e=1")
+        == "GET /b.zip?sig=***&e=*** failed"
+    )
 
 
 # ---- bounds (item 6) ---------------------------------------------------------------------------------------
@@ -414,14 +457,20 @@ def test_download_stops_as_soon_as_it_exceeds_expected_bytes(tmp_path, fast_retr
     server = _NoLengthHandler.serve(8 << 20)  # 8 MiB, size never announced
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/big.zip"
-        with pytest.raises(UserError, match=r"is larger than expected_bytes \(1,000,000\): it sent more; "
-                                            r"stopped at [\d,]+ bytes, so nothing was kept"):
+        with pytest.raises(
+            UserError,
+            match=r"is larger than expected_bytes \(1,000,000\): it sent more; "
+            r"stopped at [\d,]+ bytes, so nothing was kept",
+        ):
             download(tmp_path / "art", source_url=url, expected_bytes=1_000_000)
     finally:
         server.shutdown()
         server.server_close()
-    assert published(tmp_path / "art") == [] and not list((tmp_path / "art").rglob("source.zip")) \
-        and not list((tmp_path / "art").rglob("source.zip.part")), "nothing of the oversized body was kept"
+    assert (
+        published(tmp_path / "art") == []
+        and not list((tmp_path / "art").rglob("source.zip"))
+        and not list((tmp_path / "art").rglob("source.zip.part"))
+    ), "nothing of the oversized body was kept"
 
 
 def test_announced_size_beyond_the_bound_is_refused_before_the_body(tmp_path, mirror, wiki_zip):
@@ -436,11 +485,16 @@ def test_announced_size_beyond_the_bound_is_refused_before_the_body(tmp_path, mi
 def _bad_zips() -> dict[str, tuple[bytes, str]]:
     return {
         "encrypted": (zips.encrypted_zip(), r"wiki.train.raw in .* is encrypted; the wikitext-103-raw-v1 zip is not"),
-        "deflate64": (zips.deflate64_zip(),
-                      r"wiki.train.raw in .* is compressed with method 9 \(deflate64\), which Python's zipfile cannot "
-                      r"read \(it reads stored, deflate, bzip2, lzma\)"),
-        "bomb": (zips.bomb_zip(30), r"would unzip [\d.]+ KB into 30.0 MB \([\d,]+x; text compresses 3-4x, this "
-                                    r"stage accepts at most 20x\): it looks like a zip bomb"),
+        "deflate64": (
+            zips.deflate64_zip(),
+            r"wiki.train.raw in .* is compressed with method 9 \(deflate64\), which Python's zipfile cannot "
+            r"read \(it reads stored, deflate, bzip2, lzma\)",
+        ),
+        "bomb": (
+            zips.bomb_zip(30),
+            r"would unzip [\d.]+ KB into 30.0 MB \([\d,]+x; text compresses 3-4x, this "
+            r"stage accepts at most 20x\): it looks like a zip bomb",
+        ),
         "lies about its size": (zips.lying_size_zip(), r"wiki.train.raw in .* is damaged \(Bad CRC-32"),
     }
 
@@ -467,16 +521,23 @@ def test_unzipped_total_is_bounded(tmp_path, monkeypatch):
 
 
 # ---- the download knobs (item 7) ----------------------------------------------------------------------------
-@pytest.mark.parametrize("env, value, message", [
-    (ENV_ATTEMPTS, "nan", r"WIKI_PIPELINE_DOWNLOAD_ATTEMPTS must be a whole number >= 1, got 'nan'"),
-    (ENV_ATTEMPTS, "2.5", r"must be a whole number >= 1, got '2.5'"),
-    (ENV_ATTEMPTS, "0", r"must be a whole number >= 1, got '0'"),
-    (ENV_BASE_DELAY, "-1", r"WIKI_PIPELINE_RETRY_BASE_DELAY must be a number of seconds >= 0, got '-1'"),
-    (ENV_BASE_DELAY, "inf", r"must be a number of seconds >= 0, got 'inf'"),
-    (ENV_READ_TIMEOUT, "0", r"WIKI_PIPELINE_READ_TIMEOUT must be a number of seconds > 0, got '0'"),
-    (ENV_READ_TIMEOUT, "-5", r"must be a number of seconds > 0, got '-5' \(seconds without data before a try "
-                               r"fails; default 60\); fix or unset it"),
-])
+@pytest.mark.parametrize(
+    "env, value, message",
+    [
+        (ENV_ATTEMPTS, "nan", r"WIKI_PIPELINE_DOWNLOAD_ATTEMPTS must be a whole number >= 1, got 'nan'"),
+        (ENV_ATTEMPTS, "2.5", r"must be a whole number >= 1, got '2.5'"),
+        (ENV_ATTEMPTS, "0", r"must be a whole number >= 1, got '0'"),
+        (ENV_BASE_DELAY, "-1", r"WIKI_PIPELINE_RETRY_BASE_DELAY must be a number of seconds >= 0, got '-1'"),
+        (ENV_BASE_DELAY, "inf", r"must be a number of seconds >= 0, got 'inf'"),
+        (ENV_READ_TIMEOUT, "0", r"WIKI_PIPELINE_READ_TIMEOUT must be a number of seconds > 0, got '0'"),
+        (
+            ENV_READ_TIMEOUT,
+            "-5",
+            r"must be a number of seconds > 0, got '-5' \(seconds without data before a try "
+            r"fails; default 60\); fix or unset it",
+        ),
+    ],
+)
 def test_bad_download_knobs_are_user_errors(monkeypatch, env, value, message):
     monkeypatch.setenv(env, value)
     with pytest.raises(UserError, match=message):

@@ -8,7 +8,8 @@ import threading
 import zipfile
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flows.mirror import MEMBER, make_zip
 from mygpt.errors import UserError
@@ -17,8 +18,28 @@ from tasks.corpus import extract_corpus
 
 CHAPTER_RE = re.compile(r"^\s*=+ [^=]+ =+\s*$\n?", flags=re.MULTILINE)  # the chapter's regex, verbatim
 
-_BITS = st.sampled_from([" ", "\n", "=", "==", " = ", " = = ", "x", "a b", " \n", "\xa0", "\u3000", "\t", "\r",
-                         " = Title = \n", " = = Sec = = \n", "= x =", "\n=", " =\n"])
+_BITS = st.sampled_from(
+    [
+        " ",
+        "\n",
+        "=",
+        "==",
+        " = ",
+        " = = ",
+        "x",
+        "a b",
+        " \n",
+        "\xa0",
+        "\u3000",
+        "\t",
+        "\r",
+        " = Title = \n",
+        " = = Sec = = \n",
+        "= x =",
+        "\n=",
+        " =\n",
+    ]
+)
 
 
 @settings(max_examples=1500, deadline=None)
@@ -36,8 +57,16 @@ def test_strip_block_on_real_wikitext(wikitext2_text):
 
 def _zip(tmp_path, train: str, **extra) -> str:
     path = tmp_path / "w.zip"
-    path.write_bytes(make_zip({MEMBER.format(split="train"): train, MEMBER.format(split="valid"): " = V = \n v\n",
-                               MEMBER.format(split="test"): " t\n", **extra}))
+    path.write_bytes(
+        make_zip(
+            {
+                MEMBER.format(split="train"): train,
+                MEMBER.format(split="valid"): " = V = \n v\n",
+                MEMBER.format(split="test"): " t\n",
+                **extra,
+            }
+        )
+    )
     return path
 
 
@@ -59,11 +88,11 @@ def test_a_damaged_member_fails_in_the_reader_thread_and_writes_nothing(tmp_path
     with zipfile.ZipFile(zpath) as z:
         info = z.getinfo(MEMBER.format(split="train"))
     start = info.header_offset + 30 + len(info.filename) + 2000  # inside the deflate stream
-    data[start:start + 64] = bytes(64)
+    data[start : start + 64] = bytes(64)
     zpath.write_bytes(bytes(data))
     out = tmp_path / "out"
     out.mkdir()
-    with pytest.raises(UserError, match="wiki.train.raw in test is"):
+    with pytest.raises(UserError, match=r"wiki\.train\.raw in test is"):
         extract_corpus(zpath, out, source="test", block_chars=5000)
     assert list(out.iterdir()) == []  # no split, no wikipedia.txt, no temp file
     assert not [t for t in threading.enumerate() if t.name.startswith(("corpus-reader", "corpus-writer"))]

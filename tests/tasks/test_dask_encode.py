@@ -47,14 +47,47 @@ class ExternalCluster:
         self.procs: list[subprocess.Popen] = []
         self.log = open(tmp / "dask.log", "w")
         sched_file = tmp / "scheduler.json"
-        self.scheduler = self._start([bin_dir / "dask", "scheduler", "--host", "127.0.0.1", "--port", str(free_port()),
-                                      "--no-dashboard", "--dashboard-address", "127.0.0.1:0",
-                                      "--scheduler-file", str(sched_file)])
-        self.address = wait_for(lambda: sched_file.exists() and json.loads(sched_file.read_text() or "{}").get("address"),
-                                "the scheduler's address")
-        self.workers = [self._start([bin_dir / "dask", "worker", self.address, "--host", "127.0.0.1", "--nthreads", "1",
-                                     "--no-nanny", "--no-dashboard", "--dashboard-address", "127.0.0.1:0",
-                                     "--name", f"w{i}", "--death-timeout", "60"]) for i in range(workers)]
+        self.scheduler = self._start(
+            [
+                bin_dir / "dask",
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(free_port()),
+                "--no-dashboard",
+                "--dashboard-address",
+                "127.0.0.1:0",
+                "--scheduler-file",
+                str(sched_file),
+            ]
+        )
+        self.address = wait_for(
+            lambda: sched_file.exists() and json.loads(sched_file.read_text() or "{}").get("address"),
+            "the scheduler's address",
+        )
+        self.workers = [
+            self._start(
+                [
+                    bin_dir / "dask",
+                    "worker",
+                    self.address,
+                    "--host",
+                    "127.0.0.1",
+                    "--nthreads",
+                    "1",
+                    "--no-nanny",
+                    "--no-dashboard",
+                    "--dashboard-address",
+                    "127.0.0.1:0",
+                    "--name",
+                    f"w{i}",
+                    "--death-timeout",
+                    "60",
+                ]
+            )
+            for i in range(workers)
+        ]
         with self.client() as c:
             c.wait_for_workers(workers, timeout=120)
 
@@ -119,8 +152,9 @@ def manifest(ref) -> dict:
 def test_external_cluster_gives_the_same_shards_and_merges(inputs, baseline, cluster, tmp_path):
     assert loopback_only([p.pid for p in cluster.procs]) == []
     root, corpus, tokenizer = copy_inputs(inputs, tmp_path / "art")
-    ref = stages.shards(root, corpus, tokenizer, shard_tokens=SHARD,
-                        run={"dask_address": cluster.address, "chunk_bytes": CHUNK})
+    ref = stages.shards(
+        root, corpus, tokenizer, shard_tokens=SHARD, run={"dask_address": cluster.address, "chunk_bytes": CHUNK}
+    )
     assert ref["version"] == baseline["version"]
     m = manifest(ref)
     assert m["metrics"]["workers"] == 2 and m["metrics"]["dask"] == cluster.address
@@ -129,8 +163,13 @@ def test_external_cluster_gives_the_same_shards_and_merges(inputs, baseline, clu
         assert c.run(lambda: len(dask_work._TOKENIZERS)) == {a: 1 for a in c.scheduler_info()["workers"]}
 
     shutil.copytree(Path(inputs[0]) / "corpus", tmp_path / "art2" / "corpus")  # the corpus only: train again
-    again = stages.tokenizer(tmp_path / "art2", corpus, num_merges=64, bpe_train_bytes=60_000,
-                             run={"dask_address": cluster.address, "chunk_bytes": 10_000})
+    again = stages.tokenizer(
+        tmp_path / "art2",
+        corpus,
+        num_merges=64,
+        bpe_train_bytes=60_000,
+        run={"dask_address": cluster.address, "chunk_bytes": 10_000},
+    )
     assert again["version"] == tokenizer["version"]
     assert manifest(again)["files"]["tokenizer.json"] == manifest(tokenizer)["files"]["tokenizer.json"]
 
@@ -156,8 +195,17 @@ def test_local_cluster_listens_on_loopback_only():
         assert loopback_only([me.pid, *(p.pid for p in kids)]) == []
         workers = [p.pid for p in kids if "spawn_main" in " ".join(p.cmdline())]  # not multiprocessing's tracker
         assert len(workers) == 2
-    wait_for(lambda: not [p for p in me.children(recursive=True) if p.pid in workers and p.is_running()
-                          and p.status() != psutil.STATUS_ZOMBIE], "the local cluster's processes to end", timeout=60)
+    wait_for(
+        lambda: (
+            not [
+                p
+                for p in me.children(recursive=True)
+                if p.pid in workers and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+            ]
+        ),
+        "the local cluster's processes to end",
+        timeout=60,
+    )
 
 
 def test_sigkill_one_worker_mid_encode_still_gives_the_same_shards(inputs, baseline, cluster, tmp_path):
@@ -167,9 +215,10 @@ def test_sigkill_one_worker_mid_encode_still_gives_the_same_shards(inputs, basel
 
     def encode():
         try:
-            outcome["ref"] = stages.shards(root, corpus, tokenizer, shard_tokens=SHARD,
-                                           run={"dask_address": cluster.address, "chunk_bytes": 4096})
-        except BaseException as e:  # noqa: BLE001 - reported below
+            outcome["ref"] = stages.shards(
+                root, corpus, tokenizer, shard_tokens=SHARD, run={"dask_address": cluster.address, "chunk_bytes": 4096}
+            )
+        except BaseException as e:
             outcome["error"] = e
 
     record = root / "shards" / ".staging" / baseline["version"] / "work" / "progress.json"

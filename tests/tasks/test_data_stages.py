@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from flows.mirror import Mirror, build_wikitext_zip
-from tasks.corpus import CorpusSettings, download_corpus
 from tasks.core.settings import RunOptions
-from tasks.shards import ShardsSettings, encode_shards
+from tasks.corpus import CorpusSettings, download_corpus
 from tasks.registry import open_store
+from tasks.shards import ShardsSettings, encode_shards
 from tasks.tokenizer import TokenizerSettings, train_tokenizer
 from tests.support.prefect_server import task_run_states
 
@@ -24,8 +24,9 @@ def data_flow():
     def data_stages(root: str, source_url: str, num_merges: int = 64, force: list[str] = []):
         run = RunOptions(artifacts_dir=root, force=force, workers=1)
         corpus = download_corpus(CorpusSettings(source_url=source_url), run, return_state=True).result()
-        tokenizer = train_tokenizer(corpus, TokenizerSettings(num_merges=num_merges, bpe_train_bytes=80_000), run,
-                                    return_state=True).result()
+        tokenizer = train_tokenizer(
+            corpus, TokenizerSettings(num_merges=num_merges, bpe_train_bytes=80_000), run, return_state=True
+        ).result()
         shards = encode_shards(corpus, tokenizer, ShardsSettings(shard_tokens=100_000), run, return_state=True).result()
         return {"corpus": corpus, "tokenizer": tokenizer, "shards": shards}
 
@@ -74,8 +75,11 @@ def test_rerun_is_cached_and_a_parameter_change_makes_new_versions(prefect_serve
 
     async def keys():
         async with get_client() as client:
-            arts = await client.read_artifacts(artifact_filter=ArtifactFilter(
-                key=ArtifactFilterKey(any_=["wiki-corpus", "wiki-tokenizer", "wiki-shards"])))
+            arts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    key=ArtifactFilterKey(any_=["wiki-corpus", "wiki-tokenizer", "wiki-shards"])
+                )
+            )
             return {a.key for a in arts}
 
     assert asyncio.run(keys()) == {"wiki-corpus", "wiki-tokenizer", "wiki-shards"}

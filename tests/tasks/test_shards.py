@@ -14,8 +14,8 @@ import pytest
 from flows.mirror import MEMBER, build_wikitext_zip, make_zip
 from mygpt.bpe import BPETokenizer
 from mygpt.errors import UserError
-from tasks.core import shard_format as SF
 from tasks import shards as E
+from tasks.core import shard_format as SF
 from tasks.core.settings import RunOptions
 from tests.support import stages
 
@@ -29,8 +29,13 @@ def inputs(tmp_path_factory, wikitext2_path):
     zpath = root / "w.zip"
     build_wikitext_zip(zpath, data_dir=wikitext2_path.parent)
     corpus = stages.corpus(root, source_url=zpath.as_uri())
-    tokenizer = stages.tokenizer(root, corpus, num_merges=64, bpe_train_bytes=60_000,  # leaves some unknown chars
-                                 run={"workers": 1})
+    tokenizer = stages.tokenizer(
+        root,
+        corpus,
+        num_merges=64,
+        bpe_train_bytes=60_000,  # leaves some unknown chars
+        run={"workers": 1},
+    )
     return root, corpus, tokenizer
 
 
@@ -72,7 +77,9 @@ def test_shards_decode_to_the_text_minus_unknown_chars(inputs, baseline):
         assert all(s["last_token"] == s["first_token"] + s["tokens"] - 1 for s in listed)
     assert skipped_total > 0
     index = json.loads((out / "shards.json").read_text())
-    assert index["dtype"] == "uint16" and index["splits"]["train"]["tokens"] == m["metrics"]["splits"]["train"]["tokens"]
+    assert (
+        index["dtype"] == "uint16" and index["splits"]["train"]["tokens"] == m["metrics"]["splits"]["train"]["tokens"]
+    )
     readme = (out / "README.md").read_text()
     assert "token_id" in readme and "| train |" in readme
     assert "| train |" in E.STAGE.report(m)
@@ -93,8 +100,9 @@ def test_readable_with_pyarrow_pandas_and_duckdb(baseline):
     assert np.array_equal(np.concatenate([pd.read_parquet(p)["token_id"].to_numpy() for p in paths]), ours)
     con = duckdb.connect()
     rows = con.execute(
-        "SELECT token_id FROM read_parquet(?, filename=true, file_row_number=true) "
-        "ORDER BY filename, file_row_number", [str(out / "train-*.parquet")]).fetchnumpy()["token_id"]
+        "SELECT token_id FROM read_parquet(?, filename=true, file_row_number=true) ORDER BY filename, file_row_number",
+        [str(out / "train-*.parquet")],
+    ).fetchnumpy()["token_id"]
     assert np.array_equal(rows, ours)
     n = con.execute("SELECT count(*) FROM read_parquet(?)", [str(out / "valid-*.parquet")]).fetchone()[0]
     assert n == manifest(baseline)["metrics"]["splits"]["valid"]["tokens"]
@@ -110,7 +118,9 @@ def same_inputs_under(inputs, root: Path) -> tuple:
 
 def test_two_workers_give_identical_bytes(inputs, baseline, tmp_path):
     _, corpus, tokenizer = same_inputs_under(inputs, tmp_path / "art")
-    ref = stages.shards(tmp_path / "art", corpus, tokenizer, shard_tokens=SHARD, run={"workers": 2, "chunk_bytes": CHUNK})
+    ref = stages.shards(
+        tmp_path / "art", corpus, tokenizer, shard_tokens=SHARD, run={"workers": 2, "chunk_bytes": CHUNK}
+    )
     assert ref["version"] == baseline["version"]
     m2 = manifest(ref)
     assert m2["metrics"]["workers"] == 2 and m2["metrics"]["splits"]["train"]["shards"] > 5
@@ -155,7 +165,8 @@ def test_kill_and_resume_keeps_finished_shards(inputs, baseline, tmp_path, monke
     out = Path(ref["path"])
     after = {name: ((out / name).stat().st_ino, (out / name).stat().st_mtime_ns) for name in before}
     assert {k: v for k, v in after.items() if k != damaged.name} == {
-        k: v for k, v in before.items() if k != damaged.name}
+        k: v for k, v in before.items() if k != damaged.name
+    }
     assert after[damaged.name] != before[damaged.name]
     assert manifest(ref)["files"] == manifest(baseline)["files"]  # byte-identical to an uninterrupted run
     assert not (root / "shards" / ".staging" / version).exists()
@@ -183,7 +194,10 @@ def test_death_between_last_shard_and_done_mark_resumes(inputs, baseline, tmp_pa
     monkeypatch.setattr(E, "atomic_write_text", real_write)
     ref = stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
     assert manifest(ref)["files"] == manifest(baseline)["files"]
-    assert manifest(ref)["metrics"]["splits"]["train"]["tokens"] == manifest(baseline)["metrics"]["splits"]["train"]["tokens"]
+    assert (
+        manifest(ref)["metrics"]["splits"]["train"]["tokens"]
+        == manifest(baseline)["metrics"]["splits"]["train"]["tokens"]
+    )
 
 
 def test_missing_characters_are_the_chapters_analysis(inputs, baseline):
@@ -221,17 +235,24 @@ def test_materialize_tokens(baseline, tmp_path):
 
 def test_unk_policy_error_names_the_characters(inputs, tmp_path):
     _, corpus, tokenizer = same_inputs_under(inputs, tmp_path / "art")
-    with pytest.raises(UserError, match="wiki.train.txt: .*characters not in the tokenizer's vocabulary"):
+    with pytest.raises(UserError, match=r"wiki\.train\.txt: .*characters not in the tokenizer's vocabulary"):
         stages.shards(tmp_path / "art", corpus, tokenizer, shard_tokens=SHARD, unk_policy="error", run={"workers": 1})
     assert not (tmp_path / "art" / "shards").exists() or not [
-        p for p in (tmp_path / "art" / "shards").iterdir() if not p.name.startswith(".")]
+        p for p in (tmp_path / "art" / "shards").iterdir() if not p.name.startswith(".")
+    ]
 
 
 def test_empty_split_gets_one_empty_shard_and_vocab_dtype(tmp_path):
     zpath = tmp_path / "w.zip"
-    zpath.write_bytes(make_zip({MEMBER.format(split="train"): " a b a b c\n" * 50,
-                                MEMBER.format(split="valid"): " = Only a header = \n",
-                                MEMBER.format(split="test"): " c a\n"}))
+    zpath.write_bytes(
+        make_zip(
+            {
+                MEMBER.format(split="train"): " a b a b c\n" * 50,
+                MEMBER.format(split="valid"): " = Only a header = \n",
+                MEMBER.format(split="test"): " c a\n",
+            }
+        )
+    )
     root = tmp_path / "art"
     corpus = stages.corpus(root, source_url=zpath.as_uri())
     tokenizer = stages.tokenizer(root, corpus, num_merges=4, run={"workers": 1})
@@ -254,25 +275,31 @@ def test_write_read_uint32_shard(tmp_path):
 def test_shard_paths_reports_a_gap(tmp_path):
     SF.write_shard(tmp_path / "train-00000.parquet", np.arange(3, dtype=np.uint16))
     SF.write_shard(tmp_path / "train-00002.parquet", np.arange(3, dtype=np.uint16))
-    with pytest.raises(UserError, match="missing shard train-00001.parquet"):
+    with pytest.raises(UserError, match=r"missing shard train-00001\.parquet"):
         SF.shard_paths(tmp_path, "train")
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"shard_tokens": 0}, "shard_tokens must be an integer >= 1"),
-    ({"shard_tokens": 1.0}, "shard_tokens must be an integer >= 1"),
-    ({"shard_tokens": 10**13}, "shard_tokens must be at most 1,000,000,000 .* got 10000000000000"),  # issue 10 #7
-    ({"unk_policy": "ignore"}, "unk_policy must be one of skip, error"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"shard_tokens": 0}, "shard_tokens must be an integer >= 1"),
+        ({"shard_tokens": 1.0}, "shard_tokens must be an integer >= 1"),
+        ({"shard_tokens": 10**13}, "shard_tokens must be at most 1,000,000,000 .* got 10000000000000"),  # issue 10 #7
+        ({"unk_policy": "ignore"}, "unk_policy must be one of skip, error"),
+    ],
+)
 def test_settings_reject(settings, message):
     with pytest.raises(UserError, match=message):
         E.ShardsSettings.parse(settings)
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"workers": 0}, "workers must be an integer >= 1"),
-    ({"chunk_bytes": -1}, "chunk_bytes must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"workers": 0}, "workers must be an integer >= 1"),
+        ({"chunk_bytes": -1}, "chunk_bytes must be an integer >= 1"),
+    ],
+)
 def test_run_options_reject(options, message):
     with pytest.raises(UserError, match=message):
         RunOptions.parse(options)
@@ -291,6 +318,8 @@ def test_huge_shard_tokens_is_refused_before_any_stage(tmp_path, capsys, monkeyp
     monkeypatch.setenv("WIKI_PIPELINE_ARTIFACTS", str(tmp_path / "art"))
     assert main(["params", "--param", f"shard_tokens={10**13}"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: shards.shard_tokens must be at most 1,000,000,000 (a shard is built in memory, "
-                          "18.2 TiB of uint16 ids at this size), got 10000000000000; the default 10000000 makes")
+    assert err.startswith(
+        "error: shards.shard_tokens must be at most 1,000,000,000 (a shard is built in memory, "
+        "18.2 TiB of uint16 ids at this size), got 10000000000000; the default 10000000 makes"
+    )
     assert "Traceback" not in err and not (tmp_path / "art").exists()

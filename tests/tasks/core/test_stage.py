@@ -88,7 +88,7 @@ def test_reuse_is_cached_and_force_damage_rebuild(prefect_server, tmp_path, two_
 
     # A damaged file is detected before anything is reused, logged and rebuilt.
     (Path(u3["path"]) / "b.txt").write_text("X")
-    c4, u4, states, builds = _run(two_stage_flow, root)
+    _c4, u4, states, builds = _run(two_stage_flow, root)
     assert states == {"corpus": "Cached", "tokenizer": "Completed"} and builds == ["upper"]
     assert (Path(u4["path"]) / "b.txt").read_text() == "HELLO X"
 
@@ -119,7 +119,8 @@ def test_failed_build_publishes_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="disk on fire"):
         stage.run(boom, NoSettings(), RunOptions(artifacts_dir=str(tmp_path)))
     assert list((tmp_path / "corpus").iterdir()) != [] and not any(
-        p.name != ".staging" and p.name != ".locks" for p in (tmp_path / "corpus").iterdir())
+        p.name != ".staging" and p.name != ".locks" for p in (tmp_path / "corpus").iterdir()
+    )
 
 
 def test_a_manifest_records_its_inputs_lineage_but_no_path(tmp_path):
@@ -131,8 +132,9 @@ def test_a_manifest_records_its_inputs_lineage_but_no_path(tmp_path):
     corpus = make_source.fn(WordSettings(word="lineage"), run)
     upper = make_upper.fn(corpus, NoSettings(), run)
     manifest = json.loads((Path(upper["path"]) / "manifest.json").read_text())
-    assert manifest["inputs"] == {"corpus": {"stage": "corpus", "version": corpus["version"],
-                                             "build_id": corpus["build_id"]}}
+    assert manifest["inputs"] == {
+        "corpus": {"stage": "corpus", "version": corpus["version"], "build_id": corpus["build_id"]}
+    }
     assert str(tmp_path) not in json.dumps(manifest)
 
 
@@ -162,6 +164,8 @@ def test_progress_log_line_carries_the_pace(tmp_path, caplog):
         return {}
 
     with caplog.at_level("INFO", logger="wiki_pipeline"):
-        Stage("corpus", NoSettings, "1", lambda m: "").run(slow_build, NoSettings(), RunOptions(artifacts_dir=str(tmp_path)))
+        Stage("corpus", NoSettings, "1", lambda m: "").run(
+            slow_build, NoSettings(), RunOptions(artifacts_dir=str(tmp_path))
+        )
     line = next(r.getMessage() for r in caplog.records if "step 1/4" in r.getMessage())
     assert re.search(r"corpus:  25\.0% step 1/4 · ETA \d+", line), line

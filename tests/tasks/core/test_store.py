@@ -16,7 +16,6 @@ from tasks.registry import open_store
 from tests.support import REPO
 
 
-
 def _publish(store: ArtifactStore, version: str = "v1", files: dict[str, bytes] | None = None) -> dict:
     build = store.open_build("corpus", version)
     for rel, data in (files or {"a.txt": b"alpha\n", "sub/b.bin": b"\x00\x01"}).items():
@@ -117,8 +116,9 @@ _KILLED_BUILDER = textwrap.dedent(
 
 
 def test_sigkill_mid_build_leaves_no_version_and_frees_the_lock(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_BUILDER, str(tmp_path)], cwd=REPO,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_BUILDER, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "building"
     store = open_store(tmp_path)
     # While it builds, another builder has to wait for the lock.
@@ -144,8 +144,11 @@ def test_listing_shows_lineage(tmp_path):
     corpus = _publish(store)
     build = store.open_build("tokenizer", "t1")
     (build.out / "tokenizer.json").write_text("{}")
-    build.publish(settings={"num_merges": 8}, inputs={"corpus": {"version": "v1", "build_id": corpus["build_id"]}},
-                  code_version="1")
+    build.publish(
+        settings={"num_merges": 8},
+        inputs={"corpus": {"version": "v1", "build_id": corpus["build_id"]}},
+        code_version="1",
+    )
     text = format_listing(store)
     rows = {line.split()[0]: line.split() for line in text.splitlines()[2:]}
     assert rows["corpus"][1] == "v1" and rows["corpus"][-1] == "-"
@@ -158,10 +161,9 @@ def test_atomic_open_keeps_old_file_on_error(tmp_path):
 
     target = tmp_path / "f.txt"
     target.write_text("old")
-    with pytest.raises(RuntimeError):
-        with atomic_open(target, "w") as f:
-            f.write("new but torn")
-            raise RuntimeError("crash mid-write")
+    with pytest.raises(RuntimeError), atomic_open(target, "w") as f:
+        f.write("new but torn")
+        raise RuntimeError("crash mid-write")
     assert target.read_text() == "old"
     assert os.listdir(tmp_path) == ["f.txt"]
 
