@@ -28,11 +28,18 @@ class ExportSettings(Settings):
                                             "chapter's norm=rms and position=rope)")
 
     def check_model(self, norm: str, position: str) -> None:
-        """Refuse, before anything runs, model settings that cannot be exported exactly while export is on."""
-        if self.enabled and (norm, position) != ("rms", "rope"):
-            raise UserError(f"export: a model with norm={norm!r} and position={position!r} has no exact Hugging Face "
-                            "counterpart (the export maps RMSNorm + RoPE onto ArceeForCausalLM); use norm='rms' and "
-                            "position='rope', or set export.enabled=false")
+        """Refuse, before anything runs, model settings that cannot be exported exactly while export is on
+        (the rule is :func:`mygpt.hf_export.check_exportable`'s; the model's other fields do not enter it)."""
+        if not self.enabled:
+            return
+        from mygpt.hf_export import check_exportable
+        from mygpt.model import GPTConfig
+
+        try:
+            check_exportable(GPTConfig(vocab_size=1, norm_type=norm, position_type=position))
+        except UserError as e:
+            raise UserError(f"export: a model with norm={norm!r} and position={position!r} cannot be exported "
+                            f"exactly: {e}; or set export.enabled=false") from None
 
 
 def build_export(ctx: BuildContext, settings: ExportSettings, model: Path) -> dict:
