@@ -27,8 +27,8 @@ import torch
 
 from .errors import UserError
 
-__all__ = ["as_device", "resolve_device", "resolve_precision", "autocast", "PRECISIONS", "mps_available", "cpu_has_native_bf16",
-           "bf16_cpu_warning", "compile_unavailable", "tf32_matmuls"]
+__all__ = ["as_device", "resolve_device", "resolve_precision", "autocast", "PRECISIONS", "mps_available",
+           "cpu_has_native_bf16", "bf16_cpu_warning", "compile_unavailable", "tf32_matmuls", "torch_threads"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
 

@@ -13,8 +13,10 @@ Architecture (pre-norm):
   and k inside attention, so they add no parameters).
 * The MLP is ``Linear(E, 4E) -> GELU -> Linear(4E, E)``, both with biases.
 
+The model's shape is one :class:`GPTConfig` (its defaults are the Part I model); ``GPT(config)`` builds it.
+
 Parameter counts (checked in tests): the Part I config (vocab 65, embed 64, 4 heads, 4 layers, max_seq_len 64,
-layer norm, learned positions: ``GPTConfig``'s defaults) has 207,296; the chapter-28 config (vocab 3046, embed 192, 6 heads, 2 kv heads,
+layer norm, learned positions) has 207,296; the chapter-28 config (vocab 3046, embed 192, 6 heads, 2 kv heads,
 4 layers, max_seq_len 256, rms, rope) has 2,163,264.
 
 KV cache: pass a ``KVCache`` (``model.new_kv_cache()``) to ``forward``; each call appends the new tokens' keys
