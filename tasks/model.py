@@ -232,7 +232,7 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
                                env={dist.STALL_ENV: "1"} if stall else None, run_dir=ctx.work / "ranks")
     write_history(ctx.out, result.history)  # the log already has the throughput line and val_bpb at each eval
     return {
-        "device": result.device, "precision": result.precision, "nproc": result.world_size,
+        "device": result.device, "precision": result.precision, "nproc": s.nproc,
         "compiled": result.compiled, "params": result.params, "steps": result.steps,
         "resumed_from": result.start_step, "final_loss": result.final_loss, "final_val_loss": result.final_val_loss,
         "final_val_bpb": result.final_val_bpb, "tokens_per_sec": round(result.tokens_per_sec, 1),
