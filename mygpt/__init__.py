@@ -13,13 +13,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__all__ = ["BPETokenizer", "CharTokenizer", "GPT", "TrainConfig", "TrainResult", "UserError", "load_checkpoint",
-           "save_checkpoint"]
+__all__ = ["BPETokenizer", "CharTokenizer", "GPT", "GPTConfig", "TrainConfig", "TrainResult", "UserError",
+           "load_checkpoint", "save_checkpoint"]
 
 _HOME = {
     "BPETokenizer": "bpe",
     "CharTokenizer": "char_tokenizer",
     "GPT": "model",
+    "GPTConfig": "model",
     "TrainConfig": "train",
     "TrainResult": "train",
     "UserError": "errors",
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # editors and type checkers see the real names
     from .char_tokenizer import CharTokenizer
     from .checkpoint import load_checkpoint, save_checkpoint
     from .errors import UserError
-    from .model import GPT
+    from .model import GPT, GPTConfig
     from .train import TrainConfig, TrainResult
 
 

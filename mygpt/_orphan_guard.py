@@ -25,16 +25,20 @@ _PR_SET_PDEATHSIG = 1
 GUARDED_PID_ENV = "MYGPT_GUARDED_PID"
 
 
-def die_with_parent(expected_parent: int | None = None) -> bool:
-    """SIGKILL this process when its parent exits (Linux); exit at once if the parent is already not
-    ``expected_parent``. Returns whether the kernel took the request."""
+def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGKILL) -> bool:
+    """Have the kernel send ``sig`` (default SIGKILL) to this process when its parent exits (Linux
+    ``PR_SET_PDEATHSIG``); exit at once if the parent is already not ``expected_parent``. Returns whether the
+    kernel took the request (never where it does not exist: callers stop their children some other way).
+
+    Usable as a ``subprocess.Popen`` ``preexec_fn`` (it runs in the child, before ``exec``, and the request
+    survives the ``exec``): ``preexec_fn=functools.partial(die_with_parent, os.getpid(), sig=signal.SIGTERM)``."""
     armed = False
     if sys.platform.startswith("linux"):
         try:
             import ctypes
 
             libc = ctypes.CDLL(None, use_errno=True)
-            armed = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+            armed = libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
         except (OSError, AttributeError):  # pragma: no cover - exotic libc
             armed = False
     if expected_parent is not None and os.getppid() != expected_parent:

@@ -1,4 +1,5 @@
-"""Atomic file writes: temp file in the same directory, fsync, ``os.replace``, fsync the directory.
+"""File helpers. Atomic writes: temp file in the same directory, fsync, ``os.replace``, fsync the directory;
+and ``sha256_file``, the one file checksum.
 
 A crash at any moment leaves either the old file or the new one at ``path``, never a torn one,
 and no temp file that looks like the real thing (temp names start with ``.`` and end with ``.tmp``).
@@ -7,6 +8,7 @@ and no temp file that looks like the real thing (temp names start with ``.`` and
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from typing import IO, Iterator
@@ -58,3 +60,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_open(path, "w", encoding="utf-8") as f:
         f.write(text)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The sha256 of the file at ``path`` as 64 hex digits, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

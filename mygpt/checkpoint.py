@@ -17,7 +17,8 @@ the directory), so an interrupted save leaves the previous checkpoint intact.
 Loading uses ``torch.load(..., weights_only=True)``: everything we write is tensors and plain Python containers
 (RNG states are stored as tensors / lists, never numpy objects), so the safe unpickler suffices and a checkpoint
 cannot run code on load. Old (pre-chapter-28) checkpoints lack ``norm_type``, ``position_type``, ``num_kv_heads``
-and ``tokenizer_kind``; they load with ``"layer"``, ``"learned"``, ``num_heads`` and ``"char"``.
+and ``tokenizer_kind``; they load with ``"layer"``, ``"learned"``, ``num_heads`` (filled by
+:meth:`mygpt.model.GPTConfig.from_checkpoint`, which every reader uses) and ``"char"``.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ import torch
 
 from .atomic import atomic_open
 from .errors import UserError
-from .model import GPT
+from .model import GPT, REQUIRED_CHECKPOINT_KEYS, GPTConfig
 from .tokenizer import tokenizer_from_state
 
-__all__ = ["save_checkpoint", "load_checkpoint", "load_checkpoint_payload", "model_from_config"]
+__all__ = ["save_checkpoint", "load_checkpoint", "load_checkpoint_payload", "model_from_config",
+           "gpt_config_from_payload", "model_from_payload", "tokenizer_from_payload"]
 
 REQUIRED_KEYS = ("model_state_dict", "config")
-REQUIRED_CONFIG = ("vocab_size", "embed_dim", "num_heads", "num_layers", "max_seq_len")
 
 
 def save_checkpoint(model: GPT, tokenizer, path, *, resume: dict | None = None, meta: dict | None = None) -> None:
@@ -84,7 +85,7 @@ def load_checkpoint_payload(path) -> dict:
             f"checkpoint {path} is not a mygpt checkpoint (expected a dict with keys {', '.join(REQUIRED_KEYS)})"
         )
     config = payload["config"]
-    missing = [k for k in REQUIRED_CONFIG if not isinstance(config, dict) or k not in config]
+    missing = [k for k in REQUIRED_CHECKPOINT_KEYS if not isinstance(config, dict) or k not in config]
     if missing:
         raise UserError(f"checkpoint {path} is not a mygpt checkpoint: config lacks {', '.join(missing)}")
     if "tokenizer_state" not in payload and "tokenizer_chars" not in payload:
@@ -93,18 +94,16 @@ def load_checkpoint_payload(path) -> dict:
 
 
 def model_from_config(config: dict) -> GPT:
-    """Build an (untrained) GPT from a checkpoint ``config``, filling the legacy defaults."""
-    return GPT(
-        vocab_size=config["vocab_size"],
-        embed_dim=config["embed_dim"],
-        num_heads=config["num_heads"],
-        num_kv_heads=config.get("num_kv_heads", config["num_heads"]),
-        num_layers=config["num_layers"],
-        max_seq_len=config["max_seq_len"],
-        dropout=0.0,
-        norm_type=config.get("norm_type", "layer"),
-        position_type=config.get("position_type", "learned"),
-    )
+    """An (untrained) GPT from a checkpoint ``config`` (old checkpoints included: ``GPTConfig.from_checkpoint``)."""
+    return GPT(GPTConfig.from_checkpoint(config))
+
+
+def gpt_config_from_payload(payload: dict, path: str = "<checkpoint>") -> GPTConfig:
+    """The model config of a loaded payload; ``UserError`` naming ``path`` when it is not a valid one."""
+    try:
+        return GPTConfig.from_checkpoint(payload["config"])
+    except UserError as e:
+        raise UserError(f"checkpoint {path} has an invalid config: {e}") from e
 
 
 def tokenizer_from_payload(payload: dict, path: str = "<checkpoint>"):
@@ -124,18 +123,21 @@ def load_checkpoint(path) -> tuple[GPT, object]:
     path = os.fspath(path)
     payload = load_checkpoint_payload(path)
     tokenizer = tokenizer_from_payload(payload, path)
-    try:
-        model = model_from_config(payload["config"])
-    except UserError as e:
-        raise UserError(f"checkpoint {path} has an invalid config: {e}") from e
+    model = model_from_payload(payload, path)
+    if tokenizer.vocab_size != model.vocab_size:
+        raise UserError(
+            f"checkpoint {path}: tokenizer vocab_size {tokenizer.vocab_size} != model vocab_size {model.vocab_size}"
+        )
+    return model, tokenizer
+
+
+def model_from_payload(payload: dict, path: str = "<checkpoint>") -> GPT:
+    """The trained model a loaded payload holds, on CPU, in eval mode (``UserError`` naming ``path``)."""
+    model = GPT(gpt_config_from_payload(payload, path))
     try:
         model.load_state_dict(payload["model_state_dict"])
     except (RuntimeError, TypeError, AttributeError) as e:
         first = str(e).strip().splitlines()[0]
         raise UserError(f"checkpoint {path}: weights do not match its config ({first[:200]})") from e
-    if tokenizer.vocab_size != model.vocab_size:
-        raise UserError(
-            f"checkpoint {path}: tokenizer vocab_size {tokenizer.vocab_size} != model vocab_size {model.vocab_size}"
-        )
     model.eval()
-    return model, tokenizer
+    return model

@@ -13,7 +13,12 @@ import time
 
 from .errors import UserError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "model_config", "MODEL_FLAGS"]
+
+#: ``mygpt train``'s model flags (argparse names) -> the ``GPTConfig`` fields they set.
+MODEL_FLAGS = {"embed_dim": "embed_dim", "num_layers": "num_layers", "num_heads": "num_heads",
+               "num_kv_heads": "num_kv_heads", "max_seq_len": "max_seq_len", "dropout": "dropout",
+               "norm": "norm_type", "position": "position_type"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,16 +30,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     p.add_argument("--precision", default="fp32", choices=["auto", "fp32", "bf16"],
                    help="fp32 (default) or bf16 autocast; auto = bf16 on cuda/mps, fp32 on cpu")
-    p.add_argument("--embed-dim", type=int, default=64)
-    p.add_argument("--num-layers", type=int, default=4)
-    p.add_argument("--num-heads", type=int, default=4)
-    p.add_argument("--num-kv-heads", type=int, default=None,
+    # The model's flags default to None: GPTConfig's defaults apply (64, 4 layers, 4 heads, 64, 0.0, layer, learned).
+    p.add_argument("--embed-dim", type=int)
+    p.add_argument("--num-layers", type=int)
+    p.add_argument("--num-heads", type=int)
+    p.add_argument("--num-kv-heads", type=int,
                    help="key/value heads for grouped-query attention; default: same as --num-heads (full MHA). "
                         "Must divide --num-heads.")
-    p.add_argument("--max-seq-len", type=int, default=64)
-    p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--norm", choices=["layer", "rms"], default="layer")
-    p.add_argument("--position", choices=["learned", "rope"], default="learned")
+    p.add_argument("--max-seq-len", type=int)
+    p.add_argument("--dropout", type=float)
+    p.add_argument("--norm", choices=["layer", "rms"], help="layer (default) or rms")
+    p.add_argument("--position", choices=["learned", "rope"], help="learned (default) or rope")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -129,17 +135,27 @@ def _utf8_prefix(raw: bytes, n: int) -> str:
     return raw[:n].decode("utf-8")
 
 
+def model_config(args, vocab_size: int):
+    """The ``GPTConfig`` that ``mygpt train``'s flags ask for: the one place the chapter's flags (``--norm``,
+    ``--position``, ...) meet the config's fields; a flag left out takes ``GPTConfig``'s default."""
+    from .model import GPTConfig
+
+    given = {field: getattr(args, flag) for flag, field in MODEL_FLAGS.items() if getattr(args, flag) is not None}
+    return GPTConfig(vocab_size, **given)
+
+
 def _train_command(args) -> int:
+    import dataclasses
+
     import torch
 
     from .device import resolve_device, resolve_precision
-    from .model import GPT, validate_config
-    from .train import TrainConfig, train
+    from .distributed import resolve_nproc
+    from .model import GPT
+    from .train import TrainConfig, check_nproc, check_seq_len, train
 
-    # Validate everything cheap before reading or tokenising the corpus.
-    validate_config(1, args.embed_dim, args.num_heads, args.num_kv_heads, args.num_layers, args.max_seq_len,
-                    args.dropout, args.norm, args.position)
-    num_kv_heads = args.num_kv_heads if args.num_kv_heads is not None else args.num_heads
+    # Validate everything cheap before reading or tokenising the corpus (vocab_size: any valid value till then).
+    gpt_config = model_config(args, vocab_size=1)
     config = TrainConfig(
         steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, schedule=args.schedule,
         warmup=args.warmup, max_grad_norm=args.max_grad_norm, precision=args.precision,
@@ -147,11 +163,7 @@ def _train_command(args) -> int:
         checkpoint_every=args.checkpoint_every, seed=args.seed, weight_decay=args.weight_decay,
         micro_batch_size=args.micro_batch_size, compile=args.compile,
     ).validate()
-    if args.seq_len > args.max_seq_len:
-        raise UserError(
-            f"--seq-len ({args.seq_len}) is larger than --max-seq-len ({args.max_seq_len}); "
-            f"lower --seq-len or raise --max-seq-len"
-        )
+    check_seq_len(config.seq_len, gpt_config.max_seq_len, names=("--seq-len", "--max-seq-len"))
     if not 0.0 <= args.val_fraction < 1.0:
         raise UserError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     if args.num_merges < 0:
@@ -160,12 +172,8 @@ def _train_command(args) -> int:
         raise UserError(f"--bpe-train-bytes must be >= 0 (0 = whole corpus), got {args.bpe_train_bytes}")
     device = resolve_device(args.device)
     precision = resolve_precision(device, args.precision)
-    from .distributed import resolve_nproc
-
     nproc = resolve_nproc(args.nproc, args.device)
-    if config.batch_size < nproc:
-        raise UserError(f"--batch-size ({config.batch_size}) is smaller than --nproc ({nproc}); every process "
-                        f"needs at least one row of the global batch")
+    check_nproc(config.batch_size, nproc, names=("--batch-size", "--nproc"))
 
     text, raw = _read_text(args.text_file)
     if args.tokenizer == "bpe":
@@ -195,18 +203,15 @@ def _train_command(args) -> int:
     val_data = data[n - n_val :] if n_val > 0 else None
 
     torch.manual_seed(args.seed)  # initial weights come from --seed, not from what this process drew before
-    model = GPT(
-        vocab_size=tokenizer.vocab_size, embed_dim=args.embed_dim, num_heads=args.num_heads,
-        num_kv_heads=num_kv_heads, num_layers=args.num_layers, max_seq_len=args.max_seq_len,
-        dropout=args.dropout, norm_type=args.norm, position_type=args.position,
-    )
+    gpt_config = dataclasses.replace(gpt_config, vocab_size=tokenizer.vocab_size)
+    model = GPT(gpt_config)
     print(f"device: {device}")
     print(f"precision: {precision}")
     print(f"tokenizer: {args.tokenizer}")
-    print(f"norm: {args.norm}")
-    print(f"position: {args.position}")
-    print(f"num_heads: {args.num_heads}")
-    print(f"num_kv_heads: {num_kv_heads}")
+    print(f"norm: {gpt_config.norm_type}")
+    print(f"position: {gpt_config.position_type}")
+    print(f"num_heads: {gpt_config.num_heads}")
+    print(f"num_kv_heads: {gpt_config.num_kv_heads}")
     print(f"corpus chars: {len(text):,}")
     print(f"train chars: {len(train_data):,}")
     if val_data is not None:
@@ -228,7 +233,7 @@ def _train_command(args) -> int:
     meta = {"text_file": os.path.abspath(args.text_file), "tokenizer": args.tokenizer}
     say = lambda msg: print(msg, flush=True)  # noqa: E731
     if nproc > 1:
-        _train_processes(args, nproc, tokenizer, train_data, val_data, model, config, meta, say)
+        _train_processes(args, nproc, tokenizer, train_data, val_data, gpt_config, config, meta, say)
         return 0
     result = train(
         model, tokenizer, train_data, config=config, val_tokens=val_data, device=device,
@@ -238,7 +243,7 @@ def _train_command(args) -> int:
     return 0
 
 
-def _train_processes(args, nproc, tokenizer, train_data, val_data, model, config, meta, say) -> None:
+def _train_processes(args, nproc, tokenizer, train_data, val_data, gpt_config, config, meta, say) -> None:
     """``--nproc N``: the token arrays and the tokenizer go to files, ``run_training`` starts the processes."""
     import tempfile
     from dataclasses import asdict
@@ -251,11 +256,10 @@ def _train_processes(args, nproc, tokenizer, train_data, val_data, model, config
         train_data.tofile(os.path.join(tmp, "train.bin"))
         if val_data is not None:
             val_data.tofile(os.path.join(tmp, "val.bin"))
-        gpt = {k: v for k, v in model.config().items() if k != "vocab_size"}
         job = TrainJob(
             tokenizer=os.path.join(tmp, "tokenizer.json"), train_tokens=[os.path.join(tmp, "train.bin")],
             val_tokens=os.path.join(tmp, "val.bin") if val_data is not None else None,
-            token_dtype=train_data.dtype.name, model={**gpt, "dropout": args.dropout}, train=asdict(config),
+            token_dtype=train_data.dtype.name, model=asdict(gpt_config), train=asdict(config),
             device=args.device, checkpoint=os.path.abspath(args.output), resume=args.resume, meta=meta,
         )
         run_training(job, nproc, log=say)

@@ -27,8 +27,8 @@ import torch
 
 from .errors import UserError
 
-__all__ = ["as_device", "resolve_device", "resolve_precision", "autocast", "PRECISIONS", "mps_available", "cpu_has_native_bf16",
-           "bf16_cpu_warning", "compile_unavailable", "tf32_matmuls"]
+__all__ = ["as_device", "resolve_device", "resolve_precision", "autocast", "PRECISIONS", "mps_available",
+           "cpu_has_native_bf16", "bf16_cpu_warning", "compile_unavailable", "tf32_matmuls", "torch_threads"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
@@ -39,8 +39,7 @@ def as_device(device: "str | torch.device") -> torch.device:
 
 
 def mps_available() -> bool:
-    backend = getattr(torch.backends, "mps", None)
-    return bool(backend is not None and backend.is_available())
+    return bool(torch.backends.mps.is_available())
 
 
 def resolve_device(name: "str | torch.device" = "auto") -> torch.device:
@@ -112,11 +111,8 @@ def cpu_has_native_bf16() -> bool | None:
     ``bf16`` feature), ``None`` where it cannot be told."""
     machine = platform.machine().lower()
     if machine in ("x86_64", "amd64", "i386", "i686"):
-        caps = getattr(torch.cpu, "get_capabilities", None)
-        if caps is None:
-            return None
         try:
-            c = caps()
+            c = torch.cpu.get_capabilities()
         except Exception:  # pragma: no cover - defensive
             return None
         return bool(c.get("avx512_bf16") or c.get("amx_bf16"))
@@ -130,9 +126,8 @@ def cpu_has_native_bf16() -> bool | None:
 
 
 def _cpu_name() -> str:
-    caps = getattr(torch.cpu, "get_capabilities", None)
     try:
-        name = caps().get("cpu_name") if caps else None
+        name = torch.cpu.get_capabilities().get("cpu_name")
     except Exception:  # pragma: no cover - defensive
         name = None
     return str(name or platform.processor() or platform.machine() or "this CPU")
@@ -151,8 +146,6 @@ def bf16_cpu_warning(device: "str | torch.device", requested: str) -> str | None
 def compile_unavailable(device: "str | torch.device") -> str | None:
     """Why ``torch.compile`` (TorchInductor) cannot run on ``device`` here, or ``None`` when it can."""
     device = as_device(device)
-    if not hasattr(torch, "compile"):
-        return "this torch has no torch.compile"
     try:
         from torch import _dynamo
 
@@ -197,18 +190,10 @@ def tf32_matmuls(device: "str | torch.device", enabled: bool = True):
     if not enabled or device.type != "cuda":
         yield
         return
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn
-    if hasattr(matmul, "fp32_precision"):  # the API since torch 2.9
-        old = matmul.fp32_precision, conv.conv.fp32_precision
-        matmul.fp32_precision, conv.conv.fp32_precision = "tf32", "tf32"
-        try:
-            yield
-        finally:
-            matmul.fp32_precision, conv.conv.fp32_precision = old
-    else:  # pragma: no cover - older torch
-        old = matmul.allow_tf32, conv.allow_tf32
-        matmul.allow_tf32, conv.allow_tf32 = True, True
-        try:
-            yield
-        finally:
-            matmul.allow_tf32, conv.allow_tf32 = old
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    old = matmul.fp32_precision, conv.fp32_precision
+    matmul.fp32_precision, conv.fp32_precision = "tf32", "tf32"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = old

@@ -7,12 +7,14 @@ The API a caller (the pipeline's train stage, ``mygpt train --nproc``) uses::
                    "num_kv_heads": 2, "max_seq_len": 256, "norm_type": "rms", "position_type": "rope"},
                    train=asdict(TrainConfig(...)), device="auto", checkpoint="work/train.ckpt",
                    output="out/model.ckpt", meta={...})
+    nproc = resolve_nproc("auto", job.device)                                          # -> a number
     result = run_training(job, nproc, log=print, on_progress=..., on_checkpoint=...)   # -> TrainResult
 
 The job (:class:`TrainJob`, JSON-able: ``job.to_dict()`` / ``TrainJob.from_dict``) names everything by file:
 
 * ``tokenizer`` -- a tokenizer file (``BPETokenizer.save``'s JSON, or ``{"kind", "state"}``; see
-  :mod:`mygpt.tokenizer`); ``model`` -- ``GPT`` keyword arguments (``vocab_size`` comes from the tokenizer);
+  :mod:`mygpt.tokenizer`); ``model`` -- :class:`mygpt.model.GPTConfig` fields (``vocab_size`` comes from the
+  tokenizer; ``GPTConfig``'s defaults fill the rest);
   ``train`` -- ``TrainConfig`` fields (``batch_size`` is the global batch).
 * ``train_tokens`` -- flat binary token files (``token_dtype``, native byte order, no header), memory-mapped
   with numpy and read as one concatenated sequence; ``val_tokens`` -- one such file (or none).
@@ -22,9 +24,10 @@ The job (:class:`TrainJob`, JSON-able: ``job.to_dict()`` / ``TrainJob.from_dict`
   the end; ``meta`` goes into both files. At least one of ``checkpoint``/``output`` is needed.
 * ``threads`` -- torch intra-op threads per process (0: leave the default; torchrun makes it 1 per process).
 
-``nproc`` (processes on this node): ``1`` trains in this process, exactly as calling ``mygpt.train.train``
-(the model is built after ``torch.manual_seed(seed)``); ``"auto"`` is the number of visible GPUs when the device
-resolves to CUDA, else 1. With ``nproc > 1`` the launcher runs::
+``nproc`` (processes on this node, a number: :func:`resolve_nproc` turns ``"auto"`` or a string into one and
+checks it against the machine, once, before ``run_training``): ``1`` trains in this process, exactly as calling
+``mygpt.train.train`` (the model is built after ``torch.manual_seed(seed)``). With ``nproc > 1`` the launcher
+runs::
 
     python -m torch.distributed.run --standalone --nproc-per-node N --max-restarts 0 \\
         -m mygpt.distributed worker RUN_DIR/job.json
@@ -57,13 +60,7 @@ python RNG states (and its own torch RNG state when the world size is unchanged)
 the same weights as an uninterrupted run of the same world size (bit-identical on CPU/fp32). A checkpoint from
 another world size resumes too (same batch math; equal up to float rounding).
 
-Several nodes (not tested here): run the same job on every node with the rendezvous flags instead of
-``--standalone``; ``checkpoint``/``output`` must be on a filesystem all nodes share, the token and tokenizer
-files must exist on every node, and only the node that hosts rank 0 sees the events and gets a
-``TrainResult`` (``run_training`` returns ``None`` on the others)::
-
-    run_training(job, nproc=8, rendezvous=["--nnodes=2", "--rdzv-backend=c10d",
-                                           "--rdzv-endpoint=node0.example:29400", "--rdzv-id=wiki-run-1"])
+One node only: torchrun runs ``--standalone``.
 
 Test hooks (environment of the workers, e.g. ``run_training(..., env={...})``):
 ``MYGPT_TEST_STALL_AFTER_CHECKPOINT=1`` makes rank 0 stall after its first periodic checkpoint (a test can then
@@ -96,8 +93,6 @@ STALL_ENV = "MYGPT_TEST_STALL_AFTER_CHECKPOINT"
 EXIT_RANK_ENV = "MYGPT_TEST_EXIT_RANK"
 RUN_DIR_ENV = "MYGPT_RUN_DIR"
 LAUNCHER_ENV = "MYGPT_LAUNCHER_PID"
-MODEL_KEYS = ("vocab_size", "embed_dim", "num_heads", "num_kv_heads", "num_layers", "max_seq_len", "dropout",
-              "norm_type", "position_type")
 TAIL_LINES = 25
 
 
@@ -188,32 +183,33 @@ class TrainJob:
         val_tokens = open_token_files([self.val_tokens], self.token_dtype) if self.val_tokens else None
         return tokenizer, train_tokens, val_tokens
 
-    def model_kwargs(self, tokenizer) -> dict:
-        """``GPT`` keyword arguments: ``model`` with ``vocab_size`` from the tokenizer (``UserError`` naming what
-        is wrong)."""
+    def gpt_config(self, tokenizer):
+        """The model's :class:`~mygpt.model.GPTConfig`: ``model`` with ``vocab_size`` from the tokenizer
+        (``UserError`` naming what is wrong)."""
+        from .model import GPTConfig
+
         if not isinstance(self.model, dict):
-            raise UserError(f"job 'model' must be an object of GPT arguments, got {type(self.model).__name__}")
-        unknown = sorted(set(self.model) - set(MODEL_KEYS))
-        if unknown:
-            raise UserError(f"job 'model' has unknown key(s) {unknown}; known: {list(MODEL_KEYS)}")
+            raise UserError(f"job 'model' must be an object of GPTConfig fields, got {type(self.model).__name__}")
         vocab = self.model.get("vocab_size", tokenizer.vocab_size)
         if vocab != tokenizer.vocab_size:
             raise UserError(f"job 'model' has vocab_size {vocab}, but the tokenizer {self.tokenizer} has "
                             f"{tokenizer.vocab_size}; drop vocab_size (it comes from the tokenizer)")
-        return {**self.model, "vocab_size": vocab}
+        return GPTConfig.from_dict({**self.model, "vocab_size": vocab}, "job 'model'")
 
     def build_model(self, tokenizer):
-        """The initial model: ``torch.manual_seed(seed)`` then ``GPT(**model)`` (as ``mygpt train`` does)."""
+        """The initial model: ``torch.manual_seed(seed)`` then ``GPT(config)`` (as ``mygpt train`` does)."""
         import torch
 
         from .model import GPT
 
-        kwargs = self.model_kwargs(tokenizer)
+        config = self.gpt_config(tokenizer)
         torch.manual_seed(self.config().seed)
-        return GPT(**kwargs)
+        return GPT(config)
 
     def check(self, nproc: int = 1) -> None:
         """Cheap checks before any process starts; ``UserError`` naming the field."""
+        from .train import check_nproc, check_seq_len
+
         if not self.checkpoint and not self.output:
             raise UserError("training job needs 'checkpoint' or 'output' (or both): where the trained weights go")
         if not isinstance(self.resume, bool):
@@ -221,24 +217,13 @@ class TrainJob:
         check_int("threads", self.threads, 0)
         config = self.config()
         tokenizer, train_tokens, val_tokens = self.open_data()
-        import inspect
-
-        from .model import GPT, validate_config
-
-        defaults = {k: p.default for k, p in inspect.signature(GPT).parameters.items()
-                    if p.default is not inspect.Parameter.empty}
-        kwargs = {**defaults, **self.model_kwargs(tokenizer)}
-        validate_config(kwargs.pop("vocab_size"), **kwargs)
-        max_seq_len = kwargs["max_seq_len"]
-        if config.seq_len > max_seq_len:
-            raise UserError(f"job 'train' seq_len ({config.seq_len}) is larger than the model's max_seq_len "
-                            f"({max_seq_len}); lower seq_len or raise max_seq_len")
+        model = self.gpt_config(tokenizer)
+        check_seq_len(config.seq_len, model.max_seq_len, names=("job 'train' seq_len", "the model's max_seq_len"),
+                      hint="lower seq_len or raise max_seq_len")
         if len(train_tokens) < config.seq_len + 1:
             raise UserError(f"the training token files hold {len(train_tokens):,} tokens, fewer than one window "
                             f"of seq_len + 1 = {config.seq_len + 1:,}")
-        if config.batch_size < nproc:
-            raise UserError(f"batch_size ({config.batch_size}) is smaller than nproc ({nproc}); every process "
-                            f"needs at least one row of the global batch: raise batch_size or lower nproc")
+        check_nproc(config.batch_size, nproc)
 
 
 # ---- how many processes -----------------------------------------------------------------------------------
@@ -275,29 +260,29 @@ def resolve_nproc(nproc: "int | str", device: str = "auto") -> int:
 # ---- the launcher -----------------------------------------------------------------------------------------
 def run_training(
     job: "TrainJob | dict",
-    nproc: "int | str" = 1,
+    nproc: int = 1,
     *,
     log: Callable[[str], None] | None = print,
     on_progress: Callable[[dict], None] | None = None,
     on_checkpoint: Callable[[int, str], None] | None = None,
     env: dict | None = None,
     run_dir: "str | os.PathLike | None" = None,
-    rendezvous: list | None = None,
 ):
-    """Train ``job`` with ``nproc`` processes; return the ``TrainResult`` (see the module docstring).
+    """Train ``job`` with ``nproc`` processes (a number, see :func:`resolve_nproc`); return the ``TrainResult``
+    (see the module docstring).
 
     ``env``: extra environment for the processes (``nproc > 1``). ``run_dir``: where the job file, the event
     stream and the per-rank logs go (default: a temporary directory, removed after success, kept after a
-    failure). ``rendezvous``: torchrun flags replacing ``--standalone`` (several nodes).
+    failure).
     """
     if isinstance(job, dict):
         job = TrainJob.from_dict(job)
     log = log or (lambda _msg: None)
-    n = resolve_nproc(nproc, job.device)
-    job.check(n)
-    if n == 1 and not rendezvous:
+    check_int("nproc", nproc, 1, "resolve 'auto' with mygpt.distributed.resolve_nproc")
+    job.check(nproc)
+    if nproc == 1:
         return _train_here(job, log, on_progress, on_checkpoint)
-    return _launch(job, n, log, on_progress, on_checkpoint, env or {}, run_dir, rendezvous)
+    return _launch(job, nproc, log, on_progress, on_checkpoint, env or {}, run_dir)
 
 
 def _train_here(job: TrainJob, log, on_progress, on_checkpoint):
@@ -358,18 +343,18 @@ def _prepare_run_dir(run_dir) -> tuple[Path, bool]:
     return path, False
 
 
-def _launch(job, n, log, on_progress, on_checkpoint, env, run_dir, rendezvous):
+def _launch(job, nproc, log, on_progress, on_checkpoint, env, run_dir):
     from .train import TrainResult
 
     run_path, temporary = _prepare_run_dir(run_dir)
     job_path = run_path / "job.json"
     job.save(job_path)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", *(rendezvous or ["--standalone"]),
-                f"--nproc-per-node={n}", "--max-restarts=0", "-m", "mygpt.distributed", "worker", str(job_path)]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                "--max-restarts=0", "-m", "mygpt.distributed", "worker", str(job_path)]
     cmd = [sys.executable, "-m", "mygpt._orphan_guard", str(os.getpid()), "--", *torchrun]
     child_env = {**os.environ, **{k: str(v) for k, v in env.items()}, RUN_DIR_ENV: str(run_path),
                  LAUNCHER_ENV: str(os.getpid())}
-    log(f"launching {n} training processes with torch.distributed.run (logs: {run_path})")
+    log(f"launching {nproc} training processes with torch.distributed.run (logs: {run_path})")
     reader = _EventReader(run_path / "events.jsonl")
     last_checkpoint: list = [None]
 
@@ -398,13 +383,10 @@ def _launch(job, n, log, on_progress, on_checkpoint, env, run_dir, rendezvous):
                 break
             time.sleep(0.05)
         if rc != 0:
-            error = _failure(rc, n, run_path, last_checkpoint[0], job)
+            error = _failure(rc, nproc, run_path, last_checkpoint[0], job)
             ok = isinstance(error, UserError)  # the message says it all: no logs to keep
             raise error
         result_path = run_path / "result.json"
-        if not result_path.exists():  # another node hosts rank 0
-            ok = True
-            return None
         result = TrainResult.from_dict(json.loads(result_path.read_text(encoding="utf-8")))
         ok = True
         return result
@@ -494,7 +476,7 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _failure(rc: int, n: int, run_path: Path, checkpoint_step: int | None, job: TrainJob) -> Exception:
+def _failure(rc: int, nproc: int, run_path: Path, checkpoint_step: int | None, job: TrainJob) -> Exception:
     statuses = {}
     for p in run_path.glob("rank-*.status.json"):
         with contextlib.suppress(OSError, ValueError):
@@ -523,18 +505,18 @@ def _failure(rc: int, n: int, run_path: Path, checkpoint_step: int | None, job: 
         resume = "no checkpoint was written; a rerun starts over"
     if rank is None:
         tail = _tail(run_path / "launcher.log")
-        message = (f"training with {n} processes failed: torch.distributed.run exited with code {rc} before "
+        message = (f"training with {nproc} processes failed: torch.distributed.run exited with code {rc} before "
                    f"naming a failed rank. Last lines of {run_path / 'launcher.log'}:\n{_indent(tail)}\n{resume}")
-        return TrainingProcessError(message, rank=None, exit_code=rc, world_size=n, log_tail=tail,
+        return TrainingProcessError(message, rank=None, exit_code=rc, world_size=nproc, log_tail=tail,
                                     run_dir=str(run_path), checkpoint_step=checkpoint_step)
     code = failures.get(rank)
     status = statuses.get(rank, {})
     log_path = run_path / f"rank-{rank}.log"
     tail = _tail(log_path)
     what = f" ({status['message']})" if status.get("message") else ""
-    message = (f"training process rank {rank} of {n} {_describe_exit(code)}{what}; the other processes were "
+    message = (f"training process rank {rank} of {nproc} {_describe_exit(code)}{what}; the other processes were "
                f"stopped. Last lines of its log {log_path}:\n{_indent(tail) or '    (empty)'}\n{resume}")
-    return TrainingProcessError(message, rank=rank, exit_code=code, world_size=n, log_tail=tail,
+    return TrainingProcessError(message, rank=rank, exit_code=code, world_size=nproc, log_tail=tail,
                                 run_dir=str(run_path), checkpoint_step=checkpoint_step)
 
 
@@ -588,7 +570,7 @@ def _exit_hook(rank: int):
 def _is_peer_failure(e: BaseException) -> bool:
     import torch.distributed as dist
 
-    if isinstance(e, getattr(dist, "DistError", ())):
+    if isinstance(e, dist.DistError):
         return True
     text = str(e)
     return any(s in text for s in ("Connection reset by peer", "Connection closed by peer", "Broken pipe",

@@ -93,7 +93,7 @@ import shutil
 import tempfile
 import time
 
-from .atomic import atomic_write_bytes, fsync_dir
+from .atomic import atomic_write_bytes, fsync_dir, sha256_file
 from .errors import UserError, describe_chars
 
 __all__ = [
@@ -142,29 +142,30 @@ LOGIT_TOLERANCE = 1e-6
 # ---------------------------------------------------------------------------------------------------
 
 
-def check_exportable(model_config: dict, tokenizer) -> None:
-    """Raise ``UserError`` unless ``model_config`` + ``tokenizer`` map exactly onto the HF export.
+def check_exportable(config, tokenizer=None) -> None:
+    """Raise ``UserError`` unless the model of ``config`` (a :class:`mygpt.model.GPTConfig`) and ``tokenizer``
+    map exactly onto the HF export: the one home of that rule.
 
-    ``model_config`` is a checkpoint ``config`` (or ``GPT.config()``); missing keys take the legacy defaults
-    that :func:`mygpt.checkpoint.model_from_config` uses. Checks, in order: the model is the chapter-28 kind
-    (``norm_type="rms"``, ``position_type="rope"``), the tokenizer is a char or BPE tokenizer whose vocab size
-    is the model's, and the tokenizer has nothing HF's BPE cannot reproduce (see the module docstring).
-    Writes nothing.
+    Checks, in order: the model is the chapter-28 kind (``norm_type="rms"``, ``position_type="rope"``), the
+    tokenizer is a char or BPE tokenizer whose vocab size is the model's, and the tokenizer has nothing HF's BPE
+    cannot reproduce (see the module docstring). Without ``tokenizer`` only the model is checked (settings,
+    before any tokenizer exists). Writes nothing.
     """
-    norm = model_config.get("norm_type", "layer")
-    position = model_config.get("position_type", "learned")
+    norm, position = config.norm_type, config.position_type
     if norm != "rms" or position != "rope":
         raise UserError(
             f"the model uses norm_type={norm!r} and position_type={position!r}; only the chapter-28 model "
             f"(norm_type='rms', position_type='rope') maps exactly onto a transformers architecture "
             f"({ARCHITECTURE}). Train with --norm rms --position rope (the pipeline's default) to export"
         )
+    if tokenizer is None:
+        return
     kind = getattr(tokenizer, "kind", None)
     if kind not in ("bpe", "char"):
         raise UserError(
             f"the tokenizer is a {type(tokenizer).__name__}; only mygpt's 'bpe' and 'char' tokenizers can be exported"
         )
-    vocab_size = model_config.get("vocab_size")
+    vocab_size = config.vocab_size
     if tokenizer.vocab_size != vocab_size:
         raise UserError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {vocab_size}; "
@@ -336,25 +337,25 @@ def hf_tokenizer_config(max_seq_len: int) -> dict:
 # ---------------------------------------------------------------------------------------------------
 
 
-def hf_config(model_config: dict) -> dict:
-    """``config.json`` for ``model_config`` (a checkpoint config), as transformers' ``ArceeConfig`` writes it.
+def hf_config(config) -> dict:
+    """``config.json`` for a :class:`mygpt.model.GPTConfig`, as transformers' ``ArceeConfig`` writes it.
 
     Assumes :func:`check_exportable` passed.
     """
     from transformers import ArceeConfig
 
-    E, H = model_config["embed_dim"], model_config["num_heads"]
-    config = ArceeConfig(
+    E = config.embed_dim
+    hf = ArceeConfig(
         architectures=[ARCHITECTURE],
-        vocab_size=model_config["vocab_size"],
+        vocab_size=config.vocab_size,
         hidden_size=E,
         intermediate_size=4 * E,
-        num_hidden_layers=model_config["num_layers"],
-        num_attention_heads=H,
-        num_key_value_heads=model_config.get("num_kv_heads") or H,
-        head_dim=E // H,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
         hidden_act="gelu",
-        max_position_embeddings=model_config["max_seq_len"],
+        max_position_embeddings=config.max_seq_len,
         rms_norm_eps=RMS_NORM_EPS,
         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
         attention_bias=False,
@@ -365,7 +366,7 @@ def hf_config(model_config: dict) -> dict:
         pad_token_id=None,
         dtype="float32",
     )
-    return json.loads(config.to_json_string(use_diff=True))
+    return json.loads(hf.to_json_string(use_diff=True))
 
 
 def hf_generation_config() -> dict:
@@ -427,14 +428,13 @@ def export_hf(model, tokenizer, out_dir, *, meta: dict | None = None, sample_tex
     the facts as JSON values. ``model`` is not modified (the check runs on a CPU fp32 copy).
     """
     t0 = time.perf_counter()
-    model_config = dict(model.config())
-    check_exportable(model_config, tokenizer)
+    check_exportable(model.gpt_config, tokenizer)
     out_dir = os.path.abspath(os.fspath(out_dir))
     _check_out_dir(out_dir)
     _check_norms(model)
     if meta is not None:
         meta = json.loads(json.dumps(meta, default=str))
-    files = _render(model, tokenizer, model_config)
+    files = _render(model, tokenizer)
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp", dir=parent)
@@ -471,22 +471,22 @@ def _check_norms(model) -> None:
         raise UserError(f"the model's RMSNorm eps is {sorted(eps)}; the export maps only eps={RMS_NORM_EPS}")
 
 
-def _render(model, tokenizer, model_config: dict) -> dict[str, bytes]:
+def _render(model, tokenizer) -> dict[str, bytes]:
     """The bytes of every export file (the same bytes for the same model, tokenizer and library versions)."""
     from safetensors.torch import save
 
     def dump(obj) -> bytes:
         return (json.dumps(obj, ensure_ascii=False, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
-    max_seq_len = model_config["max_seq_len"]
-    tensors = hf_state_dict(model.state_dict(), model_config["num_layers"])
+    config = model.gpt_config
+    tensors = hf_state_dict(model.state_dict(), config.num_layers)
     return {
         "tokenizer.json": json.dumps(hf_tokenizer_json(tokenizer), ensure_ascii=False).encode("utf-8"),
-        "tokenizer_config.json": dump(hf_tokenizer_config(max_seq_len)),
+        "tokenizer_config.json": dump(hf_tokenizer_config(config.max_seq_len)),
         "generation_config.json": dump(hf_generation_config()),
         # Only "format": safetensors writes its metadata map in random order, and the files must be deterministic.
         "model.safetensors": save(tensors, metadata={"format": "pt"}),
-        "config.json": dump(hf_config(model_config)),
+        "config.json": dump(hf_config(config)),
     }
 
 
@@ -523,7 +523,7 @@ def _compare(directory: str, model, tokenizer, sample_text: str | None) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .checkpoint import model_from_config
+    from .model import GPT
 
     text = sample_text if sample_text else _probe_text(tokenizer)
     want = _mygpt_ids(tokenizer, text)
@@ -535,7 +535,7 @@ def _compare(directory: str, model, tokenizer, sample_text: str | None) -> dict:
     if hf_tok.decode(want) != tokenizer.decode(want):
         raise RuntimeError("export check failed: the HF tokenizer decodes mygpt's ids to a different text")
 
-    reference = model_from_config(model.config())
+    reference = GPT(model.gpt_config)
     reference.load_state_dict({k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()})
     reference.eval()
     hf_model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
@@ -607,31 +607,25 @@ def export_checkpoint(checkpoint_path, out_dir, *, sample_text: str | None = Non
     sha256, training step, its own ``meta``). A checkpoint that cannot be exported exactly raises ``UserError``
     naming it, before anything is written.
     """
-    from .checkpoint import load_checkpoint, load_checkpoint_payload, tokenizer_from_payload
+    from .checkpoint import gpt_config_from_payload, load_checkpoint_payload, model_from_payload, \
+        tokenizer_from_payload
 
     path = os.path.abspath(os.fspath(checkpoint_path))
-    payload = load_checkpoint_payload(path)
+    payload = load_checkpoint_payload(path)  # read once: the config, the tokenizer and the weights come from it
     tokenizer = tokenizer_from_payload(payload, path)
+    config = gpt_config_from_payload(payload, path)
     try:
-        check_exportable(payload["config"], tokenizer)
+        check_exportable(config, tokenizer)
     except UserError as e:
         raise UserError(f"checkpoint {path} cannot be exported exactly: {e}") from None
-    model, tokenizer = load_checkpoint(path)
+    model = model_from_payload(payload, path)
     resume = payload.get("resume")
     meta = {
         "source": "mygpt checkpoint",
         "checkpoint": path,
-        "checkpoint_sha256": _sha256_file(path),
+        "checkpoint_sha256": sha256_file(path),
         "step": resume.get("step") if isinstance(resume, dict) else None,
         "checkpoint_meta": payload.get("meta"),
     }
     del payload
     return export_hf(model, tokenizer, out_dir, meta=meta, sample_text=sample_text)
-
-
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

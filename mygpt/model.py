@@ -13,6 +13,8 @@ Architecture (pre-norm):
   and k inside attention, so they add no parameters).
 * The MLP is ``Linear(E, 4E) -> GELU -> Linear(4E, E)``, both with biases.
 
+The model's shape is one :class:`GPTConfig` (its defaults are the Part I model); ``GPT(config)`` builds it.
+
 Parameter counts (checked in tests): the Part I config (vocab 65, embed 64, 4 heads, 4 layers, max_seq_len 64,
 layer norm, learned positions) has 207,296; the chapter-28 config (vocab 3046, embed 192, 6 heads, 2 kv heads,
 4 layers, max_seq_len 256, rms, rope) has 2,163,264.
@@ -26,7 +28,7 @@ same function as running the whole sequence at once.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -34,57 +36,101 @@ import torch.nn.functional as F
 
 from .errors import UserError, check_int
 
-__all__ = ["GPT", "KVCache", "RMSNorm", "validate_config", "NORM_TYPES", "POSITION_TYPES"]
+__all__ = ["GPT", "GPTConfig", "KVCache", "RMSNorm", "NORM_TYPES", "POSITION_TYPES"]
 
 NORM_TYPES = ("layer", "rms")
 POSITION_TYPES = ("learned", "rope")
+#: The checkpoint ``config`` keys the chapter writes, in its order (the model's part; ``dropout`` is not kept).
+CHECKPOINT_KEYS = ("vocab_size", "embed_dim", "num_heads", "num_kv_heads", "num_layers", "max_seq_len", "norm_type",
+                   "position_type")
+#: What a checkpoint written before chapter 24/28 lacks, and what it meant (``num_kv_heads``: ``num_heads``).
+LEGACY_CHECKPOINT_DEFAULTS = {"norm_type": "layer", "position_type": "learned"}
+#: What every checkpoint's ``config`` holds, old ones included.
+REQUIRED_CHECKPOINT_KEYS = tuple(k for k in CHECKPOINT_KEYS if k not in ("num_kv_heads", *LEGACY_CHECKPOINT_DEFAULTS))
 
 
-def validate_config(
-    vocab_size: int,
-    embed_dim: int,
-    num_heads: int,
-    num_kv_heads: int | None,
-    num_layers: int,
-    max_seq_len: int,
-    dropout: float = 0.0,
-    norm_type: str = "layer",
-    position_type: str = "learned",
-) -> int:
-    """Check a model configuration; raise ``UserError`` naming the bad parameter. Returns num_kv_heads."""
-    for name, value in (
-        ("vocab_size", vocab_size),
-        ("embed_dim", embed_dim),
-        ("num_heads", num_heads),
-        ("num_layers", num_layers),
-        ("max_seq_len", max_seq_len),
-    ):
-        check_int(name, value, 1)
-    if num_kv_heads is None:
-        num_kv_heads = num_heads
-    check_int("num_kv_heads", num_kv_heads, 1)
-    if embed_dim % num_heads != 0:
-        raise UserError(
-            f"num_heads ({num_heads}) must divide embed_dim ({embed_dim}); pick an embed_dim that is a multiple "
-            f"of num_heads (the chapter uses embed_dim 192, num_heads 6: head size 32)"
-        )
-    if num_heads % num_kv_heads != 0:
-        raise UserError(
-            f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads}); pick a divisor of num_heads "
-            f"(the chapter uses num_heads 6, num_kv_heads 2)"
-        )
-    if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        raise UserError(f"dropout must be in [0, 1), got {dropout!r}")
-    if norm_type not in NORM_TYPES:
-        raise UserError(f"norm_type must be one of {', '.join(NORM_TYPES)}; got {norm_type!r}")
-    if position_type not in POSITION_TYPES:
-        raise UserError(f"position_type must be one of {', '.join(POSITION_TYPES)}; got {position_type!r}")
-    if position_type == "rope" and (embed_dim // num_heads) % 2 != 0:
-        raise UserError(
-            f"position 'rope' needs an even head size, but embed_dim/num_heads = "
-            f"{embed_dim}/{num_heads} = {embed_dim // num_heads}; change num_heads or use learned positions"
-        )
-    return num_kv_heads
+@dataclass(frozen=True)
+class GPTConfig:
+    """The model's shape: the one home of each default (the Part I model) and of the shape rules.
+
+    Field names are the chapter's checkpoint ``config`` keys (plus ``dropout``, which a checkpoint does not
+    keep). ``num_kv_heads=None`` means ``num_heads`` (plain multi-head attention); the built config holds the
+    number. Building one checks it: ``UserError`` naming the bad field.
+    """
+
+    vocab_size: int
+    embed_dim: int = 64
+    num_heads: int = 4
+    num_kv_heads: int | None = None
+    num_layers: int = 4
+    max_seq_len: int = 64
+    dropout: float = 0.0
+    norm_type: str = "layer"
+    position_type: str = "learned"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "embed_dim", "num_heads", "num_layers", "max_seq_len"):
+            check_int(name, getattr(self, name), 1)
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        check_int("num_kv_heads", self.num_kv_heads, 1)
+        self._check_heads()
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        object.__setattr__(self, "dropout", float(self.dropout))
+        if self.norm_type not in NORM_TYPES:
+            raise UserError(f"norm_type must be one of {', '.join(NORM_TYPES)}; got {self.norm_type!r}")
+        if self.position_type not in POSITION_TYPES:
+            raise UserError(f"position_type must be one of {', '.join(POSITION_TYPES)}; got {self.position_type!r}")
+        if self.position_type == "rope" and self.head_dim % 2 != 0:
+            raise UserError(
+                f"position 'rope' needs an even head size, but embed_dim/num_heads = "
+                f"{self.embed_dim}/{self.num_heads} = {self.head_dim}; change num_heads or use learned positions"
+            )
+
+    def _check_heads(self) -> None:
+        if self.embed_dim % self.num_heads != 0:
+            raise UserError(
+                f"num_heads ({self.num_heads}) must divide embed_dim ({self.embed_dim}); pick an embed_dim that is "
+                f"a multiple of num_heads (the chapter uses embed_dim 192, num_heads 6: head size 32)"
+            )
+        if self.num_heads % self.num_kv_heads != 0:
+            raise UserError(
+                f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads}); pick a divisor of "
+                f"num_heads (the chapter uses num_heads 6, num_kv_heads 2)"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @classmethod
+    def from_dict(cls, values: dict, what: str = "model config") -> "GPTConfig":
+        """A config from a dict of its fields; ``UserError`` naming unknown or missing keys."""
+        if not isinstance(values, dict):
+            raise UserError(f"{what} must be an object of GPTConfig fields, got {type(values).__name__}")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise UserError(f"{what} has unknown key(s) {unknown}; known: {names}")
+        if "vocab_size" not in values:
+            raise UserError(f"{what} lacks vocab_size")
+        return cls(**values)
+
+    @classmethod
+    def from_checkpoint(cls, config: dict) -> "GPTConfig":
+        """The config a checkpoint's ``config`` dict describes, old checkpoints included: one written before
+        chapter 24/28 has no ``norm_type``/``position_type``/``num_kv_heads`` and means LayerNorm, learned
+        positions and plain multi-head attention. Other keys (``tokenizer_kind``) are not the model's."""
+        missing = [k for k in REQUIRED_CHECKPOINT_KEYS if k not in config]
+        if missing:
+            raise UserError(f"the checkpoint's config lacks {', '.join(missing)}")
+        values = {**LEGACY_CHECKPOINT_DEFAULTS, **{k: config[k] for k in CHECKPOINT_KEYS if k in config}}
+        return cls(**values)
+
+    def to_checkpoint(self) -> dict:
+        """The checkpoint's ``config`` fields, in the chapter's order (without ``tokenizer_kind``)."""
+        return {name: getattr(self, name) for name in CHECKPOINT_KEYS}
 
 
 class RMSNorm(nn.Module):
@@ -207,46 +253,36 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(
-        self,
-        vocab_size: int,
-        embed_dim: int = 64,
-        num_heads: int = 4,
-        num_kv_heads: int | None = None,
-        num_layers: int = 4,
-        max_seq_len: int = 64,
-        dropout: float = 0.0,
-        norm_type: str = "layer",
-        position_type: str = "learned",
-    ) -> None:
-        super().__init__()
-        num_kv_heads = validate_config(
-            vocab_size, embed_dim, num_heads, num_kv_heads, num_layers, max_seq_len, dropout, norm_type, position_type
-        )
-        self.vocab_size = vocab_size
-        self.embed_dim = embed_dim
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
-        self.num_layers = num_layers
-        self.max_seq_len = max_seq_len
-        self.dropout = float(dropout)
-        self.norm_type = norm_type
-        self.position_type = position_type
+    """The model of a :class:`GPTConfig`: ``GPT(config)``. ``GPT(vocab_size, **fields)`` and ``GPT(**fields)``
+    are shorthand for ``GPT(GPTConfig(...))``. The config is ``model.gpt_config``; its fields are also
+    attributes (``model.max_seq_len``, ...)."""
 
-        self.token_embedding = nn.Embedding(vocab_size, embed_dim)
-        if position_type == "learned":
-            self.position_embedding = nn.Embedding(max_seq_len, embed_dim)
+    def __init__(self, config: "GPTConfig | int | None" = None, /, **values) -> None:
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            config = GPTConfig(**values) if config is None else GPTConfig(config, **values)
+        elif values:
+            raise TypeError(f"GPT takes a GPTConfig or its fields, not both (got {sorted(values)})")
+        self.gpt_config = config
+        for name, value in asdict(config).items():
+            setattr(self, name, value)
+
+        embed_dim, num_heads, dropout = config.embed_dim, config.num_heads, config.dropout
+        self.token_embedding = nn.Embedding(config.vocab_size, embed_dim)
+        if config.position_type == "learned":
+            self.position_embedding = nn.Embedding(config.max_seq_len, embed_dim)
         else:
             self.position_embedding = None
-            cos, sin = rope_tables(embed_dim // num_heads, max_seq_len)
+            cos, sin = rope_tables(config.head_dim, config.max_seq_len)
             # Derived tables, not weights: kept out of the state_dict so checkpoints hold parameters only.
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
-            Block(embed_dim, num_heads, num_kv_heads, dropout, norm_type) for _ in range(num_layers)
+            Block(embed_dim, num_heads, config.num_kv_heads, dropout, config.norm_type)
+            for _ in range(config.num_layers)
         )
-        self.norm_f = make_norm(norm_type, embed_dim)
+        self.norm_f = make_norm(config.norm_type, embed_dim)
         self._init_weights()
 
     # -- init -----------------------------------------------------------------------------------
@@ -265,16 +301,7 @@ class GPT(nn.Module):
     # -- introspection --------------------------------------------------------------------------
     def config(self) -> dict:
         """The checkpoint ``config`` fields (without ``tokenizer_kind``)."""
-        return {
-            "vocab_size": self.vocab_size,
-            "embed_dim": self.embed_dim,
-            "num_heads": self.num_heads,
-            "num_kv_heads": self.num_kv_heads,
-            "num_layers": self.num_layers,
-            "max_seq_len": self.max_seq_len,
-            "norm_type": self.norm_type,
-            "position_type": self.position_type,
-        }
+        return self.gpt_config.to_checkpoint()
 
     def num_params(self) -> int:
         """Number of parameters (the tied LM head is the token embedding, counted once)."""

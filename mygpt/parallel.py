@@ -62,11 +62,6 @@ class World:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def check_batch(self, batch_size: int) -> None:
-        if batch_size < self.size:
-            raise UserError(f"batch_size ({batch_size}) is smaller than the number of training processes "
-                            f"({self.size}); every process needs at least one row: raise batch_size or lower nproc")
-
     def rows(self, batch_size: int) -> slice | None:
         """This rank's rows of a global batch (``None`` = all of them, for a single process)."""
         if self.size == 1:

@@ -35,7 +35,6 @@ token, achieved TFLOP/s and MFU (:mod:`mygpt.metrics`), and the log ends with on
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import random
@@ -46,14 +45,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .checkpoint import load_checkpoint_payload, save_checkpoint
+from .checkpoint import gpt_config_from_payload, load_checkpoint_payload, save_checkpoint
 from .data import get_batch, num_tokens
 from .device import as_device, bf16_cpu_warning, compile_unavailable, resolve_device, resolve_precision, tf32_matmuls
 from .errors import UserError, check_int
 from .metrics import flops_per_token, format_throughput, peak_tflops, throughput
 from .parallel import World, evaluate, forward_backward
 
-__all__ = ["TrainConfig", "TrainResult", "train", "lr_at", "estimate_loss"]
+__all__ = ["TrainConfig", "TrainResult", "train", "lr_at", "estimate_loss", "check_seq_len", "check_nproc"]
 
 SCHEDULES = ("constant", "cosine")
 # Train-config fields that change the trajectory: a resumed run must use the same values.
@@ -115,6 +114,25 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> "TrainConfig":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def check_seq_len(seq_len: int, max_seq_len: int, *, names: tuple[str, str] = ("seq_len", "max_seq_len"),
+                  hint: str = "") -> None:
+    """The one check that a training window fits the model: ``seq_len <= max_seq_len``. ``names``: how the
+    caller's user spells the two (``--seq-len``, ...); ``hint``: what to do (default: lower one, raise the other)."""
+    if seq_len > max_seq_len:
+        seq, most = names
+        raise UserError(f"{seq} ({seq_len}) must be <= {most} ({max_seq_len}); "
+                        f"{hint or f'lower {seq} or raise {most}'}")
+
+
+def check_nproc(batch_size: int, nproc: int, *, names: tuple[str, str] = ("batch_size", "nproc")) -> None:
+    """The one check that every training process gets a row of the global batch: ``batch_size >= nproc``.
+    ``names``: how the caller's user spells the two."""
+    if batch_size < nproc:
+        rows, procs = names
+        raise UserError(f"{procs} ({nproc}) is more than {rows} ({batch_size}); every process takes at least one "
+                        f"row of the global batch: lower {procs} or raise {rows}")
 
 
 @dataclass
@@ -225,10 +243,7 @@ def _restore_rng(rng: dict, gen: torch.Generator, device: torch.device, world: W
 
 def _check_resume_compatible(payload: dict, model, tokenizer, config: TrainConfig, path: str) -> None:
     fix = f"delete {path} (or pass resume=False / a different output) to start over"
-    saved_model = {k: v for k, v in payload["config"].items() if k != "tokenizer_kind"}
-    saved_model.setdefault("num_kv_heads", saved_model.get("num_heads"))
-    saved_model.setdefault("norm_type", "layer")
-    saved_model.setdefault("position_type", "learned")
+    saved_model = gpt_config_from_payload(payload, path).to_checkpoint()
     current = model.config()
     diff = [k for k in current if saved_model.get(k) != current[k]]
     if diff:
@@ -281,14 +296,10 @@ def train(
         log, on_progress, on_checkpoint = None, None, None
     log = log or (lambda _msg: None)
     config.validate()
-    world.check_batch(config.batch_size)
+    check_nproc(config.batch_size, world.size)
     dev = resolve_device(device)
     precision = resolve_precision(dev, config.precision)
-    if config.seq_len > model.max_seq_len:
-        raise UserError(
-            f"seq_len ({config.seq_len}) is larger than the model's max_seq_len ({model.max_seq_len}); "
-            f"lower --seq-len or raise --max-seq-len"
-        )
+    check_seq_len(config.seq_len, model.max_seq_len)
     if tokenizer.vocab_size != model.vocab_size:
         raise UserError(f"tokenizer vocab_size ({tokenizer.vocab_size}) != model vocab_size ({model.vocab_size})")
     window = config.seq_len + 1
@@ -365,9 +376,7 @@ def train(
 
         ids = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else None
         # the only buffers are constant rope tables: no need to broadcast them at every forward
-        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
-                          inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
-        step_model = DistributedDataParallel(step_model, device_ids=ids, **no_buffer_sync)
+        step_model = DistributedDataParallel(step_model, device_ids=ids, forward_sync_buffers=False)
 
     token_bytes = None
     if val_tokens is not None and callable(getattr(tokenizer, "token_bytes", None)):

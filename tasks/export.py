@@ -31,12 +31,18 @@ class ExportSettings(Settings):
         return not self.enabled
 
     def check_against(self, groups) -> None:
-        """Refuse, before anything runs, model settings that cannot be exported exactly while export is on."""
-        norm, position = groups["model"].norm, groups["model"].position
-        if self.enabled and (norm, position) != ("rms", "rope"):
-            raise UserError(f"export: a model with norm={norm!r} and position={position!r} has no exact Hugging Face "
-                            "counterpart (the export maps RMSNorm + RoPE onto ArceeForCausalLM); use norm='rms' and "
-                            "position='rope', or set export.enabled=false")
+        """Refuse, before anything runs, model settings that cannot be exported exactly while export is on
+        (the rule is :func:`mygpt.hf_export.check_exportable`'s, applied to the model the settings describe)."""
+        if not self.enabled:
+            return
+        from mygpt.hf_export import check_exportable
+
+        model = groups["model"]
+        try:
+            check_exportable(model.gpt_config(vocab_size=1))
+        except UserError as e:
+            raise UserError(f"export: a model with norm={model.norm!r} and position={model.position!r} cannot be "
+                            f"exported exactly: {e}; or set export.enabled=false") from None
 
 
 def build_export(ctx: BuildContext, settings: ExportSettings, model: Path) -> dict:

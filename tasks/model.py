@@ -101,34 +101,38 @@ class ModelSettings(DeviceSettings):
                          f"({cls.model_fields['nproc'].description})")
 
     def resolved(self) -> "ModelSettings":
-        """Device and precision (DeviceSettings), then ``nproc`` as a number this machine can run."""
+        """Device and precision (DeviceSettings), then ``nproc`` as a number this machine can run: the one place
+        the pipeline resolves it (``mygpt.distributed.resolve_nproc``); the stage passes the number on."""
         from mygpt.distributed import resolve_nproc
+        from mygpt.train import check_nproc
 
         s = super().resolved()
         try:
-            n = resolve_nproc(self.nproc, s.device)
+            nproc = resolve_nproc(self.nproc, s.device)
+            check_nproc(self.batch_size, nproc)
         except UserError as e:
             raise UserError(f"model.{e}" if str(e).startswith("nproc ") else f"model.nproc: {e}") from None
-        if n > self.batch_size:
-            raise UserError(f"model.nproc ({n}) is more than batch_size ({self.batch_size}); every process takes at "
-                            f"least one row of the global batch: lower nproc or raise batch_size")
         cores = os.cpu_count() or 1
-        if s.device == "cpu" and n > cores:
-            raise UserError(f"model.nproc ({n}) is more than the {cores} CPU cores here; each training process "
+        if s.device == "cpu" and nproc > cores:
+            raise UserError(f"model.nproc ({nproc}) is more than the {cores} CPU cores here; each training process "
                             f"needs a core of its own: lower nproc")
-        return s.model_copy(update={"nproc": n})
+        return s.model_copy(update={"nproc": nproc})
+
+    def gpt_config(self, vocab_size: int):
+        """The model these settings describe, as the library's ``GPTConfig`` (``norm``/``position`` are its
+        ``norm_type``/``position_type``); ``vocab_size`` comes from the tokenizer."""
+        from mygpt.model import GPTConfig
+
+        return GPTConfig(vocab_size=vocab_size, embed_dim=self.embed_dim, num_heads=self.num_heads,
+                         num_kv_heads=self.num_kv_heads, num_layers=self.num_layers, max_seq_len=self.max_seq_len,
+                         norm_type=self.norm, position_type=self.position)
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSettings":
-        from mygpt.model import validate_config  # the library's own shape rules, stated once
+        from mygpt.train import check_seq_len  # the library's own rules, stated once
 
-        validate_config(vocab_size=2,  # not known before the tokenizer exists; any valid value checks the rest
-                        embed_dim=self.embed_dim, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                        num_layers=self.num_layers, max_seq_len=self.max_seq_len, norm_type=self.norm,
-                        position_type=self.position)
-        if self.seq_len > self.max_seq_len:
-            raise UserError(f"seq_len ({self.seq_len}) must be <= max_seq_len ({self.max_seq_len}); the chapter "
-                            "uses 256 for both")
+        self.gpt_config(vocab_size=2)  # the shape rules; vocab_size is not known before the tokenizer exists
+        check_seq_len(self.seq_len, self.max_seq_len, hint="the chapter uses 256 for both")
         return self
 
 
@@ -196,9 +200,7 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
     ckpt = ctx.work / CHECKPOINT
     job = dist.TrainJob(
         tokenizer=str(Path(tokenizer) / "tokenizer.json"), train_tokens=train_paths, val_tokens=val_paths[0],
-        token_dtype=dtype, model=dict(embed_dim=s.embed_dim, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
-                                      num_layers=s.num_layers, max_seq_len=s.max_seq_len, norm_type=s.norm,
-                                      position_type=s.position),
+        token_dtype=dtype, model=asdict(s.gpt_config(vocab_size)),
         train=asdict(config), device=s.device, checkpoint=str(ckpt), output=str(ctx.out / "model.ckpt"),
         meta={"stage": "model", "version": ctx.version, "settings": s.version_params()},
         threads=ctx.run.threads or 0)
@@ -230,7 +232,7 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
                                env={dist.STALL_ENV: "1"} if stall else None, run_dir=ctx.work / "ranks")
     write_history(ctx.out, result.history)  # the log already has the throughput line and val_bpb at each eval
     return {
-        "device": result.device, "precision": result.precision, "nproc": result.world_size,
+        "device": result.device, "precision": result.precision, "nproc": s.nproc,
         "compiled": result.compiled, "params": result.params, "steps": result.steps,
         "resumed_from": result.start_step, "final_loss": result.final_loss, "final_val_loss": result.final_val_loss,
         "final_val_bpb": result.final_val_bpb, "tokens_per_sec": round(result.tokens_per_sec, 1),

@@ -228,7 +228,7 @@ def test_failure_report_blames_the_first_failure(tmp_path):
 
 def test_job_and_nproc_are_checked_before_any_process_starts(files, tmp_path):
     job = make_job(files, tmp_path, steps=2, batch_size=2, seq_len=32)
-    with pytest.raises(UserError, match=r"batch_size \(2\) is smaller than nproc \(3\)"):
+    with pytest.raises(UserError, match=r"nproc \(3\) is more than batch_size \(2\)"):
         run_training(job, 3)
     with pytest.raises(UserError, match="unknown field"):
         TrainJob.from_dict({**job.to_dict(), "nproc": 2})

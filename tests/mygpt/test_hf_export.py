@@ -26,7 +26,7 @@ from mygpt.cli import main
 from mygpt.errors import UserError
 from mygpt.generate import generate_ids
 from mygpt.hf_export import EXPORT_FILES, check_exportable, export_checkpoint, export_hf, hf_tokenizer_json
-from mygpt.model import GPT
+from mygpt.model import GPT, GPTConfig
 from mygpt.train import TrainConfig, train
 from tests.support import REPO
 
@@ -141,7 +141,7 @@ def test_repeat_used_before_it_is_made_again_is_refused(monkeypatch):
     merges = [("b", "b"), ("bb", "b"), ("b", "bbb"), ("bbbb", "bb"), ("bb", "bb")]
     tok = BPETokenizer(["a", "b"], merges)
     with pytest.raises(UserError, match=r"merge #4 \['bb', 'bb'\] makes 'bbbb' again .* merge #3"):
-        check_exportable({"vocab_size": tok.vocab_size, "norm_type": "rms", "position_type": "rope"}, tok)
+        check_exportable(GPTConfig(tok.vocab_size, norm_type="rms", position_type="rope"), tok)
     monkeypatch.setattr(hf_export, "_check_repeats_in_order", lambda merges: None)
     assert hf_tokenizer(tok).encode("bbbbbbbb").ids != tok.encode_corpus("bbbbbbbb").tolist()  # why it is refused
 
