@@ -12,7 +12,8 @@ parallel under ``torch.distributed.run`` for more -- over random tokens in a fla
 at 1.0 and AdamW, for every combination of ``--precisions`` x ``--nproc`` x ``--compile``. ``batch_size`` is the
 global batch, so every row does the same work per step. The first ``--warmup-steps`` steps (compilation, caches)
 are not timed; the loop reports each later step's time (after a device sync) and a row shows the median step,
-which a busy machine disturbs less than the mean. MFU is against the detected GPU's bf16 peak (``n/a`` on CPU); FLOPs per token are
+which a busy machine disturbs less than the mean. MFU is against the detected GPU's bf16 peak (``n/a`` on CPU);
+FLOPs per token are
 ``6N + 12*L*H*Q*T`` (:mod:`mygpt.metrics`). Threads per process default to the cores divided by ``nproc``.
 
 The default (both models, ``precision=auto``, nproc 1 and 2 on CPU -- 1 and one per GPU on CUDA --, compile off
@@ -43,16 +44,38 @@ from mygpt.distributed import TrainJob, resolve_nproc, run_training
 from mygpt.tokenizer import save_tokenizer_file
 
 CONFIGS = {
-    "part1": dict(model=dict(vocab_size=65, embed_dim=64, num_layers=4, num_heads=4, max_seq_len=64),
-                  seq_len=64, batch_size=16),
-    "ch28": dict(model=dict(vocab_size=3046, embed_dim=192, num_layers=4, num_heads=6, num_kv_heads=2,
-                            max_seq_len=256, norm_type="rms", position_type="rope"),
-                 seq_len=256, batch_size=16),
+    "part1": dict(
+        model=dict(vocab_size=65, embed_dim=64, num_layers=4, num_heads=4, max_seq_len=64), seq_len=64, batch_size=16
+    ),
+    "ch28": dict(
+        model=dict(
+            vocab_size=3046,
+            embed_dim=192,
+            num_layers=4,
+            num_heads=6,
+            num_kv_heads=2,
+            max_seq_len=256,
+            norm_type="rms",
+            position_type="rope",
+        ),
+        seq_len=256,
+        batch_size=16,
+    ),
 }
 
 
-def measure(name: str, precision: str, device: str, nproc: int, compile_: bool, steps: int, warmup: int,
-            threads: int, workdir: Path, seed: int = 0) -> dict:
+def measure(
+    name: str,
+    precision: str,
+    device: str,
+    nproc: int,
+    compile_: bool,
+    steps: int,
+    warmup: int,
+    threads: int,
+    workdir: Path,
+    seed: int = 0,
+) -> dict:
     cfg = CONFIGS[name]
     vocab = cfg["model"]["vocab_size"]
     tokenizer = workdir / f"tokenizer-{vocab}.json"
@@ -61,25 +84,56 @@ def measure(name: str, precision: str, device: str, nproc: int, compile_: bool, 
         save_tokenizer_file(CharTokenizer([chr(0x4E00 + i) for i in range(vocab)]), tokenizer)
         np.random.default_rng(seed).integers(0, vocab, size=2_000_000, dtype=np.uint16).tofile(tokens)
     bs, sl = cfg["batch_size"], cfg["seq_len"]
-    config = TrainConfig(steps=warmup + steps, batch_size=bs, seq_len=sl, lr=3e-4, max_grad_norm=1.0,
-                         precision=precision, print_every=1, seed=seed, compile=compile_)
+    config = TrainConfig(
+        steps=warmup + steps,
+        batch_size=bs,
+        seq_len=sl,
+        lr=3e-4,
+        max_grad_norm=1.0,
+        precision=precision,
+        print_every=1,
+        seed=seed,
+        compile=compile_,
+    )
     ckpt = workdir / "bench.ckpt"
     ckpt.unlink(missing_ok=True)
-    job = TrainJob(tokenizer=str(tokenizer), train_tokens=[str(tokens)], model={k: v for k, v in cfg["model"].items()
-                   if k != "vocab_size"}, train=asdict(config), device=device, checkpoint=str(ckpt), resume=False,
-                   threads=threads)
+    job = TrainJob(
+        tokenizer=str(tokenizer),
+        train_tokens=[str(tokens)],
+        model={k: v for k, v in cfg["model"].items() if k != "vocab_size"},
+        train=asdict(config),
+        device=device,
+        checkpoint=str(ckpt),
+        resume=False,
+        threads=threads,
+    )
     points: list[dict] = []
     warnings: list[str] = []
-    result = run_training(job, nproc, log=lambda m: warnings.append(m) if m.startswith("warning:") else None,
-                          on_progress=points.append, env={"OMP_NUM_THREADS": str(threads)})
+    result = run_training(
+        job,
+        nproc,
+        log=lambda m: warnings.append(m) if m.startswith("warning:") else None,
+        on_progress=points.append,
+        env={"OMP_NUM_THREADS": str(threads)},
+    )
     step_seconds = [bs * sl / p["tokens_per_sec"] for p in points if p["step"] > warmup]
     median = statistics.median(step_seconds)
     tps = bs * sl / median
     return {
-        "config": name, "params": result.params, "precision": result.precision, "device": result.device,
-        "nproc": nproc, "compile": result.compiled, "threads_per_process": threads, "batch_size": bs,
-        "seq_len": sl, "steps": len(step_seconds), "sec_per_step": median, "tokens_per_sec": tps,
-        "flops_per_token": result.flops_per_token, "tflops": tps * result.flops_per_token / 1e12,
+        "config": name,
+        "params": result.params,
+        "precision": result.precision,
+        "device": result.device,
+        "nproc": nproc,
+        "compile": result.compiled,
+        "threads_per_process": threads,
+        "batch_size": bs,
+        "seq_len": sl,
+        "steps": len(step_seconds),
+        "sec_per_step": median,
+        "tokens_per_sec": tps,
+        "flops_per_token": result.flops_per_token,
+        "tflops": tps * result.flops_per_token / 1e12,
         "mfu": tps * result.flops_per_token / (result.peak_tflops * 1e12 * nproc) if result.peak_tflops else None,
         "warnings": warnings,
     }
@@ -91,13 +145,20 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=10, help="timed steps per row (default 10)")
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default 3)")
     p.add_argument("--configs", default="part1,ch28")
-    p.add_argument("--precisions", default="auto", help="comma-separated: auto, fp32, bf16 (default auto); bf16 "
-                                                        "rows are skipped where unsupported")
-    p.add_argument("--nproc", default=None, help="comma-separated process counts, e.g. 1,2 or 1,auto (default: 1,2 on "
-                                                 "CPU, 1,auto on a GPU)")
+    p.add_argument(
+        "--precisions",
+        default="auto",
+        help="comma-separated: auto, fp32, bf16 (default auto); bf16 rows are skipped where unsupported",
+    )
+    p.add_argument(
+        "--nproc",
+        default=None,
+        help="comma-separated process counts, e.g. 1,2 or 1,auto (default: 1,2 on CPU, 1,auto on a GPU)",
+    )
     p.add_argument("--compile", default="off,on", help="comma-separated: off, on (default off,on)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads per process (0 = the CPU's cores divided by nproc)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads per process (0 = the CPU's cores divided by nproc)"
+    )
     p.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = p.parse_args(argv)
     try:
@@ -113,8 +174,10 @@ def main(argv=None) -> int:
         import torch
 
         print(f"device: {device}   torch {torch.__version__}   cores: {cores}")
-        print(f"{'config':<7} {'params':>10} {'precision':<9} {'nproc':>5} {'compile':<7} {'thr':>3} "
-              f"{'tokens/step':>11} {'s/step':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>6}   (median step)")
+        print(
+            f"{'config':<7} {'params':>10} {'precision':<9} {'nproc':>5} {'compile':<7} {'thr':>3} "
+            f"{'tokens/step':>11} {'s/step':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>6}   (median step)"
+        )
         rows = []
         with tempfile.TemporaryDirectory(prefix="mygpt-bench-") as tmp:
             for name in args.configs.split(","):
@@ -129,14 +192,18 @@ def main(argv=None) -> int:
                     for n in nprocs:
                         for c in compiles:
                             threads = args.threads or max(1, cores // n)
-                            r = measure(name, prec, args.device, n, c, args.steps, args.warmup_steps, threads,
-                                        Path(tmp))
+                            r = measure(
+                                name, prec, args.device, n, c, args.steps, args.warmup_steps, threads, Path(tmp)
+                            )
                             rows.append(r)
                             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
                             comp = ("on" if r["compile"] else "off*") if c else "off"
-                            print(f"{name:<7} {r['params']:>10,} {prec:<9} {n:>5} {comp:<7} {threads:>3} "
-                                  f"{r['batch_size'] * r['seq_len']:>11,} {r['sec_per_step']:>9.4f} "
-                                  f"{r['tokens_per_sec']:>11,.0f} {r['tflops']:>8.4f} {mfu:>6}", flush=True)
+                            print(
+                                f"{name:<7} {r['params']:>10,} {prec:<9} {n:>5} {comp:<7} {threads:>3} "
+                                f"{r['batch_size'] * r['seq_len']:>11,} {r['sec_per_step']:>9.4f} "
+                                f"{r['tokens_per_sec']:>11,.0f} {r['tflops']:>8.4f} {mfu:>6}",
+                                flush=True,
+                            )
                             for w in r["warnings"]:
                                 print(f"        {w}")
         if args.json:

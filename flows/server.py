@@ -13,7 +13,7 @@ for that.
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import os
 import signal
 import socket
@@ -24,29 +24,15 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from mygpt._orphan_guard import die_with_parent
+
 START_TIMEOUT = 240.0  # seconds: a first start's migrations, on a busy machine
-_PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _die_with(parent: int):
-    """A ``preexec_fn``: in the child, before exec, ask Linux for SIGTERM when ``parent`` dies."""
-
-    def arm() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        except (OSError, AttributeError):  # not Linux: stop() on the parent's exit is all there is
-            return
-        if os.getppid() != parent:  # the parent died before the request took effect
-            os._exit(1)
-
-    return arm
 
 
 class PrefectServer:
@@ -75,7 +61,7 @@ class PrefectServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with(os.getpid()),
+                preexec_fn=functools.partial(die_with_parent, os.getpid(), sig=signal.SIGTERM),
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

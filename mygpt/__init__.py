@@ -13,8 +13,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__all__ = ["BPETokenizer", "CharTokenizer", "GPT", "GPTConfig", "TrainConfig", "TrainResult", "UserError",
-           "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "GPT",
+    "BPETokenizer",
+    "CharTokenizer",
+    "GPTConfig",
+    "TrainConfig",
+    "TrainResult",
+    "UserError",
+    "load_checkpoint",
+    "save_checkpoint",
+]
 
 _HOME = {
     "BPETokenizer": "bpe",

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-__all__ = ["die_with_parent", "watch_process", "main", "GUARDED_PID_ENV"]
+__all__ = ["GUARDED_PID_ENV", "die_with_parent", "main", "watch_process"]
 
 _PR_SET_PDEATHSIG = 1
 #: set by ``main`` to its own pid, which the exec'd command keeps: its children know their parent's pid

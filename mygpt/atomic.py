@@ -11,7 +11,8 @@ import contextlib
 import hashlib
 import os
 import tempfile
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ from .atomic import atomic_write_text
 from .bpe_encode import WordEncoder, unknown_chars_error
 from .errors import UserError, check_int, describe_chars
 
-__all__ = ["BPETokenizer", "NUM_BYTE_TOKENS"]
+__all__ = ["NUM_BYTE_TOKENS", "BPETokenizer"]
 
 NUM_BYTE_TOKENS = 256
 
@@ -151,7 +152,7 @@ class BPETokenizer:
         return st
 
     @classmethod
-    def from_state(cls, state: Any) -> "BPETokenizer":
+    def from_state(cls, state: Any) -> BPETokenizer:
         if not isinstance(state, dict):
             raise UserError(f"BPE tokenizer state must be a JSON object, got {type(state).__name__}")
         missing = [k for k in ("chars", "merges") if k not in state]
@@ -167,7 +168,7 @@ class BPETokenizer:
         atomic_write_text(path, json.dumps(self.state(), ensure_ascii=False))
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "BPETokenizer":
+    def load(cls, path: str | os.PathLike) -> BPETokenizer:
         """Read a tokenizer written by :meth:`save`; a malformed file raises ``UserError`` naming it."""
         try:
             with open(path, encoding="utf-8") as f:
@@ -187,7 +188,7 @@ class BPETokenizer:
 
     # -- training ---------------------------------------------------------------------------------
     @classmethod
-    def from_text(cls, text: str, num_merges: int, byte_fallback: bool = False) -> "BPETokenizer":
+    def from_text(cls, text: str, num_merges: int, byte_fallback: bool = False) -> BPETokenizer:
         """Chapter 23's teaching trainer: the whole text is one symbol sequence.
 
         Each iteration counts all adjacent pairs, merges the winner (tie-break: highest count, then the
@@ -199,7 +200,7 @@ class BPETokenizer:
         return cls(chars, merges, byte_fallback=byte_fallback)
 
     @classmethod
-    def from_corpus(cls, text: str, num_merges: int, byte_fallback: bool = False) -> "BPETokenizer":
+    def from_corpus(cls, text: str, num_merges: int, byte_fallback: bool = False) -> BPETokenizer:
         """Chapter 28's word-level trainer, implemented incrementally (see :mod:`mygpt.bpe_train`).
 
         Produces exactly the merges of the chapter's ``from_corpus`` with the tie-break above.
@@ -300,7 +301,7 @@ class BPETokenizer:
         ends = np.cumsum(lens)
         total = 0
         for k, (w, n) in enumerate(zip(words, freqs.tolist())):  # words with unknown characters: the slow rule
-            s = flat[ends[k] - lens[k]:ends[k]]
+            s = flat[ends[k] - lens[k] : ends[k]]
             total += n * (len(s) if s.size == 0 or s.min() >= 0 else len(self.encode_corpus(w, unk_policy)))
         return total
 

@@ -35,16 +35,24 @@ from __future__ import annotations
 import collections
 import itertools
 import os
-from dataclasses import dataclass, field, asdict
-from typing import Iterator
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from .bpe_words import PIECE_CHARS, SAFE_CUT_RE, WordTable, pieces
 from .errors import UserError, check_int, describe_chars
 
-__all__ = ["EncodeStats", "WordEncoder", "iter_encode_file", "encode_chunk", "read_chunk", "chunk_bounds",
-           "find_safe_cut", "PIECE_CHARS"]
+__all__ = [
+    "PIECE_CHARS",
+    "EncodeStats",
+    "WordEncoder",
+    "chunk_bounds",
+    "encode_chunk",
+    "find_safe_cut",
+    "iter_encode_file",
+    "read_chunk",
+]
 
 _SHIFT = 32
 _NO_RANK = 1 << 62
@@ -66,7 +74,7 @@ class EncodeStats:
     fallback_positions: int = 0
     fallback_chars: dict[str, int] = field(default_factory=dict)
 
-    def merge(self, other: "EncodeStats") -> "EncodeStats":
+    def merge(self, other: EncodeStats) -> EncodeStats:
         """Add ``other`` into this one (in place) and return ``self``."""
         self.chars += other.chars
         self.tokens += other.tokens
@@ -159,14 +167,12 @@ class WordEncoder:
             best_r = none
             best_i = -1
             prev = s[0]
-            i = 0
-            for x in s[1:]:
+            for i, x in enumerate(s[1:]):
                 r = rget((prev << 32) | x, none)
                 if r < best_r:
                     best_r = r
                     best_i = i
                 prev = x
-                i += 1
             if best_i < 0:
                 break
             a = s[best_i]
@@ -425,7 +431,7 @@ def find_safe_cut(f, path, target: int, size: int, floor: int = 0) -> int:
                     p = q + len(text[: m.start()].encode("utf-8"))
                     if p >= target:
                         return p
-                raise _not_utf8(path, q + e.start)
+                raise _not_utf8(path, q + e.start) from None
         for m in SAFE_CUT_RE.finditer(text):
             p = q + len(text[: m.start()].encode("utf-8"))
             if p >= target:

@@ -31,8 +31,19 @@ from __future__ import annotations
 import collections
 import re
 
-__all__ = ["WORD_PATTERN", "WORD_RE", "words", "count_pairs", "best_pair", "merge", "train", "train_text",
-           "encode_word", "encode", "encode_in_merge_order"]
+__all__ = [
+    "WORD_PATTERN",
+    "WORD_RE",
+    "best_pair",
+    "count_pairs",
+    "encode",
+    "encode_in_merge_order",
+    "encode_word",
+    "merge",
+    "train",
+    "train_text",
+    "words",
+]
 
 #: The pre-tokeniser, the one definition every BPE path uses.
 WORD_PATTERN = r"\s*\S+|\s+"
@@ -86,8 +97,10 @@ def train(text: str, num_merges: int) -> tuple[list[str], list[Pair]]:
             break
         a, b = best_pair(pairs)
         merges.append((a, b))
-        word_symbols = {word: merge(symbols, a, b) if a in symbols else symbols  # no `a`: nothing to merge
-                        for word, symbols in word_symbols.items()}
+        word_symbols = {
+            word: merge(symbols, a, b) if a in symbols else symbols  # no `a`: nothing to merge
+            for word, symbols in word_symbols.items()
+        }
     return chars, merges
 
 

@@ -43,14 +43,15 @@ import numpy as np
 
 from . import bpe_words
 
-__all__ = ["train_bpe", "train_from_word_counts", "train_and_count_tokens", "count_words", "add_counts", "gc_paused"]
+__all__ = ["add_counts", "count_words", "gc_paused", "train_and_count_tokens", "train_bpe", "train_from_word_counts"]
 
 _SHIFT = 32
 _LOW = (1 << _SHIFT) - 1
 
 
 def count_words(text: str) -> dict[str, int]:
-    """Pre-tokenise ``text`` with the chapter's regex and count each unique word (``Counter(WORD_RE.findall(text))``)."""
+    """Pre-tokenise ``text`` with the chapter's regex and count each unique word
+    (``Counter(WORD_RE.findall(text))``)."""
     with gc_paused():
         return bpe_words.count_words(text)
 
@@ -75,7 +76,9 @@ def train_from_word_counts(word_counts: dict[str, int], num_merges: int) -> tupl
     return chars, merges
 
 
-def train_and_count_tokens(word_counts: dict[str, int], num_merges: int) -> tuple[list[str], list[tuple[str, str]], int | None]:
+def train_and_count_tokens(
+    word_counts: dict[str, int], num_merges: int
+) -> tuple[list[str], list[tuple[str, str]], int | None]:
     """:func:`train_from_word_counts`, plus how many tokens ``encode_corpus`` gives for the counted text, read off
     the trainer's final state (each word's symbols after the last merge, times its frequency) -- or ``None``
     when that shortcut does not hold and the caller must encode.
@@ -205,7 +208,7 @@ class _PairState:
         cand: set[int] = set()
         g = self._initial_words.pop(best, None)
         if g is not None:
-            cand.update(self._grouped_words[g[0]:g[1]].tolist())
+            cand.update(self._grouped_words[g[0] : g[1]].tolist())
         extra = self.where.pop(best, None)
         if extra:
             cand |= extra

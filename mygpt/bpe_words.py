@@ -20,12 +20,22 @@ its string instead. A collision therefore costs time, never a wrong slot; the te
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
-__all__ = ["WS_LIMIT", "SAFE_CUT_RE", "PIECE_CHARS", "pieces", "code_points", "word_spans", "word_hashes",
-           "HashIndex", "WordTable", "count_words"]
+__all__ = [
+    "PIECE_CHARS",
+    "SAFE_CUT_RE",
+    "WS_LIMIT",
+    "HashIndex",
+    "WordTable",
+    "code_points",
+    "count_words",
+    "pieces",
+    "word_hashes",
+    "word_spans",
+]
 
 #: A safe cut: the position of a whitespace character that follows a non-whitespace character. Every word of
 #: ``WORD_RE`` ends at one (or at the end of the text), so cutting there never changes the words on either side.
@@ -222,7 +232,7 @@ class WordTable:
         if differ.size:
             wrong[np.searchsorted(ends, differ, side="right")] = True
         for k in np.flatnonzero(wrong).tolist():  # a hash collision (rare): look the word up by its string
-            w = text[starts[k]:starts[k] + lens[k]]
+            w = text[starts[k] : starts[k] + lens[k]]
             s = self._by_string.get(w)
             if s is None:
                 s = self._by_string[w] = int(self._append([w])[0])
@@ -233,7 +243,7 @@ class WordTable:
         """Slots for the words the index did not give (new words, or collisions): by hash, then checked."""
         uh, first, inverse = np.unique(h[missing], return_index=True, return_inverse=True)
         reps = missing[first]  # one occurrence per distinct hash
-        words = [text[s:s + n] for s, n in zip(starts[reps].tolist(), lens[reps].tolist())]
+        words = [text[s : s + n] for s, n in zip(starts[reps].tolist(), lens[reps].tolist())]
         taken = self._index.get(uh) >= 0  # hash already used by a different word (a collision)
         if not taken.any():  # the usual case (a word in _by_string has its hash in the index)
             new = self._append(words)
@@ -269,7 +279,7 @@ class WordTable:
         end = self._cused + cps.size
         if end > self._cps.size:
             self._cps = np.resize(self._cps, max(end, 2 * self._cps.size))
-        self._cps[self._cused:end] = cps
+        self._cps[self._cused : end] = cps
         self._cstart[first:n] = self._cused + np.cumsum(lens) - lens
         self._clen[first:n] = lens
         self._cused = end
@@ -284,6 +294,6 @@ def count_words(text: str) -> dict[str, int]:
         slots = table.slots(piece)
         if slots.size:
             c = np.bincount(slots, minlength=len(table))
-            c[:counts.size] += counts
+            c[: counts.size] += counts
             counts = c
     return dict(zip(table.words, counts.tolist()))

@@ -7,7 +7,7 @@ turned into an id array without building a Python list per character.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -55,7 +55,7 @@ class CharTokenizer:
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_text(cls, text: str) -> "CharTokenizer":
+    def from_text(cls, text: str) -> CharTokenizer:
         """Alphabet = sorted distinct characters of ``text``."""
         if not text:
             raise UserError("cannot build a character tokenizer from empty text")
@@ -69,7 +69,7 @@ class CharTokenizer:
         return np.array([len(c.encode("utf-8", "surrogatepass")) for c in self.chars], dtype=np.int64)
 
     @classmethod
-    def from_state(cls, state: dict) -> "CharTokenizer":
+    def from_state(cls, state: dict) -> CharTokenizer:
         if not isinstance(state, dict) or "chars" not in state:
             raise UserError("char tokenizer state must be a dict with a 'chars' list")
         return cls(state["chars"])

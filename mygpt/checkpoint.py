@@ -32,8 +32,15 @@ from .errors import UserError
 from .model import GPT, REQUIRED_CHECKPOINT_KEYS, GPTConfig
 from .tokenizer import tokenizer_from_state
 
-__all__ = ["save_checkpoint", "load_checkpoint", "load_checkpoint_payload", "model_from_config",
-           "gpt_config_from_payload", "model_from_payload", "tokenizer_from_payload"]
+__all__ = [
+    "gpt_config_from_payload",
+    "load_checkpoint",
+    "load_checkpoint_payload",
+    "model_from_config",
+    "model_from_payload",
+    "save_checkpoint",
+    "tokenizer_from_payload",
+]
 
 REQUIRED_KEYS = ("model_state_dict", "config")
 

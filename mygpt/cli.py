@@ -13,12 +13,19 @@ import time
 
 from .errors import UserError
 
-__all__ = ["main", "build_parser", "model_config", "MODEL_FLAGS"]
+__all__ = ["MODEL_FLAGS", "build_parser", "main", "model_config"]
 
 #: ``mygpt train``'s model flags (argparse names) -> the ``GPTConfig`` fields they set.
-MODEL_FLAGS = {"embed_dim": "embed_dim", "num_layers": "num_layers", "num_heads": "num_heads",
-               "num_kv_heads": "num_kv_heads", "max_seq_len": "max_seq_len", "dropout": "dropout",
-               "norm": "norm_type", "position": "position_type"}
+MODEL_FLAGS = {
+    "embed_dim": "embed_dim",
+    "num_layers": "num_layers",
+    "num_heads": "num_heads",
+    "num_kv_heads": "num_kv_heads",
+    "max_seq_len": "max_seq_len",
+    "dropout": "dropout",
+    "norm": "norm_type",
+    "position": "position_type",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,15 +35,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model on a UTF-8 text file")
     p.add_argument("text_file", help="UTF-8 text file to train on")
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    p.add_argument("--precision", default="fp32", choices=["auto", "fp32", "bf16"],
-                   help="fp32 (default) or bf16 autocast; auto = bf16 on cuda/mps, fp32 on cpu")
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=["auto", "fp32", "bf16"],
+        help="fp32 (default) or bf16 autocast; auto = bf16 on cuda/mps, fp32 on cpu",
+    )
     # The model's flags default to None: GPTConfig's defaults apply (64, 4 layers, 4 heads, 64, 0.0, layer, learned).
     p.add_argument("--embed-dim", type=int)
     p.add_argument("--num-layers", type=int)
     p.add_argument("--num-heads", type=int)
-    p.add_argument("--num-kv-heads", type=int,
-                   help="key/value heads for grouped-query attention; default: same as --num-heads (full MHA). "
-                        "Must divide --num-heads.")
+    p.add_argument(
+        "--num-kv-heads",
+        type=int,
+        help="key/value heads for grouped-query attention; default: same as --num-heads (full MHA). "
+        "Must divide --num-heads.",
+    )
     p.add_argument("--max-seq-len", type=int)
     p.add_argument("--dropout", type=float)
     p.add_argument("--norm", choices=["layer", "rms"], help="layer (default) or rms")
@@ -51,35 +65,72 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-grad-norm", type=float, default=0.0, help="gradient clipping norm (0 = off, default)")
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--val-fraction", type=float, default=0.0,
-                   help="hold out this fraction of the tokens (the end of the corpus) for validation loss "
-                        "(default 0 = no validation, as in the chapter)")
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="validation every N steps (0 = at every print point); needs --val-fraction > 0")
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.0,
+        help="hold out this fraction of the tokens (the end of the corpus) for validation loss "
+        "(default 0 = no validation, as in the chapter)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="validation every N steps (0 = at every print point); needs --val-fraction > 0",
+    )
     p.add_argument("--eval-batches", type=int, default=20)
-    p.add_argument("--tokenizer", choices=["char", "bpe"], default="char",
-                   help="Tokenizer to use. 'char' (default; CharTokenizer) or 'bpe' (BPETokenizer). "
-                        "BPE training runs on the corpus before model training.")
-    p.add_argument("--num-merges", type=int, default=1024,
-                   help="Number of BPE merges (only meaningful when --tokenizer=bpe). Default 1024.")
-    p.add_argument("--bpe-train-bytes", type=int, default=0,
-                   help="Train BPE on the first N bytes of the corpus (0 = full corpus, default). The encoder "
-                        "still runs on the full corpus and skips characters that did not appear in the slice.")
-    p.add_argument("--checkpoint-every", type=int, default=0,
-                   help="Save the checkpoint every N steps (0 = save only at end, default). Atomic write: a "
-                        "Ctrl-C mid-save does not corrupt the file.")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the resume state in --output if it exists (same settings required)")
+    p.add_argument(
+        "--tokenizer",
+        choices=["char", "bpe"],
+        default="char",
+        help="Tokenizer to use. 'char' (default; CharTokenizer) or 'bpe' (BPETokenizer). "
+        "BPE training runs on the corpus before model training.",
+    )
+    p.add_argument(
+        "--num-merges",
+        type=int,
+        default=1024,
+        help="Number of BPE merges (only meaningful when --tokenizer=bpe). Default 1024.",
+    )
+    p.add_argument(
+        "--bpe-train-bytes",
+        type=int,
+        default=0,
+        help="Train BPE on the first N bytes of the corpus (0 = full corpus, default). The encoder "
+        "still runs on the full corpus and skips characters that did not appear in the slice.",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="Save the checkpoint every N steps (0 = save only at end, default). Atomic write: a "
+        "Ctrl-C mid-save does not corrupt the file.",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the resume state in --output if it exists (same settings required)",
+    )
     p.add_argument("--output", default="model.ckpt", help="checkpoint path (default model.ckpt)")
-    p.add_argument("--nproc", default="1",
-                   help="training processes on this node, data parallel with torch.distributed.run (gloo on CPU, "
-                        "NCCL on CUDA, one GPU each); 'auto' = the number of visible GPUs (1 on CPU). --batch-size "
-                        "stays the global batch, so the result does not depend on it (default 1)")
-    p.add_argument("--micro-batch-size", type=int, default=0,
-                   help="rows per forward pass in each process, gradients accumulated (0 = all of the process's "
-                        "rows at once, default)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model (a warning, and eager training, where it is unavailable)")
+    p.add_argument(
+        "--nproc",
+        default="1",
+        help="training processes on this node, data parallel with torch.distributed.run (gloo on CPU, "
+        "NCCL on CUDA, one GPU each); 'auto' = the number of visible GPUs (1 on CPU). --batch-size "
+        "stays the global batch, so the result does not depend on it (default 1)",
+    )
+    p.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=0,
+        help="rows per forward pass in each process, gradients accumulated (0 = all of the process's "
+        "rows at once, default)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model (a warning, and eager training, where it is unavailable)",
+    )
     p.set_defaults(func=_train_command)
 
     g = sub.add_parser("generate", help="sample text from a checkpoint")
@@ -94,12 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-cache", action="store_true", help="recompute the whole context each step (no KV cache)")
     g.set_defaults(func=_generate_command)
 
-    e = sub.add_parser("export", help="export a checkpoint as a Hugging Face transformers directory",
-                       description="Write tokenizer.json, config.json, model.safetensors, ... to --out, checked "
-                                   "against the checkpoint; load it with AutoTokenizer / AutoModelForCausalLM.")
+    e = sub.add_parser(
+        "export",
+        help="export a checkpoint as a Hugging Face transformers directory",
+        description="Write tokenizer.json, config.json, model.safetensors, ... to --out, checked "
+        "against the checkpoint; load it with AutoTokenizer / AutoModelForCausalLM.",
+    )
     e.add_argument("--checkpoint", default="model.ckpt", help="checkpoint to export (default model.ckpt)")
-    e.add_argument("--out", required=True, help="directory to write (created if absent; must be new, empty or "
-                                                "an earlier export)")
+    e.add_argument(
+        "--out", required=True, help="directory to write (created if absent; must be new, empty or an earlier export)"
+    )
     e.set_defaults(func=_export_command)
     return parser
 
@@ -157,11 +212,22 @@ def _train_command(args) -> int:
     # Validate everything cheap before reading or tokenising the corpus (vocab_size: any valid value till then).
     gpt_config = model_config(args, vocab_size=1)
     config = TrainConfig(
-        steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, schedule=args.schedule,
-        warmup=args.warmup, max_grad_norm=args.max_grad_norm, precision=args.precision,
-        print_every=args.print_every, eval_every=args.eval_every, eval_batches=args.eval_batches,
-        checkpoint_every=args.checkpoint_every, seed=args.seed, weight_decay=args.weight_decay,
-        micro_batch_size=args.micro_batch_size, compile=args.compile,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        lr=args.lr,
+        schedule=args.schedule,
+        warmup=args.warmup,
+        max_grad_norm=args.max_grad_norm,
+        precision=args.precision,
+        print_every=args.print_every,
+        eval_every=args.eval_every,
+        eval_batches=args.eval_batches,
+        checkpoint_every=args.checkpoint_every,
+        seed=args.seed,
+        weight_decay=args.weight_decay,
+        micro_batch_size=args.micro_batch_size,
+        compile=args.compile,
     ).validate()
     check_seq_len(config.seq_len, gpt_config.max_seq_len, names=("--seq-len", "--max-seq-len"))
     if not 0.0 <= args.val_fraction < 1.0:
@@ -236,8 +302,16 @@ def _train_command(args) -> int:
         _train_processes(args, nproc, tokenizer, train_data, val_data, gpt_config, config, meta, say)
         return 0
     result = train(
-        model, tokenizer, train_data, config=config, val_tokens=val_data, device=device,
-        checkpoint_path=args.output, resume=args.resume, log=say, meta=meta,
+        model,
+        tokenizer,
+        train_data,
+        config=config,
+        val_tokens=val_data,
+        device=device,
+        checkpoint_path=args.output,
+        resume=args.resume,
+        log=say,
+        meta=meta,
     )
     del result  # the chapter's output ends with "saved checkpoint to ..."; the numbers are in the log too
     return 0
@@ -257,10 +331,16 @@ def _train_processes(args, nproc, tokenizer, train_data, val_data, gpt_config, c
         if val_data is not None:
             val_data.tofile(os.path.join(tmp, "val.bin"))
         job = TrainJob(
-            tokenizer=os.path.join(tmp, "tokenizer.json"), train_tokens=[os.path.join(tmp, "train.bin")],
+            tokenizer=os.path.join(tmp, "tokenizer.json"),
+            train_tokens=[os.path.join(tmp, "train.bin")],
             val_tokens=os.path.join(tmp, "val.bin") if val_data is not None else None,
-            token_dtype=train_data.dtype.name, model=asdict(gpt_config), train=asdict(config),
-            device=args.device, checkpoint=os.path.abspath(args.output), resume=args.resume, meta=meta,
+            token_dtype=train_data.dtype.name,
+            model=asdict(gpt_config),
+            train=asdict(config),
+            device=args.device,
+            checkpoint=os.path.abspath(args.output),
+            resume=args.resume,
+            meta=meta,
         )
         run_training(job, nproc, log=say)
 
@@ -275,8 +355,16 @@ def _generate_command(args) -> int:
     model, tokenizer = load_checkpoint(args.checkpoint)
     print(f"device: {device}", flush=True)
     text = generate(
-        model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, seed=args.seed, device=device, precision=precision, use_cache=not args.no_cache,
+        model,
+        tokenizer,
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=args.seed,
+        device=device,
+        precision=precision,
+        use_cache=not args.no_cache,
     )
     print(text)
     return 0
@@ -287,12 +375,16 @@ def _export_command(args) -> int:
 
     facts = export_checkpoint(args.checkpoint, args.out)
     check = facts["check"]
-    print(f"exported {args.checkpoint} to {facts['out_dir']} as {facts['architecture']} "
-          f"({facts['num_params']:,} params, vocab {facts['vocab_size']:,}) in {facts['seconds']['total']:.1f}s")
+    print(
+        f"exported {args.checkpoint} to {facts['out_dir']} as {facts['architecture']} "
+        f"({facts['num_params']:,} params, vocab {facts['vocab_size']:,}) in {facts['seconds']['total']:.1f}s"
+    )
     for name, info in facts["files"].items():
         print(f"  {name:<24} {info['bytes']:>12,} bytes")
-    print(f"checked: {check['tokenizer_tokens']:,} token ids equal to mygpt's; max |logit diff| "
-          f"{check['max_abs_logit_diff']:.2e} over {check['logit_tokens']} positions")
+    print(
+        f"checked: {check['tokenizer_tokens']:,} token ids equal to mygpt's; max |logit diff| "
+        f"{check['max_abs_logit_diff']:.2e} over {check['logit_tokens']} positions"
+    )
     print("load it with:")
     for line in facts["load"]:
         print(f"  {line}")

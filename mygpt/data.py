@@ -16,7 +16,7 @@ import torch
 
 from .errors import UserError
 
-__all__ = ["get_batch", "num_tokens", "open_token_files", "ConcatTokens"]
+__all__ = ["ConcatTokens", "get_batch", "num_tokens", "open_token_files"]
 
 
 def num_tokens(tokens) -> int:
@@ -30,8 +30,9 @@ def num_tokens(tokens) -> int:
     return len(tokens)
 
 
-def get_batch(tokens, batch_size: int, seq_len: int, generator: torch.Generator, device="cpu",
-              rows: slice | None = None):
+def get_batch(
+    tokens, batch_size: int, seq_len: int, generator: torch.Generator, device="cpu", rows: slice | None = None
+):
     """Sample ``batch_size`` windows of ``seq_len + 1`` tokens at offsets drawn from ``generator``.
 
     Returns ``(x, y)``, each ``(batch_size, seq_len)`` int64 on ``device``; ``y`` is ``x`` shifted by one.
@@ -107,8 +108,10 @@ def open_token_files(paths, dtype="uint16"):
             raise UserError(f"token file {p} does not exist (or is not a file)")
         size = os.path.getsize(p)
         if size % dt.itemsize:
-            raise UserError(f"token file {p} has {size:,} bytes, not a multiple of {dt.itemsize} ({dt.name}); "
-                            f"it is truncated or holds another dtype")
+            raise UserError(
+                f"token file {p} has {size:,} bytes, not a multiple of {dt.itemsize} ({dt.name}); "
+                f"it is truncated or holds another dtype"
+            )
         parts.append(np.memmap(p, dtype=dt, mode="r") if size else np.zeros(0, dt))
     if not parts:
         raise UserError("no token files given")

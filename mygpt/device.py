@@ -27,13 +27,24 @@ import torch
 
 from .errors import UserError
 
-__all__ = ["as_device", "resolve_device", "resolve_precision", "autocast", "PRECISIONS", "mps_available",
-           "cpu_has_native_bf16", "bf16_cpu_warning", "compile_unavailable", "tf32_matmuls", "torch_threads"]
+__all__ = [
+    "PRECISIONS",
+    "as_device",
+    "autocast",
+    "bf16_cpu_warning",
+    "compile_unavailable",
+    "cpu_has_native_bf16",
+    "mps_available",
+    "resolve_device",
+    "resolve_precision",
+    "tf32_matmuls",
+    "torch_threads",
+]
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
-def as_device(device: "str | torch.device") -> torch.device:
+def as_device(device: str | torch.device) -> torch.device:
     """``device`` as a ``torch.device`` (a string is parsed as it is; nothing is resolved or checked)."""
     return device if isinstance(device, torch.device) else torch.device(str(device))
 
@@ -42,7 +53,7 @@ def mps_available() -> bool:
     return bool(torch.backends.mps.is_available())
 
 
-def resolve_device(name: "str | torch.device" = "auto") -> torch.device:
+def resolve_device(name: str | torch.device = "auto") -> torch.device:
     """``"auto"|"cpu"|"cuda"|"cuda:N"|"mps"`` -> ``torch.device``; ``UserError`` when unknown or unavailable."""
     if isinstance(name, torch.device):
         name = str(name)
@@ -80,7 +91,7 @@ def _bf16_supported(device: torch.device) -> bool:
     return device.type in ("mps", "cpu")
 
 
-def resolve_precision(device: "str | torch.device", precision: str = "auto") -> str:
+def resolve_precision(device: str | torch.device, precision: str = "auto") -> str:
     """``"auto"|"fp32"|"bf16"`` -> ``"fp32"`` or ``"bf16"`` for ``device``; ``UserError`` when unsupported."""
     device = as_device(device)
     precision = (precision or "auto").strip().lower()
@@ -98,7 +109,7 @@ def resolve_precision(device: "str | torch.device", precision: str = "auto") -> 
     return "fp32"
 
 
-def autocast(device: "str | torch.device", precision: str):
+def autocast(device: str | torch.device, precision: str):
     """Context manager: bf16 autocast when ``precision == "bf16"``, otherwise a no-op."""
     device = as_device(device)
     if precision == "bf16":
@@ -133,17 +144,19 @@ def _cpu_name() -> str:
     return str(name or platform.processor() or platform.machine() or "this CPU")
 
 
-def bf16_cpu_warning(device: "str | torch.device", requested: str) -> str | None:
+def bf16_cpu_warning(device: str | torch.device, requested: str) -> str | None:
     """The warning for an explicit ``precision="bf16"`` on a CPU without native bf16, else ``None``."""
     device = as_device(device)
     if device.type != "cpu" or (requested or "").strip().lower() != "bf16" or cpu_has_native_bf16() is not False:
         return None
-    return (f"precision bf16 on {_cpu_name()}, a CPU without native bf16 (no AVX512-BF16/AMX): autocast emulates "
-            f"it, and fp32 measured about 10x faster on such a CPU (chapter model: ~1 s vs ~11 s per step); "
-            f"use precision fp32 (or auto, which picks fp32 on CPUs)")
+    return (
+        f"precision bf16 on {_cpu_name()}, a CPU without native bf16 (no AVX512-BF16/AMX): autocast emulates "
+        f"it, and fp32 measured about 10x faster on such a CPU (chapter model: ~1 s vs ~11 s per step); "
+        f"use precision fp32 (or auto, which picks fp32 on CPUs)"
+    )
 
 
-def compile_unavailable(device: "str | torch.device") -> str | None:
+def compile_unavailable(device: str | torch.device) -> str | None:
     """Why ``torch.compile`` (TorchInductor) cannot run on ``device`` here, or ``None`` when it can."""
     device = as_device(device)
     try:
@@ -184,7 +197,7 @@ def torch_threads(threads: int | None):
 
 
 @contextlib.contextmanager
-def tf32_matmuls(device: "str | torch.device", enabled: bool = True):
+def tf32_matmuls(device: str | torch.device, enabled: bool = True):
     """TF32 for fp32 matmuls and convolutions on CUDA while inside (restored after); a no-op elsewhere."""
     device = as_device(device)
     if not enabled or device.type != "cuda":

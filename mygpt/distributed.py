@@ -80,14 +80,14 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable
 
 from .atomic import atomic_write_text
 from .errors import UserError, check_int
 
-__all__ = ["TrainJob", "TrainingProcessError", "run_training", "resolve_nproc", "STALL_ENV", "EXIT_RANK_ENV"]
+__all__ = ["EXIT_RANK_ENV", "STALL_ENV", "TrainJob", "TrainingProcessError", "resolve_nproc", "run_training"]
 
 STALL_ENV = "MYGPT_TEST_STALL_AFTER_CHECKPOINT"
 EXIT_RANK_ENV = "MYGPT_TEST_EXIT_RANK"
@@ -99,8 +99,17 @@ TAIL_LINES = 25
 class TrainingProcessError(RuntimeError):
     """A training process failed (not a ``UserError``): which rank, how it ended, the tail of its log."""
 
-    def __init__(self, message: str, *, rank: int | None, exit_code: int | None, world_size: int,
-                 log_tail: str, run_dir: str, checkpoint_step: int | None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None,
+        exit_code: int | None,
+        world_size: int,
+        log_tail: str,
+        run_dir: str,
+        checkpoint_step: int | None,
+    ) -> None:
         super().__init__(message)
         self.rank, self.exit_code, self.world_size = rank, exit_code, world_size
         self.log_tail, self.run_dir, self.checkpoint_step = log_tail, run_dir, checkpoint_step
@@ -137,15 +146,16 @@ class TrainJob:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainJob":
+    def from_dict(cls, d: dict) -> TrainJob:
         if not isinstance(d, dict):
             raise UserError(f"a training job must be a JSON object, got {type(d).__name__}")
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
             raise UserError(f"training job has unknown field(s) {unknown}; known: {sorted(names)}")
-        missing = sorted(f.name for f in fields(cls) if f.name in ("tokenizer", "train_tokens", "model", "train")
-                         and f.name not in d)
+        missing = sorted(
+            f.name for f in fields(cls) if f.name in ("tokenizer", "train_tokens", "model", "train") and f.name not in d
+        )
         if missing:
             raise UserError(f"training job lacks field(s) {missing}")
         return cls(**d)
@@ -154,7 +164,7 @@ class TrainJob:
         atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
 
     @classmethod
-    def load(cls, path) -> "TrainJob":
+    def load(cls, path) -> TrainJob:
         try:
             with open(path, encoding="utf-8") as f:
                 return cls.from_dict(json.load(f))
@@ -192,8 +202,10 @@ class TrainJob:
             raise UserError(f"job 'model' must be an object of GPTConfig fields, got {type(self.model).__name__}")
         vocab = self.model.get("vocab_size", tokenizer.vocab_size)
         if vocab != tokenizer.vocab_size:
-            raise UserError(f"job 'model' has vocab_size {vocab}, but the tokenizer {self.tokenizer} has "
-                            f"{tokenizer.vocab_size}; drop vocab_size (it comes from the tokenizer)")
+            raise UserError(
+                f"job 'model' has vocab_size {vocab}, but the tokenizer {self.tokenizer} has "
+                f"{tokenizer.vocab_size}; drop vocab_size (it comes from the tokenizer)"
+            )
         return GPTConfig.from_dict({**self.model, "vocab_size": vocab}, "job 'model'")
 
     def build_model(self, tokenizer):
@@ -216,18 +228,24 @@ class TrainJob:
             raise UserError(f"job 'resume' must be true or false, got {self.resume!r}")
         check_int("threads", self.threads, 0)
         config = self.config()
-        tokenizer, train_tokens, val_tokens = self.open_data()
+        tokenizer, train_tokens, _val_tokens = self.open_data()
         model = self.gpt_config(tokenizer)
-        check_seq_len(config.seq_len, model.max_seq_len, names=("job 'train' seq_len", "the model's max_seq_len"),
-                      hint="lower seq_len or raise max_seq_len")
+        check_seq_len(
+            config.seq_len,
+            model.max_seq_len,
+            names=("job 'train' seq_len", "the model's max_seq_len"),
+            hint="lower seq_len or raise max_seq_len",
+        )
         if len(train_tokens) < config.seq_len + 1:
-            raise UserError(f"the training token files hold {len(train_tokens):,} tokens, fewer than one window "
-                            f"of seq_len + 1 = {config.seq_len + 1:,}")
+            raise UserError(
+                f"the training token files hold {len(train_tokens):,} tokens, fewer than one window "
+                f"of seq_len + 1 = {config.seq_len + 1:,}"
+            )
         check_nproc(config.batch_size, nproc)
 
 
 # ---- how many processes -----------------------------------------------------------------------------------
-def resolve_nproc(nproc: "int | str", device: str = "auto") -> int:
+def resolve_nproc(nproc: int | str, device: str = "auto") -> int:
     """``nproc`` as a number: ``"auto"`` = visible GPUs when ``device`` resolves to CUDA, else 1."""
     from .device import resolve_device
 
@@ -247,11 +265,15 @@ def resolve_nproc(nproc: "int | str", device: str = "auto") -> int:
             import torch
 
             if dev.index is not None:
-                raise UserError(f"device {device!r} pins one GPU, but nproc is {n}; use device 'cuda' (or 'auto') "
-                                f"and each process takes its own GPU")
+                raise UserError(
+                    f"device {device!r} pins one GPU, but nproc is {n}; use device 'cuda' (or 'auto') "
+                    f"and each process takes its own GPU"
+                )
             if n > torch.cuda.device_count():
-                raise UserError(f"nproc ({n}) is more than the {torch.cuda.device_count()} visible GPU(s); "
-                                f"lower nproc or use 'auto'")
+                raise UserError(
+                    f"nproc ({n}) is more than the {torch.cuda.device_count()} visible GPU(s); "
+                    f"lower nproc or use 'auto'"
+                )
         if not hasattr(os, "killpg"):
             raise UserError("nproc > 1 needs a POSIX system (process groups); use nproc 1")
     return n
@@ -259,14 +281,14 @@ def resolve_nproc(nproc: "int | str", device: str = "auto") -> int:
 
 # ---- the launcher -----------------------------------------------------------------------------------------
 def run_training(
-    job: "TrainJob | dict",
+    job: TrainJob | dict,
     nproc: int = 1,
     *,
     log: Callable[[str], None] | None = print,
     on_progress: Callable[[dict], None] | None = None,
     on_checkpoint: Callable[[int, str], None] | None = None,
     env: dict | None = None,
-    run_dir: "str | os.PathLike | None" = None,
+    run_dir: str | os.PathLike | None = None,
 ):
     """Train ``job`` with ``nproc`` processes (a number, see :func:`resolve_nproc`); return the ``TrainResult``
     (see the module docstring).
@@ -300,9 +322,21 @@ def _train_job(job: TrainJob, config, device, world, log, on_progress, on_checkp
 
     tokenizer, train_tokens, val_tokens = job.open_data()
     model = job.build_model(tokenizer)
-    result = train(model, tokenizer, train_tokens, config=config, val_tokens=val_tokens, device=device,
-                   checkpoint_path=job.checkpoint, resume=job.resume, log=log, on_progress=on_progress,
-                   on_checkpoint=on_checkpoint, meta=job.meta, world=world)
+    result = train(
+        model,
+        tokenizer,
+        train_tokens,
+        config=config,
+        val_tokens=val_tokens,
+        device=device,
+        checkpoint_path=job.checkpoint,
+        resume=job.resume,
+        log=log,
+        on_progress=on_progress,
+        on_checkpoint=on_checkpoint,
+        meta=job.meta,
+        world=world,
+    )
     if world.is_main and job.output:
         save_checkpoint(model, tokenizer, job.output, meta=job.meta)
     return result
@@ -317,7 +351,7 @@ class _EventReader:
     def read(self) -> list[dict]:
         if self.file is None:
             try:
-                self.file = open(self.path, encoding="utf-8")
+                self.file = open(self.path, encoding="utf-8")  # noqa: SIM115 (tailed across calls)
             except FileNotFoundError:
                 return []
         chunk = self.file.read()
@@ -336,8 +370,14 @@ def _prepare_run_dir(run_dir) -> tuple[Path, bool]:
         return Path(tempfile.mkdtemp(prefix="mygpt-train-")), True
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
-    for pattern in ("events.jsonl", "result.json", "launcher.log", "rank-*.log", "rank-*.status.json",
-                    "rank-*.pid"):  # a previous attempt's files must not be read as this one's
+    for pattern in (
+        "events.jsonl",
+        "result.json",
+        "launcher.log",
+        "rank-*.log",
+        "rank-*.status.json",
+        "rank-*.pid",
+    ):  # a previous attempt's files must not be read as this one's
         for old in path.glob(pattern):
             old.unlink()
     return path, False
@@ -349,11 +389,25 @@ def _launch(job, nproc, log, on_progress, on_checkpoint, env, run_dir):
     run_path, temporary = _prepare_run_dir(run_dir)
     job_path = run_path / "job.json"
     job.save(job_path)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                "--max-restarts=0", "-m", "mygpt.distributed", "worker", str(job_path)]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--max-restarts=0",
+        "-m",
+        "mygpt.distributed",
+        "worker",
+        str(job_path),
+    ]
     cmd = [sys.executable, "-m", "mygpt._orphan_guard", str(os.getpid()), "--", *torchrun]
-    child_env = {**os.environ, **{k: str(v) for k, v in env.items()}, RUN_DIR_ENV: str(run_path),
-                 LAUNCHER_ENV: str(os.getpid())}
+    child_env = {
+        **os.environ,
+        **{k: str(v) for k, v in env.items()},
+        RUN_DIR_ENV: str(run_path),
+        LAUNCHER_ENV: str(os.getpid()),
+    }
     log(f"launching {nproc} training processes with torch.distributed.run (logs: {run_path})")
     reader = _EventReader(run_path / "events.jsonl")
     last_checkpoint: list = [None]
@@ -371,8 +425,9 @@ def _launch(job, nproc, log, on_progress, on_checkpoint, env, run_dir):
                     on_checkpoint(ev["step"], ev["path"])
 
     with open(run_path / "launcher.log", "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=child_env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env, start_new_session=True
+        )
     ok = False
     try:
         while True:
@@ -403,10 +458,8 @@ def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # anything left in the group
     proc.wait()
@@ -484,12 +537,18 @@ def _failure(rc: int, nproc: int, run_path: Path, checkpoint_step: int | None, j
     user = sorted(r for r, s in statuses.items() if s.get("status") == "user_error")
     if user:
         return UserError(statuses[user[0]]["message"])
-    launcher_text = (run_path / "launcher.log").read_text(encoding="utf-8", errors="replace") \
-        if (run_path / "launcher.log").exists() else ""
+    launcher_text = (
+        (run_path / "launcher.log").read_text(encoding="utf-8", errors="replace")
+        if (run_path / "launcher.log").exists()
+        else ""
+    )
     failures, root = _parse_torchrun_failures(launcher_text)
     innocent = {"peer_lost", "ok"}
-    culprits = [r for r, code in failures.items()
-                if statuses.get(r, {}).get("status") not in innocent and code != -signal.SIGTERM]
+    culprits = [
+        r
+        for r, code in failures.items()
+        if statuses.get(r, {}).get("status") not in innocent and code != -signal.SIGTERM
+    ]
     if culprits:
         rank = root if root in culprits else min(culprits)
     elif root is not None:
@@ -497,27 +556,47 @@ def _failure(rc: int, nproc: int, run_path: Path, checkpoint_step: int | None, j
     else:
         rank = min(failures) if failures else None
     if checkpoint_step is not None:
-        resume = f"the last checkpoint of this attempt is at step {checkpoint_step} ({job.checkpoint}); rerun to " \
-                 f"resume from it"
+        resume = (
+            f"the last checkpoint of this attempt is at step {checkpoint_step} ({job.checkpoint}); rerun to "
+            f"resume from it"
+        )
     elif job.checkpoint and os.path.exists(job.checkpoint):
         resume = f"no new checkpoint was written; rerunning resumes from the existing {job.checkpoint}"
     else:
         resume = "no checkpoint was written; a rerun starts over"
     if rank is None:
         tail = _tail(run_path / "launcher.log")
-        message = (f"training with {nproc} processes failed: torch.distributed.run exited with code {rc} before "
-                   f"naming a failed rank. Last lines of {run_path / 'launcher.log'}:\n{_indent(tail)}\n{resume}")
-        return TrainingProcessError(message, rank=None, exit_code=rc, world_size=nproc, log_tail=tail,
-                                    run_dir=str(run_path), checkpoint_step=checkpoint_step)
+        message = (
+            f"training with {nproc} processes failed: torch.distributed.run exited with code {rc} before "
+            f"naming a failed rank. Last lines of {run_path / 'launcher.log'}:\n{_indent(tail)}\n{resume}"
+        )
+        return TrainingProcessError(
+            message,
+            rank=None,
+            exit_code=rc,
+            world_size=nproc,
+            log_tail=tail,
+            run_dir=str(run_path),
+            checkpoint_step=checkpoint_step,
+        )
     code = failures.get(rank)
     status = statuses.get(rank, {})
     log_path = run_path / f"rank-{rank}.log"
     tail = _tail(log_path)
     what = f" ({status['message']})" if status.get("message") else ""
-    message = (f"training process rank {rank} of {nproc} {_describe_exit(code)}{what}; the other processes were "
-               f"stopped. Last lines of its log {log_path}:\n{_indent(tail) or '    (empty)'}\n{resume}")
-    return TrainingProcessError(message, rank=rank, exit_code=code, world_size=nproc, log_tail=tail,
-                                run_dir=str(run_path), checkpoint_step=checkpoint_step)
+    message = (
+        f"training process rank {rank} of {nproc} {_describe_exit(code)}{what}; the other processes were "
+        f"stopped. Last lines of its log {log_path}:\n{_indent(tail) or '    (empty)'}\n{resume}"
+    )
+    return TrainingProcessError(
+        message,
+        rank=rank,
+        exit_code=code,
+        world_size=nproc,
+        log_tail=tail,
+        run_dir=str(run_path),
+        checkpoint_step=checkpoint_step,
+    )
 
 
 def _indent(text: str) -> str:
@@ -529,7 +608,7 @@ class _Events:
     """Rank 0's event stream to the launcher (JSON lines, flushed per event)."""
 
     def __init__(self, path: Path) -> None:
-        self.file = open(path, "a", encoding="utf-8")
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the rank's life)
 
     def emit(self, event: str, **data) -> None:
         self.file.write(json.dumps({"event": event, **data}) + "\n")
@@ -573,8 +652,9 @@ def _is_peer_failure(e: BaseException) -> bool:
     if isinstance(e, dist.DistError):
         return True
     text = str(e)
-    return any(s in text for s in ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
-                                   "gloo", "NCCL"))
+    return any(
+        s in text for s in ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "gloo", "NCCL")
+    )
 
 
 def _worker(job_path: str) -> int:
@@ -597,7 +677,7 @@ def _worker(job_path: str) -> int:
         print(f"error: {e}", flush=True)
         atomic_write_text(status_path, json.dumps({"status": "user_error", "message": str(e)}))
         return 2
-    except BaseException as e:  # noqa: BLE001 - reported, then the process exits non-zero
+    except BaseException as e:
         traceback.print_exc()
         first = (str(e).strip().splitlines() or [""])[0][:300]
         status = "peer_lost" if _is_peer_failure(e) else "error"
@@ -636,9 +716,15 @@ def _work(job: TrainJob, rank: int, local_rank: int, run_path: Path) -> None:
                 while True:
                     time.sleep(1)
 
-        result = _train_job(job, config, dev, world, events.log if events else None,
-                            (lambda point: events.emit("progress", point=point)) if events else None,
-                            on_checkpoint if events else None)
+        result = _train_job(
+            job,
+            config,
+            dev,
+            world,
+            events.log if events else None,
+            (lambda point: events.emit("progress", point=point)) if events else None,
+            on_checkpoint if events else None,
+        )
         if rank == 0:
             atomic_write_text(run_path / "result.json", json.dumps(result.to_dict()))
     finally:
@@ -648,8 +734,11 @@ def _work(job: TrainJob, rank: int, local_rank: int, run_path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] != "worker":
-        print("usage: python -m torch.distributed.run ... -m mygpt.distributed worker JOB.json "
-              "(started by mygpt.distributed.run_training)", file=sys.stderr)
+        print(
+            "usage: python -m torch.distributed.run ... -m mygpt.distributed worker JOB.json "
+            "(started by mygpt.distributed.run_training)",
+            file=sys.stderr,
+        )
         return 2
     return _worker(argv[1])
 

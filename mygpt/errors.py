@@ -8,7 +8,7 @@ It subclasses ``ValueError`` so library callers can catch it as the usual bad-va
 from __future__ import annotations
 
 import numbers
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class UserError(ValueError):
@@ -20,7 +20,7 @@ def check_int(name: str, value: object, minimum: int | None = None, hint: str = 
 
     The message reads ``<name> must be an integer >= <minimum>, got <value>; <hint>``.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or minimum is not None and value < minimum:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (minimum is not None and value < minimum):
         bound = f" >= {minimum}" if minimum is not None else ""
         raise UserError(f"{name} must be an integer{bound}, got {value!r}" + (f"; {hint}" if hint else ""))
     return int(value)

@@ -98,23 +98,22 @@ from .errors import UserError, describe_chars
 
 __all__ = [
     "ARCHITECTURE",
-    "MODEL_TYPE",
     "EXPORT_FILES",
+    "MODEL_TYPE",
     "WEIGHT_NAMES",
     "check_exportable",
-    "hf_tokenizer_json",
+    "export_checkpoint",
+    "export_hf",
     "hf_config",
     "hf_state_dict",
-    "export_hf",
-    "export_checkpoint",
+    "hf_tokenizer_json",
     "load_lines",
 ]
 
 ARCHITECTURE = "ArceeForCausalLM"
 MODEL_TYPE = "arcee"
 #: Files an export writes, in publishing order (``config.json`` last: it marks a finished export).
-EXPORT_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "model.safetensors",
-                "config.json")
+EXPORT_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "model.safetensors", "config.json")
 #: mygpt parameter name -> transformers parameter name (``{i}`` = layer index).
 WEIGHT_NAMES = {
     "token_embedding.weight": "model.embed_tokens.weight",
@@ -215,8 +214,7 @@ def _tokenizer_plan(tokenizer) -> dict:
             names[i] = f"{mark}{i}{mark}"
     if byte_fallback:
         names += [f"<0x{b:02X}>" for b in range(256)]
-    return {"chars": chars, "merges": merges, "byte_fallback": byte_fallback, "names": names,
-            "placeholders": repeated}
+    return {"chars": chars, "merges": merges, "byte_fallback": byte_fallback, "names": names, "placeholders": repeated}
 
 
 def _check_repeats_in_order(merges: list[tuple[str, str]]) -> None:
@@ -385,8 +383,9 @@ def hf_state_dict(state_dict: dict, num_layers: int) -> dict:
     """
     import torch
 
-    table = {src.format(i=i): dst.format(i=i) for src, dst in WEIGHT_NAMES.items() if "{i}" in src
-             for i in range(num_layers)}
+    table = {
+        src.format(i=i): dst.format(i=i) for src, dst in WEIGHT_NAMES.items() if "{i}" in src for i in range(num_layers)
+    }
     table.update({src: dst for src, dst in WEIGHT_NAMES.items() if "{i}" not in src})
     unknown = sorted(set(state_dict) - set(table))
     missing = sorted(set(table) - set(state_dict))
@@ -447,8 +446,15 @@ def export_hf(model, tokenizer, out_dir, *, meta: dict | None = None, sample_tex
         _publish(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return _facts(model, tokenizer, out_dir, files, check, meta,
-                  {"write": t_written - t0, "check": t_checked - t_written, "total": time.perf_counter() - t0})
+    return _facts(
+        model,
+        tokenizer,
+        out_dir,
+        files,
+        check,
+        meta,
+        {"write": t_written - t0, "check": t_checked - t_written, "total": time.perf_counter() - t0},
+    )
 
 
 def _check_out_dir(out_dir: str) -> None:
@@ -544,8 +550,10 @@ def _compare(directory: str, model, tokenizer, sample_text: str | None) -> dict:
     with torch.no_grad():
         diff = float((reference(ids)[0] - hf_model(ids).logits).abs().max())
     if not diff <= LOGIT_TOLERANCE:
-        raise RuntimeError(f"export check failed: transformers' logits differ from mygpt's by {diff:.3g} "
-                           "(a weight or config mapping error)")
+        raise RuntimeError(
+            f"export check failed: transformers' logits differ from mygpt's by {diff:.3g} "
+            "(a weight or config mapping error)"
+        )
     return {"tokenizer_tokens": len(want), "logit_tokens": int(ids.size(1)), "max_abs_logit_diff": diff}
 
 
@@ -578,8 +586,9 @@ def _facts(model, tokenizer, out_dir: str, files: dict[str, bytes], check: dict,
         "architecture": ARCHITECTURE,
         "model_type": MODEL_TYPE,
         "out_dir": out_dir,
-        "files": {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-                  for name, data in files.items()},
+        "files": {
+            name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()
+        },
         "num_params": model.num_params(),
         "vocab_size": model.vocab_size,
         "dtype": "float32",
@@ -593,8 +602,12 @@ def _facts(model, tokenizer, out_dir: str, files: dict[str, bytes], check: dict,
         },
         "check": check,
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
-        "versions": {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-                     "safetensors": safetensors.__version__, "torch": torch.__version__.split("+")[0]},
+        "versions": {
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+            "safetensors": safetensors.__version__,
+            "torch": torch.__version__.split("+")[0],
+        },
         "load": load_lines(out_dir),
         "meta": meta,
     }
@@ -607,8 +620,7 @@ def export_checkpoint(checkpoint_path, out_dir, *, sample_text: str | None = Non
     sha256, training step, its own ``meta``). A checkpoint that cannot be exported exactly raises ``UserError``
     naming it, before anything is written.
     """
-    from .checkpoint import gpt_config_from_payload, load_checkpoint_payload, model_from_payload, \
-        tokenizer_from_payload
+    from .checkpoint import gpt_config_from_payload, load_checkpoint_payload, model_from_payload, tokenizer_from_payload
 
     path = os.path.abspath(os.fspath(checkpoint_path))
     payload = load_checkpoint_payload(path)  # read once: the config, the tokenizer and the weights come from it

@@ -34,9 +34,18 @@ from __future__ import annotations
 import math
 import os
 
-__all__ = ["GPU_BF16_PEAK_TFLOPS", "PEAK_ENV", "flops_per_token", "matmul_params", "peak_tflops", "peak_for_name",
-           "throughput",
-           "bits_per_byte", "format_throughput", "FLOPS_FORMULA"]
+__all__ = [
+    "FLOPS_FORMULA",
+    "GPU_BF16_PEAK_TFLOPS",
+    "PEAK_ENV",
+    "bits_per_byte",
+    "flops_per_token",
+    "format_throughput",
+    "matmul_params",
+    "peak_for_name",
+    "peak_tflops",
+    "throughput",
+]
 
 FLOPS_FORMULA = "6N + 12*L*H*Q*T"
 PEAK_ENV = "MYGPT_PEAK_TFLOPS"
@@ -114,8 +123,15 @@ def bits_per_byte(nats: float, num_bytes: float) -> float | None:
     return nats / (math.log(2) * num_bytes) if num_bytes > 0 else None
 
 
-def format_throughput(tokens_per_sec: float, flops_per_tok: int, tflops: float, mfu: float | None,
-                      peak: float | None, peak_note: str, world_size: int = 1) -> str:
+def format_throughput(
+    tokens_per_sec: float,
+    flops_per_tok: int,
+    tflops: float,
+    mfu: float | None,
+    peak: float | None,
+    peak_note: str,
+    world_size: int = 1,
+) -> str:
     """One log line: tokens/s, FLOPs/token (with the formula), achieved TFLOP/s and MFU."""
     procs = f" ({world_size} processes)" if world_size > 1 else ""
     if mfu is not None and peak:
@@ -123,5 +139,7 @@ def format_throughput(tokens_per_sec: float, flops_per_tok: int, tflops: float, 
         mfu_text = f"MFU {100 * mfu:.1f}% of {devices}{peak:g} TFLOP/s bf16 peak ({peak_note})"
     else:
         mfu_text = f"MFU n/a ({peak_note})"
-    return (f"throughput: {tokens_per_sec:,.0f} tokens/s{procs}, {flops_per_tok:,} FLOPs/token "
-            f"({FLOPS_FORMULA}), {tflops:.3g} TFLOP/s, {mfu_text}")
+    return (
+        f"throughput: {tokens_per_sec:,.0f} tokens/s{procs}, {flops_per_tok:,} FLOPs/token "
+        f"({FLOPS_FORMULA}), {tflops:.3g} TFLOP/s, {mfu_text}"
+    )

@@ -36,13 +36,21 @@ import torch.nn.functional as F
 
 from .errors import UserError, check_int
 
-__all__ = ["GPT", "GPTConfig", "KVCache", "RMSNorm", "NORM_TYPES", "POSITION_TYPES"]
+__all__ = ["GPT", "NORM_TYPES", "POSITION_TYPES", "GPTConfig", "KVCache", "RMSNorm"]
 
 NORM_TYPES = ("layer", "rms")
 POSITION_TYPES = ("learned", "rope")
 #: The checkpoint ``config`` keys the chapter writes, in its order (the model's part; ``dropout`` is not kept).
-CHECKPOINT_KEYS = ("vocab_size", "embed_dim", "num_heads", "num_kv_heads", "num_layers", "max_seq_len", "norm_type",
-                   "position_type")
+CHECKPOINT_KEYS = (
+    "vocab_size",
+    "embed_dim",
+    "num_heads",
+    "num_kv_heads",
+    "num_layers",
+    "max_seq_len",
+    "norm_type",
+    "position_type",
+)
 #: What a checkpoint written before chapter 24/28 lacks, and what it meant (``num_kv_heads``: ``num_heads``).
 LEGACY_CHECKPOINT_DEFAULTS = {"norm_type": "layer", "position_type": "learned"}
 #: What every checkpoint's ``config`` holds, old ones included.
@@ -105,7 +113,7 @@ class GPTConfig:
         return self.embed_dim // self.num_heads
 
     @classmethod
-    def from_dict(cls, values: dict, what: str = "model config") -> "GPTConfig":
+    def from_dict(cls, values: dict, what: str = "model config") -> GPTConfig:
         """A config from a dict of its fields; ``UserError`` naming unknown or missing keys."""
         if not isinstance(values, dict):
             raise UserError(f"{what} must be an object of GPTConfig fields, got {type(values).__name__}")
@@ -118,7 +126,7 @@ class GPTConfig:
         return cls(**values)
 
     @classmethod
-    def from_checkpoint(cls, config: dict) -> "GPTConfig":
+    def from_checkpoint(cls, config: dict) -> GPTConfig:
         """The config a checkpoint's ``config`` dict describes, old checkpoints included: one written before
         chapter 24/28 has no ``norm_type``/``position_type``/``num_kv_heads`` and means LayerNorm, learned
         positions and plain multi-head attention. Other keys (``tokenizer_kind``) are not the model's."""
@@ -257,7 +265,7 @@ class GPT(nn.Module):
     are shorthand for ``GPT(GPTConfig(...))``. The config is ``model.gpt_config``; its fields are also
     attributes (``model.max_seq_len``, ...)."""
 
-    def __init__(self, config: "GPTConfig | int | None" = None, /, **values) -> None:
+    def __init__(self, config: GPTConfig | int | None = None, /, **values) -> None:
         super().__init__()
         if not isinstance(config, GPTConfig):
             config = GPTConfig(**values) if config is None else GPTConfig(config, **values)
@@ -317,7 +325,7 @@ class GPT(nn.Module):
         With ``kv_cache``, ``idx`` holds only the new tokens; they sit at absolute positions
         ``kv_cache.length ..`` and the cache is extended in place.
         """
-        B, T = idx.shape
+        _B, T = idx.shape
         start = kv_cache.length if kv_cache is not None else 0
         if start + T > self.max_seq_len:
             raise ValueError(

@@ -22,18 +22,17 @@ sizes) follow different (equally valid) trajectories; with dropout 0 (the chapte
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from .data import get_batch
 from .device import autocast
-from .errors import UserError
 from .metrics import bits_per_byte
 
-__all__ = ["World", "forward_backward", "evaluate"]
+__all__ = ["World", "evaluate", "forward_backward"]
 
 
 @dataclass(frozen=True)
@@ -47,15 +46,19 @@ class World:
     step_hook: Callable[[int], None] | None = None
 
     @classmethod
-    def current(cls, step_hook: Callable[[int], None] | None = None) -> "World":
+    def current(cls, step_hook: Callable[[int], None] | None = None) -> World:
         """The initialised default process group's rank/size, or a single-process world."""
         import os
 
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            return cls(rank=dist.get_rank(), size=dist.get_world_size(),
-                       local_rank=int(os.environ.get("LOCAL_RANK", "0")), step_hook=step_hook)
+            return cls(
+                rank=dist.get_rank(),
+                size=dist.get_world_size(),
+                local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+                step_hook=step_hook,
+            )
         return cls(step_hook=step_hook)
 
     @property
@@ -93,8 +96,17 @@ class World:
             self.step_hook(step)
 
 
-def forward_backward(model, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, world: World,
-                     micro_batch_size: int, device: torch.device, precision: str) -> torch.Tensor:
+def forward_backward(
+    model,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    batch_size: int,
+    world: World,
+    micro_batch_size: int,
+    device: torch.device,
+    precision: str,
+) -> torch.Tensor:
     """Forward and backward over this rank's rows ``x``/``y`` (gradients accumulate into ``.grad``).
 
     ``model`` is the module to call (DDP-wrapped when ``world.size > 1``). Returns this rank's detached
@@ -120,8 +132,19 @@ def forward_backward(model, x: torch.Tensor, y: torch.Tensor, *, batch_size: int
 
 
 @torch.no_grad()
-def evaluate(model, tokens, *, batch_size: int, seq_len: int, batches: int, seed: int, device: torch.device,
-             precision: str, world: World, token_bytes: torch.Tensor | None = None) -> tuple[float, float | None]:
+def evaluate(
+    model,
+    tokens,
+    *,
+    batch_size: int,
+    seq_len: int,
+    batches: int,
+    seed: int,
+    device: torch.device,
+    precision: str,
+    world: World,
+    token_bytes: torch.Tensor | None = None,
+) -> tuple[float, float | None]:
     """``(mean loss per token, bits per byte or None)`` over ``batches`` global batches of windows drawn from a
     generator seeded with ``seed`` (the same on every rank and at every call).
 

@@ -15,13 +15,19 @@ from .bpe import BPETokenizer
 from .char_tokenizer import CharTokenizer
 from .errors import UserError
 
-__all__ = ["BPETokenizer", "CharTokenizer", "TOKENIZER_KINDS", "tokenizer_from_state", "save_tokenizer_file",
-           "load_tokenizer_file"]
+__all__ = [
+    "TOKENIZER_KINDS",
+    "BPETokenizer",
+    "CharTokenizer",
+    "load_tokenizer_file",
+    "save_tokenizer_file",
+    "tokenizer_from_state",
+]
 
 TOKENIZER_KINDS = {"char": CharTokenizer, "bpe": BPETokenizer}
 
 
-def tokenizer_from_state(kind: str, state: dict) -> "CharTokenizer | BPETokenizer":
+def tokenizer_from_state(kind: str, state: dict) -> CharTokenizer | BPETokenizer:
     """Rebuild a tokenizer from its ``kind`` (``"char"``/``"bpe"``) and its ``state()`` dict."""
     cls = TOKENIZER_KINDS.get(kind)
     if cls is None:
@@ -34,7 +40,7 @@ def save_tokenizer_file(tokenizer, path) -> None:
     atomic_write_text(path, json.dumps({"kind": tokenizer.kind, "state": tokenizer.state()}, ensure_ascii=False))
 
 
-def load_tokenizer_file(path) -> "CharTokenizer | BPETokenizer":
+def load_tokenizer_file(path) -> CharTokenizer | BPETokenizer:
     """Read a tokenizer file (see the module docstring); ``UserError`` naming ``path`` when it is unusable."""
     path = os.fspath(path)
     try:

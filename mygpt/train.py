@@ -39,8 +39,8 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable
 
 import numpy as np
 import torch
@@ -52,12 +52,21 @@ from .errors import UserError, check_int
 from .metrics import flops_per_token, format_throughput, peak_tflops, throughput
 from .parallel import World, evaluate, forward_backward
 
-__all__ = ["TrainConfig", "TrainResult", "train", "lr_at", "estimate_loss", "check_seq_len", "check_nproc"]
+__all__ = ["TrainConfig", "TrainResult", "check_nproc", "check_seq_len", "estimate_loss", "lr_at", "train"]
 
 SCHEDULES = ("constant", "cosine")
 # Train-config fields that change the trajectory: a resumed run must use the same values.
-_RESUME_MUST_MATCH = ("batch_size", "seq_len", "lr", "schedule", "warmup", "max_grad_norm", "precision", "seed",
-                      "weight_decay")
+_RESUME_MUST_MATCH = (
+    "batch_size",
+    "seq_len",
+    "lr",
+    "schedule",
+    "warmup",
+    "max_grad_norm",
+    "precision",
+    "seed",
+    "weight_decay",
+)
 
 
 @dataclass
@@ -89,7 +98,7 @@ class TrainConfig:
     compile: bool = False
     tf32: bool = True
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         for name in ("steps", "batch_size", "seq_len", "eval_batches"):
             check_int(name, getattr(self, name), 1)
         for name in ("warmup", "print_every", "eval_every", "checkpoint_every", "micro_batch_size"):
@@ -111,19 +120,21 @@ class TrainConfig:
         return self
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
+    def from_dict(cls, d: dict) -> TrainConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def check_seq_len(seq_len: int, max_seq_len: int, *, names: tuple[str, str] = ("seq_len", "max_seq_len"),
-                  hint: str = "") -> None:
+def check_seq_len(
+    seq_len: int, max_seq_len: int, *, names: tuple[str, str] = ("seq_len", "max_seq_len"), hint: str = ""
+) -> None:
     """The one check that a training window fits the model: ``seq_len <= max_seq_len``. ``names``: how the
     caller's user spells the two (``--seq-len``, ...); ``hint``: what to do (default: lower one, raise the other)."""
     if seq_len > max_seq_len:
         seq, most = names
-        raise UserError(f"{seq} ({seq_len}) must be <= {most} ({max_seq_len}); "
-                        f"{hint or f'lower {seq} or raise {most}'}")
+        raise UserError(
+            f"{seq} ({seq_len}) must be <= {most} ({max_seq_len}); {hint or f'lower {seq} or raise {most}'}"
+        )
 
 
 def check_nproc(batch_size: int, nproc: int, *, names: tuple[str, str] = ("batch_size", "nproc")) -> None:
@@ -131,8 +142,10 @@ def check_nproc(batch_size: int, nproc: int, *, names: tuple[str, str] = ("batch
     ``names``: how the caller's user spells the two."""
     if batch_size < nproc:
         rows, procs = names
-        raise UserError(f"{procs} ({nproc}) is more than {rows} ({batch_size}); every process takes at least one "
-                        f"row of the global batch: lower {procs} or raise {rows}")
+        raise UserError(
+            f"{procs} ({nproc}) is more than {rows} ({batch_size}); every process takes at least one "
+            f"row of the global batch: lower {procs} or raise {rows}"
+        )
 
 
 @dataclass
@@ -164,7 +177,7 @@ class TrainResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainResult":
+    def from_dict(cls, d: dict) -> TrainResult:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -184,9 +197,17 @@ def estimate_loss(model, tokens, config: TrainConfig, device, precision: str) ->
     """Mean loss over ``config.eval_batches`` windows drawn from a generator seeded with ``seed + 1`` (one
     process; :func:`mygpt.parallel.evaluate` also gives bits per byte and runs across processes)."""
     device = as_device(device)
-    return evaluate(model, tokens, batch_size=config.batch_size, seq_len=config.seq_len,
-                    batches=config.eval_batches, seed=config.seed + 1, device=device, precision=precision,
-                    world=World())[0]
+    return evaluate(
+        model,
+        tokens,
+        batch_size=config.batch_size,
+        seq_len=config.seq_len,
+        batches=config.eval_batches,
+        seed=config.seed + 1,
+        device=device,
+        precision=precision,
+        world=World(),
+    )[0]
 
 
 # -- RNG state capture (kept as tensors / plain lists so checkpoints load with weights_only=True) -------------
@@ -352,8 +373,10 @@ def train(
             log(f"resuming from {checkpoint_path} at step {start_step}")
             saved_world = int(state.get("world_size", 1))
             if saved_world != world.size:
-                log(f"note: the checkpoint was written by {saved_world} process(es), this run has {world.size}; "
-                    f"the batch math is the same (results equal up to float rounding)")
+                log(
+                    f"note: the checkpoint was written by {saved_world} process(es), this run has {world.size}; "
+                    f"the batch math is the same (results equal up to float rounding)"
+                )
     if world.size > 1:
         starts = world.all_gather(start_step)
         if len(set(starts)) != 1:
@@ -426,8 +449,16 @@ def train(
                 group["lr"] = lr
             x, y = get_batch(train_tokens, config.batch_size, config.seq_len, gen, dev, rows=rows)
             optimizer.zero_grad(set_to_none=True)
-            loss = forward_backward(step_model, x, y, batch_size=config.batch_size, world=world,
-                                    micro_batch_size=config.micro_batch_size, device=dev, precision=precision)
+            loss = forward_backward(
+                step_model,
+                x,
+                y,
+                batch_size=config.batch_size,
+                world=world,
+                micro_batch_size=config.micro_batch_size,
+                device=dev,
+                precision=precision,
+            )
             if config.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             optimizer.step()
@@ -453,9 +484,17 @@ def train(
                 point = {"step": step, "loss": final_loss, "lr": lr, "tokens_per_sec": tps}
                 if is_eval:
                     final_val_loss, final_val_bpb = evaluate(
-                        model, val_tokens, batch_size=config.batch_size, seq_len=config.seq_len,
-                        batches=config.eval_batches, seed=config.seed + 1, device=dev, precision=precision,
-                        world=world, token_bytes=token_bytes)
+                        model,
+                        val_tokens,
+                        batch_size=config.batch_size,
+                        seq_len=config.seq_len,
+                        batches=config.eval_batches,
+                        seed=config.seed + 1,
+                        device=dev,
+                        precision=precision,
+                        world=world,
+                        token_bytes=token_bytes,
+                    )
                     point["val_loss"] = final_val_loss
                     if final_val_bpb is not None:
                         point["val_bpb"] = final_val_bpb

@@ -24,8 +24,11 @@ from tasks.core.stage import BuildContext, Stage, StageRef, stage_task, summary_
 class ExportSettings(Settings):
     """Whether to export the model for the Hugging Face stack."""
 
-    enabled: bool = Field(True, description="export the trained model as a transformers directory (needs the "
-                                            "chapter's norm=rms and position=rope)")
+    enabled: bool = Field(
+        True,
+        description="export the trained model as a transformers directory (needs the "
+        "chapter's norm=rms and position=rope)",
+    )
 
     def skipped(self) -> bool:
         return not self.enabled
@@ -41,8 +44,10 @@ class ExportSettings(Settings):
         try:
             check_exportable(model.gpt_config(vocab_size=1))
         except UserError as e:
-            raise UserError(f"export: a model with norm={model.norm!r} and position={model.position!r} cannot be "
-                            f"exported exactly: {e}; or set export.enabled=false") from None
+            raise UserError(
+                f"export: a model with norm={model.norm!r} and position={model.position!r} cannot be "
+                f"exported exactly: {e}; or set export.enabled=false"
+            ) from None
 
 
 def build_export(ctx: BuildContext, settings: ExportSettings, model: Path) -> dict:
@@ -56,8 +61,9 @@ def build_export(ctx: BuildContext, settings: ExportSettings, model: Path) -> di
     facts["meta"].pop("checkpoint", None)  # a staging path; the manifest's inputs name the model version
     facts.pop("out_dir", None)
     facts.pop("load", None)  # staging paths: the report writes the load lines for where it is published
-    ctx.log.info("export: %s, max |logit diff| %.2e against mygpt", facts["architecture"],
-                 facts["check"]["max_abs_logit_diff"])
+    ctx.log.info(
+        "export: %s, max |logit diff| %.2e against mygpt", facts["architecture"], facts["check"]["max_abs_logit_diff"]
+    )
     ctx.progress(1, 1, "done", force=True)
     return facts
 
@@ -78,14 +84,21 @@ Load it with transformers (no custom code):
 {load}
 ```
 
-{summary_table([
-        ("architecture", m.get("architecture")),
-        ("parameters", f"{m.get('num_params', 0):,}"),
-        ("vocab size", f"{m.get('vocab_size', 0):,}"),
-        ("checked", f"{check.get('tokenizer_tokens', 0):,} token ids equal to mygpt's; max logit difference "
-                    f"{check.get('max_abs_logit_diff', 0):.2e} over {check.get('logit_tokens', 0)} positions"),
-        ("versions", ", ".join(f"{k} {v}" for k, v in (m.get("versions") or {}).items())),
-    ])}
+{
+        summary_table(
+            [
+                ("architecture", m.get("architecture")),
+                ("parameters", f"{m.get('num_params', 0):,}"),
+                ("vocab size", f"{m.get('vocab_size', 0):,}"),
+                (
+                    "checked",
+                    f"{check.get('tokenizer_tokens', 0):,} token ids equal to mygpt's; max logit difference "
+                    f"{check.get('max_abs_logit_diff', 0):.2e} over {check.get('logit_tokens', 0)} positions",
+                ),
+                ("versions", ", ".join(f"{k} {v}" for k, v in (m.get("versions") or {}).items())),
+            ]
+        )
+    }
 
 | file | bytes |
 |---|---:|
@@ -97,7 +110,8 @@ STAGE = Stage(name="export", settings=ExportSettings, code_version="1", report=r
 
 
 @stage_task(STAGE)
-def export_model(model: StageRef, settings: ExportSettings = ExportSettings(),
-                 run: RunOptions = RunOptions()) -> StageRef:
+def export_model(
+    model: StageRef, settings: ExportSettings = ExportSettings(), run: RunOptions = RunOptions()
+) -> StageRef:
     """Export a model version as a Hugging Face transformers directory (or reuse that version)."""
     return STAGE.run(build_export, settings, run, model=model)

@@ -37,7 +37,6 @@ import math
 import os
 import time
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -58,10 +57,13 @@ class ModelSettings(DeviceSettings):
 
     # how it runs, besides device and precision
     nproc: int | Literal["auto"] = Field(
-        1, description="training processes on this node, data parallel under torchrun (NCCL on cuda, gloo on cpu); "
-                       "batch_size stays the global batch; auto = one per visible GPU on cuda, else 1")
-    compile: bool = Field(False, description="torch.compile the model (a warning and eager training where it is "
-                                             "unavailable)")
+        1,
+        description="training processes on this node, data parallel under torchrun (NCCL on cuda, gloo on cpu); "
+        "batch_size stays the global batch; auto = one per visible GPU on cuda, else 1",
+    )
+    compile: bool = Field(
+        False, description="torch.compile the model (a warning and eager training where it is unavailable)"
+    )
     # the model
     embed_dim: int = Field(192, ge=1, description="width of the residual stream; the chapter uses 192")
     num_layers: int = Field(4, ge=1, description="transformer blocks; the chapter uses 4")
@@ -74,20 +76,26 @@ class ModelSettings(DeviceSettings):
     steps: int = Field(10_000, ge=1, description="optimizer steps; the chapter trains 10000")
     batch_size: int = Field(16, ge=1, description="sequences per step; the chapter uses 16")
     seq_len: int = Field(256, ge=1, description="tokens per training sequence; <= max_seq_len; the chapter uses 256")
-    lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate; 1e-3 is what the chapter's printed run "
-                                              "used (its table says 3e-4)")
+    lr: float = Field(
+        1e-3,
+        gt=0,
+        description="AdamW peak learning rate; 1e-3 is what the chapter's printed run used (its table says 3e-4)",
+    )
     schedule: Literal["constant", "cosine"] = Field("cosine", description="learning-rate schedule after warmup")
     warmup: int = Field(500, ge=0, description="linear warmup steps; the chapter uses 500")
     max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping norm; 0 = no clipping")
     print_every: int = Field(200, ge=0, description="record the training loss every N steps")
-    eval_every: int = Field(500, ge=0, description="validation loss (valid split) every N steps; 0 = at every "
-                                                   "print point")
+    eval_every: int = Field(
+        500, ge=0, description="validation loss (valid split) every N steps; 0 = at every print point"
+    )
     eval_batches: int = Field(20, ge=1, description="batches per validation estimate")
-    checkpoint_every: int = Field(1000, ge=0, description="resume checkpoint every N steps (a crash costs at most "
-                                                          "that many); 0 = at the end only")
+    checkpoint_every: int = Field(
+        1000, ge=0, description="resume checkpoint every N steps (a crash costs at most that many); 0 = at the end only"
+    )
     seed: Seed = Field(1337, description="initial weights and batch order")
     train_splits: Literal["train", "all"] = Field(
-        "train", description="train on the train split, or on all three (the chapter's wikipedia.txt run)")
+        "train", description="train on the train split, or on all three (the chapter's wikipedia.txt run)"
+    )
 
     def progress_unit(self) -> tuple[str, float]:
         return ("tokens", self.batch_size * self.seq_len)  # per step: the rate shown while training
@@ -97,10 +105,11 @@ class ModelSettings(DeviceSettings):
     def _nproc(cls, value):
         if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             return value
-        raise ValueError(f"nproc must be an integer >= 1 or 'auto', got {value!r} "
-                         f"({cls.model_fields['nproc'].description})")
+        raise ValueError(
+            f"nproc must be an integer >= 1 or 'auto', got {value!r} ({cls.model_fields['nproc'].description})"
+        )
 
-    def resolved(self) -> "ModelSettings":
+    def resolved(self) -> ModelSettings:
         """Device and precision (DeviceSettings), then ``nproc`` as a number this machine can run: the one place
         the pipeline resolves it (``mygpt.distributed.resolve_nproc``); the stage passes the number on."""
         from mygpt.distributed import resolve_nproc
@@ -114,8 +123,10 @@ class ModelSettings(DeviceSettings):
             raise UserError(f"model.{e}" if str(e).startswith("nproc ") else f"model.nproc: {e}") from None
         cores = os.cpu_count() or 1
         if s.device == "cpu" and nproc > cores:
-            raise UserError(f"model.nproc ({nproc}) is more than the {cores} CPU cores here; each training process "
-                            f"needs a core of its own: lower nproc")
+            raise UserError(
+                f"model.nproc ({nproc}) is more than the {cores} CPU cores here; each training process "
+                f"needs a core of its own: lower nproc"
+            )
         return s.model_copy(update={"nproc": nproc})
 
     def gpt_config(self, vocab_size: int):
@@ -123,12 +134,19 @@ class ModelSettings(DeviceSettings):
         ``norm_type``/``position_type``); ``vocab_size`` comes from the tokenizer."""
         from mygpt.model import GPTConfig
 
-        return GPTConfig(vocab_size=vocab_size, embed_dim=self.embed_dim, num_heads=self.num_heads,
-                         num_kv_heads=self.num_kv_heads, num_layers=self.num_layers, max_seq_len=self.max_seq_len,
-                         norm_type=self.norm, position_type=self.position)
+        return GPTConfig(
+            vocab_size=vocab_size,
+            embed_dim=self.embed_dim,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            num_layers=self.num_layers,
+            max_seq_len=self.max_seq_len,
+            norm_type=self.norm,
+            position_type=self.position,
+        )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ModelSettings":
+    def _consistent(self) -> ModelSettings:
         from mygpt.train import check_seq_len  # the library's own rules, stated once
 
         self.gpt_config(vocab_size=2)  # the shape rules; vocab_size is not known before the tokenizer exists
@@ -152,8 +170,10 @@ def token_files(shards_dir: Path, work: Path, splits: tuple[str, ...]) -> tuple[
         dtypes.add(tokens.dtype.name)
         total += len(tokens)
     if len(dtypes) > 1:
-        raise UserError(f"the splits {', '.join(splits)} in {shards_dir} hold different token types "
-                        f"({', '.join(sorted(dtypes))}); rebuild the shards")
+        raise UserError(
+            f"the splits {', '.join(splits)} in {shards_dir} hold different token types "
+            f"({', '.join(sorted(dtypes))}); rebuild the shards"
+        )
     return paths, dtypes.pop(), total
 
 
@@ -190,20 +210,44 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
     splits = SPLITS[s.train_splits]
     train_paths, dtype, n_train = token_files(shards, ctx.work, splits)
     val_paths, _, n_val = token_files(shards, ctx.work, ("valid",))
-    ctx.log.info("model: %s training tokens (%s), %s validation tokens, memory-mapped from %s",
-                 f"{n_train:,}", "+".join(splits), f"{n_val:,}", shards)
+    ctx.log.info(
+        "model: %s training tokens (%s), %s validation tokens, memory-mapped from %s",
+        f"{n_train:,}",
+        "+".join(splits),
+        f"{n_val:,}",
+        shards,
+    )
 
-    config = TrainConfig(steps=s.steps, batch_size=s.batch_size, seq_len=s.seq_len, lr=s.lr, schedule=s.schedule,
-                         warmup=s.warmup, max_grad_norm=s.max_grad_norm, precision=s.precision,
-                         print_every=s.print_every, eval_every=s.eval_every, eval_batches=s.eval_batches,
-                         checkpoint_every=s.checkpoint_every, seed=s.seed, compile=s.compile)
+    config = TrainConfig(
+        steps=s.steps,
+        batch_size=s.batch_size,
+        seq_len=s.seq_len,
+        lr=s.lr,
+        schedule=s.schedule,
+        warmup=s.warmup,
+        max_grad_norm=s.max_grad_norm,
+        precision=s.precision,
+        print_every=s.print_every,
+        eval_every=s.eval_every,
+        eval_batches=s.eval_batches,
+        checkpoint_every=s.checkpoint_every,
+        seed=s.seed,
+        compile=s.compile,
+    )
     ckpt = ctx.work / CHECKPOINT
     job = dist.TrainJob(
-        tokenizer=str(Path(tokenizer) / "tokenizer.json"), train_tokens=train_paths, val_tokens=val_paths[0],
-        token_dtype=dtype, model=asdict(s.gpt_config(vocab_size)),
-        train=asdict(config), device=s.device, checkpoint=str(ckpt), output=str(ctx.out / "model.ckpt"),
+        tokenizer=str(Path(tokenizer) / "tokenizer.json"),
+        train_tokens=train_paths,
+        val_tokens=val_paths[0],
+        token_dtype=dtype,
+        model=asdict(s.gpt_config(vocab_size)),
+        train=asdict(config),
+        device=s.device,
+        checkpoint=str(ckpt),
+        output=str(ctx.out / "model.ckpt"),
         meta={"stage": "model", "version": ctx.version, "settings": s.version_params()},
-        threads=ctx.run.threads or 0)
+        threads=ctx.run.threads or 0,
+    )
     resumed_from = _checkpoint_step(ckpt, ctx.log)
     if resumed_from:
         ctx.log.info("model: resuming from step %d (checkpoint %s)", resumed_from, ckpt)
@@ -228,19 +272,41 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
             while True:
                 time.sleep(1)
 
-    result = dist.run_training(job, s.nproc, log=log, on_progress=on_progress, on_checkpoint=on_checkpoint,
-                               env={dist.STALL_ENV: "1"} if stall else None, run_dir=ctx.work / "ranks")
+    result = dist.run_training(
+        job,
+        s.nproc,
+        log=log,
+        on_progress=on_progress,
+        on_checkpoint=on_checkpoint,
+        env={dist.STALL_ENV: "1"} if stall else None,
+        run_dir=ctx.work / "ranks",
+    )
     write_history(ctx.out, result.history)  # the log already has the throughput line and val_bpb at each eval
     return {
-        "device": result.device, "precision": result.precision, "nproc": s.nproc,
-        "compiled": result.compiled, "params": result.params, "steps": result.steps,
-        "resumed_from": result.start_step, "final_loss": result.final_loss, "final_val_loss": result.final_val_loss,
-        "final_val_bpb": result.final_val_bpb, "tokens_per_sec": round(result.tokens_per_sec, 1),
-        "flops_per_token": result.flops_per_token, "tflops": result.tflops, "mfu": result.mfu,
-        "peak_tflops": result.peak_tflops, "train_seconds": round(result.seconds, 3), "warnings": result.warnings,
-        "train_tokens": n_train, "val_tokens": n_val, "vocab_size": vocab_size,
-        "loss_curve": [[h["step"], round(h["loss"], 5), round(h["val_loss"], 5) if "val_loss" in h else None]
-                       for h in result.history],
+        "device": result.device,
+        "precision": result.precision,
+        "nproc": s.nproc,
+        "compiled": result.compiled,
+        "params": result.params,
+        "steps": result.steps,
+        "resumed_from": result.start_step,
+        "final_loss": result.final_loss,
+        "final_val_loss": result.final_val_loss,
+        "final_val_bpb": result.final_val_bpb,
+        "tokens_per_sec": round(result.tokens_per_sec, 1),
+        "flops_per_token": result.flops_per_token,
+        "tflops": result.tflops,
+        "mfu": result.mfu,
+        "peak_tflops": result.peak_tflops,
+        "train_seconds": round(result.seconds, 3),
+        "warnings": result.warnings,
+        "train_tokens": n_train,
+        "val_tokens": n_val,
+        "vocab_size": vocab_size,
+        "loss_curve": [
+            [h["step"], round(h["loss"], 5), round(h["val_loss"], 5) if "val_loss" in h else None]
+            for h in result.history
+        ],
     }
 
 
@@ -259,7 +325,7 @@ def write_history(out: Path, history: list[dict]) -> None:
 # ---- the UI artifact: summary + loss curve -------------------------------------------------------------
 def loss_curve_svg(curve: list, width: int = 640, height: int = 300) -> str:
     """A small SVG line chart of train (blue) and validation (orange) loss against the step."""
-    train_pts = [(s, l) for s, l, _ in curve if l is not None and math.isfinite(l) and l > 0]
+    train_pts = [(s, t) for s, t, _ in curve if t is not None and math.isfinite(t) and t > 0]
     val_pts = [(s, v) for s, _, v in curve if v is not None and math.isfinite(v) and v > 0]
     ys = [y for _, y in train_pts + val_pts]
     if not ys:
@@ -286,22 +352,29 @@ def loss_curve_svg(curve: list, width: int = 640, height: int = 300) -> str:
         v = y0 + (y1 - y0) * i / 4
         value = math.exp(v) if log_y else v
         _, y = px(0, value)
-        ticks.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
-                     f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{value:.2f}</text>')
+        ticks.append(
+            f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{value:.2f}</text>'
+        )
     for i in range(5):
         step = x_max * i / 4
         x, _ = px(step, lo)
-        ticks.append(f'<text x="{x:.1f}" y="{height - bottom + 16}" font-size="11" text-anchor="middle">'
-                     f'{step:,.0f}</text>')
-    legend = (f'<text x="{left}" y="16" font-size="12" fill="#1f77b4">train loss</text>'
-              + (f'<text x="{left + 80}" y="16" font-size="12" fill="#ff7f0e">val loss</text>' if val_pts else "")
-              + f'<text x="{width - right}" y="16" font-size="11" text-anchor="end">'
-              f'step ({"log" if log_y else "linear"} loss axis)</text>')
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" font-family="sans-serif">'
-            f'<rect width="{width}" height="{height}" fill="white"/>{"".join(ticks)}'
-            f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>'
-            f'{polyline(train_pts, "#1f77b4")}{polyline(val_pts, "#ff7f0e")}{legend}</svg>')
+        ticks.append(
+            f'<text x="{x:.1f}" y="{height - bottom + 16}" font-size="11" text-anchor="middle">{step:,.0f}</text>'
+        )
+    legend = (
+        f'<text x="{left}" y="16" font-size="12" fill="#1f77b4">train loss</text>'
+        + (f'<text x="{left + 80}" y="16" font-size="12" fill="#ff7f0e">val loss</text>' if val_pts else "")
+        + f'<text x="{width - right}" y="16" font-size="11" text-anchor="end">'
+        f"step ({'log' if log_y else 'linear'} loss axis)</text>"
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif">'
+        f'<rect width="{width}" height="{height}" fill="white"/>{"".join(ticks)}'
+        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>'
+        f"{polyline(train_pts, '#1f77b4')}{polyline(val_pts, '#ff7f0e')}{legend}</svg>"
+    )
 
 
 def _fmt(v, spec=".4f") -> str:
@@ -312,38 +385,52 @@ def report(manifest: dict) -> str:
     m, p = manifest["metrics"], manifest["settings"]
     curve = m.get("loss_curve", [])
     svg = loss_curve_svg(curve)
-    picture = (f"![loss curve](data:image/svg+xml;base64,{base64.b64encode(svg.encode()).decode()})\n\n"
-               if svg else "")
+    picture = f"![loss curve](data:image/svg+xml;base64,{base64.b64encode(svg.encode()).decode()})\n\n" if svg else ""
     step = max(1, math.ceil(len(curve) / 12))
     rows = curve[::step] + ([curve[-1]] if curve and (len(curve) - 1) % step else [])
-    table = "\n".join(f"| {s:,} | {_fmt(l)} | {_fmt(v)} |" for s, l, v in rows)
+    table = "\n".join(f"| {s:,} | {_fmt(t)} | {_fmt(v)} |" for s, t, v in rows)
     where = manifest.get("path", f"model/{manifest['version']}")
     resumed = f" (resumed from step {m['resumed_from']:,} after a crash)" if m.get("resumed_from") else ""
     mfu = m.get("mfu")
-    summary = summary_table([
-        ("final train loss", _fmt(m.get("final_loss"))),
-        ("final val loss", _fmt(m.get("final_val_loss"))),
-        ("final val bits per byte", _fmt(m.get("final_val_bpb"))),
-        ("steps", f"{m.get('steps', 0):,}{resumed}"),
-        ("tokens/s", f"{m.get('tokens_per_sec', 0):,.0f}"),
-        ("FLOPs per token", f"{m.get('flops_per_token', 0):,} (6N + 12·L·H·Q·T)"),
-        ("achieved TFLOP/s", f"{m.get('tflops', 0):.4g}"),
-        ("MFU", "n/a" if mfu is None else f"{100 * mfu:.1f}% of {m.get('nproc', 1)} x {m.get('peak_tflops'):g} "
-                                         f"TFLOP/s bf16 peak"),
-        ("device / precision", f"{m.get('device')} / {m.get('precision')}"),
-        ("processes / compile", f"{m.get('nproc', 1)} / {'on' if m.get('compiled') else 'off'}"
-                                + (" (asked for, unavailable)" if p.get("compile") and not m.get("compiled") else "")),
-        ("params", f"{m.get('params', 0):,}"),
-        ("model", f"embed {p['embed_dim']}, {p['num_layers']} layers, {p['num_heads']} heads ({p['num_kv_heads']} kv), "
-                  f"{p['norm']} norm, {p['position']} positions, max_seq_len {p['max_seq_len']}, "
-                  f"vocab {m.get('vocab_size')}"),
-        ("recipe", f"batch {p['batch_size']} x seq {p['seq_len']}, lr {p['lr']:g} {p['schedule']} "
-                   f"(warmup {p['warmup']}), clip {p['max_grad_norm']}, seed {p['seed']}, splits {p['train_splits']}"),
-        ("tokens", f"{m.get('train_tokens', 0):,} train, {m.get('val_tokens', 0):,} validation"),
-        ("checkpoint", f"`{where}/model.ckpt` (`mygpt generate --checkpoint {where}/model.ckpt`)"),
-        *(("warning", w) for w in m.get("warnings", [])),
-    ])
-    return f"""# Training: model/{manifest['version']}
+    summary = summary_table(
+        [
+            ("final train loss", _fmt(m.get("final_loss"))),
+            ("final val loss", _fmt(m.get("final_val_loss"))),
+            ("final val bits per byte", _fmt(m.get("final_val_bpb"))),
+            ("steps", f"{m.get('steps', 0):,}{resumed}"),
+            ("tokens/s", f"{m.get('tokens_per_sec', 0):,.0f}"),
+            ("FLOPs per token", f"{m.get('flops_per_token', 0):,} (6N + 12·L·H·Q·T)"),
+            ("achieved TFLOP/s", f"{m.get('tflops', 0):.4g}"),
+            (
+                "MFU",
+                "n/a"
+                if mfu is None
+                else f"{100 * mfu:.1f}% of {m.get('nproc', 1)} x {m.get('peak_tflops'):g} TFLOP/s bf16 peak",
+            ),
+            ("device / precision", f"{m.get('device')} / {m.get('precision')}"),
+            (
+                "processes / compile",
+                f"{m.get('nproc', 1)} / {'on' if m.get('compiled') else 'off'}"
+                + (" (asked for, unavailable)" if p.get("compile") and not m.get("compiled") else ""),
+            ),
+            ("params", f"{m.get('params', 0):,}"),
+            (
+                "model",
+                f"embed {p['embed_dim']}, {p['num_layers']} layers, {p['num_heads']} heads ({p['num_kv_heads']} kv), "
+                f"{p['norm']} norm, {p['position']} positions, max_seq_len {p['max_seq_len']}, "
+                f"vocab {m.get('vocab_size')}",
+            ),
+            (
+                "recipe",
+                f"batch {p['batch_size']} x seq {p['seq_len']}, lr {p['lr']:g} {p['schedule']} "
+                f"(warmup {p['warmup']}), clip {p['max_grad_norm']}, seed {p['seed']}, splits {p['train_splits']}",
+            ),
+            ("tokens", f"{m.get('train_tokens', 0):,} train, {m.get('val_tokens', 0):,} validation"),
+            ("checkpoint", f"`{where}/model.ckpt` (`mygpt generate --checkpoint {where}/model.ckpt`)"),
+            *(("warning", w) for w in m.get("warnings", [])),
+        ]
+    )
+    return f"""# Training: model/{manifest["version"]}
 
 {picture}{summary}
 
@@ -353,13 +440,15 @@ def report(manifest: dict) -> str:
 """
 
 
-STAGE = Stage(name="model", settings=ModelSettings, code_version="2", report=report, inputs=("shards", "tokenizer"),
-              alias="train")
+STAGE = Stage(
+    name="model", settings=ModelSettings, code_version="2", report=report, inputs=("shards", "tokenizer"), alias="train"
+)
 
 
 @stage_task(STAGE)
-def train_model(shards: StageRef, tokenizer: StageRef, settings: ModelSettings = ModelSettings(),
-                run: RunOptions = RunOptions()) -> StageRef:
+def train_model(
+    shards: StageRef, tokenizer: StageRef, settings: ModelSettings = ModelSettings(), run: RunOptions = RunOptions()
+) -> StageRef:
     """Train mygpt on a shards version with its tokenizer (or reuse that version); a killed run resumes.
 
     ``run.threads`` (torch CPU threads) changes the speed, not the version."""

@@ -18,7 +18,6 @@ from mygpt.errors import UserError
 from tasks.core.settings import DeviceSettings, RunOptions, Seed
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 
-
 MIN_TEMPERATURE = 0.001
 MAX_TEMPERATURE = 100.0
 
@@ -26,8 +25,9 @@ MAX_TEMPERATURE = 100.0
 class SamplesSettings(DeviceSettings):
     """What to generate (the chapter's §28.7): prompts, length, sampling. ``device``/``precision``: DeviceSettings."""
 
-    prompt: tuple[str, ...] = Field(("The history of",), strict=False,
-                                    description="one prompt or a list of them; the chapter uses 'The history of'")
+    prompt: tuple[str, ...] = Field(
+        ("The history of",), strict=False, description="one prompt or a list of them; the chapter uses 'The history of'"
+    )
     max_new_tokens: int = Field(200, ge=1, description="tokens to generate after each prompt; the chapter uses 200")
     temperature: float = Field(1.0, description="sampling temperature; 0 = greedy; the chapter uses 1.0")
     top_k: int = Field(40, ge=0, description="sample from the k most likely tokens; 0 = all; the chapter uses 40")
@@ -39,8 +39,10 @@ class SamplesSettings(DeviceSettings):
         # logits / temperature: far below MIN_TEMPERATURE sampling is greedy anyway, and near 1e-38 the division
         # overflows to inf (then NaN probabilities); far above MAX_TEMPERATURE it is uniform noise.
         if not (value == 0 or MIN_TEMPERATURE <= value <= MAX_TEMPERATURE):
-            raise ValueError(f"temperature must be 0 (greedy) or from {MIN_TEMPERATURE} to {MAX_TEMPERATURE:g}, "
-                             f"got {value!r} (the chapter uses 1.0)")
+            raise ValueError(
+                f"temperature must be 0 (greedy) or from {MIN_TEMPERATURE} to {MAX_TEMPERATURE:g}, "
+                f"got {value!r} (the chapter uses 1.0)"
+            )
         return value
 
     @field_validator("prompt", mode="before")
@@ -51,8 +53,9 @@ class SamplesSettings(DeviceSettings):
             raise ValueError(f"prompt must be a string or a non-empty list of strings, got {value!r}")
         empty = [p for p in prompts if not p.strip()]
         if empty:
-            raise ValueError(f"prompt {empty[0]!r} is empty; give some text to continue (the chapter uses "
-                             "'The history of')")
+            raise ValueError(
+                f"prompt {empty[0]!r} is empty; give some text to continue (the chapter uses 'The history of')"
+            )
         return tuple(prompts)
 
 
@@ -78,14 +81,32 @@ def build_samples(ctx: BuildContext, settings: SamplesSettings, model: Path) -> 
     for i, prompt in enumerate(s.prompt):
         usable, unknown = usable_prompt(tokenizer, prompt)
         if unknown:
-            ctx.log.warning("samples: dropping characters the tokenizer cannot encode from prompt %r: %s",
-                            prompt, describe_chars(unknown))
+            ctx.log.warning(
+                "samples: dropping characters the tokenizer cannot encode from prompt %r: %s",
+                prompt,
+                describe_chars(unknown),
+            )
         t0 = time.perf_counter()
         with torch_threads(ctx.run.threads):
-            text = generate(gpt, tokenizer, usable, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                            top_k=s.top_k, seed=s.seed, device=s.device, precision=s.precision)
-        samples.append({"prompt": prompt, "used_prompt": usable, "continuation": text[len(usable):],
-                        "seconds": round(time.perf_counter() - t0, 3)})
+            text = generate(
+                gpt,
+                tokenizer,
+                usable,
+                max_new_tokens=s.max_new_tokens,
+                temperature=s.temperature,
+                top_k=s.top_k,
+                seed=s.seed,
+                device=s.device,
+                precision=s.precision,
+            )
+        samples.append(
+            {
+                "prompt": prompt,
+                "used_prompt": usable,
+                "continuation": text[len(usable) :],
+                "seconds": round(time.perf_counter() - t0, 3),
+            }
+        )
         ctx.progress(i + 1, len(s.prompt), f"prompt {i + 1}/{len(s.prompt)}")
     p = s.version_params()
     (ctx.out / "samples.json").write_text(json.dumps(samples, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -102,14 +123,19 @@ def _escape(text: str) -> str:
 
 def samples_markdown(samples: list[dict], p: dict) -> str:
     """The samples as markdown: one blockquote per prompt, the prompt in bold, markdown syntax escaped."""
-    parts = [f"{p['max_new_tokens']} tokens per prompt, temperature {p['temperature']}, top-k {p['top_k']}, "
-             f"seed {p['seed']}, device {p['device']} ({p['precision']}). The prompt is in bold.\n"]
+    parts = [
+        f"{p['max_new_tokens']} tokens per prompt, temperature {p['temperature']}, top-k {p['top_k']}, "
+        f"seed {p['seed']}, device {p['device']} ({p['precision']}). The prompt is in bold.\n"
+    ]
     for i, s in enumerate(samples, 1):
-        note = f" (characters the tokenizer cannot encode dropped: used {s['used_prompt']!r})" \
-            if s["used_prompt"] != s["prompt"] else ""
+        note = (
+            f" (characters the tokenizer cannot encode dropped: used {s['used_prompt']!r})"
+            if s["used_prompt"] != s["prompt"]
+            else ""
+        )
         prompt = s["used_prompt"]
         core = prompt.strip()  # ** must hug the text to render as bold
-        lead, tail = prompt[:len(prompt) - len(prompt.lstrip())], prompt[len(prompt.rstrip()):]
+        lead, tail = prompt[: len(prompt) - len(prompt.lstrip())], prompt[len(prompt.rstrip()) :]
         text = f"{lead}**{_escape(core)}**{tail}{_escape(s['continuation'])}"
         quote = "\n".join(f"> {line}  " for line in text.split("\n"))
         parts.append(f"## {i}. {_escape(s['prompt'])}{note}\n\n{quote}\n")
@@ -118,9 +144,11 @@ def samples_markdown(samples: list[dict], p: dict) -> str:
 
 def report(manifest: dict) -> str:
     where = manifest.get("path", f"samples/{manifest['version']}")
-    return (f"# Samples: samples/{manifest['version']}\n\n"
-            + samples_markdown(manifest["metrics"]["samples"], manifest["settings"])
-            + f"\nFiles: `{where}/samples.md`, `{where}/samples.json`\n")
+    return (
+        f"# Samples: samples/{manifest['version']}\n\n"
+        + samples_markdown(manifest["metrics"]["samples"], manifest["settings"])
+        + f"\nFiles: `{where}/samples.md`, `{where}/samples.json`\n"
+    )
 
 
 def check_prompts(tokenizer, prompt) -> list[str]:
@@ -133,12 +161,15 @@ def check_prompts(tokenizer, prompt) -> list[str]:
     for text in [prompt] if isinstance(prompt, str) else prompt:
         usable, unknown = usable_prompt(tokenizer, text)
         if unknown and not usable.strip():
-            raise UserError(f"prompt {text!r} is made only of characters the tokenizer cannot encode "
-                            f"({describe_chars(unknown)}), so there is nothing to continue; use text in the "
-                            "corpus's alphabet")
+            raise UserError(
+                f"prompt {text!r} is made only of characters the tokenizer cannot encode "
+                f"({describe_chars(unknown)}), so there is nothing to continue; use text in the "
+                "corpus's alphabet"
+            )
         if unknown:
-            warnings.append(f"prompt {text!r}: the tokenizer cannot encode {describe_chars(unknown)}; "
-                            "the samples stage drops them")
+            warnings.append(
+                f"prompt {text!r}: the tokenizer cannot encode {describe_chars(unknown)}; the samples stage drops them"
+            )
     return warnings
 
 
@@ -150,12 +181,20 @@ def check_prompt_early(settings: SamplesSettings, tokenizer: StageRef) -> list[s
     return check_prompts(load_tokenizer(tokenizer["path"]), settings.prompt)
 
 
-STAGE = Stage(name="samples", settings=SamplesSettings, code_version="2", report=report, inputs=("model",),
-              early_check=("tokenizer", check_prompt_early), alias="sample")
+STAGE = Stage(
+    name="samples",
+    settings=SamplesSettings,
+    code_version="2",
+    report=report,
+    inputs=("model",),
+    early_check=("tokenizer", check_prompt_early),
+    alias="sample",
+)
 
 
 @stage_task(STAGE)
-def sample_model(model: StageRef, settings: SamplesSettings = SamplesSettings(),
-                 run: RunOptions = RunOptions()) -> StageRef:
+def sample_model(
+    model: StageRef, settings: SamplesSettings = SamplesSettings(), run: RunOptions = RunOptions()
+) -> StageRef:
     """Sample text from a model version (or reuse that version). ``run.threads``: speed only."""
     return STAGE.run(build_samples, settings, run, model=model)

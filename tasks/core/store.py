@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mygpt.atomic import atomic_write_text, fsync_dir
+from mygpt.atomic import atomic_write_text, fsync_dir, sha256_file
 
 MANIFEST = "manifest.json"
 _STAGE_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")  # a stage's folder: a plain name, never a path
@@ -62,14 +62,6 @@ def version_id(
     if source is not None:
         ingredients["source"] = source
     return hashlib.sha256(canonical_json(ingredients).encode("utf-8")).hexdigest()[:12]
-
-
-def sha256_file(path: Path, bufsize: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(bufsize):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _flock_now(fh) -> bool:

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from mygpt import bpe_reference as ref
 from mygpt.bpe import BPETokenizer
 from mygpt.bpe_encode import EncodeStats
 from mygpt.errors import UserError
-
-from mygpt import bpe_reference as ref
 
 
 def reference_train(text, n):
@@ -122,7 +121,7 @@ def test_from_corpus_on_full_wikitext2_is_deterministic_and_consistent(wikitext2
     assert tok.vocab_size == len(tok.chars) + 1024
     assert tok.merges == BPETokenizer.from_corpus(wikitext2_text, 1024).merges
     # every merge is a pair of known symbols, no duplicates, and the first one is the top pair
-    chars, first = reference_train(wikitext2_text, 1)
+    _chars, first = reference_train(wikitext2_text, 1)
     assert tok.merges[:1] == first
     ids = tok.encode_corpus(wikitext2_text, "error")
     assert ids.dtype == np.uint16

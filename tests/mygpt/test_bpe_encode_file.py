@@ -99,7 +99,7 @@ def test_bounds_of_a_prefix_end_there(multibyte_file):
     end = len(data[:100_000].decode("utf-8", errors="ignore").encode("utf-8"))
     bounds = list(chunk_bounds(path, 7000, end=end))
     assert bounds[-1][2] == end and all(b[2] == c[1] for b, c in zip(bounds, bounds[1:]))
-    assert bounds[:-1] == list(chunk_bounds(path, 7000))[:len(bounds) - 1]
+    assert bounds[:-1] == list(chunk_bounds(path, 7000))[: len(bounds) - 1]
 
 
 def test_chunk_without_safe_cut_grows(tmp_path, tok):

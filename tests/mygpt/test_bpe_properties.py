@@ -9,10 +9,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mygpt import bpe_reference as ref
 from mygpt.bpe import BPETokenizer
 from mygpt.bpe_encode import iter_encode_file
-
-from mygpt import bpe_reference as ref
 
 
 def reference_train(text, n):
@@ -29,6 +28,7 @@ def reference_encode_corpus(merges, text):
 
 def reference_encode_word(merges, word):
     return ref.encode_word(word, {pair: i for i, pair in enumerate(merges)})
+
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -7,7 +7,8 @@ import collections
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mygpt import bpe_words
 from mygpt.bpe import BPETokenizer
@@ -29,7 +30,7 @@ def test_every_whitespace_character_is_below_the_table_limit():
 @given(_TEXT)
 def test_word_spans_are_findall(text):
     starts, lens = word_spans(code_points(text))
-    assert [text[s:s + n] for s, n in zip(starts.tolist(), lens.tolist())] == WORD_RE.findall(text)
+    assert [text[s : s + n] for s, n in zip(starts.tolist(), lens.tolist())] == WORD_RE.findall(text)
 
 
 @SETTINGS

@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from mygpt import GPT, BPETokenizer, CharTokenizer, UserError, load_checkpoint, save_checkpoint
-from mygpt.generate import generate
 from mygpt.checkpoint import load_checkpoint_payload
+from mygpt.generate import generate
 from tests.support import REPO
-
 
 
 def _same_weights(a: GPT, b: GPT) -> bool:
@@ -30,11 +29,24 @@ def test_char_round_trip_in_chapter_format(shakespeare_text, tmp_path):
     path = tmp_path / "model.ckpt"
     save_checkpoint(model, tok, path, meta={"note": "x"})
     payload = torch.load(path, weights_only=True)  # the safe loader is enough for our payloads
-    assert set(payload) == {"model_state_dict", "tokenizer_chars", "tokenizer_kind", "tokenizer_state", "config",
-                            "meta"}
+    assert set(payload) == {
+        "model_state_dict",
+        "tokenizer_chars",
+        "tokenizer_kind",
+        "tokenizer_state",
+        "config",
+        "meta",
+    }
     assert payload["config"] == {
-        "vocab_size": 65, "embed_dim": 64, "num_heads": 4, "num_kv_heads": 4, "num_layers": 4, "max_seq_len": 64,
-        "norm_type": "layer", "position_type": "learned", "tokenizer_kind": "char",
+        "vocab_size": 65,
+        "embed_dim": 64,
+        "num_heads": 4,
+        "num_kv_heads": 4,
+        "num_layers": 4,
+        "max_seq_len": 64,
+        "norm_type": "layer",
+        "position_type": "learned",
+        "tokenizer_kind": "char",
     }
     assert payload["tokenizer_kind"] == "char"
     assert payload["tokenizer_chars"] == tok.chars == payload["tokenizer_state"]["chars"]
@@ -44,7 +56,8 @@ def test_char_round_trip_in_chapter_format(shakespeare_text, tmp_path):
     assert _same_weights(model, model2) and model2.config() == model.config()
     assert not model2.training
     assert generate(model2, tok2, "ROMEO:", max_new_tokens=30, device="cpu") == generate(
-        model, tok, "ROMEO:", max_new_tokens=30, device="cpu")
+        model, tok, "ROMEO:", max_new_tokens=30, device="cpu"
+    )
 
 
 def test_bpe_round_trip(shakespeare_text, tmp_path):
@@ -53,8 +66,16 @@ def test_bpe_round_trip(shakespeare_text, tmp_path):
     tok = BPETokenizer(chars, merges)
     assert tok.kind == "bpe" and tok.vocab_size == 70
     assert tok.decode(tok.encode("the youth")) == "the youth"
-    model = GPT(vocab_size=tok.vocab_size, embed_dim=48, num_heads=6, num_kv_heads=2, num_layers=2,
-                max_seq_len=32, norm_type="rms", position_type="rope")
+    model = GPT(
+        vocab_size=tok.vocab_size,
+        embed_dim=48,
+        num_heads=6,
+        num_kv_heads=2,
+        num_layers=2,
+        max_seq_len=32,
+        norm_type="rms",
+        position_type="rope",
+    )
     path = tmp_path / "bpe.ckpt"
     save_checkpoint(model, tok, path)
     payload = load_checkpoint_payload(path)

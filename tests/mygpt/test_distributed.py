@@ -26,16 +26,37 @@ import torch
 
 from mygpt import CharTokenizer, TrainConfig, UserError
 from mygpt.checkpoint import load_checkpoint_payload
-from mygpt.distributed import EXIT_RANK_ENV, STALL_ENV, TrainingProcessError, TrainJob, _failure, resolve_nproc, \
-    run_training
+from mygpt.distributed import (
+    EXIT_RANK_ENV,
+    STALL_ENV,
+    TrainingProcessError,
+    TrainJob,
+    _failure,
+    resolve_nproc,
+    run_training,
+)
 from mygpt.tokenizer import save_tokenizer_file
 from tests.support import REPO
 
-MODEL = dict(embed_dim=32, num_heads=4, num_kv_heads=2, num_layers=1, max_seq_len=32, norm_type="rms",
-             position_type="rope")
+MODEL = dict(
+    embed_dim=32, num_heads=4, num_kv_heads=2, num_layers=1, max_seq_len=32, norm_type="rms", position_type="rope"
+)
 #: 5 rows do not divide by 2: rank 0 takes 3 (micro-batches 2 + 1), rank 1 takes 2
-ACCUMULATE = dict(steps=30, batch_size=5, micro_batch_size=2, seq_len=32, lr=3e-3, schedule="cosine", warmup=5,
-                  max_grad_norm=1.0, print_every=5, eval_every=10, eval_batches=2, checkpoint_every=10, seed=3)
+ACCUMULATE = dict(
+    steps=30,
+    batch_size=5,
+    micro_batch_size=2,
+    seq_len=32,
+    lr=3e-3,
+    schedule="cosine",
+    warmup=5,
+    max_grad_norm=1.0,
+    print_every=5,
+    eval_every=10,
+    eval_batches=2,
+    checkpoint_every=10,
+    seed=3,
+)
 WORKER_ENV = {"OMP_NUM_THREADS": "1"}  # 2 cores shared by every process of the suite
 TOL = 1e-5
 
@@ -56,10 +77,18 @@ def files(shakespeare_text, tmp_path_factory):
 
 def make_job(files: Path, out: Path, **train) -> TrainJob:
     out.mkdir(parents=True, exist_ok=True)
-    return TrainJob(tokenizer=str(files / "tokenizer.json"), train_tokens=[str(files / "train-0.bin"),
-                    str(files / "train-1.bin")], val_tokens=str(files / "valid.bin"), token_dtype="uint16",
-                    model=dict(MODEL), train=asdict(TrainConfig(**train)), device="cpu",
-                    checkpoint=str(out / "train.ckpt"), output=str(out / "model.ckpt"), meta={"test": "ddp"})
+    return TrainJob(
+        tokenizer=str(files / "tokenizer.json"),
+        train_tokens=[str(files / "train-0.bin"), str(files / "train-1.bin")],
+        val_tokens=str(files / "valid.bin"),
+        token_dtype="uint16",
+        model=dict(MODEL),
+        train=asdict(TrainConfig(**train)),
+        device="cpu",
+        checkpoint=str(out / "train.ckpt"),
+        output=str(out / "model.ckpt"),
+        meta={"test": "ddp"},
+    )
 
 
 def weights(path) -> dict:
@@ -104,8 +133,9 @@ def two_process_run(files, tmp_path_factory):
     """The uninterrupted 2-process run with accumulation (the reference for the fault tests)."""
     out = tmp_path_factory.mktemp("two")
     progress, lines = [], []
-    result = run_training(make_job(files, out, **ACCUMULATE), 2, log=lines.append, on_progress=progress.append,
-                          env=WORKER_ENV)
+    result = run_training(
+        make_job(files, out, **ACCUMULATE), 2, log=lines.append, on_progress=progress.append, env=WORKER_ENV
+    )
     return out, result, progress, lines
 
 
@@ -134,16 +164,48 @@ def test_cli_two_processes_equal_one_process(shakespeare_text, tmp_path, monkeyp
     text = tmp_path / "text.txt"
     text.write_text(shakespeare_text[:40_000], encoding="utf-8")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    common = ["train", str(text), "--embed-dim", "32", "--num-layers", "2", "--num-heads", "4", "--max-seq-len", "32",
-              "--seq-len", "32", "--batch-size", "6", "--steps", "20", "--print-every", "5", "--device", "cpu",
-              "--val-fraction", "0.1", "--eval-batches", "2", "--norm", "rms", "--position", "rope"]
+    common = [
+        "train",
+        str(text),
+        "--embed-dim",
+        "32",
+        "--num-layers",
+        "2",
+        "--num-heads",
+        "4",
+        "--max-seq-len",
+        "32",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "6",
+        "--steps",
+        "20",
+        "--print-every",
+        "5",
+        "--device",
+        "cpu",
+        "--val-fraction",
+        "0.1",
+        "--eval-batches",
+        "2",
+        "--norm",
+        "rms",
+        "--position",
+        "rope",
+    ]
     assert main([*common, "--output", str(tmp_path / "one.ckpt")]) == 0
     capsys.readouterr()
     assert main([*common, "--nproc", "2", "--output", str(tmp_path / "two.ckpt")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "nproc: 2" in out and out[-1] == f"saved checkpoint to {tmp_path / 'two.ckpt'}"
     assert [line.split(":")[0] for line in out if line.startswith("step ")] == [
-        "step 1", "step 5", "step 10", "step 15", "step 20"]
+        "step 1",
+        "step 5",
+        "step 10",
+        "step 15",
+        "step 20",
+    ]
     assert_close_runs(tmp_path / "one.ckpt", tmp_path / "two.ckpt")
     assert load_checkpoint_payload(tmp_path / "two.ckpt")["meta"]["tokenizer"] == "char"
 
@@ -156,10 +218,20 @@ def test_sigkill_of_the_process_group_then_rerun_resumes_bit_identical(files, tm
     job.save(tmp_path / "job.json")
     run_dir = tmp_path / "run"
     driver = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from mygpt.distributed import TrainJob, run_training; "
-         "run_training(TrainJob.load(sys.argv[1]), 2, run_dir=sys.argv[2])", str(tmp_path / "job.json"), str(run_dir)],
-        cwd=REPO, env={**os.environ, **WORKER_ENV, STALL_ENV: "1"}, start_new_session=True,
-        stdout=open(tmp_path / "driver.log", "w"), stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from mygpt.distributed import TrainJob, run_training; "
+            "run_training(TrainJob.load(sys.argv[1]), 2, run_dir=sys.argv[2])",
+            str(tmp_path / "job.json"),
+            str(run_dir),
+        ],
+        cwd=REPO,
+        env={**os.environ, **WORKER_ENV, STALL_ENV: "1"},
+        start_new_session=True,
+        stdout=open(tmp_path / "driver.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     events = run_dir / "events.jsonl"
     try:
         deadline = time.monotonic() + 120
@@ -217,7 +289,8 @@ def test_failure_report_blames_the_first_failure(tmp_path):
     (tmp_path / "launcher.log").write_text(
         "Root Cause (first observed failure):\n[0]:\n  time      : x\n  host      : h\n"
         "  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 11)\n  error_file: <N/A>\nFailures:\n[1]:\n"
-        "  rank      : 1 (local_rank: 1)\n  exitcode  : -11 (pid: 12)\n")
+        "  rank      : 1 (local_rank: 1)\n  exitcode  : -11 (pid: 12)\n"
+    )
     e = _failure(1, 2, tmp_path, None, job)
     assert isinstance(e, TrainingProcessError) and (e.rank, e.exit_code) == (1, -11)
     assert "rank 1 of 2 was killed by SIGSEGV" in str(e) and "Segmentation fault" in e.log_tail
@@ -237,7 +310,7 @@ def test_job_and_nproc_are_checked_before_any_process_starts(files, tmp_path):
     with pytest.raises(UserError, match="'checkpoint' or 'output'"):
         run_training({**job.to_dict(), "checkpoint": None, "output": None})
     (tmp_path / "odd.bin").write_bytes(b"\x00" * 7)
-    with pytest.raises(UserError, match="odd.bin has 7 bytes, not a multiple of 2"):
+    with pytest.raises(UserError, match=r"odd\.bin has 7 bytes, not a multiple of 2"):
         run_training({**job.to_dict(), "train_tokens": [str(tmp_path / "odd.bin")]})
     assert resolve_nproc("auto", "cpu") == 1 and resolve_nproc("2", "cpu") == 2
     for bad in (0, "0", "two", -1):

@@ -28,8 +28,16 @@ def _model(tok, position_type, norm_type="layer", kv=None, max_seq_len=24, token
     key = (position_type, norm_type, kv, max_seq_len)
     if key not in _TRAINED:
         torch.manual_seed(0)
-        model = GPT(vocab_size=tok.vocab_size, embed_dim=32, num_heads=4, num_kv_heads=kv, num_layers=2,
-                    max_seq_len=max_seq_len, norm_type=norm_type, position_type=position_type)
+        model = GPT(
+            vocab_size=tok.vocab_size,
+            embed_dim=32,
+            num_heads=4,
+            num_kv_heads=kv,
+            num_layers=2,
+            max_seq_len=max_seq_len,
+            norm_type=norm_type,
+            position_type=position_type,
+        )
         if tokens is not None:
             cfg = TrainConfig(steps=150, batch_size=16, seq_len=max_seq_len, lr=1e-2, print_every=0)
             train(model, tok, tokens, config=cfg, device="cpu", log=None)
@@ -39,8 +47,9 @@ def _model(tok, position_type, norm_type="layer", kv=None, max_seq_len=24, token
 
 @pytest.mark.parametrize("position_type, norm_type, kv", [("learned", "layer", None), ("rope", "rms", 2)])
 @pytest.mark.parametrize("temperature, top_k", [(0.0, 0), (1.0, 40), (0.8, 5)])
-def test_cached_equals_uncached_including_past_max_seq_len(tok, tokens, position_type, norm_type, kv, temperature,
-                                                          top_k):
+def test_cached_equals_uncached_including_past_max_seq_len(
+    tok, tokens, position_type, norm_type, kv, temperature, top_k
+):
     model = _model(tok, position_type, norm_type, kv, tokens=tokens)
     # prompt 6 tokens + 50 new: the sequence passes max_seq_len (24) and the window has to slide
     kwargs = dict(max_new_tokens=50, temperature=temperature, top_k=top_k, seed=11, device="cpu")
@@ -80,7 +89,8 @@ def test_seeding(tok, tokens):
     assert a != generate(model, tok, "\n", max_new_tokens=40, seed=2, device="cpu")
     # top_k=1 is greedy whatever the seed
     assert generate(model, tok, "\n", max_new_tokens=20, top_k=1, seed=1, device="cpu") == generate(
-        model, tok, "\n", max_new_tokens=20, temperature=0.0, seed=2, device="cpu")
+        model, tok, "\n", max_new_tokens=20, temperature=0.0, seed=2, device="cpu"
+    )
     assert generate(model, tok, "ab", max_new_tokens=0, device="cpu") == "ab"
 
 

@@ -30,8 +30,9 @@ from mygpt.model import GPT, GPTConfig
 from mygpt.train import TrainConfig, train
 from tests.support import REPO
 
-TINY = dict(embed_dim=64, num_heads=4, num_kv_heads=2, num_layers=2, max_seq_len=128, norm_type="rms",
-            position_type="rope")
+TINY = dict(
+    embed_dim=64, num_heads=4, num_kv_heads=2, num_layers=2, max_seq_len=128, norm_type="rms", position_type="rope"
+)
 
 
 def hf_tokenizer(tok):
@@ -57,8 +58,14 @@ def model(skip_tok, wikitext2_text):
     torch.manual_seed(0)
     gpt = GPT(vocab_size=skip_tok.vocab_size, **TINY)
     ids = skip_tok.encode_corpus(wikitext2_text[:200_000])
-    train(gpt, skip_tok, ids, config=TrainConfig(steps=40, batch_size=8, seq_len=64, lr=3e-3, print_every=0),
-          device="cpu", log=None)
+    train(
+        gpt,
+        skip_tok,
+        ids,
+        config=TrainConfig(steps=40, batch_size=8, seq_len=64, lr=3e-3, print_every=0),
+        device="cpu",
+        log=None,
+    )
     return gpt.eval()
 
 
@@ -183,8 +190,9 @@ def test_fp32_logits_match_on_held_out_text(hf_model, model, held_out_ids):
 def test_greedy_continuation_is_identical(hf_model, model, held_out_ids):
     prompt = held_out_ids[:1, :32]
     ours = generate_ids(model, prompt, max_new_tokens=64, temperature=0)
-    out = hf_model.generate(prompt, max_new_tokens=64, do_sample=False, output_logits=True,
-                            return_dict_in_generate=True)
+    out = hf_model.generate(
+        prompt, max_new_tokens=64, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
     assert out.sequences.shape == (1, 96)
     assert out.sequences.tolist() == ours.tolist()
     # transformers' KV-cached steps give mygpt's logits for the whole continuation, not just the same argmax
@@ -212,8 +220,7 @@ def test_autotokenizer_and_sampling_from_the_directory(exported, skip_tok, wikit
 # ---- refusals and the CLI ------------------------------------------------------------------------------------
 def _part_one_checkpoint(path, text):
     tok = CharTokenizer.from_text(text)
-    save_checkpoint(GPT(vocab_size=tok.vocab_size, embed_dim=32, num_heads=4, num_layers=1, max_seq_len=32), tok,
-                    path)
+    save_checkpoint(GPT(vocab_size=tok.vocab_size, embed_dim=32, num_heads=4, num_layers=1, max_seq_len=32), tok, path)
 
 
 def test_part_one_checkpoint_is_refused_and_nothing_is_written(tmp_path, shakespeare_text):
@@ -280,7 +287,9 @@ def test_cli_export_round_trip(capsys, tmp_path, model, skip_tok, held_out_ids, 
 
 
 def test_importing_the_module_loads_neither_torch_nor_transformers():
-    code = ("import sys, mygpt, mygpt.hf_export; "
-            "print(sorted(m for m in ('torch', 'transformers', 'tokenizers', 'safetensors') if m in sys.modules))")
+    code = (
+        "import sys, mygpt, mygpt.hf_export; "
+        "print(sorted(m for m in ('torch', 'transformers', 'tokenizers', 'safetensors') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -57,8 +57,18 @@ def test_bits_per_byte_matches_a_hand_computation():
     target_bytes = 2 + 1 + 1 + 1 + 1
     V = bpe.vocab_size
     tb = torch.as_tensor(bpe.token_bytes())
-    loss, bpb = evaluate(Uniform(V), ids, batch_size=1, seq_len=5, batches=1, seed=0, device=torch.device("cpu"),
-                         precision="fp32", world=World(), token_bytes=tb)
+    loss, bpb = evaluate(
+        Uniform(V),
+        ids,
+        batch_size=1,
+        seq_len=5,
+        batches=1,
+        seed=0,
+        device=torch.device("cpu"),
+        precision="fp32",
+        world=World(),
+        token_bytes=tb,
+    )
     assert loss == pytest.approx(math.log(V), rel=1e-6)
     assert bpb == pytest.approx(5 * math.log(V) / (math.log(2) * target_bytes), rel=1e-6)
 
@@ -67,18 +77,45 @@ def test_bits_per_byte_matches_a_hand_computation():
     cheap = -math.log(math.exp(2) / (math.exp(2) + V - 1))
     dear = -math.log(1 / (math.exp(2) + V - 1))
     nats = cheap + dear + cheap
-    loss, bpb = evaluate(Peaked(V), ids, batch_size=3, seq_len=3, batches=2, seed=1, device=torch.device("cpu"),
-                         precision="fp32", world=World(), token_bytes=tb)
+    loss, bpb = evaluate(
+        Peaked(V),
+        ids,
+        batch_size=3,
+        seq_len=3,
+        batches=2,
+        seed=1,
+        device=torch.device("cpu"),
+        precision="fp32",
+        world=World(),
+        token_bytes=tb,
+    )
     assert loss == pytest.approx(nats / 3, rel=1e-6)  # each batch repeats the only window
     assert bpb == pytest.approx(nats / (math.log(2) * (1 + 2 + 1)), rel=1e-6)
-    _, none = evaluate(Peaked(V), ids, batch_size=1, seq_len=3, batches=1, seed=1, device=torch.device("cpu"),
-                       precision="fp32", world=World())
+    _, none = evaluate(
+        Peaked(V),
+        ids,
+        batch_size=1,
+        seq_len=3,
+        batches=1,
+        seed=1,
+        device=torch.device("cpu"),
+        precision="fp32",
+        world=World(),
+    )
     assert none is None
 
 
 def test_flops_per_token_and_mfu():
-    chapter = GPT(3046, embed_dim=192, num_heads=6, num_kv_heads=2, num_layers=4, max_seq_len=256,
-                  norm_type="rms", position_type="rope")
+    chapter = GPT(
+        3046,
+        embed_dim=192,
+        num_heads=6,
+        num_kv_heads=2,
+        num_layers=4,
+        max_seq_len=256,
+        norm_type="rms",
+        position_type="rope",
+    )
     assert chapter.num_params() == 2_163_264
     assert flops_per_token(chapter, 256) == 6 * 2_163_264 + 12 * 4 * 6 * 32 * 256 == 15_338_880
     part1 = GPT(65)  # learned positions: the 64 x 64 position table is a lookup, not a matmul

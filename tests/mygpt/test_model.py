@@ -11,8 +11,16 @@ from mygpt import GPT, UserError
 from mygpt.model import RMSNorm
 
 PART1 = dict(vocab_size=65, embed_dim=64, num_layers=4, num_heads=4, max_seq_len=64)
-CH28 = dict(vocab_size=3046, embed_dim=192, num_layers=4, num_heads=6, num_kv_heads=2, max_seq_len=256,
-            norm_type="rms", position_type="rope")
+CH28 = dict(
+    vocab_size=3046,
+    embed_dim=192,
+    num_layers=4,
+    num_heads=6,
+    num_kv_heads=2,
+    max_seq_len=256,
+    norm_type="rms",
+    position_type="rope",
+)
 
 
 def test_param_count_part1_config():
@@ -39,8 +47,14 @@ def test_param_count_chapter28_config():
 def test_config_roundtrip_and_tied_head():
     model = GPT(**CH28)
     assert model.config() == {
-        "vocab_size": 3046, "embed_dim": 192, "num_heads": 6, "num_kv_heads": 2, "num_layers": 4,
-        "max_seq_len": 256, "norm_type": "rms", "position_type": "rope",
+        "vocab_size": 3046,
+        "embed_dim": 192,
+        "num_heads": 6,
+        "num_kv_heads": 2,
+        "num_layers": 4,
+        "max_seq_len": 256,
+        "norm_type": "rms",
+        "position_type": "rope",
     }
     assert GPT(**model.config()).num_params() == model.num_params()
     # tied LM head: changing the embedding changes the logits through the head as well
@@ -90,8 +104,15 @@ def test_bad_config_raises_user_error_naming_parameter(kwargs, name):
 @pytest.mark.parametrize("position_type", ["learned", "rope"])
 def test_causal_future_tokens_do_not_change_past_logits(position_type):
     torch.manual_seed(1)
-    model = GPT(vocab_size=20, embed_dim=32, num_heads=4, num_kv_heads=2, num_layers=2, max_seq_len=16,
-                position_type=position_type).eval()
+    model = GPT(
+        vocab_size=20,
+        embed_dim=32,
+        num_heads=4,
+        num_kv_heads=2,
+        num_layers=2,
+        max_seq_len=16,
+        position_type=position_type,
+    ).eval()
     a = torch.randint(0, 20, (1, 12))
     b = a.clone()
     b[0, 8:] = (b[0, 8:] + 1) % 20
@@ -104,8 +125,16 @@ def test_causal_future_tokens_do_not_change_past_logits(position_type):
 @pytest.mark.parametrize("norm_type, position_type, kv", [("layer", "learned", 4), ("rms", "rope", 2)])
 def test_kv_cache_matches_full_forward(norm_type, position_type, kv):
     torch.manual_seed(2)
-    model = GPT(vocab_size=30, embed_dim=32, num_heads=4, num_kv_heads=kv, num_layers=3, max_seq_len=24,
-                norm_type=norm_type, position_type=position_type).eval()
+    model = GPT(
+        vocab_size=30,
+        embed_dim=32,
+        num_heads=4,
+        num_kv_heads=kv,
+        num_layers=3,
+        max_seq_len=24,
+        norm_type=norm_type,
+        position_type=position_type,
+    ).eval()
     idx = torch.randint(0, 30, (2, 24))
     full, _ = model(idx)
     cache = model.new_kv_cache()
@@ -127,8 +156,9 @@ def test_kv_cache_matches_full_forward(norm_type, position_type, kv):
 def test_rope_uses_absolute_position_in_cache():
     """Feeding a token with a cache of length p must equal position p, not position 0."""
     torch.manual_seed(3)
-    model = GPT(vocab_size=30, embed_dim=32, num_heads=4, num_layers=1, max_seq_len=16,
-                position_type="rope", norm_type="rms").eval()
+    model = GPT(
+        vocab_size=30, embed_dim=32, num_heads=4, num_layers=1, max_seq_len=16, position_type="rope", norm_type="rms"
+    ).eval()
     idx = torch.randint(0, 30, (1, 10))
     full, _ = model(idx)
     cache = model.new_kv_cache()

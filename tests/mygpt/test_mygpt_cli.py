@@ -14,8 +14,22 @@ from mygpt.checkpoint import load_checkpoint_payload
 from mygpt.cli import _utf8_prefix, main
 from tests.support import REPO
 
-TINY = ["--embed-dim", "32", "--num-layers", "1", "--num-heads", "4", "--max-seq-len", "32", "--seq-len", "32",
-        "--batch-size", "4", "--device", "cpu"]
+TINY = [
+    "--embed-dim",
+    "32",
+    "--num-layers",
+    "1",
+    "--num-heads",
+    "4",
+    "--max-seq-len",
+    "32",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "4",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,15 +45,46 @@ def run_main(capsys, argv):
     return code, out, err
 
 
-HEADER = ["device: cpu", "precision: fp32", "tokenizer: char", "norm: layer", "position: learned", "num_heads: 4",
-          "num_kv_heads: 4", "corpus chars: 30,000", "train chars: 27,000", "val chars: 3,000", "vocab_size: ",
-          "params: ", "steps: 30", "schedule: constant (warmup=0)", "max_grad_norm:0.0", "checkpoint_every: 15"]
+HEADER = [
+    "device: cpu",
+    "precision: fp32",
+    "tokenizer: char",
+    "norm: layer",
+    "position: learned",
+    "num_heads: 4",
+    "num_kv_heads: 4",
+    "corpus chars: 30,000",
+    "train chars: 27,000",
+    "val chars: 3,000",
+    "vocab_size: ",
+    "params: ",
+    "steps: 30",
+    "schedule: constant (warmup=0)",
+    "max_grad_norm:0.0",
+    "checkpoint_every: 15",
+]
 
 
 def test_train_then_generate_char(capsys, small_text, tmp_path):
     ckpt = tmp_path / "m.ckpt"
-    code, out, err = run_main(capsys, ["train", small_text, *TINY, "--steps", "30", "--print-every", "10",
-                                       "--checkpoint-every", "15", "--val-fraction", "0.1", "--output", ckpt])
+    code, out, err = run_main(
+        capsys,
+        [
+            "train",
+            small_text,
+            *TINY,
+            "--steps",
+            "30",
+            "--print-every",
+            "10",
+            "--checkpoint-every",
+            "15",
+            "--val-fraction",
+            "0.1",
+            "--output",
+            ckpt,
+        ],
+    )
     assert code == 0, err
     lines = out.splitlines()
     assert [line[: len(h)] for line, h in zip(lines, HEADER)] == HEADER
@@ -52,14 +97,28 @@ def test_train_then_generate_char(capsys, small_text, tmp_path):
     assert payload["config"]["tokenizer_kind"] == "char" and payload["resume"]["step"] == 30
     assert payload["meta"]["tokenizer"] == "char"
 
-    code, out, err = run_main(capsys, ["generate", "--checkpoint", ckpt, "--prompt", "ROMEO:", "--max-new-tokens",
-                                       "20", "--device", "cpu"])
+    code, out, err = run_main(
+        capsys, ["generate", "--checkpoint", ckpt, "--prompt", "ROMEO:", "--max-new-tokens", "20", "--device", "cpu"]
+    )
     assert code == 0, err
     first, rest = out.split("\n", 1)
     assert first == "device: cpu"
     assert rest.startswith("ROMEO:") and len(rest) == len("ROMEO:") + 20 + 1  # + print's newline
-    code, out2, _ = run_main(capsys, ["generate", "--checkpoint", ckpt, "--prompt", "ROMEO:", "--max-new-tokens",
-                                      "20", "--device", "cpu", "--no-cache"])
+    code, out2, _ = run_main(
+        capsys,
+        [
+            "generate",
+            "--checkpoint",
+            ckpt,
+            "--prompt",
+            "ROMEO:",
+            "--max-new-tokens",
+            "20",
+            "--device",
+            "cpu",
+            "--no-cache",
+        ],
+    )
     assert code == 0 and out2 == out
 
 
@@ -67,12 +126,51 @@ def test_train_bpe_modern_recipe(capsys, wikitext2_path, tmp_path):
     text_path = tmp_path / "wiki.txt"
     text_path.write_bytes(wikitext2_path.read_bytes()[:150_000].decode("utf-8", "ignore").encode("utf-8"))
     ckpt = tmp_path / "wiki.ckpt"
-    code, out, err = run_main(capsys, [
-        "train", text_path, "--tokenizer", "bpe", "--num-merges", "100", "--bpe-train-bytes", "50000",
-        "--embed-dim", "48", "--num-layers", "1", "--num-heads", "6", "--num-kv-heads", "2", "--max-seq-len", "32",
-        "--seq-len", "32", "--batch-size", "4", "--norm", "rms", "--position", "rope", "--schedule", "cosine",
-        "--warmup", "5", "--max-grad-norm", "1.0", "--steps", "20", "--print-every", "10", "--device", "cpu",
-        "--output", ckpt])
+    code, out, err = run_main(
+        capsys,
+        [
+            "train",
+            text_path,
+            "--tokenizer",
+            "bpe",
+            "--num-merges",
+            "100",
+            "--bpe-train-bytes",
+            "50000",
+            "--embed-dim",
+            "48",
+            "--num-layers",
+            "1",
+            "--num-heads",
+            "6",
+            "--num-kv-heads",
+            "2",
+            "--max-seq-len",
+            "32",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "4",
+            "--norm",
+            "rms",
+            "--position",
+            "rope",
+            "--schedule",
+            "cosine",
+            "--warmup",
+            "5",
+            "--max-grad-norm",
+            "1.0",
+            "--steps",
+            "20",
+            "--print-every",
+            "10",
+            "--device",
+            "cpu",
+            "--output",
+            ckpt,
+        ],
+    )
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("training BPE tokenizer (100 merges, ") and lines[0].endswith(" chars)…")
@@ -88,14 +186,28 @@ def test_train_bpe_modern_recipe(capsys, wikitext2_path, tmp_path):
     vocab = int(next(line for line in lines if line.startswith("vocab_size: ")).split()[1])
     assert vocab == payload["config"]["vocab_size"] == len(payload["tokenizer_state"]["chars"]) + 100
 
-    code, out, err = run_main(capsys, ["generate", "--checkpoint", ckpt, "--prompt", "The history of",
-                                       "--max-new-tokens", "15", "--device", "cpu", "--precision", "fp32"])
+    code, out, err = run_main(
+        capsys,
+        [
+            "generate",
+            "--checkpoint",
+            ckpt,
+            "--prompt",
+            "The history of",
+            "--max-new-tokens",
+            "15",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+        ],
+    )
     assert code == 0, err
     assert out.startswith("device: cpu\nThe history of")
 
 
 def test_utf8_prefix_cuts_at_character_boundary():
-    raw = "ab€cd".encode("utf-8")  # € is 3 bytes at offsets 2..4
+    raw = "ab€cd".encode()  # € is 3 bytes at offsets 2..4
     assert _utf8_prefix(raw, 3) == "ab" and _utf8_prefix(raw, 4) == "ab"
     assert _utf8_prefix(raw, 5) == "ab€" and _utf8_prefix(raw, 0) == "ab€cd" and _utf8_prefix(raw, 99) == "ab€cd"
 
@@ -126,10 +238,14 @@ def _bad_inputs(tmp: Path, small_text: Path, ckpt: Path):
         ([*base, "--seq-len", "128", "--max-seq-len", "64"], ["--seq-len (128)", "--max-seq-len (64)"]),
         (["train", str(short), "--device", "cpu"], ["23 tokens", "seq_len + 1 = 65"]),
         ([*base, "--device", "tpu"], ["unknown device 'tpu'"]),
-        (["generate", "--checkpoint", str(ckpt), "--prompt", "Zoë ☃", "--device", "cpu"],
-         ["'ë' (U+00EB)", "'☃' (U+2603)", "vocabulary"]),
-        (["generate", "--checkpoint", str(tmp / "missing.ckpt"), "--device", "cpu"],
-         ["missing.ckpt", "does not exist"]),
+        (
+            ["generate", "--checkpoint", str(ckpt), "--prompt", "Zoë ☃", "--device", "cpu"],
+            ["'ë' (U+00EB)", "'☃' (U+2603)", "vocabulary"],
+        ),
+        (
+            ["generate", "--checkpoint", str(tmp / "missing.ckpt"), "--device", "cpu"],
+            ["missing.ckpt", "does not exist"],
+        ),
         (["generate", "--checkpoint", str(corrupt), "--device", "cpu"], ["corrupt.ckpt", "corrupt"]),
     ]
 
@@ -161,8 +277,9 @@ def test_real_process_exit_codes(tmp_path, small_text, trained_ckpt):
         (["train", str(small_text), "--norm", "batch"], 2, "invalid choice"),
     ]
     for argv, want_code, frag in cases:
-        proc = subprocess.run([sys.executable, "-m", "mygpt.cli", *argv], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "mygpt.cli", *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == want_code, (argv, proc.stderr)
         assert frag in proc.stderr and "Traceback" not in proc.stderr, (argv, proc.stderr)
 

@@ -90,10 +90,28 @@ def test_short_run_drives_validation_loss_down(shakespeare_tokens, tmp_path):
     torch.manual_seed(0)
     model = GPT(vocab_size=tok.vocab_size)
     progress, lines = [], []
-    cfg = TrainConfig(steps=120, batch_size=16, seq_len=64, lr=3e-3, schedule="cosine", warmup=10,
-                      max_grad_norm=1.0, print_every=40, eval_batches=4)
-    result = train(model, tok, train_mm, config=cfg, val_tokens=val_mm, device="cpu",
-                   checkpoint_path=tmp_path / "m.ckpt", log=lines.append, on_progress=progress.append)
+    cfg = TrainConfig(
+        steps=120,
+        batch_size=16,
+        seq_len=64,
+        lr=3e-3,
+        schedule="cosine",
+        warmup=10,
+        max_grad_norm=1.0,
+        print_every=40,
+        eval_batches=4,
+    )
+    result = train(
+        model,
+        tok,
+        train_mm,
+        config=cfg,
+        val_tokens=val_mm,
+        device="cpu",
+        checkpoint_path=tmp_path / "m.ckpt",
+        log=lines.append,
+        on_progress=progress.append,
+    )
     assert [p["step"] for p in progress] == [1, 40, 80, 120]
     first_val = progress[0]["val_loss"]
     assert abs(first_val - math.log(65)) < 0.3  # starts near ln(vocab)
@@ -112,13 +130,34 @@ def test_short_run_drives_validation_loss_down(shakespeare_tokens, tmp_path):
 def _tiny_setup(text, seed):
     tok = CharTokenizer.from_text(text)
     torch.manual_seed(seed)
-    model = GPT(vocab_size=tok.vocab_size, embed_dim=32, num_heads=4, num_kv_heads=2, num_layers=2,
-                max_seq_len=32, dropout=0.1, norm_type="rms", position_type="rope")
+    model = GPT(
+        vocab_size=tok.vocab_size,
+        embed_dim=32,
+        num_heads=4,
+        num_kv_heads=2,
+        num_layers=2,
+        max_seq_len=32,
+        dropout=0.1,
+        norm_type="rms",
+        position_type="rope",
+    )
     return tok, model
 
 
-RESUME_CFG = dict(steps=20, batch_size=4, seq_len=32, lr=2e-3, schedule="cosine", warmup=5, max_grad_norm=0.5,
-                  print_every=5, eval_every=5, eval_batches=2, checkpoint_every=10, seed=7)
+RESUME_CFG = dict(
+    steps=20,
+    batch_size=4,
+    seq_len=32,
+    lr=2e-3,
+    schedule="cosine",
+    warmup=5,
+    max_grad_norm=0.5,
+    print_every=5,
+    eval_every=5,
+    eval_batches=2,
+    checkpoint_every=10,
+    seed=7,
+)
 
 
 class Stop(Exception):
@@ -134,8 +173,16 @@ def test_resume_is_bit_identical(shakespeare_text, tmp_path):
 
     # uninterrupted run
     _, straight = _tiny_setup(text, 0)
-    res_a = train(straight, tok, train_ids, config=cfg, val_tokens=val_ids, device="cpu",
-                  checkpoint_path=tmp_path / "a.ckpt", log=None)
+    res_a = train(
+        straight,
+        tok,
+        train_ids,
+        config=cfg,
+        val_tokens=val_ids,
+        device="cpu",
+        checkpoint_path=tmp_path / "a.ckpt",
+        log=None,
+    )
 
     # run killed right after its step-10 checkpoint
     def stop_at_10(step, path):
@@ -144,8 +191,17 @@ def test_resume_is_bit_identical(shakespeare_text, tmp_path):
 
     _, first = _tiny_setup(text, 0)
     with pytest.raises(Stop):
-        train(first, tok, train_ids, config=cfg, val_tokens=val_ids, device="cpu",
-              checkpoint_path=tmp_path / "b.ckpt", log=None, on_checkpoint=stop_at_10)
+        train(
+            first,
+            tok,
+            train_ids,
+            config=cfg,
+            val_tokens=val_ids,
+            device="cpu",
+            checkpoint_path=tmp_path / "b.ckpt",
+            log=None,
+            on_checkpoint=stop_at_10,
+        )
     payload = load_checkpoint_payload(tmp_path / "b.ckpt")
     assert payload["resume"]["step"] == 10
     assert torch.equal(payload["model_state_dict"]["token_embedding.weight"], first.token_embedding.weight)
@@ -155,8 +211,16 @@ def test_resume_is_bit_identical(shakespeare_text, tmp_path):
     torch.manual_seed(999)
     np.random.seed(999)
     logs = []
-    res_b = train(resumed, tok, train_ids, config=cfg, val_tokens=val_ids, device="cpu",
-                  checkpoint_path=tmp_path / "b.ckpt", log=logs.append)
+    res_b = train(
+        resumed,
+        tok,
+        train_ids,
+        config=cfg,
+        val_tokens=val_ids,
+        device="cpu",
+        checkpoint_path=tmp_path / "b.ckpt",
+        log=logs.append,
+    )
     assert logs[0] == f"resuming from {tmp_path / 'b.ckpt'} at step 10"
     assert res_b.start_step == 10 and res_a.start_step == 0
 
@@ -177,8 +241,16 @@ def test_resume_is_bit_identical(shakespeare_text, tmp_path):
     payload["resume"]["rng"]["generator"] = torch.Generator().manual_seed(0).get_state()
     torch.save(payload, tmp_path / "c.ckpt")
     _, broken = _tiny_setup(text, 0)
-    train(broken, tok, train_ids, config=cfg, val_tokens=val_ids, device="cpu", checkpoint_path=tmp_path / "c.ckpt",
-          log=None)
+    train(
+        broken,
+        tok,
+        train_ids,
+        config=cfg,
+        val_tokens=val_ids,
+        device="cpu",
+        checkpoint_path=tmp_path / "c.ckpt",
+        log=None,
+    )
     assert not torch.equal(sa["token_embedding.weight"], broken.state_dict()["token_embedding.weight"])
 
 
@@ -190,17 +262,30 @@ def test_resume_refuses_different_settings(shakespeare_text, tmp_path):
     train(model, tok, ids, config=cfg, device="cpu", checkpoint_path=tmp_path / "c.ckpt", log=None)
     _, model2 = _tiny_setup(text, 0)
     with pytest.raises(UserError, match="lr"):
-        train(model2, tok, ids, config=TrainConfig(**{**RESUME_CFG, "steps": 8, "lr": 1e-2}), device="cpu",
-              checkpoint_path=tmp_path / "c.ckpt", log=None)
+        train(
+            model2,
+            tok,
+            ids,
+            config=TrainConfig(**{**RESUME_CFG, "steps": 8, "lr": 1e-2}),
+            device="cpu",
+            checkpoint_path=tmp_path / "c.ckpt",
+            log=None,
+        )
     other = GPT(vocab_size=tok.vocab_size, embed_dim=32, num_heads=4, num_layers=2, max_seq_len=32)
     with pytest.raises(UserError, match="num_kv_heads"):
         train(other, tok, ids, config=cfg, device="cpu", checkpoint_path=tmp_path / "c.ckpt", log=None)
     # same settings and more steps: continues; resume=False: starts over
-    res = train(model2, tok, ids, config=TrainConfig(**{**RESUME_CFG, "steps": 7}), device="cpu",
-                checkpoint_path=tmp_path / "c.ckpt", log=None)
+    res = train(
+        model2,
+        tok,
+        ids,
+        config=TrainConfig(**{**RESUME_CFG, "steps": 7}),
+        device="cpu",
+        checkpoint_path=tmp_path / "c.ckpt",
+        log=None,
+    )
     assert res.start_step == 5 and res.steps == 7
-    res = train(model2, tok, ids, config=cfg, device="cpu", checkpoint_path=tmp_path / "c.ckpt", resume=False,
-                log=None)
+    res = train(model2, tok, ids, config=cfg, device="cpu", checkpoint_path=tmp_path / "c.ckpt", resume=False, log=None)
     assert res.start_step == 0
 
 
@@ -222,8 +307,14 @@ def test_input_validation(shakespeare_text):
     with pytest.raises(UserError, match="device"):
         train(model, tok, ids, config=TrainConfig(seq_len=32, steps=1), device="tpu", log=None)
     with pytest.raises(UserError, match="vocab_size"):
-        train(GPT(vocab_size=99, embed_dim=16, num_heads=2, num_layers=1, max_seq_len=32), tok, ids,
-              config=TrainConfig(seq_len=32, steps=1), device="cpu", log=None)
+        train(
+            GPT(vocab_size=99, embed_dim=16, num_heads=2, num_layers=1, max_seq_len=32),
+            tok,
+            ids,
+            config=TrainConfig(seq_len=32, steps=1),
+            device="cpu",
+            log=None,
+        )
 
 
 def test_concat_tokens_slices_across_parts():

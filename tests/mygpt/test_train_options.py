@@ -12,8 +12,9 @@ from mygpt import GPT, CharTokenizer, TrainConfig
 from mygpt.device import compile_unavailable
 from mygpt.train import train
 
-TINY = dict(embed_dim=32, num_heads=4, num_kv_heads=2, num_layers=1, max_seq_len=32, norm_type="rms",
-            position_type="rope")
+TINY = dict(
+    embed_dim=32, num_heads=4, num_kv_heads=2, num_layers=1, max_seq_len=32, norm_type="rms", position_type="rope"
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +29,12 @@ def _run(data, log=None, on_progress=None, **cfg):
     tok, train_ids, val_ids = data
     torch.manual_seed(0)
     model = GPT(tok.vocab_size, **TINY)
-    config = TrainConfig(**{**dict(steps=20, batch_size=4, seq_len=32, lr=3e-3, print_every=5, eval_batches=2,
-                                   seed=5), **cfg})
-    result = train(model, tok, train_ids, config=config, val_tokens=val_ids, device="cpu", log=log,
-                   on_progress=on_progress)
+    config = TrainConfig(
+        **{**dict(steps=20, batch_size=4, seq_len=32, lr=3e-3, print_every=5, eval_batches=2, seed=5), **cfg}
+    )
+    result = train(
+        model, tok, train_ids, config=config, val_tokens=val_ids, device="cpu", log=log, on_progress=on_progress
+    )
     return model, result
 
 
@@ -58,7 +61,7 @@ def test_compile_unavailable_warns_and_trains_eagerly(data, monkeypatch):
     _, result = _run(data, log=lines.append, steps=3, compile=True)
     assert not result.compiled and result.steps == 3 and math.isfinite(result.final_loss)
     warned = [line for line in lines if line.startswith("warning: compile=True, but torch.compile is unavailable")]
-    assert len(warned) == 1 and result.warnings == [warned[0][len("warning: "):]]
+    assert len(warned) == 1 and result.warnings == [warned[0][len("warning: ") :]]
 
 
 @pytest.mark.parametrize("native", [False, True])
@@ -88,7 +91,7 @@ def test_micro_batches_give_the_same_training(data):
 
 def test_result_progress_and_log_carry_the_numbers(data):
     lines, progress = [], []
-    model, result = _run(data, log=lines.append, on_progress=progress.append)
+    _model, result = _run(data, log=lines.append, on_progress=progress.append)
     assert result.tokens_per_sec > 0 and result.flops_per_token > 0 and result.world_size == 1
     assert result.tflops == pytest.approx(result.tokens_per_sec * result.flops_per_token / 1e12)
     assert result.mfu is None and result.peak_tflops is None  # CPU: no peak

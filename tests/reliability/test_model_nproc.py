@@ -30,9 +30,11 @@ pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="nproc=2 needs
 
 NPROC2 = SETTINGS.model.model_copy(update={"nproc": 2, "device": "cpu", "precision": "fp32"})
 # the stage task called plainly in a child process: argv[1] = {"shards", "tokenizer", "root"}
-CHILD = ("import json, sys; from tasks.model import train_model; from tests.support.tiny import SETTINGS, run_in; "
-         "a = json.loads(sys.argv[1]); train_model.fn(a['shards'], a['tokenizer'], "
-         "SETTINGS.model.model_copy(update={'nproc': 2, 'device': 'cpu', 'precision': 'fp32'}), run_in(a['root']))")
+CHILD = (
+    "import json, sys; from tasks.model import train_model; from tests.support.tiny import SETTINGS, run_in; "
+    "a = json.loads(sys.argv[1]); train_model.fn(a['shards'], a['tokenizer'], "
+    "SETTINGS.model.model_copy(update={'nproc': 2, 'device': 'cpu', 'precision': 'fp32'}), run_in(a['root']))"
+)
 
 
 def _copy_root(upstream, dest: Path) -> Path:
@@ -67,8 +69,9 @@ def uninterrupted(upstream, tmp_path_factory):
 def test_two_processes_are_another_version_with_the_same_losses(trained, uninterrupted):
     one, two = _manifest(trained), _manifest(uninterrupted)
     assert trained["version"] != uninterrupted["version"], "nproc enters the version"
-    assert {k: v for k, v in one["settings"].items() if k != "nproc"} == \
-        {k: v for k, v in two["settings"].items() if k != "nproc"}
+    assert {k: v for k, v in one["settings"].items() if k != "nproc"} == {
+        k: v for k, v in two["settings"].items() if k != "nproc"
+    }
     for (s1, l1, v1), (s2, l2, v2) in zip(one["metrics"]["loss_curve"], two["metrics"]["loss_curve"], strict=True):
         assert s1 == s2 and abs(l1 - l2) < 1e-4 and (v1 is None) == (v2 is None) and (v1 is None or abs(v1 - v2) < 1e-4)
     assert abs(one["metrics"]["final_val_bpb"] - two["metrics"]["final_val_bpb"]) < 1e-4
@@ -87,14 +90,18 @@ def _alive(pids: list[int]) -> list[int]:
     return alive
 
 
-def test_sigkill_of_the_process_group_then_rerun_resumes_to_the_same_weights(upstream, uninterrupted, tmp_path,
-                                                                              caplog):
+def test_sigkill_of_the_process_group_then_rerun_resumes_to_the_same_weights(upstream, uninterrupted, tmp_path, caplog):
     root = _copy_root(upstream, tmp_path / "art")
     args = json.dumps({"shards": upstream[3], "tokenizer": upstream[2], "root": str(root)})
     log_path = tmp_path / "killed.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, args], env={**os.environ, STALL_ENV: "1"},
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, args],
+            env={**os.environ, STALL_ENV: "1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 120
         while True:

@@ -30,8 +30,13 @@ def test_export_publishes_a_directory_transformers_loads(exported, trained, wiki
     store = open_store(root)
     assert store.verify("export", ref["version"], full=True) == (True, "ok")
     info = store.get("export", ref["version"])
-    assert sorted(info.manifest["files"]) == ["config.json", "generation_config.json", "model.safetensors",
-                                              "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(info.manifest["files"]) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     assert info.manifest["inputs"]["model"]["version"] == trained["version"]
     assert info.manifest["metrics"]["check"]["max_abs_logit_diff"] <= 1e-6
 

@@ -1,11 +1,11 @@
-"""The model stage (train) on real (tiny) upstream versions: memory-mapped shards, published checkpoint, history, report."""
+"""The model stage on real (tiny) upstream versions: memory-mapped shards, published checkpoint, history, report."""
 
 from __future__ import annotations
 
 import base64
-import os
 import csv
 import json
+import os
 import re
 import xml.dom.minidom
 from pathlib import Path
@@ -19,7 +19,6 @@ from tasks.registry import open_store
 from tests.support.tiny import SETTINGS, run_in
 
 TINY_MODEL = SETTINGS.model
-
 
 
 def test_train_publishes_checkpoint_history_and_metrics(upstream, trained):
@@ -51,15 +50,27 @@ def test_train_publishes_checkpoint_history_and_metrics(upstream, trained):
     assert payload["config"]["norm_type"] == "rms" and payload["config"]["position_type"] == "rope"
     model, tok = load_checkpoint(info.path / "model.ckpt")
     assert model.embed_dim == TINY_MODEL.embed_dim and tok.state() == json.loads(
-        (Path(tokenizer["path"]) / "tokenizer.json").read_text())
+        (Path(tokenizer["path"]) / "tokenizer.json").read_text()
+    )
     assert not (store.staging_path("model", trained["version"])).exists(), "work dir deleted on publish"
 
 
 def test_published_checkpoint_works_with_mygpt_generate(trained, capsys):
     from mygpt.cli import main
 
-    rc = main(["generate", "--checkpoint", str(Path(trained["path"]) / "model.ckpt"), "--prompt", "The history of",
-               "--max-new-tokens", "8", "--device", "cpu"])
+    rc = main(
+        [
+            "generate",
+            "--checkpoint",
+            str(Path(trained["path"]) / "model.ckpt"),
+            "--prompt",
+            "The history of",
+            "--max-new-tokens",
+            "8",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0 and "The history of" in capsys.readouterr().out
 
 
@@ -72,8 +83,18 @@ def test_report_has_a_readable_loss_curve_and_summary(upstream, trained):
     lines = svg.getElementsByTagName("polyline")
     assert len(lines) == 2, "train and validation loss"
     assert len(lines[0].getAttribute("points").split()) == 5
-    for needle in ("final train loss", "final val loss", "final val bits per byte", "tokens/s", "FLOPs per token",
-                   "achieved TFLOP/s", "| MFU | n/a |", "| processes / compile | 1 / off |", "cpu / fp32", "| 40 | "):
+    for needle in (
+        "final train loss",
+        "final val loss",
+        "final val bits per byte",
+        "tokens/s",
+        "FLOPs per token",
+        "achieved TFLOP/s",
+        "| MFU | n/a |",
+        "| processes / compile | 1 / off |",
+        "cpu / fp32",
+        "| 40 | ",
+    ):
         assert needle in md
 
 
@@ -90,7 +111,7 @@ def test_train_reads_memory_mapped_tokens_and_all_splits(upstream, tmp_path):
     valid = open_token_files(train_stage.token_files(Path(shards["path"]), tmp_path, ("valid",))[0], dtype)
     test = open_token_files(train_stage.token_files(Path(shards["path"]), tmp_path, ("test",))[0], dtype)
     assert len(everything) == n_all == n + len(valid) + len(test)
-    assert np.array_equal(everything[n - 3:n + 3], np.concatenate([train_only[-3:], valid[:3]]))
+    assert np.array_equal(everything[n - 3 : n + 3], np.concatenate([train_only[-3:], valid[:3]]))
     assert all(isinstance(p, np.memmap) for p in everything.parts), "no copies of the corpus"
 
 
@@ -110,31 +131,45 @@ def test_chapter_defaults_and_resolved_device():
     assert v["device"] in ("cpu", "cuda", "mps") and v["precision"] in ("fp32", "bf16")
     assert (v["embed_dim"], v["num_layers"], v["num_heads"], v["num_kv_heads"], v["max_seq_len"]) == (192, 4, 6, 2, 256)
     assert (v["seq_len"], v["batch_size"], v["lr"], v["warmup"], v["steps"], v["checkpoint_every"]) == (
-        256, 16, 1e-3, 500, 10000, 1000)
+        256,
+        16,
+        1e-3,
+        500,
+        10000,
+        1000,
+    )
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"num_heads": 5}, r"num_heads \(5\) must divide embed_dim \(192\)"),
-    ({"seq_len": 512}, r"seq_len \(512\) must be <= max_seq_len \(256\)"),
-    ({"steps": 0}, r"steps must be an integer >= 1"),
-    ({"device": "tpu"}, r"device: unknown device 'tpu'"),
-    ({"threads": 2}, r"unknown model setting\(s\) threads"),
-    ({"nproc": 0}, r"^model.nproc must be an integer >= 1 or 'auto', got 0 \(training processes on this node"),
-    ({"nproc": "x"}, r"^model.nproc must be an integer >= 1 or 'auto', got 'x'"),
-    ({"nproc": 1.5}, r"^model.nproc must be an integer >= 1 or 'auto', got 1.5"),
-    ({"nproc": True}, r"^model.nproc must be an integer >= 1 or 'auto', got True"),
-    ({"compile": "yes"}, r"^model.compile must be true or false, got 'yes'"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"num_heads": 5}, r"num_heads \(5\) must divide embed_dim \(192\)"),
+        ({"seq_len": 512}, r"seq_len \(512\) must be <= max_seq_len \(256\)"),
+        ({"steps": 0}, r"steps must be an integer >= 1"),
+        ({"device": "tpu"}, r"device: unknown device 'tpu'"),
+        ({"threads": 2}, r"unknown model setting\(s\) threads"),
+        ({"nproc": 0}, r"^model.nproc must be an integer >= 1 or 'auto', got 0 \(training processes on this node"),
+        ({"nproc": "x"}, r"^model.nproc must be an integer >= 1 or 'auto', got 'x'"),
+        ({"nproc": 1.5}, r"^model.nproc must be an integer >= 1 or 'auto', got 1.5"),
+        ({"nproc": True}, r"^model.nproc must be an integer >= 1 or 'auto', got True"),
+        ({"compile": "yes"}, r"^model.compile must be true or false, got 'yes'"),
+    ],
+)
 def test_settings_reject(settings, message):
     with pytest.raises(UserError, match=message):
         train_stage.ModelSettings.parse(settings, "model")
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"device": "cpu", "nproc": 10_000}, r"^model.nproc \(10000\) is more than batch_size \(16\)"),
-    ({"device": "cpu", "nproc": (os.cpu_count() or 1) + 1, "batch_size": 10_000},
-     rf"^model.nproc \({(os.cpu_count() or 1) + 1}\) is more than the {os.cpu_count() or 1} CPU cores here"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"device": "cpu", "nproc": 10_000}, r"^model.nproc \(10000\) is more than batch_size \(16\)"),
+        (
+            {"device": "cpu", "nproc": (os.cpu_count() or 1) + 1, "batch_size": 10_000},
+            rf"^model.nproc \({(os.cpu_count() or 1) + 1}\) is more than the {os.cpu_count() or 1} CPU cores here",
+        ),
+    ],
+)
 def test_nproc_beyond_the_machine_is_refused_when_resolved(settings, message):
     s = train_stage.ModelSettings.parse(settings, "model")  # valid as settings; this machine cannot run it
     with pytest.raises(UserError, match=message):
@@ -157,8 +192,16 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_once(upstream, monkeypatch, cap
 
     monkeypatch.setattr(mygpt.device, "cpu_has_native_bf16", lambda: False)
     root, _, tokenizer, shards = upstream
-    settings = TINY_MODEL.model_copy(update={"device": "cpu", "precision": "bf16", "steps": 2, "print_every": 1,
-                                             "eval_every": 2, "checkpoint_every": 0})
+    settings = TINY_MODEL.model_copy(
+        update={
+            "device": "cpu",
+            "precision": "bf16",
+            "steps": 2,
+            "print_every": 1,
+            "eval_every": 2,
+            "checkpoint_every": 0,
+        }
+    )
     caplog.set_level(logging.INFO)
     ref = train_stage.train_model.fn(shards, tokenizer, settings, run_in(root))
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "without native bf16" in r.getMessage()]

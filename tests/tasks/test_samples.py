@@ -9,8 +9,8 @@ import pytest
 
 from mygpt.errors import UserError
 from tasks import samples as sample_stage
-from tasks.model import load_tokenizer
 from tasks.core.settings import RunOptions
+from tasks.model import load_tokenizer
 from tasks.registry import open_store
 from tests.support.tiny import SETTINGS, run_in
 
@@ -44,6 +44,7 @@ def test_sample_publishes_markdown_and_json(upstream, trained):
     # Seeded: a forced rebuild gives the same text; each prompt's text does not depend on the others.
     again = sample(root, trained, prompt=tuple(prompts), force=True)
     assert again["build_id"] != ref["build_id"]
+
     def texts(ref):
         return [s["continuation"] for s in json.loads((Path(ref["path"]) / "samples.json").read_text())]
 
@@ -64,11 +65,20 @@ def test_prompt_characters_the_tokenizer_cannot_encode(upstream, trained):
     assert s["prompt"] == "The 🦜 history" and s["used_prompt"] == "The  history"
 
 
-@pytest.mark.parametrize("bad, name", [
-    ({"prompt": ""}, "prompt"), ({"prompt": []}, "prompt"), ({"prompt": ["ok", 3]}, "prompt"),
-    ({"max_new_tokens": 0}, "max_new_tokens"), ({"temperature": -1}, "temperature"), ({"top_k": -2}, "top_k"),
-    ({"device": "tpu"}, "device"), ({"seed": "x"}, "seed"), ({"nucleus": 0.9}, "nucleus"),
-])
+@pytest.mark.parametrize(
+    "bad, name",
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": ["ok", 3]}, "prompt"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_k": -2}, "top_k"),
+        ({"device": "tpu"}, "device"),
+        ({"seed": "x"}, "seed"),
+        ({"nucleus": 0.9}, "nucleus"),
+    ],
+)
 def test_sample_setting_errors_name_the_setting(bad, name):
     with pytest.raises(UserError, match=name):
         sample_stage.SamplesSettings.parse(bad, "samples")
