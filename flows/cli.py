@@ -21,8 +21,16 @@ import contextlib
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from mygpt.errors import UserError
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from prefect.states import State
+
+    from tasks.core.stage import StageRef
 
 DEPLOYMENT = "wiki-pipeline"
 MIRROR_PORT = 8765  # the loopback mirror of --mirror and scripts/pipeline --demo
@@ -120,7 +128,8 @@ def cmd_run(args) -> int:
             settings = settings.model_copy(update={"corpus": settings.corpus.model_copy(update={"source_url": url})})
         from flows.wiki_pipeline import wiki_pipeline
 
-        state = wiki_pipeline(**dict(settings), return_state=True)
+        # Prefect's Flow.__call__ overloads take return_state=True as one of the flow's **parameters: the state.
+        state = cast("State[dict[str, StageRef]]", wiki_pipeline(**dict(settings), return_state=True))
         if not state.is_completed():
             try:
                 state.result()  # re-raises the flow's exception (a UserError becomes exit code 2)
@@ -248,7 +257,8 @@ def cmd_wait(args) -> int:
         while True:
             run = client.read_flow_run(run_id)
             tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
-            for t in sorted(tasks, key=lambda t: t.expected_start_time or t.created):
+            # created is set on every task run the server returns (optional only in the client-side schema)
+            for t in sorted(tasks, key=lambda t: cast("datetime", t.expected_start_time or t.created)):
                 if t.state and t.state.is_final() and t.id not in shown:
                     shown.add(t.id)
                     status.line(f"  {t.name:10s} {t.state.name}")

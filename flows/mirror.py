@@ -87,12 +87,19 @@ def build_wikitext_zip(
 
 
 # ---- the server --------------------------------------------------------------------------------------
+class _MirrorServer(ThreadingHTTPServer):
+    """The HTTP server of a :class:`Mirror`, which it sets as ``mirror`` before serving."""
+
+    mirror: Mirror
+
+
 class MirrorHandler(BaseHTTPRequestHandler):
     """Answers GET and HEAD with a file of the :class:`Mirror`, whole or the one ``Range`` asked for.
 
     A subclass may change how a request is answered through :meth:`refusal`, :meth:`range_header`,
     :meth:`response_headers` and :meth:`send_body` (the tests' fault injection does)."""
 
+    server: _MirrorServer
     protocol_version = "HTTP/1.1"
     server_version = "wiki-mirror/1"
 
@@ -140,9 +147,11 @@ class MirrorHandler(BaseHTTPRequestHandler):
             data = mirror.files.get(self.path.split("?", 1)[0])
             refusal = self.refusal()
         if data is None:
-            return self._error(entry, 404, "not found")
+            self._error(entry, 404, "not found")
+            return
         if refusal is not None:
-            return self._error(entry, *refusal)
+            self._error(entry, *refusal)
+            return
         if isinstance(data, Path):
             data = data.read_bytes()
         span = self._span(entry, len(data))
@@ -177,11 +186,13 @@ class MirrorHandler(BaseHTTPRequestHandler):
             return 0, size, 200
         m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())
         if not m:
-            return self._error(entry, 416, "bad range", {"Content-Range": f"bytes */{size}"})
+            self._error(entry, 416, "bad range", {"Content-Range": f"bytes */{size}"})
+            return None
         start = int(m.group(1))
         end = min(size, int(m.group(2)) + 1) if m.group(2) else size
         if start >= size or start >= end:
-            return self._error(entry, 416, "range not satisfiable", {"Content-Range": f"bytes */{size}"})
+            self._error(entry, 416, "range not satisfiable", {"Content-Range": f"bytes */{size}"})
+            return None
         return start, end, 206
 
     def _error(self, entry: dict, status: int, message: str, headers: dict | None = None) -> None:
@@ -216,7 +227,7 @@ class Mirror:
         self.port = port
         self.requests: list[dict] = []
         self.lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _MirrorServer | None = None
         self._thread: threading.Thread | None = None
 
     def add(self, name: str, data: bytes | os.PathLike) -> None:
@@ -237,7 +248,7 @@ class Mirror:
             self.requests.clear()
 
     def start(self) -> Mirror:
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
+        self._server = _MirrorServer(("127.0.0.1", self.port), self.handler)
         self._server.daemon_threads = True
         self._server.mirror = self
         self.port = self._server.server_address[1]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, create_model
 
@@ -52,7 +52,7 @@ class PipelineBase(BaseModel):
                 f"unknown parameter(s) {', '.join(unknown)}; the flow's parameters are {', '.join(cls.model_fields)}"
             )
         parsed = {name: cls.settings_class(name).parse(groups.get(name), name) for name in cls.model_fields}
-        parsed["run"] = check_run(parsed["run"])
+        parsed["run"] = check_run(cast(RunOptions, parsed["run"]))  # settings_class("run") is RunOptions
         for group in parsed.values():
             group.resolved()  # raises where the device or precision is not available here
             group.check_against(parsed)
@@ -60,7 +60,8 @@ class PipelineBase(BaseModel):
 
     @classmethod
     def settings_class(cls, group: str) -> type[Settings]:
-        return cls.model_fields[group].annotation
+        # Every field of the create_model'd Pipeline is annotated with a Settings class (see below).
+        return cast("type[Settings]", cls.model_fields[group].annotation)
 
     @classmethod
     def as_parameters(cls, fn: F) -> F:

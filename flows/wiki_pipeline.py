@@ -89,7 +89,9 @@ def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
 
 def run_only(s: PipelineBase) -> dict[str, StageRef]:
     """Run one stage against the latest upstream versions (``run.only``)."""
-    stage = BY_NAME[s.run.only]
+    only = s.run.only
+    assert only is not None  # the flow calls it only with run.only set
+    stage = BY_NAME[only]
     inputs = latest_upstream(open_store(s.run.root()), stage.name)
     get_run_logger().info(
         "only %s: inputs %s", stage.name, ", ".join(f"{k}/{v['version']}" for k, v in inputs.items()) or "(none)"

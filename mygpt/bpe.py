@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,7 +104,7 @@ class BPETokenizer:
         # the chapter's dict comprehension.
         self.merge_ranks: dict[tuple[str, str], int] = {m: i for i, m in enumerate(merges)}
         self._charset = frozenset(chars)
-        self._fast = None  # lazily built mygpt.bpe_encode.WordEncoder
+        self._fast: WordEncoder | None = None  # lazily built mygpt.bpe_encode.WordEncoder
 
     @staticmethod
     def _validate(chars: Any, merges: Any, byte_fallback: Any) -> tuple[list[str], list[tuple[str, str]]]:
@@ -116,8 +117,7 @@ class BPETokenizer:
             if not isinstance(c, str) or len(c) != 1:
                 raise UserError(f"BPE 'chars' entries must be single characters, got {c!r}")
         if len(set(chars)) != len(chars):
-            seen: set[str] = set()
-            dups = sorted({c for c in chars if c in seen or seen.add(c)})
+            dups = sorted(c for c, n in Counter(chars).items() if n > 1)
             raise UserError(f"BPE 'chars' has duplicate characters: {describe_chars(dups)}")
         if isinstance(merges, (str, bytes)) or not isinstance(merges, Sequence):
             raise UserError(f"BPE 'merges' must be a list of [a, b] pairs, got {type(merges).__name__}")
@@ -262,11 +262,6 @@ class BPETokenizer:
         return self._fast
 
     @property
-    def _word_cache(self) -> dict:
-        """The fast encoder's per-unique-word cache (word -> tuple of ids)."""
-        return self._fast_encoder().cache
-
-    @property
     def id_dtype(self) -> type:
         """numpy dtype of :meth:`encode_corpus` output: uint16 if ``vocab_size <= 65536`` else uint32."""
         return np.uint16 if self.vocab_size <= 65536 else np.uint32
@@ -352,7 +347,7 @@ class BPETokenizer:
         return self.state()
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["chars"], state["merges"], byte_fallback=state.get("byte_fallback", False))
+        BPETokenizer.__init__(self, state["chars"], state["merges"], byte_fallback=state.get("byte_fallback", False))
 
     def __eq__(self, other: object) -> bool:
         return (

@@ -188,7 +188,7 @@ class HashIndex:
         bits = self._bits
         while 2 * need > (1 << bits):
             bits += 1
-        self.__init__(bits)
+        HashIndex.__init__(self, bits)
         self._insert(keys, vals)
         self._n = keys.size
 

@@ -10,8 +10,13 @@ import argparse
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from .bpe import BPETokenizer
+    from .char_tokenizer import CharTokenizer
 
 __all__ = ["MODEL_FLAGS", "build_parser", "main", "model_config"]
 
@@ -242,6 +247,7 @@ def _train_command(args) -> int:
     check_nproc(config.batch_size, nproc, names=("--batch-size", "--nproc"))
 
     text, raw = _read_text(args.text_file)
+    tokenizer: BPETokenizer | CharTokenizer
     if args.tokenizer == "bpe":
         from .bpe import BPETokenizer
 

@@ -203,7 +203,8 @@ def tf32_matmuls(device: str | torch.device, enabled: bool = True):
     if not enabled or device.type != "cuda":
         yield
         return
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    # torch.backends.cudnn is replaced by a CudnnModule at import; its annotations omit ``conv``.
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv  # type: ignore[attr-defined]
     old = matmul.fp32_precision, conv.fp32_precision
     matmul.fp32_precision, conv.fp32_precision = "tf32", "tf32"
     try:

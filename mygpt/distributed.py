@@ -70,6 +70,7 @@ SIGKILL at a known point); ``MYGPT_TEST_EXIT_RANK=R:S:C`` makes rank ``R`` exit 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -83,6 +84,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import TextIO, cast
 
 from .atomic import atomic_write_text
 from .errors import UserError, check_int
@@ -346,7 +348,9 @@ class _EventReader:
     """Complete JSON lines appended to a file since the last read."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.file, self.partial = path, None, ""
+        self.path = path
+        self.file: TextIO | None = None
+        self.partial = ""
 
     def read(self) -> list[dict]:
         if self.file is None:
@@ -549,6 +553,7 @@ def _failure(rc: int, nproc: int, run_path: Path, checkpoint_step: int | None, j
         for r, code in failures.items()
         if statuses.get(r, {}).get("status") not in innocent and code != -signal.SIGTERM
     ]
+    rank: int | None
     if culprits:
         rank = root if root in culprits else min(culprits)
     elif root is not None:
@@ -626,8 +631,9 @@ def _redirect_output(path: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
+    # The worker's own stdio: TextIOWrappers (typed TextIO, which lacks reconfigure).
+    cast(io.TextIOWrapper, sys.stdout).reconfigure(line_buffering=True)
+    cast(io.TextIOWrapper, sys.stderr).reconfigure(line_buffering=True)
 
 
 def _exit_hook(rank: int):
@@ -710,6 +716,7 @@ def _work(job: TrainJob, rank: int, local_rank: int, run_path: Path) -> None:
         config = job.config()
 
         def on_checkpoint(step: int, path: str) -> None:
+            assert events is not None  # passed to training only when there are events
             events.emit("checkpoint", step=step, path=path)
             if stall and step < config.steps:
                 events.log(f"{STALL_ENV} is set: stalling after the checkpoint at step {step}")

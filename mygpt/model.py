@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -97,14 +98,16 @@ class GPTConfig:
             )
 
     def _check_heads(self) -> None:
+        num_kv_heads = self.num_kv_heads
+        assert num_kv_heads is not None  # __post_init__ has resolved None to num_heads
         if self.embed_dim % self.num_heads != 0:
             raise UserError(
                 f"num_heads ({self.num_heads}) must divide embed_dim ({self.embed_dim}); pick an embed_dim that is "
                 f"a multiple of num_heads (the chapter uses embed_dim 192, num_heads 6: head size 32)"
             )
-        if self.num_heads % self.num_kv_heads != 0:
+        if self.num_heads % num_kv_heads != 0:
             raise UserError(
-                f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads}); pick a divisor of "
+                f"num_kv_heads ({num_kv_heads}) must divide num_heads ({self.num_heads}); pick a divisor of "
                 f"num_heads (the chapter uses num_heads 6, num_kv_heads 2)"
             )
 
@@ -265,6 +268,20 @@ class GPT(nn.Module):
     are shorthand for ``GPT(GPTConfig(...))``. The config is ``model.gpt_config``; its fields are also
     attributes (``model.max_seq_len``, ...)."""
 
+    # The config's fields, set from it in __init__ (declared here for the type checker).
+    vocab_size: int
+    embed_dim: int
+    num_heads: int
+    num_kv_heads: int
+    num_layers: int
+    max_seq_len: int
+    dropout: float
+    norm_type: str
+    position_type: str
+    # The RoPE buffers (registered in __init__ only for position_type="rope").
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, config: GPTConfig | int | None = None, /, **values) -> None:
         super().__init__()
         if not isinstance(config, GPTConfig):
@@ -277,6 +294,7 @@ class GPT(nn.Module):
 
         embed_dim, num_heads, dropout = config.embed_dim, config.num_heads, config.dropout
         self.token_embedding = nn.Embedding(config.vocab_size, embed_dim)
+        self.position_embedding: nn.Embedding | None
         if config.position_type == "learned":
             self.position_embedding = nn.Embedding(config.max_seq_len, embed_dim)
         else:
@@ -299,10 +317,12 @@ class GPT(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                bias = getattr(module, "bias", None)  # nn.Embedding has none
+                if bias is not None:
+                    nn.init.zeros_(bias)
         resid_std = 0.02 / math.sqrt(2 * self.num_layers)
-        for block in self.blocks:
+        for module in self.blocks:
+            block = cast(Block, module)  # self.blocks holds only Blocks (nn.ModuleList is not generic)
             nn.init.normal_(block.attn.o_proj.weight, mean=0.0, std=resid_std)
             nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=resid_std)
 

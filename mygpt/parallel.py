@@ -128,6 +128,7 @@ def forward_backward(
             (loss * scale if scale != 1.0 else loss).backward()
         part = loss.detach() * share if share != 1.0 else loss.detach()
         contribution = part if contribution is None else contribution + part
+    assert contribution is not None  # starts is never empty (range(0, 0, 0) raises)
     return contribution
 
 

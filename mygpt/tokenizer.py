@@ -24,7 +24,7 @@ __all__ = [
     "tokenizer_from_state",
 ]
 
-TOKENIZER_KINDS = {"char": CharTokenizer, "bpe": BPETokenizer}
+TOKENIZER_KINDS: dict[str, type[CharTokenizer] | type[BPETokenizer]] = {"char": CharTokenizer, "bpe": BPETokenizer}
 
 
 def tokenizer_from_state(kind: str, state: dict) -> CharTokenizer | BPETokenizer:

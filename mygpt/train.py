@@ -41,6 +41,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from typing import cast
 
 import numpy as np
 import torch
@@ -220,7 +221,8 @@ def _rank_rng(device: torch.device) -> dict:
 
 
 def _capture_rng(gen: torch.Generator, device: torch.device, ranks: list | None = None) -> dict:
-    np_state = np.random.get_state()
+    # The legacy tuple (the global RNG is an MT19937); numpy's stubs type the default call as the dict form.
+    np_state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     py_state = random.getstate()
     rng = {
         **_rank_rng(device),

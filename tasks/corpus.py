@@ -55,6 +55,7 @@ import urllib.parse
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator, model_serializer
 
@@ -298,7 +299,7 @@ def _extract_split(
     ``corpus``, wikipedia.txt's ``(file, sha256)``; ``unzipped(raw_bytes)`` follows the unzipping. Returns the
     split's metrics."""
     sha = hashlib.sha256()
-    st = {
+    st: dict[str, Any] = {
         "member": member,
         "raw_bytes": zf.getinfo(member).file_size,
         "raw_lines": 0,

@@ -177,7 +177,7 @@ def token_files(shards_dir: Path, work: Path, splits: tuple[str, ...]) -> tuple[
     return paths, dtypes.pop(), total
 
 
-def load_tokenizer(tokenizer_dir: Path):
+def load_tokenizer(tokenizer_dir: str | os.PathLike[str]):
     from mygpt.bpe import BPETokenizer
 
     return BPETokenizer.load(Path(tokenizer_dir) / "tokenizer.json")
@@ -272,9 +272,11 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
             while True:
                 time.sleep(1)
 
+    nproc = s.nproc
+    assert isinstance(nproc, int)  # the stage builds with resolved() settings: "auto" is a number by now
     result = dist.run_training(
         job,
-        s.nproc,
+        nproc,
         log=log,
         on_progress=on_progress,
         on_checkpoint=on_checkpoint,

@@ -255,6 +255,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                     # the tokenizer travels with each task as one opaque string (~20 KB): a worker that dies takes
                     # nothing with it that cannot be sent again (scattered data would be lost with it)
                     state = json.dumps(tok.state(), ensure_ascii=False)
+                assert workers is not None  # counted when the client started
                 try:
                     for idx, bstart, bend, ids, st in encoded_chunks(
                         client,

@@ -71,10 +71,10 @@ def strip_block(text: str) -> tuple[str, int]:
     holds it equal on generated and real text)."""
     out: list[str] = []
     last = n = 0
-    starts = []
+    first: list[int] = []
     if _HEADER_START_RE.match(text):
-        starts.append(0)
-    starts = itertools.chain(starts, (m.start() + 1 for m in _HEADER_CANDIDATE_RE.finditer(text)))
+        first.append(0)
+    starts = itertools.chain(first, (m.start() + 1 for m in _HEADER_CANDIDATE_RE.finditer(text)))
     for x in starts:
         if x < last:  # the previous match ended inside this run, at a line start: try from there
             x = last

@@ -122,7 +122,8 @@ def _requirement(annotation: Any, metadata: list) -> str:
             kinds.append("a positive number")
             bounds = []
         else:
-            kinds.append(_KINDS.get(t) or _KINDS.get(typing.get_origin(t)) or getattr(t, "__name__", str(t)))
+            name: str = getattr(t, "__name__", str(t))
+            kinds.append(_KINDS.get(t) or _KINDS.get(typing.get_origin(t)) or name)
     text = " or ".join(kinds) + "".join(" " + b for b in bounds)
     return text + (" (or null)" if is_union and type(None) in args else "")
 

@@ -37,7 +37,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar, cast
+from uuid import UUID
 
 from mygpt.errors import UserError
 from tasks.core.settings import RunOptions, Settings
@@ -155,7 +156,7 @@ class BuildContext(Generic[S]):
         self.stage, self.store, self.version, self.run = stage, store, version, run
         self.build, self.inputs, self.log = build, inputs, logger
         self.source = source  # the identity of what a stage with Stage.source reads (what the version names)
-        self._progress_id = None
+        self._progress_id: UUID | None = None
         self._progress_last = (0.0, -1.0)  # (time, percent) of the last report
         self._pace = Pace(rate_unit)
 
@@ -190,7 +191,8 @@ class BuildContext(Generic[S]):
 
             description = f"{self.stage} {self.version}: {message}"
             if self._progress_id is None:
-                self._progress_id = create_progress_artifact(progress=pct, description=description)
+                # Called from sync code, Prefect's async_dispatch runs it and returns the id, not a coroutine.
+                self._progress_id = cast(UUID, create_progress_artifact(progress=pct, description=description))
             else:
                 update_progress_artifact(self._progress_id, progress=pct, description=description)
 
@@ -222,6 +224,7 @@ class Pace:
         return " · ".join(parts)
 
     def _rate(self, per_second: float) -> str:
+        assert self.unit is not None  # update() asks for a rate only with a unit
         name, scale = self.unit
         value = per_second * scale
         if name == "B":
@@ -307,13 +310,13 @@ class Stage:
         store = ArtifactStore(run.root())
         logger = stage_logger(self.name)
         input_dirs = {}
-        for name, ref in inputs.items():
-            if store.read_manifest(name, ref["version"]) is None:
+        for name, input_ref in inputs.items():
+            if store.read_manifest(name, input_ref["version"]) is None:
                 raise UserError(
-                    f"{self.name} needs {name}/{ref['version']}, which is not published under "
+                    f"{self.name} needs {name}/{input_ref['version']}, which is not published under "
                     f"{store.root}; run the stages before it first"
                 )
-            input_dirs[name] = store.version_path(name, ref["version"])
+            input_dirs[name] = store.version_path(name, input_ref["version"])
         source = self.source(settings, store, logger) if self.source else None
         version = self.version(settings, inputs, source)
         force = self.name in run.force
