@@ -4,6 +4,7 @@ processes on 127.0.0.1), a worker SIGKILLed mid-encode, an unreachable ``dask_ad
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -42,8 +43,17 @@ def loopback_only(pids) -> list[str]:
 class ExternalCluster:
     """``dask scheduler`` + ``dask worker`` processes (no nannies: a killed worker stays dead) on 127.0.0.1."""
 
-    def __init__(self, tmp: Path, workers: int = 2) -> None:
+    def __init__(self, tmp: Path, workers: int = 2, tls: dict[str, str] | None = None) -> None:
+        """``tls``: Dask's ``distributed.comm.tls.*`` settings (ca-file, client.cert, client.key); the scheduler and
+        workers then speak TLS with that CA and certificate, and accept only peers whose certificate it signed."""
         bin_dir = Path(sys.executable).parent
+        self.tls = tls
+        secure = (
+            ["--protocol", "tls", "--tls-ca-file", tls["ca-file"], "--tls-cert", tls["client.cert"]]
+            + ["--tls-key", tls["client.key"]]
+            if tls
+            else []
+        )
         self.procs: list[subprocess.Popen] = []
         self.log = open(tmp / "dask.log", "w")
         sched_file = tmp / "scheduler.json"
@@ -60,6 +70,7 @@ class ExternalCluster:
                 "127.0.0.1:0",
                 "--scheduler-file",
                 str(sched_file),
+                *secure,
             ]
         )
         self.address = wait_for(
@@ -84,6 +95,7 @@ class ExternalCluster:
                     f"w{i}",
                     "--death-timeout",
                     "60",
+                    *secure,
                 ]
             )
             for i in range(workers)
@@ -98,8 +110,20 @@ class ExternalCluster:
 
     def client(self):
         from distributed import Client
+        from distributed.security import Security
 
-        return Client(self.address, timeout=30, set_as_default=False)
+        security = (
+            Security(
+                **{
+                    "tls_ca_file": self.tls["ca-file"],
+                    "tls_client_cert": self.tls["client.cert"],
+                    "tls_client_key": self.tls["client.key"],
+                }
+            )
+            if self.tls
+            else None
+        )
+        return Client(self.address, timeout=30, security=security, set_as_default=False)
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -243,3 +267,77 @@ def test_sigkill_one_worker_mid_encode_still_gives_the_same_shards(inputs, basel
         assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
         assert len(c.scheduler_info()["workers"]) == 1  # the other worker took over the killed one's chunks
     assert manifest(outcome["ref"])["files"] == manifest(baseline)["files"]
+
+
+# ---- dask_address: every wrong one is one clear error naming it (issue 21) ----------------------------------
+@pytest.mark.parametrize(
+    "address, says",
+    [
+        ("http://127.0.0.1:8787", "dask_address must be a Dask scheduler address, tcp://host:port or tls://host:port"),
+        ("127.0.0.1:99999", "dask_address must be a Dask scheduler address"),
+        ("tcp://a@b:8786", "dask_address must be a Dask scheduler address"),
+        ("tls://127.0.0.1:8786", "dask_address tls://127.0.0.1:8786: tls:// needs Dask's TLS settings"),
+    ],
+)
+def test_a_dask_address_dask_cannot_use_is_refused_up_front(address, says):
+    with pytest.raises(UserError) as e:
+        RunOptions.parse({"dask_address": address}, "run")
+    assert str(e.value).startswith(f"run.{says}"), str(e.value)
+    assert address in str(e.value)
+
+
+def test_a_dask_address_where_no_scheduler_answers_fails_within_the_deadline(inputs, tmp_path, monkeypatch):
+    """An HTTP server at the address accepts the connection and never answers in Dask's protocol: Dask's client
+    waited for it forever; now the stage fails at the connect deadline, naming the address, and the tokenizer
+    adds no advice about the corpus."""
+    from flows.mirror import Mirror
+
+    monkeypatch.setattr(dask_work, "CONNECT_TIMEOUT_S", 2)
+    root, corpus = tmp_path / "art", inputs[1]
+    shutil.copytree(Path(inputs[0]) / "corpus", root / "corpus")  # the corpus only: the tokenizer is to build
+    outcome: dict = {}
+    with Mirror({"/": b"not dask"}) as http:
+        address = f"tcp://127.0.0.1:{http.port}"
+
+        def build() -> None:
+            try:
+                stages.tokenizer(root, corpus, num_merges=64, bpe_train_bytes=60_000, run={"dask_address": address})
+            except BaseException as e:
+                outcome["error"] = e
+
+        thread = threading.Thread(target=build, daemon=True)
+        thread.start()
+        thread.join(120)  # a hang guard, far above the 2 s deadline: the old client never returned
+        assert not thread.is_alive(), "the stage hung on a port that is not a Dask scheduler"
+    error = outcome.get("error")
+    assert isinstance(error, dask_work.ClusterError), repr(error)
+    assert str(error).startswith(f"dask_address {address}: no Dask scheduler answered within 2 s"), str(error)
+    assert "corpus" not in str(error)
+    assert not (root / "tokenizer").exists() or not [p for p in (root / "tokenizer").iterdir() if p.name[0] != "."]
+
+
+def test_one_worker_local_cluster_listens_on_loopback_only_and_logs_no_dask_info(inputs, tmp_path, monkeypatch, caplog):
+    """The tiny preset's cluster (one worker: threads in the stage's process) while the stage runs: every
+    listening socket of the whole process tree on 127.0.0.1 (the worker's /health HTTP server was on 0.0.0.0
+    and [::]); and none of distributed's INFO lines (cluster start and stop: a few dozen) in the log."""
+    root, corpus, tokenizer = copy_inputs(inputs, tmp_path / "art")
+    seen: list[str] = []
+    in_order = dask_work.in_order
+
+    def listening_then_work(*args, **kwargs):  # inside the stage, while its cluster is up
+        me = psutil.Process()
+        for p in [me, *me.children(recursive=True)]:
+            seen.extend(
+                f"{p.pid} {c.laddr.ip}:{c.laddr.port}"
+                for c in p.net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN
+            )
+        return in_order(*args, **kwargs)
+
+    monkeypatch.setattr(dask_work, "in_order", listening_then_work)
+    caplog.set_level(logging.INFO)
+    stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
+    assert seen, "the stage ran no chunk work on its cluster"
+    assert [s for s in seen if s.split()[1].rsplit(":", 1)[0] not in ("127.0.0.1", "::1")] == []
+    chatter = [r for r in caplog.records if r.name.startswith("distributed") and r.levelno < logging.WARNING]
+    assert [r.getMessage() for r in chatter] == []
