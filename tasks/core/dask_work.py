@@ -242,7 +242,10 @@ def _connect(address: str) -> Any:
         ) from None
     except Exception as e:  # refused, reset, TLS handshake failed: each says why in its text
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ClusterError(f"dask_address {address}: could not talk to a Dask scheduler there ({why}); {fix}") from None
+        tls = "" if address.startswith("tls://") else "; a scheduler that speaks TLS needs tls://host:port"
+        raise ClusterError(
+            f"dask_address {address}: could not talk to a Dask scheduler there ({why}){tls}; {fix}"
+        ) from None
     if who != "Scheduler":
         raise ClusterError(f"dask_address {address}: a Dask {who}, not a scheduler, answers there; {fix}")
     try:

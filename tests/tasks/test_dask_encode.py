@@ -341,3 +341,101 @@ def test_one_worker_local_cluster_listens_on_loopback_only_and_logs_no_dask_info
     assert [s for s in seen if s.split()[1].rsplit(":", 1)[0] not in ("127.0.0.1", "::1")] == []
     chatter = [r for r in caplog.records if r.name.startswith("distributed") and r.levelno < logging.WARNING]
     assert [r.getMessage() for r in chatter] == []
+
+
+# ---- an external cluster over TLS --------------------------------------------------------------------------
+def make_certificates(tmp: Path, name: str) -> dict[str, str]:
+    """A throwaway CA and one certificate it signs (for 127.0.0.1, client and server use), as Dask's TLS settings."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    def pem_key(key) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    import ipaddress
+
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    files = {"ca-file": tmp / f"{name}-ca.pem", "client.cert": tmp / f"{name}.pem", "client.key": tmp / f"{name}.key"}
+    files["ca-file"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files["client.cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    files["client.key"].write_bytes(pem_key(key))
+    files["client.key"].chmod(0o600)
+    return {k: str(v) for k, v in files.items()}
+
+
+def tls_settings(certs: dict[str, str]) -> dict[str, str]:
+    return {f"distributed.comm.tls.{k}": v for k, v in certs.items()}
+
+
+def test_external_cluster_over_tls_gives_the_same_shards_and_refuses_plain_clients(
+    inputs, baseline, tmp_path, monkeypatch
+):
+    """A scheduler and a worker that speak only TLS with a throwaway CA: with Dask's TLS settings naming that CA
+    and a certificate it signed, the shards stage gives the same bytes over tls://; a plain tcp:// client and a
+    client whose certificate another CA signed are refused, each with one error naming the address."""
+    import dask
+
+    certs = make_certificates(tmp_path, "cluster")
+    cluster = ExternalCluster(tmp_path, workers=1, tls=certs)
+    try:
+        assert cluster.address.startswith("tls://127.0.0.1:")
+        assert loopback_only([p.pid for p in cluster.procs]) == []
+        root, corpus, tokenizer = copy_inputs(inputs, tmp_path / "art")
+        with dask.config.set(tls_settings(certs)):
+            ref = stages.shards(
+                root,
+                corpus,
+                tokenizer,
+                shard_tokens=SHARD,
+                run={"dask_address": cluster.address, "chunk_bytes": CHUNK},
+            )
+        assert ref["version"] == baseline["version"]
+        assert manifest(ref)["files"] == manifest(baseline)["files"]
+
+        monkeypatch.setattr(dask_work, "CONNECT_TIMEOUT_S", 3)
+        plain = cluster.address.replace("tls://", "tcp://")
+        with pytest.raises(dask_work.ClusterError) as refused:
+            dask_work._connect(plain)
+        assert str(refused.value).startswith(f"dask_address {plain}: could not talk to a Dask scheduler there (")
+        assert "a scheduler that speaks TLS needs tls://host:port" in str(refused.value)
+        strangers = tls_settings(make_certificates(tmp_path, "stranger"))  # a CA the cluster does not trust
+        with (
+            dask.config.set(strangers),
+            pytest.raises(dask_work.ClusterError) as stranger,
+        ):
+            dask_work._connect(cluster.address)
+        assert str(stranger.value).startswith(f"dask_address {cluster.address}: could not talk to a Dask scheduler")
+        assert "TLS certificate" in str(stranger.value)
+    finally:
+        cluster.stop()
