@@ -54,9 +54,9 @@ class PipelineBase(BaseModel):
                 f"unknown parameter(s) {', '.join(unknown)}; the flow's parameters are {', '.join(cls.model_fields)}"
             )
         parsed = {name: cls.settings_class(name).parse(groups.get(name), name) for name in cls.model_fields}
-        parsed["run"] = check_run(parsed["run"])
+        parsed["run"] = run = check_run(parsed["run"])
         # what this machine lets a run touch (WIKI_PIPELINE_ALLOWED_ROOTS / _SOURCES, when set): flows.allowed
-        check_allowed(parsed["run"].root(), [g.source_url for g in parsed.values() if hasattr(g, "source_url")])
+        check_allowed(run.root(), [g.source_url for g in parsed.values() if hasattr(g, "source_url")])
         for group in parsed.values():
             group.resolved()  # raises where the device or precision is not available here
             group.check_against(parsed)

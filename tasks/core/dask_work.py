@@ -232,16 +232,21 @@ def _connect(address: str) -> Any:
 
     fix = "fix dask_address, or leave it unset to use a local cluster"
     security = _security()
+    who, failure = "", None
     try:
         who = _probe(address, security)
-    except TimeoutError:  # asyncio.TimeoutError is TimeoutError
+    except Exception as e:  # each kind of failure is told apart below
+        failure = e
+    # a closed port: Dask retries the connection until its timeout, then says so with an OSError "Timed out ...";
+    # a port that accepts and never answers: our deadline's TimeoutError
+    if isinstance(failure, TimeoutError) or (isinstance(failure, OSError) and str(failure).startswith("Timed out")):
         raise ClusterError(
             f"dask_address {address}: no Dask scheduler answered within {CONNECT_TIMEOUT_S} s (nothing listens "
             f"there, or something that is not a Dask scheduler does); start one there (dask scheduler, plus dask "
             f"worker processes) or {fix}"
         ) from None
-    except Exception as e:  # refused, reset, TLS handshake failed: each says why in its text
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if failure is not None:  # refused, reset, TLS handshake failed: each says why in its text
+        why = str(failure).splitlines()[0] if str(failure) else type(failure).__name__
         tls = "" if address.startswith("tls://") else "; a scheduler that speaks TLS needs tls://host:port"
         raise ClusterError(
             f"dask_address {address}: could not talk to a Dask scheduler there ({why}){tls}; {fix}"
