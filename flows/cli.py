@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from tasks.core.stage import StageRef
 
 DEPLOYMENT = "wiki-pipeline"
-MIRROR_PORT = 8765  # the loopback mirror of --mirror and scripts/pipeline --demo
 
 
 def parse_param(text: str) -> tuple[str, object]:
@@ -86,7 +85,7 @@ def checked(args):
 @contextlib.contextmanager
 def loopback_mirror():
     """Serve a wikitext-103-style zip built from ../shared/data on 127.0.0.1 (flows/mirror.py)."""
-    from flows.mirror import ZIP_NAME, Mirror, build_wikitext_zip
+    from flows.mirror import DEMO_PORT, ZIP_NAME, Mirror, build_wikitext_zip
 
     try:
         data = build_wikitext_zip()
@@ -95,11 +94,11 @@ def loopback_mirror():
             f"--mirror needs ../shared/data/wikitext2-valid.txt (or WIKI_PIPELINE_SHARED_DATA): {e}"
         ) from None
     try:  # a fixed port keeps source_url, and so every version, the same from one run to the next
-        mirror = Mirror({"/" + ZIP_NAME: data}, port=MIRROR_PORT).start()
+        mirror = Mirror({"/" + ZIP_NAME: data}, port=DEMO_PORT).start()
     except OSError:
         mirror = Mirror({"/" + ZIP_NAME: data}).start()
         print(
-            f"note: port {MIRROR_PORT} is busy; the mirror URL (and so the versions) differ from other runs",
+            f"note: port {DEMO_PORT} is busy; the mirror URL (and so the versions) differ from other runs",
             file=sys.stderr,
         )
     try:

@@ -31,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("WIKI_PIPELINE_SHARED_DATA", REPO.parent / "shared" / "data"))
 ZIP_NAME = "wikitext-103-raw-v1.zip"
+DEMO_PORT = 8765  # the loopback mirror of --mirror and scripts/pipeline --demo
 MEMBER = "wikitext-103-raw/wiki.{split}.raw"
 _TITLE_RE = re.compile(r"^ = [^=].* = $")
 

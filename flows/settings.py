@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, create_model
 
+from flows.allowed import check_allowed
 from mygpt.errors import UserError
 from tasks.core.settings import RunOptions, Settings
 from tasks.registry import STAGES, check_run
@@ -43,7 +44,8 @@ class PipelineBase(BaseModel):
     def parse(cls, **groups: Any) -> PipelineBase:
         """Each group (a settings instance, a dict or None) checked with its class; ``UserError`` naming the field.
 
-        Also settles what depends on this machine (``device="auto"``, a device that is not here) and checks each
+        Refuses a run outside this machine's allow-lists (artifact roots, source URLs: :mod:`flows.allowed`). Also
+        settles what depends on this machine (``device="auto"``, a device that is not here) and checks each
         stage's settings against the others' (:meth:`Settings.check_against`), so a bad setting stops the run
         before any stage starts."""
         unknown = sorted(set(groups) - set(cls.model_fields))
@@ -52,7 +54,9 @@ class PipelineBase(BaseModel):
                 f"unknown parameter(s) {', '.join(unknown)}; the flow's parameters are {', '.join(cls.model_fields)}"
             )
         parsed = {name: cls.settings_class(name).parse(groups.get(name), name) for name in cls.model_fields}
-        parsed["run"] = check_run(cast(RunOptions, parsed["run"]))  # settings_class("run") is RunOptions
+        parsed["run"] = run = check_run(cast(RunOptions, parsed["run"]))  # settings_class("run") is RunOptions
+        # what this machine lets a run touch (WIKI_PIPELINE_ALLOWED_ROOTS / _SOURCES, when set): flows.allowed
+        check_allowed(run.root(), [g.source_url for g in parsed.values() if hasattr(g, "source_url")])
         for group in parsed.values():
             group.resolved()  # raises where the device or precision is not available here
             group.check_against(parsed)

@@ -108,6 +108,8 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
     t0 = time.monotonic()
     try:
         counts = count_slice(ctx, train_path, used, ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES)
+    except dask_work.ClusterError:
+        raise  # the cluster's, not the corpus's: its message says what to do
     except UserError as e:
         raise UserError(f"{e}; rebuild the corpus stage") from None
     count_seconds = time.monotonic() - t0

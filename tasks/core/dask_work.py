@@ -14,9 +14,15 @@ Where the work runs (:func:`dask_client`, from the run options, which never chan
 * default: a local cluster started and stopped by the stage, sized to the machine -- ``run.workers`` worker
   processes (default: the CPU count, at most 8), one thread each, every address on 127.0.0.1; with one
   worker, a scheduler and worker inside this process (no processes to start);
-* ``run.dask_address``: an existing cluster (``dask scheduler`` + ``dask worker``\\ s). Its workers read the
-  corpus by the path this process sees, so the artifact root must be on a filesystem they share, mounted at
-  the same path, and they must run this checkout's code (``pip install -e .`` in their environment).
+* ``run.dask_address``: an existing cluster (``dask scheduler`` + ``dask worker``\\ s), ``tcp://`` or ``tls://``
+  (with Dask's own TLS settings, ``distributed.comm.tls.*``: :func:`check_address`). Before the ``Client`` is
+  made, :func:`_probe` asks the address who it is, under one deadline (``CONNECT_TIMEOUT_S``): Dask's client
+  would wait forever on a port that accepts and never answers in Dask's protocol (an HTTP server, say). Its
+  workers read the corpus by the path this process sees, so the artifact root must be on a filesystem they
+  share, mounted at the same path, and they must run this checkout's code (``pip install -e .``).
+
+Every listener the local cluster opens is on 127.0.0.1 (the scheduler's and the workers' HTTP endpoints
+included), and ``distributed``'s INFO lines (a few dozen per cluster) are kept out of the stage's log.
 
 A worker that dies mid-chunk loses nothing: its chunk is a pure function of the file, so the scheduler runs it
 again on another worker (and a local cluster's nanny starts a new worker). Only if a chunk kills workers
@@ -29,7 +35,9 @@ Prefect.
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import itertools
 import logging
@@ -42,7 +50,18 @@ from typing import Any
 from mygpt.errors import UserError
 
 CONNECT_TIMEOUT_S = 10  # how long to try to reach run.dask_address before giving up
+SCHEMES = ("tcp", "tls")  # the Dask protocols dask_address may name (none = tcp)
+TLS_SETTINGS = (
+    "distributed.comm.tls.ca-file and distributed.comm.tls.client.cert (+ .key), e.g. "
+    "DASK_DISTRIBUTED__COMM__TLS__CA_FILE, DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT, "
+    "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY"
+)
 _TOKENIZERS: dict[str, Any] = {}  # in a worker: tokenizer key -> BPETokenizer (its word cache carries over)
+
+
+class ClusterError(UserError):
+    """``run.dask_address`` names no usable cluster: the message names the address and what to do (a stage that
+    adds advice of its own to the ``UserError``\\ s of its input lets this one through unchanged)."""
 
 
 def default_workers() -> int:
@@ -86,64 +105,158 @@ def worker_can_read(path: str) -> bool:
 
 
 # ---- the cluster -------------------------------------------------------------------------------------------
+def check_address(address: str) -> str:
+    """``address`` checked for Dask (its one home, called by ``RunOptions``): ``tcp://`` or ``tls://`` (no scheme
+    = ``tcp://``), a host and a port 1..65535; for ``tls://``, Dask's TLS settings must give a client certificate
+    and a CA. ``ValueError`` (with the fix) otherwise; the address, stripped, when it is fine."""
+    import re
+
+    address = address.strip()
+    m = re.fullmatch(r"(?:([A-Za-z][A-Za-z0-9+.-]*)://)?(\[[0-9a-fA-F:.]+\]|[^\s/:@\[\]]+):(\d{1,5})", address)
+    scheme = (m.group(1) or "tcp").lower() if m else ""
+    if not m or scheme not in SCHEMES or not 0 < int(m.group(3)) < 65536:
+        raise ValueError(
+            f"dask_address must be a Dask scheduler address, tcp://host:port or tls://host:port (port 1..65535; "
+            f"the scheduler's port, 8786 by default, not its dashboard's), got {address!r}"
+        )
+    if scheme == "tls" and _security().get_connection_args("client")["ssl_context"] is None:
+        raise ValueError(
+            f"dask_address {address}: tls:// needs Dask's TLS settings in this process's environment: "
+            f"{TLS_SETTINGS} (see docs/PIPELINE.md, Dask over TLS)"
+        )
+    return address
+
+
+def _security() -> Any:
+    """Dask's security settings as configured (``distributed.comm.tls.*``: the Dask config files or
+    ``DASK_DISTRIBUTED__COMM__TLS__*``); plain TCP when none are."""
+    from distributed.security import Security
+
+    return Security()
+
+
+@contextlib.contextmanager
+def _quiet_distributed() -> Iterator[None]:
+    """``distributed``'s INFO lines (cluster start and stop, every connection: a few dozen a stage) out of the log;
+    its warnings and errors still show."""
+    logger = logging.getLogger("distributed")
+    level = logger.level
+    logger.setLevel(max(logging.WARNING, level))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 @contextlib.contextmanager
 def dask_client(run, log, *, needs: Iterable[str] = ()) -> Iterator[Any]:
     """A ``distributed.Client`` for ``run`` (see the module docstring); the local cluster is closed on exit.
 
     ``needs``: files every worker must be able to read (checked up front on an existing cluster)."""
-    import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    if run.dask_address:
-        client = _connect(run.dask_address)
-        try:
-            _check_workers(client, run.dask_address, needs)
+    with _quiet_distributed():
+        if run.dask_address:
+            client = _connect(run.dask_address)
+            try:
+                _check_workers(client, run.dask_address, needs)
+                log.info(
+                    "dask: using the cluster at %s (%d workers)",
+                    run.dask_address,
+                    len(client.scheduler_info()["workers"]),
+                )
+                yield client
+            finally:
+                client.close()
+            return
+        n = run.workers or default_workers()
+        with _local_cluster(n) as cluster, Client(cluster, set_as_default=False) as client:
             log.info(
-                "dask: using the cluster at %s (%d workers)", run.dask_address, len(client.scheduler_info()["workers"])
+                "dask: local cluster of %d worker%s (%s)",
+                n,
+                "s" if n > 1 else "",
+                "processes on 127.0.0.1" if n > 1 else "threads in this process",
             )
             yield client
-        finally:
-            client.close()
-        return
-    n = run.workers or default_workers()
-    # every address on 127.0.0.1 (the scheduler's HTTP endpoint too); no dashboards
-    common = dict(
+
+
+def _local_cluster(n: int) -> Any:
+    import dask
+    from distributed import LocalCluster
+
+    # every listener on 127.0.0.1: the scheduler's HTTP endpoint and each worker's (/health, /metrics: Dask
+    # binds a worker's to its transport's host, and an in-process worker's transport has none, so it would
+    # listen on every interface); no dashboards (bokeh is not installed)
+    common: dict[str, Any] = dict(
         threads_per_worker=1,
         dashboard_address=None,
+        worker_dashboard_address="127.0.0.1:0",
         silence_logs=logging.WARNING,
         scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
     )
     if n == 1:  # one worker: scheduler and worker threads in this process (in-process transport), nothing to start
-        cluster = LocalCluster(n_workers=1, processes=False, **common)
-    else:
-        # Dask's nannies set MALLOC_TRIM_THRESHOLD_=65536 in their workers, which turns off glibc's adaptive mmap
-        # threshold: every numpy temporary of the chunk work is then mmap'ed and unmapped again, page faults and
-        # all, and the chunks run at half speed (measured: 0.70 s vs 0.35 s CPU for 8 MB). Leave malloc alone.
-        with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
-            cluster = LocalCluster(
-                n_workers=n, processes=True, host="127.0.0.1", worker_dashboard_address=None, **common
-            )
-    with cluster, Client(cluster, set_as_default=False) as client:
-        log.info(
-            "dask: local cluster of %d worker%s (%s)",
-            n,
-            "s" if n > 1 else "",
-            "processes on 127.0.0.1" if n > 1 else "threads in this process",
-        )
-        yield client
+        return LocalCluster(n_workers=1, processes=False, **common)
+    # Dask's nannies set MALLOC_TRIM_THRESHOLD_=65536 in their workers, which turns off glibc's adaptive mmap
+    # threshold: every numpy temporary of the chunk work is then mmap'ed and unmapped again, page faults and
+    # all, and the chunks run at half speed (measured: 0.70 s vs 0.35 s CPU for 8 MB). Leave malloc alone.
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        return LocalCluster(n_workers=n, processes=True, host="127.0.0.1", **common)
 
 
-def _connect(address: str):
-    from distributed import Client
+def _probe(address: str, security: Any) -> str:
+    """Who answers at ``address`` (``"Scheduler"`` for a Dask scheduler), asked in Dask's protocol under one
+    deadline of ``CONNECT_TIMEOUT_S``: ``TimeoutError`` when nothing answers in time (a closed port the
+    connection attempts retry until then; an HTTP server, which accepts and never replies), ``OSError`` or
+    another exception when the connection fails outright (a TLS handshake refused, say)."""
+    from distributed.comm import connect
+    from distributed.core import send_recv
 
+    async def ask() -> str:
+        comm = await connect(address, timeout=CONNECT_TIMEOUT_S, **security.get_connection_args("client"))
+        try:
+            reply = await send_recv(comm, op="identity")
+        finally:
+            comm.abort()
+        return str(reply.get("type")) if isinstance(reply, dict) else repr(reply)
+
+    async def within_deadline() -> str:
+        return await asyncio.wait_for(ask(), CONNECT_TIMEOUT_S)
+
+    # a thread of its own: asyncio.run needs a thread without a running event loop (a Prefect task may have one)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dask-probe") as pool:
+        return pool.submit(asyncio.run, within_deadline()).result()
+
+
+def _connect(address: str) -> Any:
+    from distributed import Client as DaskClient
+
+    fix = "fix dask_address, or leave it unset to use a local cluster"
+    security = _security()
+    who, failure = "", None
     try:
-        return Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
-    except (OSError, TimeoutError) as e:
-        raise UserError(
-            f"dask_address {address}: no Dask scheduler answered within {CONNECT_TIMEOUT_S} s ({e}); "
-            "start one there (dask scheduler, plus dask worker processes), fix the address, or leave "
-            "dask_address unset to use a local cluster"
+        who = _probe(address, security)
+    except Exception as e:  # each kind of failure is told apart below
+        failure = e
+    # a closed port: Dask retries the connection until its timeout, then says so with an OSError "Timed out ...";
+    # a port that accepts and never answers: our deadline's TimeoutError
+    if isinstance(failure, TimeoutError) or (isinstance(failure, OSError) and str(failure).startswith("Timed out")):
+        raise ClusterError(
+            f"dask_address {address}: no Dask scheduler answered within {CONNECT_TIMEOUT_S} s (nothing listens "
+            f"there, or something that is not a Dask scheduler does); start one there (dask scheduler, plus dask "
+            f"worker processes) or {fix}"
         ) from None
+    if failure is not None:  # refused, reset, TLS handshake failed: each says why in its text
+        why = str(failure).splitlines()[0] if str(failure) else type(failure).__name__
+        tls = "" if address.startswith("tls://") else "; a scheduler that speaks TLS needs tls://host:port"
+        raise ClusterError(
+            f"dask_address {address}: could not talk to a Dask scheduler there ({why}){tls}; {fix}"
+        ) from None
+    if who != "Scheduler":
+        raise ClusterError(f"dask_address {address}: a Dask {who}, not a scheduler, answers there; {fix}")
+    try:
+        return DaskClient(address, timeout=CONNECT_TIMEOUT_S, security=security, set_as_default=False)
+    except (OSError, TimeoutError) as e:
+        raise ClusterError(f"dask_address {address}: the scheduler stopped answering ({e}); {fix}") from None
 
 
 def _check_workers(client, address: str, needs: Iterable[str]) -> None:
@@ -151,7 +264,7 @@ def _check_workers(client, address: str, needs: Iterable[str]) -> None:
     try:
         client.wait_for_workers(1, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError):
-        raise UserError(
+        raise ClusterError(
             f"dask_address {address}: the scheduler has no workers; start some (dask worker "
             f"{address}) on machines that share the artifact root"
         ) from None
@@ -159,7 +272,7 @@ def _check_workers(client, address: str, needs: Iterable[str]) -> None:
         seen = client.run(worker_can_read, path)
         blind = sorted(w for w, ok in seen.items() if not ok)
         if blind:
-            raise UserError(
+            raise ClusterError(
                 f"dask_address {address}: worker(s) {', '.join(blind)} cannot read {path}; the "
                 "artifact root must be on a filesystem every worker shares, at the same path"
             )

@@ -176,9 +176,9 @@ class RunOptions(Settings):
     dask_address: str | None = Field(
         None,
         description="run the tokenizer and shards stages' chunk work on this "
-        "existing Dask scheduler (e.g. tcp://10.0.0.5:8786) instead of "
-        "a local cluster; its workers must see the corpus at the same "
-        "path (a shared filesystem)",
+        "existing Dask scheduler (tcp://host:port, e.g. tcp://10.0.0.5:8786, or tls://host:port with Dask's "
+        "distributed.comm.tls.* settings) instead of a local cluster; its workers must see the corpus at the "
+        "same path (a shared filesystem)",
     )
     threads: int | None = Field(
         None,
@@ -208,10 +208,9 @@ class RunOptions(Settings):
     def _dask_address(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        value = value.strip()
-        if not re.fullmatch(r"(?:[a-z][a-z0-9+.-]*://)?(?:\[[0-9a-fA-F:.]+\]|[^\s/:\[\]]+):\d{1,5}", value):
-            raise ValueError(f"dask_address must be a Dask scheduler address like tcp://host:8786, got {value!r}")
-        return value
+        from tasks.core.dask_work import check_address  # the check's home: with the code that connects
+
+        return check_address(value)
 
     @field_validator("artifacts_dir")
     @classmethod

@@ -4,6 +4,7 @@ processes on 127.0.0.1), a worker SIGKILLed mid-encode, an unreachable ``dask_ad
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -42,8 +43,17 @@ def loopback_only(pids) -> list[str]:
 class ExternalCluster:
     """``dask scheduler`` + ``dask worker`` processes (no nannies: a killed worker stays dead) on 127.0.0.1."""
 
-    def __init__(self, tmp: Path, workers: int = 2) -> None:
+    def __init__(self, tmp: Path, workers: int = 2, tls: dict[str, str] | None = None) -> None:
+        """``tls``: Dask's ``distributed.comm.tls.*`` settings (ca-file, client.cert, client.key); the scheduler and
+        workers then speak TLS with that CA and certificate, and accept only peers whose certificate it signed."""
         bin_dir = Path(sys.executable).parent
+        self.tls = tls
+        secure = (
+            ["--protocol", "tls", "--tls-ca-file", tls["ca-file"], "--tls-cert", tls["client.cert"]]
+            + ["--tls-key", tls["client.key"]]
+            if tls
+            else []
+        )
         self.procs: list[subprocess.Popen] = []
         self.log = open(tmp / "dask.log", "w")
         sched_file = tmp / "scheduler.json"
@@ -60,6 +70,7 @@ class ExternalCluster:
                 "127.0.0.1:0",
                 "--scheduler-file",
                 str(sched_file),
+                *secure,
             ]
         )
         self.address = wait_for(
@@ -84,6 +95,7 @@ class ExternalCluster:
                     f"w{i}",
                     "--death-timeout",
                     "60",
+                    *secure,
                 ]
             )
             for i in range(workers)
@@ -98,8 +110,20 @@ class ExternalCluster:
 
     def client(self):
         from distributed import Client
+        from distributed.security import Security
 
-        return Client(self.address, timeout=30, set_as_default=False)
+        security = (
+            Security(
+                **{
+                    "tls_ca_file": self.tls["ca-file"],
+                    "tls_client_cert": self.tls["client.cert"],
+                    "tls_client_key": self.tls["client.key"],
+                }
+            )
+            if self.tls
+            else None
+        )
+        return Client(self.address, timeout=30, security=security, set_as_default=False)
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -243,3 +267,175 @@ def test_sigkill_one_worker_mid_encode_still_gives_the_same_shards(inputs, basel
         assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
         assert len(c.scheduler_info()["workers"]) == 1  # the other worker took over the killed one's chunks
     assert manifest(outcome["ref"])["files"] == manifest(baseline)["files"]
+
+
+# ---- dask_address: every wrong one is one clear error naming it (issue 21) ----------------------------------
+@pytest.mark.parametrize(
+    "address, says",
+    [
+        ("http://127.0.0.1:8787", "dask_address must be a Dask scheduler address, tcp://host:port or tls://host:port"),
+        ("127.0.0.1:99999", "dask_address must be a Dask scheduler address"),
+        ("tcp://a@b:8786", "dask_address must be a Dask scheduler address"),
+        ("tls://127.0.0.1:8786", "dask_address tls://127.0.0.1:8786: tls:// needs Dask's TLS settings"),
+    ],
+)
+def test_a_dask_address_dask_cannot_use_is_refused_up_front(address, says):
+    with pytest.raises(UserError) as e:
+        RunOptions.parse({"dask_address": address}, "run")
+    assert str(e.value).startswith(f"run.{says}"), str(e.value)
+    assert address in str(e.value)
+
+
+def test_a_dask_address_where_no_scheduler_answers_fails_within_the_deadline(inputs, tmp_path, monkeypatch):
+    """An HTTP server at the address accepts the connection and never answers in Dask's protocol: Dask's client
+    waited for it forever; now the stage fails at the connect deadline, naming the address, and the tokenizer
+    adds no advice about the corpus."""
+    from flows.mirror import Mirror
+
+    monkeypatch.setattr(dask_work, "CONNECT_TIMEOUT_S", 2)
+    root, corpus = tmp_path / "art", inputs[1]
+    shutil.copytree(Path(inputs[0]) / "corpus", root / "corpus")  # the corpus only: the tokenizer is to build
+    outcome: dict = {}
+    with Mirror({"/": b"not dask"}) as http:
+        address = f"tcp://127.0.0.1:{http.port}"
+
+        def build() -> None:
+            try:
+                stages.tokenizer(root, corpus, num_merges=64, bpe_train_bytes=60_000, run={"dask_address": address})
+            except BaseException as e:
+                outcome["error"] = e
+
+        thread = threading.Thread(target=build, daemon=True)
+        thread.start()
+        thread.join(120)  # a hang guard, far above the 2 s deadline: the old client never returned
+        assert not thread.is_alive(), "the stage hung on a port that is not a Dask scheduler"
+    error = outcome.get("error")
+    assert isinstance(error, dask_work.ClusterError), repr(error)
+    assert str(error).startswith(f"dask_address {address}: no Dask scheduler answered within 2 s"), str(error)
+    assert "corpus" not in str(error)
+    assert not (root / "tokenizer").exists() or not [p for p in (root / "tokenizer").iterdir() if p.name[0] != "."]
+
+
+def test_one_worker_local_cluster_listens_on_loopback_only_and_logs_no_dask_info(inputs, tmp_path, monkeypatch, caplog):
+    """The tiny preset's cluster (one worker: threads in the stage's process) while the stage runs: every
+    listening socket of the whole process tree on 127.0.0.1 (the worker's /health HTTP server was on 0.0.0.0
+    and [::]); and none of distributed's INFO lines (cluster start and stop: a few dozen) in the log."""
+    root, corpus, tokenizer = copy_inputs(inputs, tmp_path / "art")
+    seen: list[str] = []
+    in_order = dask_work.in_order
+
+    def listening_then_work(*args, **kwargs):  # inside the stage, while its cluster is up
+        me = psutil.Process()
+        for p in [me, *me.children(recursive=True)]:
+            seen.extend(
+                f"{p.pid} {c.laddr.ip}:{c.laddr.port}"
+                for c in p.net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN
+            )
+        return in_order(*args, **kwargs)
+
+    monkeypatch.setattr(dask_work, "in_order", listening_then_work)
+    caplog.set_level(logging.INFO)
+    stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
+    assert seen, "the stage ran no chunk work on its cluster"
+    assert [s for s in seen if s.split()[1].rsplit(":", 1)[0] not in ("127.0.0.1", "::1")] == []
+    chatter = [r for r in caplog.records if r.name.startswith("distributed") and r.levelno < logging.WARNING]
+    assert [r.getMessage() for r in chatter] == []
+
+
+# ---- an external cluster over TLS --------------------------------------------------------------------------
+def make_certificates(tmp: Path, name: str) -> dict[str, str]:
+    """A throwaway CA and one certificate it signs (for 127.0.0.1, client and server use), as Dask's TLS settings."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    def pem_key(key) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    import ipaddress
+
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    files = {"ca-file": tmp / f"{name}-ca.pem", "client.cert": tmp / f"{name}.pem", "client.key": tmp / f"{name}.key"}
+    files["ca-file"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files["client.cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    files["client.key"].write_bytes(pem_key(key))
+    files["client.key"].chmod(0o600)
+    return {k: str(v) for k, v in files.items()}
+
+
+def tls_settings(certs: dict[str, str]) -> dict[str, str]:
+    return {f"distributed.comm.tls.{k}": v for k, v in certs.items()}
+
+
+def test_external_cluster_over_tls_gives_the_same_shards_and_refuses_plain_clients(
+    inputs, baseline, tmp_path, monkeypatch
+):
+    """A scheduler and a worker that speak only TLS with a throwaway CA: with Dask's TLS settings naming that CA
+    and a certificate it signed, the shards stage gives the same bytes over tls://; a plain tcp:// client and a
+    client whose certificate another CA signed are refused, each with one error naming the address."""
+    import dask
+
+    certs = make_certificates(tmp_path, "cluster")
+    cluster = ExternalCluster(tmp_path, workers=1, tls=certs)
+    try:
+        assert cluster.address.startswith("tls://127.0.0.1:")
+        assert loopback_only([p.pid for p in cluster.procs]) == []
+        root, corpus, tokenizer = copy_inputs(inputs, tmp_path / "art")
+        with dask.config.set(tls_settings(certs)):
+            ref = stages.shards(
+                root,
+                corpus,
+                tokenizer,
+                shard_tokens=SHARD,
+                run={"dask_address": cluster.address, "chunk_bytes": CHUNK},
+            )
+        assert ref["version"] == baseline["version"]
+        assert manifest(ref)["files"] == manifest(baseline)["files"]
+
+        monkeypatch.setattr(dask_work, "CONNECT_TIMEOUT_S", 3)
+        plain = cluster.address.replace("tls://", "tcp://")
+        with pytest.raises(dask_work.ClusterError) as refused:
+            dask_work._connect(plain)
+        assert str(refused.value).startswith(f"dask_address {plain}: could not talk to a Dask scheduler there (")
+        assert "a scheduler that speaks TLS needs tls://host:port" in str(refused.value)
+        strangers = tls_settings(make_certificates(tmp_path, "stranger"))  # a CA the cluster does not trust
+        with (
+            dask.config.set(strangers),
+            pytest.raises(dask_work.ClusterError) as stranger,
+        ):
+            dask_work._connect(cluster.address)
+        assert str(stranger.value).startswith(f"dask_address {cluster.address}: could not talk to a Dask scheduler")
+        assert "TLS certificate" in str(stranger.value)
+    finally:
+        cluster.stop()

@@ -1,0 +1,138 @@
+"""What a run may touch on this machine: the artifact roots and source URLs its environment allows.
+
+A machine that runs other people's runs (a ``prefect worker`` of a team's work pool, ``wiki-pipeline serve``)
+names, in its environment, where runs may write and what they may download:
+
+* ``WIKI_PIPELINE_ALLOWED_ROOTS``: artifact roots, separated by ``:`` (like ``PATH``); a run's root must be one
+  of them or inside one, compared after resolving symlinks and ``..`` (a symlink out of an allowed root does
+  not lead a run out of it);
+* ``WIKI_PIPELINE_ALLOWED_SOURCES``: URL prefixes, separated by spaces or commas; a run's ``source_url``
+  must have a prefix's scheme, host and port and lie at or under its path (whole segments, ``..`` and
+  ``%2e%2e`` resolved; ``file://`` paths with symlinks resolved), compared after parsing, so
+  ``http://127.0.0.1:8765@evil.example/`` (user ``127.0.0.1``, host ``evil.example``) is not under
+  ``http://127.0.0.1:8765/``. Credentials in the source URL are the user's own and not compared.
+
+In either list the word ``default`` stands for the defaults: the configured artifact root
+(``$WIKI_PIPELINE_ARTIFACTS``, else ``artifacts/`` in the checkout), respectively the chapter's URL and the
+demo's loopback mirror (``http://127.0.0.1:8765/``). A variable that is unset (or empty) allows everything: a
+person running ``wiki-pipeline run`` on their own machine chooses their own root and source. A run outside an
+allow-list is refused by :func:`check_allowed`, which ``Pipeline.parse`` calls, before any stage starts, with a
+``UserError`` naming the setting and the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import urllib.parse
+from collections.abc import Iterable
+
+from mygpt.errors import UserError
+from tasks.core.urls import redact_url
+
+ENV_ROOTS = "WIKI_PIPELINE_ALLOWED_ROOTS"
+ENV_SOURCES = "WIKI_PIPELINE_ALLOWED_SOURCES"
+DEFAULT = "default"  # in either list: the defaults
+
+
+def default_roots() -> list[str]:
+    from tasks.core.store import default_root
+
+    return [str(default_root())]
+
+
+def default_sources() -> list[str]:
+    from flows.mirror import DEMO_PORT
+    from tasks.corpus import DEFAULT_URL
+
+    return [DEFAULT_URL, f"http://127.0.0.1:{DEMO_PORT}/"]
+
+
+def allowed_roots() -> list[str] | None:
+    """The allowed artifact roots from the environment (absolute), or None when every root is allowed."""
+    value = os.environ.get(ENV_ROOTS, "").strip()
+    if not value:
+        return None
+    roots = []
+    for item in (i.strip() for i in value.split(os.pathsep)):
+        if item == DEFAULT:
+            roots += default_roots()
+        elif item:
+            if not os.path.isabs(os.path.expanduser(item)):
+                raise UserError(f"{ENV_ROOTS}: {item!r} is not an absolute path; list absolute directories")
+            roots.append(os.path.expanduser(item))
+    return roots
+
+
+def allowed_sources() -> list[str] | None:
+    """The allowed source URL prefixes from the environment, or None when every source is allowed."""
+    value = os.environ.get(ENV_SOURCES, "").strip()
+    if not value:
+        return None
+    sources = []
+    for item in re.split(r"[\s,]+", value):
+        if item == DEFAULT:
+            sources += default_sources()
+        elif item:
+            if not _parts(item):
+                raise UserError(
+                    f"{ENV_SOURCES}: {item!r} is not a URL prefix like https://host/path/ or file:///dir/; fix it"
+                )
+            sources.append(item)
+    return sources
+
+
+def check_allowed(root: str, source_urls: Iterable[str]) -> None:
+    """``UserError`` when the artifact root ``root`` or one of ``source_urls`` (what the run's stages download: the
+    corpus's ``source_url``) is outside this machine's allow-lists."""
+    roots = allowed_roots()
+    if roots is not None and not any(_under(root, allowed) for allowed in roots):
+        raise UserError(
+            f"run.artifacts_dir {root} (resolved: {os.path.realpath(root)}) is outside the artifact roots this "
+            f"machine allows ({ENV_ROOTS}={os.pathsep.join(roots)}); choose a root inside one of them, or ask "
+            f"whoever runs this worker to add yours"
+        )
+    sources = allowed_sources()
+    if sources is None:
+        return
+    for source_url in source_urls:
+        if not any(_url_under(source_url, allowed) for allowed in sources):
+            raise UserError(
+                f"corpus.source_url {redact_url(source_url)} is outside the sources this machine allows "
+                f"({ENV_SOURCES}={' '.join(sources)}); use one of them, or ask whoever runs this worker to add yours"
+            )
+
+
+def _under(path: str, root: str) -> bool:
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return os.path.commonpath([path, root]) == root
+
+
+def _parts(url: str) -> tuple[str, str, int | None, str] | None:
+    """``(scheme, host, port, path)`` of ``url`` with the path's ``%``-escapes and dot segments resolved (and, for
+    ``file://``, its symlinks), or None when it is not a URL with a scheme (and a host, but for ``file``)."""
+    try:
+        u = urllib.parse.urlsplit(url.strip())
+        scheme, host, port = u.scheme.lower(), (u.hostname or "").lower(), u.port
+    except ValueError:  # a port that is not a number, a bad IPv6 literal
+        return None
+    if not scheme or (scheme != "file" and not host):
+        return None
+    path = urllib.parse.unquote(u.path) or "/"
+    if scheme == "file":
+        if host not in ("", "localhost"):
+            return None
+        host, path = "", os.path.realpath(path)
+    else:
+        path = posixpath.normpath(path if path.startswith("/") else "/" + path)
+        port = port or {"http": 80, "https": 443, "ftp": 21}.get(scheme)
+    return scheme, host, port, path
+
+
+def _url_under(url: str, prefix: str) -> bool:
+    got, allowed = _parts(url), _parts(prefix)
+    if got is None or allowed is None or got[:3] != allowed[:3]:
+        return False
+    path, base = got[3], allowed[3]
+    return path == base or path.startswith(base.rstrip("/") + "/")

@@ -1,0 +1,121 @@
+"""What a run may touch (flows/allowed.py): a worker's WIKI_PIPELINE_ALLOWED_ROOTS / _SOURCES refuse, before any
+stage, a run whose artifact root or source URL lies outside them, however the path or URL is dressed up; unset,
+they allow everything (a person's own `wiki-pipeline run`)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from flows.allowed import ENV_ROOTS, ENV_SOURCES
+from flows.settings import Pipeline
+from mygpt.errors import UserError
+from tasks.core.urls import redact_url
+from tasks.corpus import DEFAULT_URL
+from tests.support.prefect_server import task_run_states
+
+MIRROR = "http://127.0.0.1:8765/wikitext-103-raw-v1.zip"
+
+
+def parse(root, url: str = MIRROR):
+    return Pipeline.parse(corpus={"source_url": url}, run={"artifacts_dir": str(root)})
+
+
+@pytest.fixture
+def allowed(tmp_path, monkeypatch):
+    """This machine allows the artifact root tmp/ok and the defaults' sources plus file:///tmp/zips/."""
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "zips").mkdir()
+    monkeypatch.setenv(ENV_ROOTS, str(tmp_path / "ok"))
+    monkeypatch.setenv(ENV_SOURCES, f"default, {(tmp_path / 'zips').as_uri()}/")
+    return tmp_path
+
+
+def test_unset_allow_lists_allow_every_root_and_source(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV_ROOTS, raising=False)
+    monkeypatch.delenv(ENV_SOURCES, raising=False)
+    assert parse(tmp_path / "anywhere", "https://example.org/w.zip").run.artifacts_dir == str(tmp_path / "anywhere")
+
+
+def test_roots_and_sources_inside_the_allow_lists_are_accepted(allowed):
+    for root in (allowed / "ok", allowed / "ok" / "team" / "a", allowed / "ok" / "x" / ".." / "y"):
+        parse(root)
+    for url in (
+        MIRROR,
+        DEFAULT_URL,
+        "http://user:secret@127.0.0.1:8765/wikitext-103-raw-v1.zip",  # the user's own credentials
+        (allowed / "zips" / "w.zip").as_uri(),
+    ):
+        parse(allowed / "ok", url)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "outside",  # another directory
+        "ok/../outside",  # .. out of the allowed root
+        "ok/link/art",  # a symlink inside the allowed root that leads out of it
+        "okay",  # a sibling whose name starts like the allowed root's
+    ],
+)
+def test_a_root_outside_the_allow_list_is_refused_naming_the_setting(allowed, where):
+    (allowed / "outside").mkdir()
+    (allowed / "ok" / "link").symlink_to(allowed / "outside")
+    root = os.path.join(allowed, where)
+    with pytest.raises(UserError) as e:
+        parse(root)
+    shown = os.path.abspath(root)  # the root as the run would use it
+    assert str(e.value).startswith(f"run.artifacts_dir {shown} (resolved: {os.path.realpath(root)}) is outside")
+    assert f"{ENV_ROOTS}={allowed / 'ok'}" in str(e.value)
+    assert not (allowed / "outside" / "art").exists()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8765@evil.example/wikitext-103-raw-v1.zip",  # user 127.0.0.1, host evil.example
+        "http://127.0.0.1:8766/wikitext-103-raw-v1.zip",  # another port
+        "https://127.0.0.1:8765/wikitext-103-raw-v1.zip",  # another scheme
+        "https://wikitext.smerity.com/wikitext-103-raw-v1.zip/../other.zip",  # .. out of the chapter's URL
+        "https://wikitext.smerity.com/wikitext-103-raw-v1.zip.evil",  # not at or under its path
+        "https://wikitext.smerity.com.evil.example/wikitext-103-raw-v1.zip",
+        "file:///etc/passwd",
+        "ZIPS/%2e%2e/outside.zip",  # an escaped .. out of the allowed folder
+        "ZIPS-elsewhere/w.zip",
+    ],
+)
+def test_a_source_outside_the_allow_list_is_refused_naming_the_setting(allowed, url):
+    url = url.replace("ZIPS", (allowed / "zips").as_uri())
+    with pytest.raises(UserError) as e:
+        parse(allowed / "ok", url)
+    assert str(e.value).startswith(
+        f"corpus.source_url {redact_url(url)} is outside the sources this machine allows ({ENV_SOURCES}="
+    )
+    assert DEFAULT_URL in str(e.value) and "http://127.0.0.1:8765/" in str(e.value)  # "default" spelled out
+
+
+def test_the_refusal_shows_no_credentials(allowed):
+    with pytest.raises(UserError) as e:
+        parse(allowed / "ok", "https://alice:hunter2@evil.example/w.zip")
+    assert "hunter2" not in str(e.value) and str(e.value).startswith("corpus.source_url https://")
+
+
+def test_a_relative_allowed_root_is_a_user_error(allowed, monkeypatch):
+    monkeypatch.setenv(ENV_ROOTS, "artifacts")
+    with pytest.raises(UserError, match=rf"^{ENV_ROOTS}: 'artifacts' is not an absolute path"):
+        parse(allowed / "ok")
+
+
+def test_a_deployment_run_outside_the_allow_list_is_refused_before_any_stage(prefect_server, allowed):
+    """The flow itself (what a deployment run calls, skipping the CLI) refuses it on its first line: no task run,
+    nothing written."""
+    from flows.wiki_pipeline import wiki_pipeline
+
+    root = allowed / "elsewhere"
+    state = wiki_pipeline(corpus={"source_url": MIRROR}, run={"artifacts_dir": str(root)}, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(UserError, match=rf"^run.artifacts_dir {root} .* is outside the artifact roots"):
+        state.result()
+    assert task_run_states(state.state_details.flow_run_id) == {}
+    assert not root.exists()
