@@ -529,6 +529,14 @@ def test_unzipped_total_is_bounded(tmp_path, monkeypatch):
         (ENV_ATTEMPTS, "0", r"must be a whole number >= 1, got '0'"),
         (ENV_BASE_DELAY, "-1", r"WIKI_PIPELINE_RETRY_BASE_DELAY must be a number of seconds >= 0, got '-1'"),
         (ENV_BASE_DELAY, "inf", r"must be a number of seconds >= 0, got 'inf'"),
+        (ENV_ATTEMPTS, "1e12", r"WIKI_PIPELINE_DOWNLOAD_ATTEMPTS must be at most 1000, got '1e12' \(failed tries"),
+        (ENV_BASE_DELAY, "1e300", r"WIKI_PIPELINE_RETRY_BASE_DELAY must be at most 3600 seconds \(an hour\), got"),
+        (
+            ENV_READ_TIMEOUT,
+            "1e300",
+            r"WIKI_PIPELINE_READ_TIMEOUT must be at most 86400 seconds \(a day\), got '1e300' \(seconds without "
+            r"data before a try fails; default 60\); fix or unset it",
+        ),
         (ENV_READ_TIMEOUT, "0", r"WIKI_PIPELINE_READ_TIMEOUT must be a number of seconds > 0, got '0'"),
         (
             ENV_READ_TIMEOUT,
