@@ -116,7 +116,7 @@ class CorpusSettings(Settings):
         if scheme == "file":
             if parsed.netloc not in ("", "localhost"):
                 raise ValueError(
-                    f"source_url {shown!r}: a file:// URL cannot name a host ({parsed.netloc!r}); "
+                    f"source_url {shown!r}: a file:// URL cannot name a host ({parsed.hostname or redact_url(url)!r}); "
                     "use file:///absolute/path"
                 )
             if not parsed.path.startswith("/"):

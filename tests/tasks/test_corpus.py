@@ -423,6 +423,55 @@ def test_redact_url():
     )
 
 
+def _written_forms(secret: str) -> set[str]:
+    """``secret`` as a message may quote it: raw, percent-encoded (either case of hex, ``+`` for a space)."""
+    from urllib.parse import quote, quote_plus
+
+    forms = {secret, quote(secret, safe=""), quote(secret), quote_plus(secret)}
+    return forms | {re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), f) for f in forms}
+
+
+@pytest.mark.parametrize(
+    "secret",
+    ["1|SECRET", "TKsëcret", "50%secret", "p@ss:w/rd", "a b+c&d"],
+)
+def test_query_secrets_never_shown_in_any_encoding(tmp_path, caplog, monkeypatch, secret):
+    """Issue 21 item 1: requests' errors quote the query percent-encoded (``token=1%7CSECRET``)."""
+    from urllib.parse import quote
+
+    monkeypatch.setenv(ENV_ATTEMPTS, "2")
+    monkeypatch.setenv(ENV_BASE_DELAY, "0")
+    url = f"http://127.0.0.1:{_closed_port()}/w.zip?token={quote(secret, safe='|@:/')}"
+    with caplog.at_level("INFO", logger="wiki_pipeline"), pytest.raises(UserError) as e:
+        download(tmp_path / "art", source_url=url)
+    shown = str(e.value) + "\n" + caplog.text + "\n" + _all_text_under(tmp_path / "art")
+    assert "failed 2 times in a row" in str(e.value) and "token=***" in str(e.value)
+    assert "retrying" in caplog.text, "the warnings were checked too"
+    leaks = [form for form in _written_forms(secret) if form in shown]
+    assert not leaks, (leaks, shown)
+
+
+@pytest.mark.parametrize("password", ["p@ss", "p:ss", "50%pw", "p/ss", "ü@:/%x"])
+def test_passwords_with_separators_are_redacted(password):
+    """Issue 21: no test used a secret holding ``@``, ``:``, ``%`` or ``/`` (``partition("@")`` would show
+    ``https://***@ss@host/w.zip`` for ``p@ss``)."""
+    from urllib.parse import quote
+
+    for written in {password.replace("/", "%2F"), quote(password, safe="")}:  # a raw "/" would end the host
+        url = f"https://alice:{written}@mirror.example.org/w.zip?sig={quote(password, safe='')}"
+        assert redact_url(url) == "https://***@mirror.example.org/w.zip?sig=***"
+        message = f"GET {url} failed; auth alice:{written}@; sig={quote(password, safe='')} / {password}"
+        shown = redact_text(message, url)
+        assert "alice:" not in shown and "mirror.example.org/w.zip?sig=***" in shown
+        assert not [form for form in _written_forms(password) if form in shown], shown
+
+
+def test_a_file_url_with_user_info_is_refused_without_showing_it():
+    with pytest.raises(UserError) as e:
+        D.CorpusSettings.parse({"source_url": "file://user:PW@host/x.zip"})
+    assert "cannot name a host ('host')" in str(e.value) and "PW" not in str(e.value)
+
+
 # ---- bounds (item 6) ---------------------------------------------------------------------------------------
 class _NoLengthHandler:
     """An HTTP/1.0 server that sends a body of ``size`` bytes without Content-Length (until it closes)."""
