@@ -35,8 +35,11 @@ identity).
 
 **Bounds.** The download stops as soon as it exceeds ``expected_bytes`` (or
 :data:`tasks.core.download.MAX_ZIP_BYTES` without one); before anything is unzipped,
-:func:`tasks.core.unzip.check_members` refuses encrypted members, compression methods Python cannot read, and
-zip bombs.
+:func:`tasks.core.unzip.check_members` refuses encrypted members, compression methods Python cannot read,
+compressed sizes that run past the bytes really there, and zip bombs; while unzipping,
+:func:`tasks.core.unzip.member_bytes` counts the bytes each member really produces and stops, naming the member,
+as soon as they pass its declared size (whatever the compression method), and the header strip keeps memory
+bounded whatever the line length (:func:`tasks.core.header_strip.strip_headers`).
 
 **Where the work is done.** This module is the stage: its settings, where the zip comes from, the split files
 it writes, its report. The machinery it uses: ``tasks/core/download.py`` (the resumable download with
@@ -335,7 +338,8 @@ def _extract_split(
             writer.drain()
     except (zipfile.BadZipFile, zlib.error, EOFError) as e:
         raise UserError(
-            f"{member} in {source} is damaged ({e}); rerun to download it again, or check source_url"
+            f"{member} in {source} is damaged ({e or type(e).__name__}); rerun to download it again, or check "
+            "source_url"
         ) from None
     if last and not last.endswith("\n"):
         st["lines"] += 1

@@ -6,6 +6,7 @@ import io
 import json
 import re
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -531,34 +532,84 @@ def test_announced_size_beyond_the_bound_is_refused_before_the_body(tmp_path, mi
     assert not list(tmp_path.glob("z.zip*"))
 
 
-def _bad_zips() -> dict[str, tuple[bytes, str]]:
+def _bad_zips() -> dict[str, tuple[Callable[[], bytes], str]]:
     return {
-        "encrypted": (zips.encrypted_zip(), r"wiki.train.raw in .* is encrypted; the wikitext-103-raw-v1 zip is not"),
+        "encrypted": (
+            lambda: zips.encrypted_zip(),
+            r"wiki.train.raw in .* is encrypted; the wikitext-103-raw-v1 zip is not",
+        ),
         "deflate64": (
-            zips.deflate64_zip(),
+            lambda: zips.deflate64_zip(),
             r"wiki.train.raw in .* is compressed with method 9 \(deflate64\), which Python's zipfile cannot "
             r"read \(it reads stored, deflate, bzip2, lzma\)",
         ),
         "bomb": (
-            zips.bomb_zip(30),
+            lambda: zips.bomb_zip(30),
             r"would unzip [\d.]+ KB into 30.0 MB \([\d,]+x; text compresses 3-4x, this "
             r"stage accepts at most 20x\): it looks like a zip bomb",
         ),
-        "lies about its size": (zips.lying_size_zip(), r"wiki.train.raw in .* is damaged \(Bad CRC-32"),
+        "lies about its size": (
+            lambda: zips.lying_size_zip(),
+            r"wiki.train.raw in .* unzips to more than the 10 bytes its header declares \(stopped after [\d,]+\): "
+            r"the zip lies about its sizes",
+        ),
+        "bzip2 raised compressed size": (
+            lambda: zips.raised_compressed_size_zip(zipfile.ZIP_BZIP2),
+            r"wiki.train.raw in .* declares 441,505 compressed bytes, but only [\d,]+ bytes \(header included\) "
+            r"are there before the next entry: the zip lies about its sizes",
+        ),
+        "deflate raised compressed size": (
+            lambda: zips.raised_compressed_size_zip(zipfile.ZIP_DEFLATED),
+            r"wiki.train.raw in .* declares 441,505 compressed bytes, but only [\d,]+ bytes",
+        ),
+        "bzip2 understated size": (
+            lambda: zips.understated_size_zip(zipfile.ZIP_BZIP2),
+            r"wiki.train.raw in .* unzips to more than the 600,000 bytes its header declares \(stopped after",
+        ),
+        "deflate understated size": (
+            lambda: zips.understated_size_zip(zipfile.ZIP_DEFLATED),
+            r"wiki.train.raw in .* unzips to more than the 600,000 bytes its header declares",
+        ),
+        "lzma understated size": (
+            lambda: zips.understated_size_zip(zipfile.ZIP_LZMA),
+            r"wiki.train.raw in .* unzips to more than the 600,000 bytes its header declares",
+        ),
     }
 
 
-@pytest.mark.parametrize("case", ["encrypted", "deflate64", "bomb", "lies about its size"])
+_READ_TIME_CHECKS = (
+    "lies about its size",
+    "bzip2 understated size",
+    "deflate understated size",
+    "lzma understated size",
+)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "encrypted",
+        "deflate64",
+        "bomb",
+        "lies about its size",
+        "bzip2 raised compressed size",
+        "deflate raised compressed size",
+        "bzip2 understated size",
+        "deflate understated size",
+        "lzma understated size",
+    ],
+)
 def test_zip_members_are_checked_before_anything_is_unzipped(tmp_path, case):
-    data, message = _bad_zips()[case]
+    make, message = _bad_zips()[case]
     zpath = tmp_path / "w.zip"
-    zpath.write_bytes(data)
+    zpath.write_bytes(make())
     with pytest.raises(UserError, match=message):
         download(tmp_path / "art", source_url=zpath.as_uri())
     assert published(tmp_path / "art") == []
     written = [p for p in (tmp_path / "art" / "corpus" / ".staging").rglob("*.txt")]
-    assert case == "lies about its size" or written == [], "nothing extracted before the checks"
-    assert sum(p.stat().st_size for p in written) <= 10, "a member never yields more than its declared size"
+    assert case in _READ_TIME_CHECKS or written == [], "nothing extracted before the checks"
+    assert not [p for p in written if p.name == "wiki.train.txt"], "the lying member's text was not kept"
+    assert sum(p.stat().st_size for p in written) <= 600_000, "a member never yields more than its declared size"
 
 
 def test_unzipped_total_is_bounded(tmp_path, monkeypatch):
