@@ -324,7 +324,7 @@ def _extract_split(
     try:
         with atomic_open(path, "wb") as f:
             try:
-                for text, n in strip_headers(raw_pieces(), block_chars):
+                for text, n in strip_headers(raw_pieces(), block_chars, name=f"{member} in {source}"):
                     data = text.encode("utf-8")
                     writer.write(data, (f, sha), corpus)  # in the writer thread
                     st["bytes"] += len(data)
