@@ -330,6 +330,9 @@ def fetch(
         "range_requests": range_requests,
         "resumed_bytes": resumed_bytes,
         "seconds": round(time.monotonic() - t0, 3),
+        # what the server called the file on the last answer (compared with the probe's: a server that changes
+        # them between requests cannot be trusted to name a content by them)
+        **{k: meta[k] for k in ("etag", "last_modified") if meta.get(k)},
     }
 
 

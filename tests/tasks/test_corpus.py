@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -22,7 +23,7 @@ from tasks.core.header_strip import HEADER_RE, strip_headers
 from tasks.core.urls import redact_text, redact_url
 from tasks.registry import open_store
 from tests.support import zips
-from tests.support.mirror_faults import FaultyMirror
+from tests.support.mirror_faults import Faults, FaultyMirror
 from tests.support.stages import corpus as download
 
 
@@ -296,9 +297,10 @@ def test_settings_reject(kwargs, message):
 
 def test_settings_defaults_pin_the_chapter_size():
     def resolved(**kw):
-        return D.CorpusSettings(**kw).resolved().version_params()
+        return D.CorpusSettings(**kw).resolved().model_dump(mode="json")
 
     assert resolved() == {"source_url": D.DEFAULT_URL, "expected_bytes": 191_984_949, "expected_sha256": None}
+    assert D.CorpusSettings().resolved().version_params() == {"expected_bytes": 191_984_949, "expected_sha256": None}
     assert resolved(source_url="http://127.0.0.1:1/x.zip")["expected_bytes"] == 0
     assert resolved(expected_bytes=0)["expected_bytes"] == 0
 
@@ -333,7 +335,10 @@ def test_new_content_in_the_same_file_is_a_new_version(tmp_path):
     again = download(tmp_path / "art", source_url=zpath.as_uri())
     assert again == second, "unchanged file: the same version, reused"
     manifest = json.loads((Path(second["path"]) / "manifest.json").read_text())
-    assert manifest["source"] == {"bytes": zpath.stat().st_size, "mtime_ns": zpath.stat().st_mtime_ns}
+    assert manifest["source"] == {
+        "bytes": zpath.stat().st_size,
+        "sha256": hashlib.sha256(zpath.read_bytes()).hexdigest(),
+    }
 
 
 def test_new_content_at_the_same_http_url_is_a_new_version(tmp_path):
@@ -346,7 +351,55 @@ def test_new_content_at_the_same_http_url_is_a_new_version(tmp_path):
         assert download(tmp_path / "art", source_url=m.url("/w.zip")) == second
         assert [r["range"] for r in m.requests] == ["bytes=0-0"], "a reuse costs one probe, no download"
         source = json.loads((Path(second["path"]) / "manifest.json").read_text())["source"]
-        assert source["bytes"] == len(_tiny_zip("Newer")) and source["etag"] == f'"{m.etag("/w.zip")}"'
+        assert source == {"bytes": len(_tiny_zip("Newer")), "sha256": hashlib.sha256(_tiny_zip("Newer")).hexdigest()}
+
+
+def test_the_same_bytes_from_another_mirror_are_the_same_version(tmp_path, caplog):
+    """Issue 20 item 6: ``--mirror`` on another port gave new versions of every stage from the same zip."""
+    data = _tiny_zip("Same")
+    with Mirror({"/w.zip": data}) as one, Mirror({"/copy.zip": data}) as two:
+        first = download(tmp_path / "art", source_url=one.url("/w.zip"))
+        with caplog.at_level("INFO", logger="wiki_pipeline"):
+            second = download(tmp_path / "art", source_url=two.url("/copy.zip"))
+        assert second == first, "the version follows the bytes, not the URL"
+        assert "reusing corpus/" + first["version"] in caplog.text
+        assert not list((tmp_path / "art" / "corpus" / ".sources" / "downloads").glob("*.zip")), (
+            "the download made to hash the bytes is not kept once they are known to be published"
+        )
+        two.clear_log()
+        assert download(tmp_path / "art", source_url=two.url("/copy.zip")) == first
+        assert [r["range"] for r in two.requests] == ["bytes=0-0"], "now recorded: one probe, no download"
+
+
+def test_a_server_without_validators_is_checked_by_its_bytes(tmp_path, caplog):
+    """Issue 21 item 4: a size but no ETag/Last-Modified, new bytes of the same size: reused silently before."""
+    old, new = _tiny_zip("Aaaa"), _tiny_zip("Bbbb")
+    assert len(old) == len(new)
+    with (
+        FaultyMirror({"/w.zip": old}, faults=Faults(no_validators=True)) as m,
+        caplog.at_level("INFO", logger="wiki_pipeline"),
+    ):
+        first = download(tmp_path / "art", source_url=m.url("/w.zip"))
+        m.add("/w.zip", new)
+        second = download(tmp_path / "art", source_url=m.url("/w.zip"))
+    assert second["version"] != first["version"] and "Bbbb text" in _train_text(second)
+    assert "Aaaa text" in _train_text(first)
+    assert caplog.text.count(f"sends no ETag or Last-Modified (size `{len(old)}`), so this run cannot tell") == 2
+
+
+def test_a_server_whose_etag_changes_on_every_request_completes(tmp_path, caplog):
+    """Issue 21 item 4: a load balancer's ETag changes per request: before, every run failed with 'changed while
+    this run was fetching it'."""
+    data = _tiny_zip("Balanced")
+    with (
+        FaultyMirror({"/w.zip": data}, faults=Faults(etag_per_request=True)) as m,
+        caplog.at_level("INFO", logger="wiki_pipeline"),
+    ):
+        first = download(tmp_path / "art", source_url=m.url("/w.zip"))
+        again = download(tmp_path / "art", source_url=m.url("/w.zip"))
+    assert again == first and "Balanced text" in _train_text(first)
+    assert "it changes them between requests (a load balancer?), so this run cannot tell" in caplog.text
+    assert not list((tmp_path / "art" / "corpus" / ".sources").glob("*.json")), "such answers are not recorded"
 
 
 def test_unreachable_source_reuses_the_newest_version_from_it(tmp_path, fast_retries, caplog):
@@ -389,7 +442,8 @@ def test_credentials_in_the_url_are_used_but_never_shown_or_stored(tmp_path, cap
             D.STAGE.report(manifest) + settings_table(manifest["settings"]),
         ]
         assert "Secret text" in _train_text(ref), "the credentials were used to download"
-        assert manifest["settings"]["source_url"] == f"http://***@127.0.0.1:{m.port}/w.zip?token=***&x=***"
+        assert manifest["metrics"]["source_url"] == f"http://***@127.0.0.1:{m.port}/w.zip?token=***&x=***"
+        assert "source_url" not in manifest["settings"], "the URL is where, not what: not part of the version"
         assert other == ref, "the version id does not depend on the credentials (only on the file)"
         errors = []
         for bad in (url.replace("/w.zip", "/gone.zip"), url.replace(str(m.port), str(_closed_port()))):
