@@ -271,11 +271,11 @@ def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict
         validators = probe(settings.source_url, DownloadKnobs.from_env(), log)
     except SourceUnreachable as e:
         return _last_known_identity(settings, store, log, e)
-    size = validators.get("bytes")
-    if settings.expected_bytes and size is not None and size != settings.expected_bytes:
+    announced = validators.get("bytes")
+    if settings.expected_bytes and announced is not None and announced != settings.expected_bytes:
         raise UserError(
-            f"{settings.shown_url} is {size:,} bytes but expected_bytes is {settings.expected_bytes:,}; "
-            f"the mirror may serve a different file: check source_url, or pass expected_bytes={size} "
+            f"{settings.shown_url} is {announced:,} bytes but expected_bytes is {settings.expected_bytes:,}; "
+            f"the mirror may serve a different file: check source_url, or pass expected_bytes={announced} "
             "(0 = no size check) if you trust it"
         )
     key = {"url": settings.shown_url, **validators}
@@ -298,7 +298,7 @@ def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict
         settings.source_url,
         dest,
         knobs=DownloadKnobs.from_env(),
-        identity={"bytes": size} if size is not None else {},
+        identity={"bytes": announced} if announced is not None else {},
         max_bytes=settings.max_zip_bytes,
         log=log,
     )
