@@ -18,20 +18,28 @@ The zip is *not* published: it lives in the build's ``work/`` folder (so an inte
 and is deleted on publish. Its size and sha256 are in the manifest metrics, so the published text can be
 traced to the exact archive; re-fetch it from ``source_url`` if you need it.
 
-**What the version depends on.** Besides the settings, the corpus version depends on what is at
-``source_url`` when the stage runs (:func:`source_identity`, recorded as the manifest's ``source``): for a
-``file://`` zip its size and modification time; for http(s) what the server says about the file -- its
-``ETag``, ``Last-Modified`` and size -- read from a one-byte ``Range`` request before anything else. New
-content at the same address therefore gives a new version (and new downstream versions) instead of the old
-corpus. A server that sends none of the three cannot be told apart over time: a warning says so; pass
-``expected_sha256`` there. When the source cannot be reached at all, the newest version already published
-from the same settings is reused, with a warning (so a finished pipeline reruns offline).
+**What the version depends on** (issue 21 item 4, issue 20 item 6): the zip's *content* -- the sha256 and size
+of its bytes (:func:`source_identity`, recorded as the manifest's ``source``) -- plus ``expected_bytes``,
+``expected_sha256`` and the code version; not ``source_url``, which says where the zip comes from, not what it
+is (:meth:`CorpusSettings.version_params`). The same bytes from another mirror or port, a file:// copy or a
+renewed signed URL give the same version, so every later stage is reused. A sha256 needs the bytes, so the
+stage keeps an index under ``<root>/corpus/.sources/`` (atomic JSON files, no credentials): what a server said
+-- the URL without credentials, a strong ``ETag`` or ``Last-Modified``, the size; for a file:// zip its path,
+size and mtime -- to the sha256 of the bytes it served. When the probe (a one-byte ``Range`` request) matches
+an entry, that is the identity: no download. Otherwise the zip is downloaded first (resumable, bounded, into
+``corpus/.sources/downloads/``; the build moves it into its work folder, or it is deleted when those bytes are
+published already) and hashed; when the server's validators cannot name a content (none, only a size, a weak
+ETag, or ones that change between requests) a warning says the run cannot tell, every run downloads, and the
+answer is not recorded. The build hashes what it reads and stops if that differs from the version's sha256
+(the file changed meanwhile; the index entry is dropped). When the source cannot be reached at all, the newest
+version published from the same URL and settings is reused, with a warning (so a finished pipeline reruns
+offline).
 
 **Credentials** in ``source_url`` (``https://user:password@host/...``, or a signed URL's query) are used to
 download and nowhere else: every URL the stage shows or stores -- logs, error messages, the manifest, the UI
-report, the settings Prefect records for a run -- has its user info and query values replaced by ``***``
-(:func:`tasks.core.urls.redact_url`), and the version id is computed from that redacted form (plus the content
-identity).
+report, the source index, the settings Prefect records for a run -- has its user info and query values replaced
+by ``***`` (:func:`tasks.core.urls.redact_url`); messages that quote it in another encoding (an HTTP library's
+errors quote the query percent-encoded) are redacted in that encoding too (:func:`tasks.core.urls.redact_text`).
 
 **Bounds.** The download stops as soon as it exceeds ``expected_bytes`` (or
 :data:`tasks.core.download.MAX_ZIP_BYTES` without one); before anything is unzipped,
@@ -51,6 +59,7 @@ threaded unzip), ``tasks/core/header_strip.py`` (the chapter's header strip, str
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -292,6 +301,18 @@ def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict
         )
     dest = _cached_download(store, settings)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.with_name(dest.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs of the same URL: one downloads at a time (each its own)
+        return _download_and_hash(settings, store, key, validators, dest, log)
+
+
+def _download_and_hash(
+    settings: CorpusSettings, store: ArtifactStore, key: dict, validators: dict, dest: Path, log
+) -> dict:
+    """Download the zip to ``dest`` and hash it (see :func:`source_identity`); record the answer when the
+    server's validators name one content."""
+    announced = validators.get("bytes")
+    trusted = _trusted(validators)
     dest.unlink(missing_ok=True)  # a whole file left by a run that stopped before its build: not trusted
     log.info("download: fetching %s to learn its sha256", settings.shown_url)
     facts = fetch(
