@@ -18,25 +18,36 @@ The zip is *not* published: it lives in the build's ``work/`` folder (so an inte
 and is deleted on publish. Its size and sha256 are in the manifest metrics, so the published text can be
 traced to the exact archive; re-fetch it from ``source_url`` if you need it.
 
-**What the version depends on.** Besides the settings, the corpus version depends on what is at
-``source_url`` when the stage runs (:func:`source_identity`, recorded as the manifest's ``source``): for a
-``file://`` zip its size and modification time; for http(s) what the server says about the file -- its
-``ETag``, ``Last-Modified`` and size -- read from a one-byte ``Range`` request before anything else. New
-content at the same address therefore gives a new version (and new downstream versions) instead of the old
-corpus. A server that sends none of the three cannot be told apart over time: a warning says so; pass
-``expected_sha256`` there. When the source cannot be reached at all, the newest version already published
-from the same settings is reused, with a warning (so a finished pipeline reruns offline).
+**What the version depends on** (issue 21 item 4, issue 20 item 6): the zip's *content* -- the sha256 and size
+of its bytes (:func:`source_identity`, recorded as the manifest's ``source``) -- plus ``expected_bytes``,
+``expected_sha256`` and the code version; not ``source_url``, which says where the zip comes from, not what it
+is (:meth:`CorpusSettings.version_params`). The same bytes from another mirror or port, a file:// copy or a
+renewed signed URL give the same version, so every later stage is reused. A sha256 needs the bytes, so the
+stage keeps an index under ``<root>/corpus/.sources/`` (atomic JSON files, no credentials): what a server said
+-- the URL without credentials, a strong ``ETag`` or ``Last-Modified``, the size; for a file:// zip its path,
+size and mtime -- to the sha256 of the bytes it served. When the probe (a one-byte ``Range`` request) matches
+an entry, that is the identity: no download. Otherwise the zip is downloaded first (resumable, bounded, into
+``corpus/.sources/downloads/``; the build moves it into its work folder, or it is deleted when those bytes are
+published already) and hashed; when the server's validators cannot name a content (none, only a size, a weak
+ETag, or ones that change between requests) a warning says the run cannot tell, every run downloads, and the
+answer is not recorded. The build hashes what it reads and stops if that differs from the version's sha256
+(the file changed meanwhile; the index entry is dropped). When the source cannot be reached at all, the newest
+version published from the same URL and settings is reused, with a warning (so a finished pipeline reruns
+offline).
 
 **Credentials** in ``source_url`` (``https://user:password@host/...``, or a signed URL's query) are used to
 download and nowhere else: every URL the stage shows or stores -- logs, error messages, the manifest, the UI
-report, the settings Prefect records for a run -- has its user info and query values replaced by ``***``
-(:func:`tasks.core.urls.redact_url`), and the version id is computed from that redacted form (plus the content
-identity).
+report, the source index, the settings Prefect records for a run -- has its user info and query values replaced
+by ``***`` (:func:`tasks.core.urls.redact_url`); messages that quote it in another encoding (an HTTP library's
+errors quote the query percent-encoded) are redacted in that encoding too (:func:`tasks.core.urls.redact_text`).
 
 **Bounds.** The download stops as soon as it exceeds ``expected_bytes`` (or
 :data:`tasks.core.download.MAX_ZIP_BYTES` without one); before anything is unzipped,
-:func:`tasks.core.unzip.check_members` refuses encrypted members, compression methods Python cannot read, and
-zip bombs.
+:func:`tasks.core.unzip.check_members` refuses encrypted members, compression methods Python cannot read,
+compressed sizes that run past the bytes really there, and zip bombs; while unzipping,
+:func:`tasks.core.unzip.member_bytes` counts the bytes each member really produces and stops, naming the member,
+as soon as they pass its declared size (whatever the compression method), and the header strip keeps memory
+bounded whatever the line length (:func:`tasks.core.header_strip.strip_headers`).
 
 **Where the work is done.** This module is the stage: its settings, where the zip comes from, the split files
 it writes, its report. The machinery it uses: ``tasks/core/download.py`` (the resumable download with
@@ -48,7 +59,10 @@ threaded unzip), ``tasks/core/header_strip.py`` (the chapter's header strip, str
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import json
+import os
 import re
 import time
 import urllib.parse
@@ -59,13 +73,13 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_serializer
 
-from mygpt.atomic import atomic_open
+from mygpt.atomic import atomic_open, atomic_write_text
 from mygpt.errors import UserError
 from tasks.core.download import MAX_ZIP_BYTES, DownloadKnobs, SourceUnreachable, fetch, probe
 from tasks.core.header_strip import BLOCK_CHARS, strip_headers
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task, summary_table
-from tasks.core.store import ArtifactStore, human_bytes, sha256_file
+from tasks.core.store import ArtifactStore, canonical_json, human_bytes, sha256_file
 from tasks.core.unzip import BlockWriter, check_members, member_text, open_zip
 from tasks.core.urls import file_path, redact_url, stored_url
 
@@ -117,7 +131,7 @@ class CorpusSettings(Settings):
         if scheme == "file":
             if parsed.netloc not in ("", "localhost"):
                 raise ValueError(
-                    f"source_url {shown!r}: a file:// URL cannot name a host ({parsed.netloc!r}); "
+                    f"source_url {shown!r}: a file:// URL cannot name a host ({parsed.hostname or redact_url(url)!r}); "
                     "use file:///absolute/path"
                 )
             if not parsed.path.startswith("/"):
@@ -150,6 +164,13 @@ class CorpusSettings(Settings):
             data["source_url"] = stored_url(data["source_url"])
         return data
 
+    def version_params(self) -> dict:
+        """What the version id is computed from: the settings without ``source_url`` -- the URL says where the
+        zip comes from, not what it is; the content identity (:func:`source_identity`) says what."""
+        params = super().version_params()
+        params.pop("source_url", None)
+        return params
+
     def resolved(self) -> CorpusSettings:
         """``expected_bytes`` settled: the pinned size for the default URL, 0 (no check) for others."""
         if self.expected_bytes is not None:
@@ -175,43 +196,164 @@ class CorpusSettings(Settings):
         return self.expected_bytes or MAX_ZIP_BYTES
 
 
-# ---- what is at source_url ---------------------------------------------------------------------------------
-def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict:
-    """What is at ``source_url`` now, for the version id (``Stage.source``; see the module docstring).
+# ---- what is at source_url: the content identity ---------------------------------------------------------------
+def _sources_dir(store: ArtifactStore) -> Path:
+    """``<root>/corpus/.sources/``: the index of what servers said -> the sha256 of the bytes they served, and
+    the downloads made to learn it."""
+    return store.stage_dir(STAGE.name) / ".sources"
 
-    ``{"bytes", "mtime_ns"}`` for a file:// zip; for http(s) whichever of ``bytes``, ``etag``,
-    ``last_modified`` the server sends. Unreachable: the identity of the newest version published from the same
-    settings (so it is reused, with a warning), else ``UserError``. A size that differs from ``expected_bytes``
-    is refused here, before anything is downloaded."""
-    if settings.is_file:
-        identity = _file_identity(settings)
-    else:
+
+def _index_path(store: ArtifactStore, key: dict) -> Path:
+    return _sources_dir(store) / (hashlib.sha256(canonical_json(key).encode("utf-8")).hexdigest()[:32] + ".json")
+
+
+def _recall(store: ArtifactStore, key: dict) -> dict | None:
+    """The content identity ``{"sha256", "bytes"}`` recorded for ``key`` (what a server said, or a file's path,
+    size and mtime), or None."""
+    try:
+        entry = json.loads(_index_path(store, key).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or entry.get("key") != key or not _SHA256_RE.match(str(entry.get("sha256"))):
+        return None
+    return {"sha256": entry["sha256"], "bytes": entry.get("bytes")}
+
+
+def _remember(store: ArtifactStore, key: dict, identity: dict) -> None:
+    """Record (atomically) that ``key`` named the bytes of ``identity``. ``key`` never holds credentials."""
+    path = _index_path(store, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"key": key, **identity}, sort_keys=True))
+
+
+def _forget(store: ArtifactStore, shown_url: str, sha256: str) -> None:
+    """Drop every index entry that says ``shown_url`` serves ``sha256`` (it no longer does)."""
+    for path in _sources_dir(store).glob("*.json"):
         try:
-            identity = probe(settings.source_url, DownloadKnobs.from_env(), log)
-        except SourceUnreachable as e:
-            return _last_known_identity(settings, store, log, e)
-        if not identity:
-            log.warning(
-                "corpus: %s sends no ETag, Last-Modified or size, so new content there would not give a new "
-                "version; pass expected_sha256 to be sure of what you get",
-                settings.shown_url,
-            )
-    size = identity.get("bytes")
-    if settings.expected_bytes and size is not None and size != settings.expected_bytes:
+            entry = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(entry, dict) and entry.get("sha256") == sha256 and entry.get("key", {}).get("url") == shown_url:
+            path.unlink(missing_ok=True)
+
+
+def _trusted(validators: dict) -> bool:
+    """Whether a server's answer names one content: a strong ``ETag`` or a ``Last-Modified`` (a size alone does
+    not: the same size can hold other bytes)."""
+    etag = validators.get("etag") or ""
+    return bool((etag and not etag.startswith("W/")) or validators.get("last_modified"))
+
+
+def _cached_download(store: ArtifactStore, settings: CorpusSettings) -> Path:
+    """Where :func:`source_identity` downloads the zip to hash it (named by the URL without credentials)."""
+    name = hashlib.sha256(settings.shown_url.encode("utf-8")).hexdigest()[:16]
+    return _sources_dir(store) / "downloads" / f"{name}.zip"
+
+
+def _facts_path(download: Path) -> Path:
+    return download.with_name(download.name + ".facts.json")
+
+
+def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict:
+    """The content identity of the zip at ``source_url``, for the version id (``Stage.source``; see the module
+    docstring): ``{"sha256", "bytes"}`` of its bytes, whatever URL served them.
+
+    It comes from the index when what the server says now (a strong ``ETag`` or ``Last-Modified``, and the size;
+    for a file:// zip its path, size and mtime) was recorded with a sha256 before: one probe, no download.
+    Otherwise the zip is downloaded now (resumable, bounded, into ``corpus/.sources/downloads/``; the build
+    then uses it) and hashed, and the answer recorded when the server's validators can be trusted -- with a
+    warning when they cannot (none, only a size, or changing between requests). Unreachable: the identity of the
+    newest version published from the same URL (reused, with a warning), else ``UserError``. A size that
+    differs from ``expected_bytes``, or a sha256 that differs from ``expected_sha256``, is refused here."""
+    if settings.is_file:
+        path = file_path(settings.source_url)
+        if not path.is_file():
+            raise UserError(f"source_url {settings.shown_url!r}: there is no file {path}; check the path")
+        st = path.stat()
+        key = {"file": str(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+        identity = _recall(store, key)
+        if identity is None:
+            size, sha = _check_zip(path, settings, ours=False)
+            identity = {"sha256": sha, "bytes": size}
+            _remember(store, key, identity)
+        return _checked(identity, settings)
+    try:
+        validators = probe(settings.source_url, DownloadKnobs.from_env(), log)
+    except SourceUnreachable as e:
+        return _last_known_identity(settings, store, log, e)
+    announced = validators.get("bytes")
+    if settings.expected_bytes and announced is not None and announced != settings.expected_bytes:
         raise UserError(
-            f"{settings.shown_url} is {size:,} bytes but expected_bytes is {settings.expected_bytes:,}; "
-            f"the mirror may serve a different file: check source_url, or pass expected_bytes={size} "
+            f"{settings.shown_url} is {announced:,} bytes but expected_bytes is {settings.expected_bytes:,}; "
+            f"the mirror may serve a different file: check source_url, or pass expected_bytes={announced} "
             "(0 = no size check) if you trust it"
         )
+    key = {"url": settings.shown_url, **validators}
+    trusted = _trusted(validators)
+    identity = _recall(store, key) if trusted else None
+    if identity is not None:
+        return _checked(identity, settings)
+    if not trusted:
+        log.warning(
+            "corpus: %s sends no ETag or Last-Modified (%s), so this run cannot tell whether the file there "
+            "changed without downloading it: downloading it to hash it (every run does)",
+            settings.shown_url,
+            _source_line(validators),
+        )
+    dest = _cached_download(store, settings)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.with_name(dest.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs of the same URL: one downloads at a time (each its own)
+        return _download_and_hash(settings, store, key, validators, dest, log)
+
+
+def _download_and_hash(
+    settings: CorpusSettings, store: ArtifactStore, key: dict, validators: dict, dest: Path, log
+) -> dict:
+    """Download the zip to ``dest`` and hash it (see :func:`source_identity`); record the answer when the
+    server's validators name one content."""
+    announced = validators.get("bytes")
+    trusted = _trusted(validators)
+    dest.unlink(missing_ok=True)  # a whole file left by a run that stopped before its build: not trusted
+    log.info("download: fetching %s to learn its sha256", settings.shown_url)
+    facts = fetch(
+        settings.source_url,
+        dest,
+        knobs=DownloadKnobs.from_env(),
+        identity={"bytes": announced} if announced is not None else {},
+        max_bytes=settings.max_zip_bytes,
+        log=log,
+    )
+    got, sha = _check_zip(dest, settings, ours=True)
+    identity = {"sha256": sha, "bytes": got}
+    atomic_write_text(_facts_path(dest), json.dumps(facts))  # the build's metrics report this download
+    changed = [k for k in ("etag", "last_modified") if validators.get(k) != facts.get(k)]
+    if trusted and changed:
+        log.warning(
+            "corpus: %s named the file %s when asked, and %s when it sent it: it changes them between requests "
+            "(a load balancer?), so this run cannot tell whether the file changed without downloading it "
+            "(every run does); the version follows the sha256 of the bytes (%s)",
+            settings.shown_url,
+            _source_line(validators),
+            _source_line({k: facts.get(k) for k in changed}),
+            sha,
+        )
+    elif trusted:
+        _remember(store, key, identity)
+    if store.read_manifest(STAGE.name, STAGE.version(settings, {}, identity)) is not None:
+        dest.unlink(missing_ok=True)  # those bytes are published already: the version is reused
+        _facts_path(dest).unlink(missing_ok=True)
     return identity
 
 
-def _file_identity(settings: CorpusSettings) -> dict:
-    path = file_path(settings.source_url)
-    if not path.is_file():
-        raise UserError(f"source_url {settings.shown_url!r}: there is no file {path}; check the path")
-    st = path.stat()
-    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+def _checked(identity: dict, settings: CorpusSettings) -> dict:
+    """``identity``, unless its sha256 differs from ``expected_sha256`` (``UserError``)."""
+    if settings.expected_sha256 and identity["sha256"] != settings.expected_sha256:
+        raise UserError(
+            f"{settings.shown_url} has sha256 {identity['sha256']} but expected_sha256 is "
+            f"{settings.expected_sha256}; check source_url, or pass the right expected_sha256"
+        )
+    return identity
 
 
 def _last_known_identity(settings: CorpusSettings, store: ArtifactStore, log, error: SourceUnreachable) -> dict:
@@ -221,6 +363,7 @@ def _last_known_identity(settings: CorpusSettings, store: ArtifactStore, log, er
         for v in store.versions("corpus")
         if v.manifest.get("settings") == params
         and v.manifest.get("code_version") == STAGE.code_version
+        and v.manifest.get("metrics", {}).get("source_url") == settings.shown_url
         and isinstance(v.manifest.get("source"), dict)
     ]
     if not known:
@@ -322,7 +465,7 @@ def _extract_split(
     try:
         with atomic_open(path, "wb") as f:
             try:
-                for text, n in strip_headers(raw_pieces(), block_chars):
+                for text, n in strip_headers(raw_pieces(), block_chars, name=f"{member} in {source}"):
                     data = text.encode("utf-8")
                     writer.write(data, (f, sha), corpus)  # in the writer thread
                     st["bytes"] += len(data)
@@ -336,7 +479,8 @@ def _extract_split(
             writer.drain()
     except (zipfile.BadZipFile, zlib.error, EOFError) as e:
         raise UserError(
-            f"{member} in {source} is damaged ({e}); rerun to download it again, or check source_url"
+            f"{member} in {source} is damaged ({e or type(e).__name__}); rerun to download it again, or check "
+            "source_url"
         ) from None
     if last and not last.endswith("\n"):
         st["lines"] += 1
@@ -371,31 +515,34 @@ def _check_zip(path: Path, settings: CorpusSettings, *, ours: bool) -> tuple[int
     return size, sha
 
 
-def _local_zip(ctx: BuildContext, settings: CorpusSettings) -> Path:
-    """The file:// zip, as it was when the version was computed (``UserError`` if it changed since)."""
-    zip_path = file_path(settings.source_url)
-    if _file_identity(settings) != ctx.source:
-        raise UserError(f"{settings.shown_url} changed while this run was reading it; rerun to use the new file")
-    return zip_path
-
-
 def _downloaded_zip(ctx: BuildContext, settings: CorpusSettings) -> tuple[Path, dict]:
-    """The http(s) zip in the build's work/ folder: reused from an earlier attempt, or fetched."""
+    """The http(s) zip in the build's work/ folder: reused from an earlier attempt, moved from the download
+    :func:`source_identity` made, or fetched."""
     zip_path = ctx.work / "source.zip"
+    cached = _cached_download(ctx.store, settings)
     if zip_path.exists():
         ctx.log.info("download: reusing %s downloaded by an earlier attempt", zip_path)
-        return zip_path, {"tries": 0, "range_requests": 0, "resumed_bytes": 0, "seconds": 0.0}
-    ctx.log.info("download: fetching %s", settings.shown_url)
-    facts = fetch(
-        settings.source_url,
-        zip_path,
-        knobs=DownloadKnobs.from_env(),
-        identity=ctx.source,
-        max_bytes=settings.max_zip_bytes,
-        log=ctx.log,
-        progress=lambda d, t, m: ctx.progress(d, t, "downloading " + m),
-    )
-    return zip_path, facts
+    elif cached.exists():
+        try:
+            facts = json.loads(_facts_path(cached).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            facts = {}
+        os.replace(cached, zip_path)
+        _facts_path(cached).unlink(missing_ok=True)
+        return zip_path, facts or {"tries": 0, "range_requests": 0, "resumed_bytes": 0, "seconds": 0.0}
+    else:
+        ctx.log.info("download: fetching %s", settings.shown_url)
+        facts = fetch(
+            settings.source_url,
+            zip_path,
+            knobs=DownloadKnobs.from_env(),
+            identity={"bytes": ctx.source["bytes"]} if ctx.source and ctx.source.get("bytes") else {},
+            max_bytes=settings.max_zip_bytes,
+            log=ctx.log,
+            progress=lambda d, t, m: ctx.progress(d, t, "downloading " + m),
+        )
+        return zip_path, facts
+    return zip_path, {"tries": 0, "range_requests": 0, "resumed_bytes": 0, "seconds": 0.0}
 
 
 def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
@@ -407,8 +554,16 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
     if ours:
         zip_path, facts = _downloaded_zip(ctx, settings)
     else:
-        zip_path = _local_zip(ctx, settings)
+        zip_path = file_path(settings.source_url)
     size, sha = _check_zip(zip_path, settings, ours=ours)
+    if ctx.source and sha != ctx.source.get("sha256"):
+        if ours:
+            zip_path.unlink(missing_ok=True)
+            _forget(ctx.store, shown, ctx.source.get("sha256", ""))
+        raise UserError(
+            f"{shown} now holds other bytes (sha256 {sha}) than the ones this run's version names "
+            f"({ctx.source.get('sha256')}): the file changed while this run was using it; rerun to use the new file"
+        )
     download_seconds = round(time.monotonic() - t0, 3)
     ctx.log.info("download: %s is %s, sha256 %s", shown, human_bytes(size), sha)
     t1 = time.monotonic()
@@ -434,8 +589,14 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
 
 def _source_line(source: dict | None) -> str:
     if not source:
-        return "(the server named no ETag, Last-Modified or size)"
-    names = {"bytes": "size", "mtime_ns": "modified (ns)", "etag": "ETag", "last_modified": "Last-Modified"}
+        return "(no ETag, Last-Modified or size)"
+    names = {
+        "bytes": "size",
+        "mtime_ns": "modified (ns)",
+        "etag": "ETag",
+        "last_modified": "Last-Modified",
+        "sha256": "sha256",
+    }
     return "; ".join(f"{names.get(k, k)} `{v}`" for k, v in source.items())
 
 
@@ -480,9 +641,9 @@ def report(manifest: dict) -> str:
 
 
 #: code version 3: the version also depends on what is at source_url (source_identity) and on the URL without
-#: its credentials (issue 10).
+#: its credentials (issue 10). 4: it depends on the zip's content (sha256), not on the URL (issues 20 and 21).
 STAGE = Stage(
-    name="corpus", settings=CorpusSettings, code_version="3", report=report, source=source_identity, alias="download"
+    name="corpus", settings=CorpusSettings, code_version="4", report=report, source=source_identity, alias="download"
 )
 
 

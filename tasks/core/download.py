@@ -13,9 +13,10 @@ exceeds ``max_bytes`` (:data:`MAX_ZIP_BYTES` by default).
 
 Knobs (:class:`DownloadKnobs`; environment, not part of any version; checked by :meth:`DownloadKnobs.from_env`
 before the pipeline starts): ``WIKI_PIPELINE_DOWNLOAD_ATTEMPTS`` (failed tries in a row before giving up, a
-whole number >= 1, default 6), ``WIKI_PIPELINE_RETRY_BASE_DELAY`` (seconds before the first retry, doubled
-each time, capped at 60; >= 0, default 2), ``WIKI_PIPELINE_READ_TIMEOUT`` (seconds without data, > 0,
-default 60).
+whole number >= 1, at most 1000, default 6), ``WIKI_PIPELINE_RETRY_BASE_DELAY`` (seconds before the first
+retry, doubled each time, capped at 60; >= 0, at most 3600, default 2), ``WIKI_PIPELINE_READ_TIMEOUT`` (seconds
+without data, > 0, at most 86400 = a day, default 60). A value past its bound is refused up front, with the
+rest (``1e300`` seconds would only fail later, deep in the socket layer).
 
 Every URL this module shows -- logs, error messages -- is redacted (:func:`tasks.core.urls.redact_url`).
 """
@@ -68,6 +69,7 @@ class DownloadKnobs:
                 "a whole number >= 1",
                 lambda v: v >= 1 and v == int(v),
                 "failed tries in a row before the download gives up",
+                most=(1000, ""),
             ),
             base_delay=_env_number(
                 ENV_BASE_DELAY,
@@ -75,6 +77,7 @@ class DownloadKnobs:
                 "a number of seconds >= 0",
                 lambda v: v >= 0,
                 "wait before the first retry, doubled each time, at most 60 s",
+                most=(3600, " seconds (an hour)"),
             ),
             read_timeout=_env_number(
                 ENV_READ_TIMEOUT,
@@ -82,11 +85,14 @@ class DownloadKnobs:
                 "a number of seconds > 0",
                 lambda v: v > 0,
                 "seconds without data before a try fails",
+                most=(86400, " seconds (a day)"),
             ),
         )
 
 
-def _env_number(name: str, default, what: str, ok, meaning: str):
+def _env_number(name: str, default, what: str, ok, meaning: str, most: tuple[float, str]):
+    """The number in environment variable ``name`` (``default`` when unset); ``UserError`` unless it is
+    ``what`` (``ok``) and at most ``most[0]`` (``most[1]``: its unit, for the message)."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -96,6 +102,11 @@ def _env_number(name: str, default, what: str, ok, meaning: str):
         value = math.nan
     if not math.isfinite(value) or not ok(value):
         raise UserError(f"{name} must be {what}, got {raw!r} ({meaning}; default {default:g}); fix or unset it")
+    if value > most[0]:
+        raise UserError(
+            f"{name} must be at most {most[0]:g}{most[1]}, got {raw!r} ({meaning}; default {default:g}); "
+            "fix or unset it"
+        )
     return type(default)(value)
 
 
@@ -319,6 +330,9 @@ def fetch(
         "range_requests": range_requests,
         "resumed_bytes": resumed_bytes,
         "seconds": round(time.monotonic() - t0, 3),
+        # what the server called the file on the last answer (compared with the probe's: a server that changes
+        # them between requests cannot be trusted to name a content by them)
+        **{k: meta[k] for k in ("etag", "last_modified") if meta.get(k)},
     }
 
 

@@ -3,8 +3,14 @@ threads that let inflating, stripping and writing run side by side.
 
 **Checks** (:func:`check_members`, item 6 of issue 10): encrypted members, compression methods Python cannot
 read, and members whose declared sizes exceed :data:`MAX_UNZIPPED_BYTES` or :data:`MAX_RATIO` times their
-compressed size (zip bombs) are refused. Reading a member never yields more than its declared size
-(``zipfile`` stops there and checks the CRC), so those checks bound what is written.
+compressed size (zip bombs) are refused, and so are members whose declared compressed size runs past the bytes
+really there (a zip that raises it to pass the ratio check). The ratio is also taken against the zip's real size.
+
+**Reading** (:func:`member_bytes`, issue 21 item 2): a member is inflated here, not by ``zipfile`` (whose bzip2 and
+lzma paths inflate a whole read with no bound on the output): every decompressor call is limited to one piece
+(:data:`PIECE_BYTES`), the bytes actually produced are counted, and reading stops with ``UserError`` naming the
+member as soon as they pass its declared size (or :data:`MAX_UNZIPPED_BYTES`), for every compression method. A
+member that ends early, or whose CRC-32 differs, is refused the same way, saying what is wrong.
 
 **Threads** (issue 14): :func:`member_text` inflates and decodes a member in a reader thread (:func:`read_ahead`;
 zlib lets go of the GIL) while the caller strips the text; :class:`BlockWriter` writes and hashes the results
@@ -13,12 +19,16 @@ in a writer thread (file writes and sha256 let go of the GIL too).
 
 from __future__ import annotations
 
+import bz2
 import codecs
 import collections
 import concurrent.futures
+import lzma
 import queue
+import struct
 import threading
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -57,7 +67,15 @@ def check_members(zip_path: Path, source: str, members: Iterable[str]) -> None:
     when read: ``zipfile`` never returns more than the declared size.)"""
     with open_zip(zip_path, source) as zf:
         infos = [zf.getinfo(name) for name in members if name in zf.NameToInfo]
+        ends = _region_ends(zf)
         for info in infos:
+            room = ends[info.header_offset] - info.header_offset
+            if info.compress_size > room:
+                raise UserError(
+                    f"{info.filename} in {source} declares {info.compress_size:,} compressed bytes, but only "
+                    f"{room:,} bytes (header included) are there before the next entry: the zip lies about its "
+                    "sizes, as a zip bomb does; nothing was extracted: check source_url"
+                )
             if info.flag_bits & 0x1:
                 raise UserError(
                     f"{info.filename} in {source} is encrypted; the wikitext-103-raw-v1 zip is not: "
@@ -71,7 +89,7 @@ def check_members(zip_path: Path, source: str, members: Iterable[str]) -> None:
                     "e.g. with `zip -Z deflate`, or check source_url"
                 )
         declared = sum(i.file_size for i in infos)
-        packed = sum(i.compress_size for i in infos)
+        packed = min(sum(i.compress_size for i in infos), zip_path.stat().st_size)  # what is really there
         if declared > MAX_UNZIPPED_BYTES:
             raise UserError(
                 f"{source} would unzip to {human_bytes(declared)}, more than the "
@@ -87,6 +105,130 @@ def check_members(zip_path: Path, source: str, members: Iterable[str]) -> None:
             )
 
 
+def _region_ends(zf: zipfile.ZipFile) -> dict[int, int]:
+    """For each entry's local header offset, where its region ends: the next entry's header, or the central
+    directory."""
+    starts = sorted({i.header_offset for i in zf.infolist()})
+    end_of_data = getattr(zf, "start_dir", None)
+    if end_of_data is None:
+        end_of_data = Path(str(zf.filename)).stat().st_size
+    return {a: b for a, b in zip(starts, [*starts[1:], end_of_data])}
+
+
+# ---- reading a member, bounded -------------------------------------------------------------------------
+def _damaged(info: zipfile.ZipInfo, source: str, what: str) -> UserError:
+    return UserError(
+        f"{info.filename} in {source} is damaged ({what}); rerun to download it again, or check source_url"
+    )
+
+
+def _lies(info: zipfile.ZipInfo, source: str, produced: int, limit: int) -> UserError:
+    bound = f"the {limit:,} bytes its header declares" if limit == info.file_size else f"{human_bytes(limit)}"
+    return UserError(
+        f"{info.filename} in {source} unzips to more than {bound} (stopped after {produced:,}): the zip lies "
+        "about its sizes, as a zip bomb does; nothing was published: check source_url"
+    )
+
+
+def _compressed(f, info: zipfile.ZipInfo, source: str) -> Iterator[bytes]:
+    """The member's compressed bytes, as its central directory entry sizes them, in pieces of up to 1 MiB."""
+    f.seek(info.header_offset)
+    head = f.read(30)
+    if len(head) < 30 or head[:4] != b"PK\x03\x04":
+        raise _damaged(info, source, "no local file header where the central directory points")
+    name_len, extra_len = struct.unpack("<HH", head[26:30])
+    f.seek(info.header_offset + 30 + name_len + extra_len)
+    left = info.compress_size
+    while left:
+        chunk = f.read(min(left, 1 << 20))
+        if not chunk:
+            raise _damaged(info, source, f"the file ends {left:,} bytes before the member's compressed data does")
+        left -= len(chunk)
+        yield chunk
+
+
+def _lzma_decompressor(data: Iterator[bytes], info: zipfile.ZipInfo, source: str):
+    """A raw LZMA1 decompressor for a zip's lzma member, whose data starts with a 4-byte header and the
+    properties (what ``zipfile.LZMADecompressor`` reads, without its unbounded ``decompress``)."""
+    head = b""
+    for chunk in data:
+        head += chunk
+        if len(head) >= 4 and len(head) >= 4 + struct.unpack("<H", head[2:4])[0]:
+            break
+    if len(head) < 4:
+        raise _damaged(info, source, "its lzma header is cut short")
+    (psize,) = struct.unpack("<H", head[2:4])
+    if len(head) < 4 + psize:
+        raise _damaged(info, source, "its lzma properties are cut short")
+    filters = [lzma._decode_filter_properties(lzma.FILTER_LZMA1, head[4 : 4 + psize])]  # type: ignore[attr-defined]
+    return lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=filters), head[4 + psize :]
+
+
+def member_bytes(zf: zipfile.ZipFile, name: str, source: str, piece_bytes: int = PIECE_BYTES) -> Iterator[bytes]:
+    """The bytes of member ``name``, inflated here in pieces of at most ``piece_bytes``: never more than its
+    declared size (nor :data:`MAX_UNZIPPED_BYTES`), whatever the compression method; ``UserError`` naming the
+    member when it holds more, ends early, fails its CRC-32 or cannot be inflated."""
+    info = zf.getinfo(name)
+    limit = min(info.file_size, MAX_UNZIPPED_BYTES)
+    produced = crc = 0
+    with open(str(zf.filename), "rb") as f:
+        compressed = _compressed(f, info, source)
+        try:
+            for out in _inflate(compressed, info, source, piece_bytes):
+                produced += len(out)
+                if produced > limit:
+                    raise _lies(info, source, produced, limit)
+                crc = zlib.crc32(out, crc)
+                yield out
+        except UserError:
+            raise
+        except (zlib.error, lzma.LZMAError, OSError, EOFError, ValueError) as e:
+            raise _damaged(info, source, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
+    if produced < info.file_size:
+        raise _damaged(info, source, f"it ends after {produced:,} of the {info.file_size:,} bytes its header declares")
+    if crc != info.CRC:
+        raise _damaged(info, source, f"Bad CRC-32: {crc:08x}, its header says {info.CRC:08x}")
+
+
+def _inflate(data: Iterator[bytes], info: zipfile.ZipInfo, source: str, piece_bytes: int) -> Iterator[bytes]:
+    """``data`` (compressed with ``info``'s method) inflated, each decompressor call bounded to ``piece_bytes``."""
+    method = info.compress_type
+    if method == zipfile.ZIP_STORED:
+        yield from data
+        return
+    pending = b""
+    if method == zipfile.ZIP_DEFLATED:
+        d = zlib.decompressobj(-15)
+        for chunk in data:
+            pending = chunk
+            while pending and not d.eof:
+                out = d.decompress(pending, piece_bytes)
+                pending = d.unconsumed_tail
+                if out:
+                    yield out
+            if d.eof:
+                return
+        while not d.eof and (out := d.decompress(b"", piece_bytes)):
+            yield out
+        return
+    if method == zipfile.ZIP_BZIP2:
+        dec: bz2.BZ2Decompressor | lzma.LZMADecompressor = bz2.BZ2Decompressor()
+    elif method == zipfile.ZIP_LZMA:
+        dec, pending = _lzma_decompressor(data, info, source)
+    else:
+        raise _damaged(info, source, f"compression method {method} cannot be read")
+    chunks = iter(data)
+    while not dec.eof:
+        if dec.needs_input and not pending:
+            pending = next(chunks, b"")
+            if not pending:
+                return  # no more input (an lzma member without an end marker ends by its size)
+        out = dec.decompress(pending, piece_bytes)
+        pending = b""
+        if out:
+            yield out
+
+
 # ---- decoding a member, in threads ----------------------------------------------------------------------
 def decode_member(
     zf: zipfile.ZipFile, name: str, source: str, piece_bytes: int = PIECE_BYTES, counter: dict | None = None
@@ -96,33 +238,33 @@ def decode_member(
     dec = codecs.getincrementaldecoder("utf-8")("strict")
     fed = 0
     carry_cr = False
-    with zf.open(name) as f:
-        while True:
-            raw = f.read(piece_bytes)
-            final = not raw
-            pending = len(dec.getstate()[0])
-            try:
-                text = dec.decode(raw, final=final)
-            except UnicodeDecodeError as e:
-                offset = fed - pending + e.start
-                raise UserError(
-                    f"{name} in {source} is not valid UTF-8: byte {e.object[e.start]:#04x} at offset {offset:,} "
-                    f"({e.reason}); the archive is not the wikitext-103-raw-v1 zip or is damaged: check "
-                    "source_url and expected_sha256"
-                ) from None
-            fed += len(raw)
-            if counter is not None:
-                counter["raw_bytes"] = fed
-            if carry_cr:
-                text, carry_cr = "\r" + text, False
-            if not final and text.endswith("\r"):
-                text, carry_cr = text[:-1], True
-            if "\r" in text:
-                text = text.replace("\r\n", "\n").replace("\r", "\n")
-            if text:
-                yield text
-            if final:
-                return
+    pieces = member_bytes(zf, name, source, piece_bytes)
+    while True:
+        raw = next(pieces, b"")
+        final = not raw
+        pending = len(dec.getstate()[0])
+        try:
+            text = dec.decode(raw, final=final)
+        except UnicodeDecodeError as e:
+            offset = fed - pending + e.start
+            raise UserError(
+                f"{name} in {source} is not valid UTF-8: byte {e.object[e.start]:#04x} at offset {offset:,} "
+                f"({e.reason}); the archive is not the wikitext-103-raw-v1 zip or is damaged: check "
+                "source_url and expected_sha256"
+            ) from None
+        fed += len(raw)
+        if counter is not None:
+            counter["raw_bytes"] = fed
+        if carry_cr:
+            text, carry_cr = "\r" + text, False
+        if not final and text.endswith("\r"):
+            text, carry_cr = text[:-1], True
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if text:
+            yield text
+        if final:
+            return
 
 
 def member_text(zf: zipfile.ZipFile, member: str, source: str) -> Iterator[tuple[str, int]]:

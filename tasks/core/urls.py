@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -19,8 +20,12 @@ from pathlib import Path
 
 def redact_url(url: str) -> str:
     """``url`` as it may be shown or stored: user info and every query value replaced by ``***``
-    (``https://alice:pw@host/f.zip?token=abc&x`` -> ``https://***@host/f.zip?token=***&***``)."""
-    parts = urllib.parse.urlsplit(url)
+    (``https://alice:pw@host/f.zip?token=abc&x`` -> ``https://***@host/f.zip?token=***&***``). The user info
+    ends at the *last* ``@`` of the address part (a password may hold ``@``, ``:``, ``/`` or ``%``)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # e.g. an unbalanced "[" in the host: show the scheme only
+        return url.partition(":")[0] + ":***"
     netloc = parts.netloc
     if "@" in netloc:
         netloc = "***@" + netloc.rpartition("@")[2]
@@ -33,15 +38,70 @@ def _redact_query(query: str) -> str:
     )
 
 
+#: A URL quoted in a message (``scheme://...`` up to whitespace, a quote or a bracket).
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]]+")
+#: Secrets shorter than this are taken out only where they stand next to their key (``token=1``) or ``@``:
+#: replacing every ``1`` of a message would make it unreadable, and would not hide anything.
+_MIN_BARE_SECRET = 4
+
+
+def _any_encoding(secret: str) -> str:
+    """A regex for ``secret`` written in any mix of raw characters and percent-escapes (either case, escaped
+    once or twice: ``|`` as ``|``, ``%7C``, ``%7c`` or ``%257C``), with ``+`` for a space: the forms in which an
+    HTTP library, a server or a log may quote it."""
+    out = []
+    for ch in secret:
+        forms = ["".join(f"%(?:25)?{b:02X}" for b in ch.encode("utf-8"))]
+        if ch == " ":
+            forms.append(r"\+")
+        out.append("(?:" + "|".join([re.escape(ch), *forms]) + ")")
+    return "".join(out)
+
+
+def _secret_patterns(url: str) -> list[tuple[re.Pattern, str]]:
+    """``(pattern, replacement)`` for each secret of ``url``, in any encoding: each query value (next to its key,
+    and on its own when long enough), the user info (before an ``@``) and the password on its own."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return []
+    found: list[tuple[str, str]] = []  # (regex, replacement)
+    for item in parts.query.split("&"):
+        key, sep, value = item.partition("=")
+        if not sep:
+            key, value = "", key
+        for decoded in {urllib.parse.unquote(value), urllib.parse.unquote_plus(value)} - {""}:
+            if key:
+                found.append(
+                    (
+                        f"(?<![^?&;\\s'\"])({_any_encoding(urllib.parse.unquote(key))}(?:=|%3D))"
+                        f"{_any_encoding(decoded)}",
+                        r"\1***",
+                    )
+                )
+            if len(decoded) >= _MIN_BARE_SECRET:
+                found.append((_any_encoding(decoded), "***"))
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if at:
+        user, colon, password = userinfo.partition(":")
+        info = _any_encoding(urllib.parse.unquote(user))
+        if colon:
+            info += "(?::|%3A)" + _any_encoding(urllib.parse.unquote(password))
+        found.append((info + "(?=@|%40)", "***"))
+        if len(urllib.parse.unquote(password)) >= _MIN_BARE_SECRET:
+            found.append((_any_encoding(urllib.parse.unquote(password)), "***"))
+    found.sort(key=lambda f: -len(f[0]))  # the longer (more specific) forms first
+    return [(re.compile(pattern, re.IGNORECASE), repl) for pattern, repl in found]
+
+
 def redact_text(text: str, url: str) -> str:
-    """``text`` (e.g. an exception message, which may quote the URL or its query) without ``url``'s secrets."""
-    parts = urllib.parse.urlsplit(url)
-    secrets = {url: redact_url(url), parts.query: _redact_query(parts.query)}
-    if "@" in parts.netloc:
-        secrets[parts.netloc.rpartition("@")[0]] = "***"
-    for secret, shown in sorted(secrets.items(), key=lambda kv: -len(kv[0])):
-        if secret:
-            text = text.replace(secret, shown)
+    """``text`` (e.g. an exception message, which may quote the URL, its path and query, in the form the HTTP
+    library re-encoded them) without ``url``'s secrets: every URL quoted in ``text`` is redacted
+    (:func:`redact_url`), then each secret of ``url`` -- query values, user info, password -- is taken out in
+    whatever encoding it appears (raw, percent-encoded, or a mix)."""
+    text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+    for pattern, repl in _secret_patterns(url):
+        text = pattern.sub(repl, text)
     return text
 
 

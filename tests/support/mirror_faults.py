@@ -30,6 +30,8 @@ class Faults:
     stall: float = 0.0  # sleep this long before sending the body ...
     stall_after: int = 0  # ... after this many body bytes ...
     stall_times: int = 1  # ... in this many responses (-1: every response)
+    no_validators: bool = False  # send no ETag (the mirror sends no Last-Modified): only the size
+    etag_per_request: bool = False  # a different ETag on every answer (a load balancer over several origins)
     counts: dict = field(default_factory=dict)
 
     def take(self, name: str, times: int) -> bool:
@@ -71,6 +73,11 @@ class FaultyHandler(MirrorHandler):
                 self.stall = (faults.stall_after, faults.stall)
             delta = faults.length_delta if faults.length_delta and faults.take("length", faults.length_times) else 0
         headers["Content-Length"] = str(int(headers["Content-Length"]) + delta)
+        if faults.no_validators:
+            headers.pop("ETag", None)
+        elif faults.etag_per_request:
+            with self.server.mirror.lock:
+                headers["ETag"] = f'"lb-{faults.take("etag", -1) and faults.counts["etag"]}"'
         if self.drop is not None or delta:
             headers["Connection"] = "close"  # the server then closes the connection after this answer
         return headers

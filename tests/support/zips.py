@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import struct
 import zipfile
+import zlib
 
 from flows.mirror import MEMBER, make_zip
 
@@ -17,7 +18,14 @@ def small_members(repeat: int = 50) -> dict[str, str]:
 
 
 def patch_member(
-    data: bytes, member: str, *, flag_bits: int | None = None, method: int | None = None, file_size: int | None = None
+    data: bytes,
+    member: str,
+    *,
+    flag_bits: int | None = None,
+    method: int | None = None,
+    file_size: int | None = None,
+    compress_size: int | None = None,
+    crc: int | None = None,
 ) -> bytes:
     """``data`` (a zip) with one member's header fields rewritten, in its local header and the central directory
     (what a zip tool that sets them would have written)."""
@@ -26,6 +34,10 @@ def patch_member(
         local = z.getinfo(member).header_offset
     central = next(i for i in _central_entries(data) if data[i + 46 : i + 46 + len(member)] == member.encode())
     for start, flags_at, method_at, size_at in ((local, 6, 8, 22), (central, 8, 10, 24)):
+        if compress_size is not None:
+            struct.pack_into("<I", buf, start + size_at - 4, compress_size)
+        if crc is not None:
+            struct.pack_into("<I", buf, start + size_at - 8, crc)
         if flag_bits is not None:
             struct.pack_into("<H", buf, start + flags_at, flag_bits)
         if method is not None:
@@ -67,3 +79,25 @@ def lying_size_zip() -> bytes:
         for name, text in small_members().items():
             z.writestr(name, text)
     return patch_member(buf.getvalue(), TRAIN, file_size=10)
+
+
+def _zip_with(train: bytes, method: int) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=method) as z:
+        for name, text in small_members().items():
+            z.writestr(name, train if name == TRAIN else text.encode())
+    return buf.getvalue()
+
+
+def raised_compressed_size_zip(method: int = zipfile.ZIP_BZIP2, mib: int = 8) -> bytes:
+    """A train member of ``mib`` MiB of one letter (honest size) whose compressed size is raised to size/19 in
+    both headers, so the declared ratio passes the zip-bomb check (issue 21 item 2)."""
+    size = mib << 20
+    return patch_member(_zip_with(b"a" * size, method), TRAIN, compress_size=size // 19)
+
+
+def understated_size_zip(method: int = zipfile.ZIP_BZIP2, declared: int = 600_000, mib: int = 16) -> bytes:
+    """A train member that declares ``declared`` bytes (with the CRC-32 of its first ``declared`` bytes) but
+    inflates to ``mib`` MiB (issue 21 item 2)."""
+    body = b"a" * (mib << 20)
+    return patch_member(_zip_with(body, method), TRAIN, file_size=declared, crc=zlib.crc32(body[:declared]))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from tasks.core.header_strip import HEADER_RE, strip_headers
 from tasks.core.urls import redact_text, redact_url
 from tasks.registry import open_store
 from tests.support import zips
-from tests.support.mirror_faults import FaultyMirror
+from tests.support.mirror_faults import Faults, FaultyMirror
 from tests.support.stages import corpus as download
 
 
@@ -295,9 +297,10 @@ def test_settings_reject(kwargs, message):
 
 def test_settings_defaults_pin_the_chapter_size():
     def resolved(**kw):
-        return D.CorpusSettings(**kw).resolved().version_params()
+        return D.CorpusSettings(**kw).resolved().model_dump(mode="json")
 
     assert resolved() == {"source_url": D.DEFAULT_URL, "expected_bytes": 191_984_949, "expected_sha256": None}
+    assert D.CorpusSettings().resolved().version_params() == {"expected_bytes": 191_984_949, "expected_sha256": None}
     assert resolved(source_url="http://127.0.0.1:1/x.zip")["expected_bytes"] == 0
     assert resolved(expected_bytes=0)["expected_bytes"] == 0
 
@@ -332,7 +335,10 @@ def test_new_content_in_the_same_file_is_a_new_version(tmp_path):
     again = download(tmp_path / "art", source_url=zpath.as_uri())
     assert again == second, "unchanged file: the same version, reused"
     manifest = json.loads((Path(second["path"]) / "manifest.json").read_text())
-    assert manifest["source"] == {"bytes": zpath.stat().st_size, "mtime_ns": zpath.stat().st_mtime_ns}
+    assert manifest["source"] == {
+        "bytes": zpath.stat().st_size,
+        "sha256": hashlib.sha256(zpath.read_bytes()).hexdigest(),
+    }
 
 
 def test_new_content_at_the_same_http_url_is_a_new_version(tmp_path):
@@ -345,7 +351,55 @@ def test_new_content_at_the_same_http_url_is_a_new_version(tmp_path):
         assert download(tmp_path / "art", source_url=m.url("/w.zip")) == second
         assert [r["range"] for r in m.requests] == ["bytes=0-0"], "a reuse costs one probe, no download"
         source = json.loads((Path(second["path"]) / "manifest.json").read_text())["source"]
-        assert source["bytes"] == len(_tiny_zip("Newer")) and source["etag"] == f'"{m.etag("/w.zip")}"'
+        assert source == {"bytes": len(_tiny_zip("Newer")), "sha256": hashlib.sha256(_tiny_zip("Newer")).hexdigest()}
+
+
+def test_the_same_bytes_from_another_mirror_are_the_same_version(tmp_path, caplog):
+    """Issue 20 item 6: ``--mirror`` on another port gave new versions of every stage from the same zip."""
+    data = _tiny_zip("Same")
+    with Mirror({"/w.zip": data}) as one, Mirror({"/copy.zip": data}) as two:
+        first = download(tmp_path / "art", source_url=one.url("/w.zip"))
+        with caplog.at_level("INFO", logger="wiki_pipeline"):
+            second = download(tmp_path / "art", source_url=two.url("/copy.zip"))
+        assert second == first, "the version follows the bytes, not the URL"
+        assert "reusing corpus/" + first["version"] in caplog.text
+        assert not list((tmp_path / "art" / "corpus" / ".sources" / "downloads").glob("*.zip")), (
+            "the download made to hash the bytes is not kept once they are known to be published"
+        )
+        two.clear_log()
+        assert download(tmp_path / "art", source_url=two.url("/copy.zip")) == first
+        assert [r["range"] for r in two.requests] == ["bytes=0-0"], "now recorded: one probe, no download"
+
+
+def test_a_server_without_validators_is_checked_by_its_bytes(tmp_path, caplog):
+    """Issue 21 item 4: a size but no ETag/Last-Modified, new bytes of the same size: reused silently before."""
+    old, new = _tiny_zip("Aaaa"), _tiny_zip("Bbbb")
+    assert len(old) == len(new)
+    with (
+        FaultyMirror({"/w.zip": old}, faults=Faults(no_validators=True)) as m,
+        caplog.at_level("INFO", logger="wiki_pipeline"),
+    ):
+        first = download(tmp_path / "art", source_url=m.url("/w.zip"))
+        m.add("/w.zip", new)
+        second = download(tmp_path / "art", source_url=m.url("/w.zip"))
+    assert second["version"] != first["version"] and "Bbbb text" in _train_text(second)
+    assert "Aaaa text" in _train_text(first)
+    assert caplog.text.count(f"sends no ETag or Last-Modified (size `{len(old)}`), so this run cannot tell") == 2
+
+
+def test_a_server_whose_etag_changes_on_every_request_completes(tmp_path, caplog):
+    """Issue 21 item 4: a load balancer's ETag changes per request: before, every run failed with 'changed while
+    this run was fetching it'."""
+    data = _tiny_zip("Balanced")
+    with (
+        FaultyMirror({"/w.zip": data}, faults=Faults(etag_per_request=True)) as m,
+        caplog.at_level("INFO", logger="wiki_pipeline"),
+    ):
+        first = download(tmp_path / "art", source_url=m.url("/w.zip"))
+        again = download(tmp_path / "art", source_url=m.url("/w.zip"))
+    assert again == first and "Balanced text" in _train_text(first)
+    assert "it changes them between requests (a load balancer?), so this run cannot tell" in caplog.text
+    assert not list((tmp_path / "art" / "corpus" / ".sources").glob("*.json")), "such answers are not recorded"
 
 
 def test_unreachable_source_reuses_the_newest_version_from_it(tmp_path, fast_retries, caplog):
@@ -388,7 +442,8 @@ def test_credentials_in_the_url_are_used_but_never_shown_or_stored(tmp_path, cap
             D.STAGE.report(manifest) + settings_table(manifest["settings"]),
         ]
         assert "Secret text" in _train_text(ref), "the credentials were used to download"
-        assert manifest["settings"]["source_url"] == f"http://***@127.0.0.1:{m.port}/w.zip?token=***&x=***"
+        assert manifest["metrics"]["source_url"] == f"http://***@127.0.0.1:{m.port}/w.zip?token=***&x=***"
+        assert "source_url" not in manifest["settings"], "the URL is where, not what: not part of the version"
         assert other == ref, "the version id does not depend on the credentials (only on the file)"
         errors = []
         for bad in (url.replace("/w.zip", "/gone.zip"), url.replace(str(m.port), str(_closed_port()))):
@@ -421,6 +476,55 @@ def test_redact_url():
         redact_text("GET /b.zip?sig=x%2F&e=1 failed", "https://h/b.zip?sig=x%2F&e=1")
         == "GET /b.zip?sig=***&e=*** failed"
     )
+
+
+def _written_forms(secret: str) -> set[str]:
+    """``secret`` as a message may quote it: raw, percent-encoded (either case of hex, ``+`` for a space)."""
+    from urllib.parse import quote, quote_plus
+
+    forms = {secret, quote(secret, safe=""), quote(secret), quote_plus(secret)}
+    return forms | {re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), f) for f in forms}
+
+
+@pytest.mark.parametrize(
+    "secret",
+    ["1|SECRET", "TKsëcret", "50%secret", "p@ss:w/rd", "a b+c&d"],
+)
+def test_query_secrets_never_shown_in_any_encoding(tmp_path, caplog, monkeypatch, secret):
+    """Issue 21 item 1: requests' errors quote the query percent-encoded (``token=1%7CSECRET``)."""
+    from urllib.parse import quote
+
+    monkeypatch.setenv(ENV_ATTEMPTS, "2")
+    monkeypatch.setenv(ENV_BASE_DELAY, "0")
+    url = f"http://127.0.0.1:{_closed_port()}/w.zip?token={quote(secret, safe='|@:/')}"
+    with caplog.at_level("INFO", logger="wiki_pipeline"), pytest.raises(UserError) as e:
+        download(tmp_path / "art", source_url=url)
+    shown = str(e.value) + "\n" + caplog.text + "\n" + _all_text_under(tmp_path / "art")
+    assert "failed 2 times in a row" in str(e.value) and "token=***" in str(e.value)
+    assert "retrying" in caplog.text, "the warnings were checked too"
+    leaks = [form for form in _written_forms(secret) if form in shown]
+    assert not leaks, (leaks, shown)
+
+
+@pytest.mark.parametrize("password", ["p@ss", "p:ss", "50%pw", "p/ss", "ü@:/%x"])
+def test_passwords_with_separators_are_redacted(password):
+    """Issue 21: no test used a secret holding ``@``, ``:``, ``%`` or ``/`` (``partition("@")`` would show
+    ``https://***@ss@host/w.zip`` for ``p@ss``)."""
+    from urllib.parse import quote
+
+    for written in {password.replace("/", "%2F"), quote(password, safe="")}:  # a raw "/" would end the host
+        url = f"https://alice:{written}@mirror.example.org/w.zip?sig={quote(password, safe='')}"
+        assert redact_url(url) == "https://***@mirror.example.org/w.zip?sig=***"
+        message = f"GET {url} failed; auth alice:{written}@; sig={quote(password, safe='')} / {password}"
+        shown = redact_text(message, url)
+        assert "alice:" not in shown and "mirror.example.org/w.zip?sig=***" in shown
+        assert not [form for form in _written_forms(password) if form in shown], shown
+
+
+def test_a_file_url_with_user_info_is_refused_without_showing_it():
+    with pytest.raises(UserError) as e:
+        D.CorpusSettings.parse({"source_url": "file://user:PW@host/x.zip"})
+    assert "cannot name a host ('host')" in str(e.value) and "PW" not in str(e.value)
 
 
 # ---- bounds (item 6) ---------------------------------------------------------------------------------------
@@ -482,34 +586,84 @@ def test_announced_size_beyond_the_bound_is_refused_before_the_body(tmp_path, mi
     assert not list(tmp_path.glob("z.zip*"))
 
 
-def _bad_zips() -> dict[str, tuple[bytes, str]]:
+def _bad_zips() -> dict[str, tuple[Callable[[], bytes], str]]:
     return {
-        "encrypted": (zips.encrypted_zip(), r"wiki.train.raw in .* is encrypted; the wikitext-103-raw-v1 zip is not"),
+        "encrypted": (
+            lambda: zips.encrypted_zip(),
+            r"wiki.train.raw in .* is encrypted; the wikitext-103-raw-v1 zip is not",
+        ),
         "deflate64": (
-            zips.deflate64_zip(),
+            lambda: zips.deflate64_zip(),
             r"wiki.train.raw in .* is compressed with method 9 \(deflate64\), which Python's zipfile cannot "
             r"read \(it reads stored, deflate, bzip2, lzma\)",
         ),
         "bomb": (
-            zips.bomb_zip(30),
+            lambda: zips.bomb_zip(30),
             r"would unzip [\d.]+ KB into 30.0 MB \([\d,]+x; text compresses 3-4x, this "
             r"stage accepts at most 20x\): it looks like a zip bomb",
         ),
-        "lies about its size": (zips.lying_size_zip(), r"wiki.train.raw in .* is damaged \(Bad CRC-32"),
+        "lies about its size": (
+            lambda: zips.lying_size_zip(),
+            r"wiki.train.raw in .* unzips to more than the 10 bytes its header declares \(stopped after [\d,]+\): "
+            r"the zip lies about its sizes",
+        ),
+        "bzip2 raised compressed size": (
+            lambda: zips.raised_compressed_size_zip(zipfile.ZIP_BZIP2),
+            r"wiki.train.raw in .* declares 441,505 compressed bytes, but only [\d,]+ bytes \(header included\) "
+            r"are there before the next entry: the zip lies about its sizes",
+        ),
+        "deflate raised compressed size": (
+            lambda: zips.raised_compressed_size_zip(zipfile.ZIP_DEFLATED),
+            r"wiki.train.raw in .* declares 441,505 compressed bytes, but only [\d,]+ bytes",
+        ),
+        "bzip2 understated size": (
+            lambda: zips.understated_size_zip(zipfile.ZIP_BZIP2),
+            r"wiki.train.raw in .* unzips to more than the 600,000 bytes its header declares \(stopped after",
+        ),
+        "deflate understated size": (
+            lambda: zips.understated_size_zip(zipfile.ZIP_DEFLATED),
+            r"wiki.train.raw in .* unzips to more than the 600,000 bytes its header declares",
+        ),
+        "lzma understated size": (
+            lambda: zips.understated_size_zip(zipfile.ZIP_LZMA),
+            r"wiki.train.raw in .* unzips to more than the 600,000 bytes its header declares",
+        ),
     }
 
 
-@pytest.mark.parametrize("case", ["encrypted", "deflate64", "bomb", "lies about its size"])
+_READ_TIME_CHECKS = (
+    "lies about its size",
+    "bzip2 understated size",
+    "deflate understated size",
+    "lzma understated size",
+)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "encrypted",
+        "deflate64",
+        "bomb",
+        "lies about its size",
+        "bzip2 raised compressed size",
+        "deflate raised compressed size",
+        "bzip2 understated size",
+        "deflate understated size",
+        "lzma understated size",
+    ],
+)
 def test_zip_members_are_checked_before_anything_is_unzipped(tmp_path, case):
-    data, message = _bad_zips()[case]
+    make, message = _bad_zips()[case]
     zpath = tmp_path / "w.zip"
-    zpath.write_bytes(data)
+    zpath.write_bytes(make())
     with pytest.raises(UserError, match=message):
         download(tmp_path / "art", source_url=zpath.as_uri())
     assert published(tmp_path / "art") == []
     written = [p for p in (tmp_path / "art" / "corpus" / ".staging").rglob("*.txt")]
-    assert case == "lies about its size" or written == [], "nothing extracted before the checks"
-    assert sum(p.stat().st_size for p in written) <= 10, "a member never yields more than its declared size"
+    assert case in _READ_TIME_CHECKS or written == [], "nothing extracted before the checks"
+    assert not [p for p in written if p.name == "wiki.train.txt"], "the lying member's text was not kept"
+    assert sum(p.stat().st_size for p in written) <= 600_000, "a member never yields more than its declared size"
 
 
 def test_unzipped_total_is_bounded(tmp_path, monkeypatch):
@@ -529,6 +683,14 @@ def test_unzipped_total_is_bounded(tmp_path, monkeypatch):
         (ENV_ATTEMPTS, "0", r"must be a whole number >= 1, got '0'"),
         (ENV_BASE_DELAY, "-1", r"WIKI_PIPELINE_RETRY_BASE_DELAY must be a number of seconds >= 0, got '-1'"),
         (ENV_BASE_DELAY, "inf", r"must be a number of seconds >= 0, got 'inf'"),
+        (ENV_ATTEMPTS, "1e12", r"WIKI_PIPELINE_DOWNLOAD_ATTEMPTS must be at most 1000, got '1e12' \(failed tries"),
+        (ENV_BASE_DELAY, "1e300", r"WIKI_PIPELINE_RETRY_BASE_DELAY must be at most 3600 seconds \(an hour\), got"),
+        (
+            ENV_READ_TIMEOUT,
+            "1e300",
+            r"WIKI_PIPELINE_READ_TIMEOUT must be at most 86400 seconds \(a day\), got '1e300' \(seconds without "
+            r"data before a try fails; default 60\); fix or unset it",
+        ),
         (ENV_READ_TIMEOUT, "0", r"WIKI_PIPELINE_READ_TIMEOUT must be a number of seconds > 0, got '0'"),
         (
             ENV_READ_TIMEOUT,

@@ -96,3 +96,43 @@ def test_a_damaged_member_fails_in_the_reader_thread_and_writes_nothing(tmp_path
         extract_corpus(zpath, out, source="test", block_chars=5000)
     assert list(out.iterdir()) == []  # no split, no wikipedia.txt, no temp file
     assert not [t for t in threading.enumerate() if t.name.startswith(("corpus-reader", "corpus-writer"))]
+
+
+# ---- bounded whatever the line length (issue 21 item 3) ---------------------------------------------------------
+def _one_line(total_mib: int, head: str = ""):
+    """A text of ``total_mib`` MiB with no newline at all, in 1 MiB pieces, made as it is read."""
+    yield head
+    for _ in range(total_mib):
+        yield "word " * (1 << 18) + "a b c "[: (1 << 20) - 5 * (1 << 18)]
+
+
+@pytest.mark.parametrize("head", ["", "= Title = ", " = = Sec = = tail "])
+def test_a_line_with_no_newline_is_stripped_in_bounded_memory(head):
+    import tracemalloc
+
+    from tasks.core.header_strip import strip_headers
+
+    total = 48  # MiB: without the bound the whole line is buffered (and copied) at once
+    tracemalloc.start()
+    try:
+        chars = 0
+        stripped = 0
+        for text, n in strip_headers(_one_line(total, head), block_chars=1 << 20):
+            chars += len(text)
+            stripped += n
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    whole = head + ("word " * (1 << 18) + "a b c "[: (1 << 20) - 5 * (1 << 18)]) * total
+    want, m = CHAPTER_RE.subn("", whole)
+    assert (chars, stripped) == (len(want), m)
+    assert peak < 12 << 20, f"peak {peak:,} bytes: the line was buffered whole"
+
+
+def test_a_header_candidate_that_never_ends_is_refused():
+    from tasks.core.header_strip import strip_headers
+
+    pieces = ["= Title that never closes "] + ["word " * 1000] * 50
+    with pytest.raises(UserError, match=r"wiki.train.raw has a line that starts like a `= Header =` line and runs on"):
+        list(strip_headers(pieces, block_chars=1000, name="wiki.train.raw", max_pending=100_000))
+    assert "".join(t for t, _ in strip_headers(pieces, block_chars=1000)) == CHAPTER_RE.sub("", "".join(pieces))
