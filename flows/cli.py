@@ -98,7 +98,8 @@ def loopback_mirror():
     except OSError:
         mirror = Mirror({"/" + ZIP_NAME: data}).start()
         print(
-            f"note: port {DEMO_PORT} is busy; the mirror URL (and so the versions) differ from other runs",
+            f"note: port {DEMO_PORT} is busy; the mirror serves on another port (the versions follow the zip's bytes, "
+            "so they are the same)",
             file=sys.stderr,
         )
     try:

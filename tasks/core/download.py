@@ -115,6 +115,14 @@ class _Transient(Exception):
     """A failure worth retrying (5xx, truncated body, ...)."""
 
 
+def _retryable() -> tuple[type[BaseException], ...]:
+    """What a try may fail with and be tried again (back-off, Range resume): the network's errors and ours."""
+    import requests
+    import urllib3
+
+    return (_Transient, requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
+
+
 class SourceUnreachable(UserError):
     """The source would not say what it holds: network down or server failing (retried, then given up), or
     refusing (4xx)."""
@@ -142,13 +150,7 @@ def probe(url: str, knobs: DownloadKnobs, log=None) -> dict:
                     return identity
             except UserError as e:  # a 4xx: the server will not say
                 raise SourceUnreachable(str(e)) from None
-            except (
-                _Transient,
-                requests.RequestException,
-                urllib3.exceptions.HTTPError,
-                ConnectionError,
-                TimeoutError,
-            ) as exc:
+            except _retryable() as exc:
                 failures += 1
                 if failures >= knobs.attempts:
                     raise SourceUnreachable(
@@ -214,7 +216,6 @@ def fetch(
     ``max_bytes``, and for 4xx answers, and when ``knobs.attempts`` tries in a row fail.
     """
     import requests
-    import urllib3
 
     identity = identity or {}
     shown = redact_url(url)
@@ -307,13 +308,7 @@ def fetch(
                 break
         except UserError:
             raise
-        except (
-            _Transient,
-            requests.RequestException,
-            urllib3.exceptions.HTTPError,
-            ConnectionError,
-            TimeoutError,
-        ) as exc:
+        except _retryable() as exc:
             now_have = part.stat().st_size if part.exists() else 0
             failures = 1 if now_have > start_have else failures + 1
             if failures >= knobs.attempts:
