@@ -329,7 +329,7 @@ def cmd_gc(args) -> int:
         in_use = item.in_use or (args.yes and not store.collect(item))
         if in_use:
             kept += 1
-            print(f"  {'in use':>9s}  {where}  kept: a running build holds its lock")
+            print(f"  {'in use':>9s}  {where}  kept: a running build is writing or reading it")
             continue
         freed += item.bytes
         print(f"  {human_bytes(item.bytes):>9s}  {where}  {item.reason}")

@@ -29,6 +29,7 @@ reused); outside Prefect, ``task.fn(...)`` runs the same code and returns the re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -306,6 +307,22 @@ class Stage:
         settings = settings.resolved()
         store = ArtifactStore(run.root())
         logger = stage_logger(self.name)
+        with contextlib.ExitStack() as pins:
+            for name, ref in sorted(inputs.items()):  # read-pinned while this stage runs: gc keeps them
+                pins.enter_context(store.pin(name, ref["version"], on_wait=self._pin_wait(logger, name, ref)))
+            return self._run_pinned(build, settings, run, store, logger, inputs)
+
+    def _pin_wait(self, logger, name: str, ref: StageRef) -> Callable[[], None]:
+        def waiting() -> None:
+            logger.info(
+                "%s: %s/%s is being built, rebuilt or collected; waiting for it", self.name, name, ref["version"]
+            )
+
+        return waiting
+
+    def _run_pinned(
+        self, build: Callable[..., dict], settings: S, run: RunOptions, store: ArtifactStore, logger, inputs: dict
+    ) -> Any:
         input_dirs = {}
         for name, ref in inputs.items():
             if store.read_manifest(name, ref["version"]) is None:
