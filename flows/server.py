@@ -203,13 +203,48 @@ def ensure_crash_automation() -> None:
         )
 
 
+def crash_orphaned_task_runs() -> int:
+    """Set Crashed the task runs still Running or Pending in a flow run tagged :data:`HEARTBEAT_TAG` that ended
+    Crashed (the automation crashes the flow run only; its task runs died with it). How many were set."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    with get_client(sync_client=True) as client:
+        orphans = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=[HEARTBEAT_TAG]),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CRASHED])),
+            ),
+            task_run_filter=TaskRunFilter(
+                state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))
+            ),
+        )
+        for task_run in orphans:
+            client.set_task_run_state(
+                task_run.id, Crashed(message="its flow run crashed (no heartbeat): the process was killed or lost")
+            )
+    return len(orphans)
+
+
 @contextlib.contextmanager
 def watched_runs() -> Iterator[None]:
     """Flow runs started inside send a heartbeat every :data:`HEARTBEAT_SECONDS` and carry :data:`HEARTBEAT_TAG`,
-    so :data:`CRASH_AUTOMATION` (made here when missing) marks them Crashed when their process dies."""
+    so :data:`CRASH_AUTOMATION` (made here when missing) marks them Crashed when their process dies; the task runs
+    that crashed runs left Running are set Crashed here (:func:`crash_orphaned_task_runs`)."""
     from prefect import tags
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     ensure_crash_automation()
+    crash_orphaned_task_runs()
     with tags(HEARTBEAT_TAG), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: HEARTBEAT_SECONDS}):
         yield

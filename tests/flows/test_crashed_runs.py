@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from flows.server import CRASH_AUTOMATION, CRASHED_AFTER, HEARTBEAT_TAG, ensure_crash_automation, watched_runs
+from flows.server import (
+    CRASH_AUTOMATION,
+    CRASHED_AFTER,
+    HEARTBEAT_TAG,
+    crash_orphaned_task_runs,
+    ensure_crash_automation,
+    watched_runs,
+)
 from tests.support import REPO
 from tests.support.wait import wait_for
 
@@ -59,7 +66,9 @@ def test_a_sigkilled_run_shows_crashed(prefect_server, tmp_path, wikitext2_path)
 
     root = tmp_path / f"art-{uuid.uuid4().hex[:6]}"
     zip_bytes = build_wikitext_zip(data_dir=wikitext2_path.parent)
-    with FaultyMirror({"/wikitext-103-raw-v1.zip": zip_bytes}, faults=Faults(stall=600, stall_after=1000)) as mirror:
+    with FaultyMirror(
+        {"/wikitext-103-raw-v1.zip": zip_bytes}, faults=Faults(stall=600, stall_after=1000, stall_times=-1)
+    ) as mirror:
         env = {**prefect_server.env, "PREFECT_LOGGING_LEVEL": "WARNING"}
         proc = subprocess.Popen(
             [
@@ -102,3 +111,32 @@ def test_a_sigkilled_run_shows_crashed(prefect_server, tmp_path, wikitext2_path)
 
     state = wait_for(crashed, "the killed run to be marked Crashed", timeout=CRASHED_AFTER + 120, every=2)
     assert state.name == "Crashed" and "no heartbeat" in (state.message or "")
+    crash_orphaned_task_runs()  # what the next `wiki-pipeline run` or `serve` does first
+    with _client() as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    states = {t.name: t.state.name for t in tasks}
+    assert states.get("corpus") == "Crashed" and set(states.values()) == {"Crashed"}, states
+
+
+def test_the_task_runs_a_crashed_run_left_running_are_set_crashed(prefect_server):
+    from prefect import flow, task
+    from prefect.states import Crashed, Running
+
+    @flow(name="crashed-run-test")
+    def dead() -> None:
+        pass
+
+    @task(name="stage-test")
+    def stage() -> None:
+        pass
+
+    with _client() as client:
+        run = client.create_flow_run(dead, tags=[HEARTBEAT_TAG], state=Running())
+        other = client.create_flow_run(dead, state=Running())  # not ours (no tag): left alone
+        tasks = [client.create_task_run(stage, r.id, dynamic_key="0", state=Running()) for r in (run, other)]
+        for r in (run, other):
+            client.set_flow_run_state(r.id, Crashed(message="no heartbeat"), force=True)
+        assert crash_orphaned_task_runs() >= 1
+        states = [client.read_task_run(t.id).state for t in tasks]
+    assert [s.name for s in states] == ["Crashed", "Running"]
+    assert states[0].message == "its flow run crashed (no heartbeat): the process was killed or lost"
