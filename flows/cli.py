@@ -121,6 +121,9 @@ def cmd_run(args) -> int:
             from flows.server import server_for_this_run
 
             stack.enter_context(server_for_this_run(PREFECT_HOME.value(), say=lambda m: print(m, file=sys.stderr)))
+        from flows.server import watched_runs
+
+        stack.enter_context(watched_runs())  # a killed run shows Crashed, not Running forever
         if args.mirror:
             if "source_url" in chosen_groups(args).get("corpus", {}):
                 raise UserError("--mirror and source_url both choose the source; give one of them")
@@ -168,18 +171,21 @@ def flow_parameters(args) -> dict:
 def cmd_serve(args) -> int:
     from prefect.types.entrypoint import EntrypointType
 
+    from flows.server import HEARTBEAT_TAG, watched_runs
     from flows.wiki_pipeline import wiki_pipeline
     from tasks.core.download import DownloadKnobs
 
     parameters = flow_parameters(args)
     DownloadKnobs.from_env()  # the runner's environment is what its flow runs download with
-    wiki_pipeline.serve(
-        name=DEPLOYMENT,
-        parameters=parameters or None,
-        limit=args.limit,
-        entrypoint_type=EntrypointType.MODULE_PATH,
-        description="Wikipedia -> BPE -> token shards -> mygpt -> samples (chapter 28)",
-    )
+    with watched_runs():  # the runner's flow runs beat, and carry the tag the crash automation watches
+        wiki_pipeline.serve(
+            name=DEPLOYMENT,
+            parameters=parameters or None,
+            limit=args.limit,
+            entrypoint_type=EntrypointType.MODULE_PATH,
+            description="Wikipedia -> BPE -> token shards -> mygpt -> samples (chapter 28)",
+            tags=[HEARTBEAT_TAG],
+        )
     return 0
 
 
@@ -339,7 +345,7 @@ def cmd_gc(args) -> int:
         in_use = item.in_use or (args.yes and not store.collect(item))
         if in_use:
             kept += 1
-            print(f"  {'in use':>9s}  {where}  kept: a running build holds its lock")
+            print(f"  {'in use':>9s}  {where}  kept: a running build is writing or reading it")
             continue
         freed += item.bytes
         print(f"  {human_bytes(item.bytes):>9s}  {where}  {item.reason}")
@@ -413,12 +419,29 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def unauthorized(exc: BaseException) -> str | None:
+    """What to tell the user when the Prefect server refused our credentials (HTTP 401), else None."""
+    response = getattr(exc, "response", None)
+    if getattr(response, "status_code", None) != 401:
+        return None
+    return (
+        f"the Prefect server at {prefect_api_url()} refused this request (401 Unauthorized): it has basic auth on; "
+        "set PREFECT_API_AUTH_STRING to its user:password (the server's PREFECT_SERVER_API_AUTH_STRING)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        refused = unauthorized(e)
+        if refused is None:
+            raise
+        print(f"error: {refused}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume (finished stages are reused)", file=sys.stderr)

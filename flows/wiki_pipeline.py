@@ -20,7 +20,7 @@ from flows.settings import Pipeline, PipelineBase
 from mygpt.errors import UserError
 from tasks.core.stage import Stage, StageRef
 from tasks.core.store import ArtifactStore
-from tasks.registry import BY_NAME, NAMES, STAGES, open_store
+from tasks.registry import BY_NAME, NAMES, STAGES, code_versions, open_store
 
 
 @flow(name="wiki-pipeline", description=__doc__.split("\n\n")[0], log_prints=True, validate_parameters=False)
@@ -53,10 +53,14 @@ def early_checks(s: PipelineBase, built: Stage, ref: StageRef) -> None:
 
 
 def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
-    """The inputs of ``stage`` from the latest published versions: the nearest upstream stage's latest
-    version, and the versions it was built from for the others (so tokenizer and shards always match)."""
+    """The inputs of ``stage`` from the latest published versions that are not stale: the nearest upstream
+    stage's latest current version, and the versions it was built from for the others (so tokenizer and shards
+    always match; a current version's inputs are current too). When every published version of that stage is
+    stale, a ``UserError`` says so: what ``only=`` built from one would be stale at once (no run reuses it and
+    ``gc --stale`` deletes it), so it names the stage to run first instead."""
     needed = BY_NAME[stage].inputs
     refs: dict[str, StageRef] = {}
+    stale = store.stale_versions(code_versions()) if needed else {}
     for name in sorted(needed, key=NAMES.index, reverse=True):
         if name in refs:
             continue
@@ -66,7 +70,15 @@ def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
                 f"only={stage!r} needs a published {name} version under {store.root}, and there is "
                 "none; run the whole pipeline once first"
             )
-        todo = [versions[-1]]
+        current = [v for v in versions if (name, v.version) not in stale]
+        if not current:
+            latest = versions[-1]
+            raise UserError(
+                f"only={stage!r} needs a current {name} version under {store.root}, and every published one is "
+                f"stale (the latest, {name}/{latest.version}: {stale[(name, latest.version)]}); run "
+                f"only={name!r} first (or the whole pipeline) to build one from the current upstream versions"
+            )
+        todo = [current[-1]]
         while todo:
             info = todo.pop()
             refs.setdefault(

@@ -12,6 +12,8 @@ an explicit signature -- its inputs, its settings, the run options -- whose body
 
 :meth:`Stage.run`
 
+0. holds a shared lock on each input version (``ArtifactStore.pin``) until it returns, so ``gc`` keeps what a
+   running build reads and no rebuild replaces it meanwhile;
 1. computes the version id from the settings, the inputs (each upstream version plus its build id, so a
    rebuilt upstream gives new downstream versions), the stage's code version and, for a stage that reads from
    outside the store (:attr:`Stage.source`: the corpus), the identity of what it reads now;
@@ -29,6 +31,7 @@ reused); outside Prefect, ``task.fn(...)`` runs the same code and returns the re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -309,14 +312,36 @@ class Stage:
         settings = settings.resolved()
         store = ArtifactStore(run.root())
         logger = stage_logger(self.name)
+        with contextlib.ExitStack() as pins:
+            for name, ref in sorted(inputs.items()):  # read-pinned while this stage runs: gc keeps them
+                pins.enter_context(store.pin(name, ref["version"], on_wait=self._pin_wait(logger, name, ref)))
+            return self._run_pinned(build, settings, run, store, logger, inputs)
+
+    def _pin_wait(self, logger: Any, name: str, ref: StageRef) -> Callable[[], None]:
+        def waiting() -> None:
+            logger.info(
+                "%s: %s/%s is being built, rebuilt or collected; waiting for it", self.name, name, ref["version"]
+            )
+
+        return waiting
+
+    def _run_pinned(
+        self,
+        build: Callable[..., dict],
+        settings: S,
+        run: RunOptions,
+        store: ArtifactStore,
+        logger: Any,
+        inputs: dict[str, StageRef],
+    ) -> Any:
         input_dirs = {}
-        for name, input_ref in inputs.items():
-            if store.read_manifest(name, input_ref["version"]) is None:
+        for name, up in inputs.items():
+            if store.read_manifest(name, up["version"]) is None:
                 raise UserError(
-                    f"{self.name} needs {name}/{input_ref['version']}, which is not published under "
+                    f"{self.name} needs {name}/{up['version']}, which is not published under "
                     f"{store.root}; run the stages before it first"
                 )
-            input_dirs[name] = store.version_path(name, input_ref["version"])
+            input_dirs[name] = store.version_path(name, up["version"])
         source = self.source(settings, store, logger) if self.source else None
         version = self.version(settings, inputs, source)
         force = self.name in run.force

@@ -4,7 +4,8 @@ Layout under the root (``artifacts/`` by default, ``WIKI_PIPELINE_ARTIFACTS`` or
 
     <root>/<stage>/<version>/...files...   a published version; manifest.json is written last
     <root>/<stage>/.staging/<version>/     a build in progress: out/ (to publish) and work/ (resume state)
-    <root>/<stage>/.locks/<version>.lock   one builder per version at a time (fcntl lock, freed on SIGKILL)
+    <root>/<stage>/.locks/<version>.lock   one builder per version at a time (fcntl lock, freed on SIGKILL);
+                                           builds hold their inputs' shared (so gc keeps them); gc deletes it
     <root>/<stage>/.trash/                 damaged or replaced versions, moved aside before deletion
 
 A version id is a short hash of the stage name, its settings, its inputs (each upstream version plus
@@ -64,10 +65,10 @@ def version_id(
     return hashlib.sha256(canonical_json(ingredients).encode("utf-8")).hexdigest()[:12]
 
 
-def _flock_now(fh) -> bool:
-    """Take an exclusive ``flock`` on ``fh`` without waiting; whether it was taken."""
+def _flock(fh, how: int) -> bool:
+    """``flock(fh, how)``; whether it was taken (False only when ``how`` has ``LOCK_NB`` and another holds it)."""
     try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fh, how)
     except OSError as exc:
         if exc.errno not in (errno.EAGAIN, errno.EACCES):
             raise
@@ -197,36 +198,65 @@ class ArtifactStore:
     # ---- writing -----------------------------------------------------------------------------
     @contextlib.contextmanager
     def lock(self, stage: str, version: str, on_wait=None) -> Iterator[None]:
-        """Hold the per-version build lock. Blocks (calling ``on_wait`` once) while another holds it."""
-        with self._lock_file(stage, version) as fh:
-            if not _flock_now(fh):
-                if on_wait:
-                    on_wait()
-                fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        """Hold the per-version build lock. Blocks (calling ``on_wait`` once) while another holds it or reads the
+        version (:meth:`pin`)."""
+        with self._locked(stage, version, fcntl.LOCK_EX, on_wait) as taken:
+            assert taken
+            yield
+
+    @contextlib.contextmanager
+    def pin(self, stage: str, version: str, on_wait=None) -> Iterator[None]:
+        """Hold a shared lock on ``stage/version`` while a build reads it: many readers at once, but no builder
+        replaces it and ``gc`` (:meth:`collect`) keeps it meanwhile. Blocks (calling ``on_wait`` once) while a
+        builder or ``gc`` holds the version's lock."""
+        with self._locked(stage, version, fcntl.LOCK_SH, on_wait) as taken:
+            assert taken
+            yield
 
     @contextlib.contextmanager
     def try_lock(self, stage: str, version: str) -> Iterator[bool]:
-        """Take the per-version build lock if nobody holds it; yields whether it was taken (never waits)."""
-        with self._lock_file(stage, version) as fh:
-            taken = _flock_now(fh)
-            try:
-                yield taken
-            finally:
-                if taken:
-                    fcntl.flock(fh, fcntl.LOCK_UN)
+        """Take the per-version build lock if nobody holds or reads it; yields whether it was taken (never waits)."""
+        with self._locked(stage, version, fcntl.LOCK_EX | fcntl.LOCK_NB) as taken:
+            yield taken
+
+    def lock_path(self, stage: str, version: str) -> Path:
+        return self.stage_dir(stage) / ".locks" / f"{version}.lock"
 
     @contextlib.contextmanager
-    def _lock_file(self, stage: str, version: str):
-        # Lock files are never deleted: a process that opened one just before an unlink would lock a file that
-        # the next process no longer sees, and both would build.
-        lock_dir = self.stage_dir(stage) / ".locks"
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        with open(lock_dir / f"{version}.lock", "a+") as fh:
-            yield fh
+    def _locked(self, stage: str, version: str, how: int, on_wait=None) -> Iterator[bool]:
+        """``flock(how)`` on the version's lock file; yields whether it was taken (False only with ``LOCK_NB``).
+
+        Lock files are deleted by :meth:`collect` (under the exclusive lock), so after taking the lock we check
+        that the path still names the file we locked (same inode): if it was unlinked (or replaced) meanwhile,
+        the lock guards nothing and we start over on the file the path names now."""
+        path = self.lock_path(stage, version)
+        while True:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a+") as fh:
+                if not _flock(fh, how | fcntl.LOCK_NB):
+                    if how & fcntl.LOCK_NB:
+                        yield False
+                        return
+                    if on_wait:
+                        on_wait()
+                        on_wait = None
+                    fcntl.flock(fh, how)
+                try:
+                    current = os.stat(path).st_ino
+                except FileNotFoundError:
+                    current = None
+                if current != os.fstat(fh.fileno()).st_ino:
+                    fcntl.flock(fh, fcntl.LOCK_UN)
+                    continue  # gc deleted the file between our open and our lock: lock the new one
+                try:
+                    yield True
+                finally:
+                    fcntl.flock(fh, fcntl.LOCK_UN)
+                return
+
+    def _unlink_lock(self, stage: str, version: str) -> None:
+        """Delete the version's lock file; call only while holding it exclusively (see :meth:`_locked`)."""
+        self.lock_path(stage, version).unlink(missing_ok=True)
 
     def discard(self, stage: str, version: str, reason: str) -> None:
         """Move a published (damaged or replaced) version aside atomically, then delete it."""
@@ -293,6 +323,11 @@ class ArtifactStore:
                 found.append(Garbage(d, st, d.name, size, why, self.is_locked(st, d.name)))
             for d in _subdirs(self.stage_dir(st) / ".trash"):
                 found.append(Garbage(d, st, "", dir_bytes(d), "a discarded version whose deletion was interrupted"))
+            for f in sorted((self.stage_dir(st) / ".locks").glob("*.lock")):
+                version = f.name.removesuffix(".lock")
+                if not self.version_path(st, version).exists() and not self.staging_path(st, version).exists():
+                    why = f"the lock file of {st}/{version}, which is neither published nor being built"
+                    found.append(Garbage(f, st, version, 0, why, self.is_locked(st, version)))
         if code_versions is not None:
             for (st, version), why in self.stale_versions(code_versions).items():
                 path = self.version_path(st, version)
@@ -304,12 +339,15 @@ class ArtifactStore:
         return found
 
     def is_locked(self, stage: str, version: str) -> bool:
-        """Whether a run holds the build lock of ``stage/version`` right now."""
+        """Whether a run holds the build lock of ``stage/version`` (or reads the version) right now."""
+        if not self.lock_path(stage, version).exists():
+            return False
         with self.try_lock(stage, version) as taken:
             return not taken
 
     def collect(self, item: Garbage) -> bool:
-        """Delete one :meth:`garbage` item under its version's lock; False (and nothing deleted) when a run holds it."""
+        """Delete one :meth:`garbage` item under its version's lock, and the lock file with it; False (and nothing
+        deleted) when a run builds or reads that version."""
         if not item.version:
             shutil.rmtree(item.path, ignore_errors=True)
             return True
@@ -318,8 +356,10 @@ class ArtifactStore:
                 return False
             if item.published:
                 self.discard(item.stage, item.version, item.reason)
-            else:
+            elif item.path.is_dir():
                 shutil.rmtree(item.path, ignore_errors=True)
+            if not self.version_path(item.stage, item.version).exists():
+                self._unlink_lock(item.stage, item.version)  # under the lock: see _locked
             return True
 
 

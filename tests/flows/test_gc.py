@@ -92,7 +92,7 @@ def test_gc_lists_deletes_and_spares_a_locked_build(root, capsys):
     assert "unfinished build of corpus/old" in lines["corpus/.staging/old"]
     assert "leftover staging of the published corpus/v1" in lines["corpus/.staging/v1"]
     assert "a discarded version whose deletion was interrupted" in lines["corpus/.trash/v0.1234abcd"]
-    assert "kept: a running build holds its lock" in lines["model/.staging/m2"]
+    assert "kept: a running build is writing or reading it" in lines["model/.staging/m2"]
     total = human_bytes(300_000 + 150_000 + 300 + 700)
     assert listing.splitlines()[-1] == f"would free {total} in 4 item(s); 1 in use, kept"
     assert "tokenizer/t1" not in listing, "published versions only with --stale"

@@ -1,16 +1,23 @@
 """A team server, for real: a throwaway PostgreSQL (Debian's server binaries: initdb + pg_ctl in a temp dir, on a
-free loopback port), a Prefect server on it, the deployment declared from ``prefect.yaml`` into a process work pool,
-a real ``prefect worker`` subprocess, and two flow runs at once on one artifact root: both Completed, each version
-built once (one run builds a stage, the other waits on the version's lock and reuses it)."""
+free loopback port), a Prefect server on it with basic auth on, the deployment declared from ``prefect.yaml`` into a
+process work pool, a real ``prefect worker`` subprocess, and two flow runs at once on one artifact root: both
+Completed, each version built once (one run builds a stage, the other waits on the version's lock and reuses it).
+A request without the auth string is refused; the CLI, the worker and the runs work with it; it appears in no log,
+manifest or artifact."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,6 +29,8 @@ from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
 from tests.support.wait import wait_for
 
 PG_BIN = Path(os.environ.get("WIKI_PIPELINE_PG_BIN", "/usr/lib/postgresql/15/bin"))
+PASSWORD = uuid.uuid4().hex  # the team's basic-auth password: must appear in no log, manifest or artifact
+AUTH = f"team:{PASSWORD}"
 
 
 class Postgres:
@@ -78,6 +87,7 @@ def team_server(tmp_path, monkeypatch):
     pg = Postgres().start()
     try:
         monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", pg.url)
+        monkeypatch.setenv("PREFECT_SERVER_API_AUTH_STRING", AUTH)  # the team setup: basic auth on
         with running_server(PrefectServer(tmp_path / "prefect-home")) as server:
             yield server
     finally:
@@ -111,7 +121,13 @@ def test_two_runs_at_once_through_a_worker_on_postgres(team_server, tmp_path):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-    env = {k: v for k, v in team_server.env.items() if k != "PREFECT_API_DATABASE_CONNECTION_URL"}
+    env = {
+        k: v
+        for k, v in team_server.env.items()
+        if k not in ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_API_AUTH_STRING")
+    }
+    assert env["PREFECT_API_AUTH_STRING"] == AUTH  # clients of the server send the string
+    _assert_refused_without_auth(team_server.api_url, env)
     _prefect(env, "work-pool", "create", "wiki-local", "--type", "process")
     _prefect(env, "--no-prompt", "deploy", "--name", "wiki-pipeline")  # from prefect.yaml, in the repository root
 
@@ -174,8 +190,67 @@ def test_two_runs_at_once_through_a_worker_on_postgres(team_server, tmp_path):
         )
         assert sorted(x.key for x in arts) == sorted(f"wiki-{s}" for s in NAMES)  # one build per stage
 
+    # the CLI follows a run with the string (exit 0: Completed)
+    wiki = str(Path(sys.executable).with_name("wiki-pipeline"))
+    done_cli = subprocess.run(
+        [wiki, "wait", str(ids[0])], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done_cli.returncode == 0 and "Completed" in done_cli.stdout, done_cli.stdout + done_cli.stderr
+
+    _assert_secret_nowhere(
+        {
+            "server log": team_server.log_path.read_text(),
+            "worker log": log_path.read_text(),
+            "CLI output": done_cli.stdout + done_cli.stderr,
+            **{str(p): p.read_text(errors="replace") for p in root.rglob("*") if p.is_file() and p.suffix != ".bin"},
+            "UI artifacts": json.dumps([a.model_dump(mode="json") for a in arts]),
+            "flow runs": json.dumps([r.model_dump(mode="json") for r in done]),
+            "run logs": json.dumps(
+                [log.message for log in _client_call_as(team_server, lambda c: c.read_logs(limit=200))]
+            ),
+        }
+    )
+
     store = open_store(root)
     for stage in NAMES:
         versions = store.versions(stage)
         assert len(versions) == 1 and store.verify(stage, versions[0].version, full=True) == (True, "ok")
         assert versions[0].manifest["flow_run_id"] in {str(i) for i in ids}
+
+
+def _assert_refused_without_auth(api_url: str, env: dict) -> None:
+    """The API refuses a request with no or a wrong auth string (401); our CLI says what to set."""
+    for header in (None, "Basic " + base64.b64encode(b"team:wrong").decode()):
+        request = urllib.request.Request(api_url + "/flow_runs/filter", data=b"{}", method="POST")
+        request.add_header("Content-Type", "application/json")
+        if header:
+            request.add_header("Authorization", header)
+        try:
+            urllib.request.urlopen(request, timeout=30)
+        except urllib.error.HTTPError as e:
+            assert e.code == 401, e
+        else:
+            raise AssertionError(f"the server answered a request with {header or 'no'} auth")
+    no_auth = {k: v for k, v in env.items() if k != "PREFECT_API_AUTH_STRING"}
+    wiki = str(Path(sys.executable).with_name("wiki-pipeline"))
+    refused = subprocess.run(
+        [wiki, "wait", str(uuid.uuid4())], cwd=REPO, env=no_auth, capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: the Prefect server at {api_url} refused this request (401 Unauthorized): it has basic auth on; "
+        "set PREFECT_API_AUTH_STRING to its user:password (the server's PREFECT_SERVER_API_AUTH_STRING)"
+    )
+
+
+def _client_call_as(server, fn):
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_HOME: str(server.home)}):
+        return _client_call(fn)
+
+
+def _assert_secret_nowhere(texts: dict[str, str]) -> None:
+    assert texts["server log"] and texts["worker log"] and texts["run logs"] != "[]"
+    leaks = [where for where, text in texts.items() if PASSWORD in text]
+    assert not leaks, f"the auth string's password appears in: {leaks}"
