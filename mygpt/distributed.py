@@ -760,7 +760,20 @@ def main(argv: list[str] | None = None) -> int:
     return _worker(argv[1])
 
 
+def _leave(code: int) -> None:
+    """End a worker once its outcome is on disk (status file, result, checkpoints: all written atomically):
+    flush its log and ``os._exit``. Not ``sys.exit``: interpreter shutdown then destroys whatever c10d/gloo
+    objects are still alive (a DDP reducer keeps the process group and its gloo worker threads alive past
+    ``destroy_process_group``; after a failure the traceback keeps the reducer), and a gloo thread torn down at
+    exit aborts the process (``terminate called without an active exception``, SIGABRT): a rank that had finished
+    its work would be reported as killed by SIGABRT and fail a run that succeeded."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover - runs in the worker processes
+    from mygpt.distributed import _leave as _end
     from mygpt.distributed import main as _main  # the package's copy of this module, not __main__'s
 
-    sys.exit(_main())
+    _end(_main())
