@@ -181,7 +181,7 @@ def training_memory(config, rows: int, seq_len: int, precision: str = "fp32") ->
     """At least what one process training a ``GPTConfig`` on ``rows`` x ``seq_len`` tokens per forward pass holds
     (see the module docstring). Plain integer arithmetic: nothing is allocated, any size is fine."""
     act = 2 if precision == "bf16" else 4
-    kv = config.num_kv_heads * config.head_dim
+    kv = (config.num_kv_heads or config.num_heads) * config.head_dim
     learned = config.max_seq_len * config.embed_dim if config.position_type == "learned" else 0
     positions = 16 * learned if learned else 4 * config.max_seq_len * config.head_dim
     per_token = config.num_layers * (12 * config.embed_dim + 2 * kv) * act + 8 * config.vocab_size

@@ -116,7 +116,7 @@ class GPTConfig:
         """The parameters ``GPT(self)`` has (``GPT.num_params``), computed without building it: the token
         embedding (also the tied head), a learned position table, and per block two norms, the q/k/v/o
         projections and the MLP; then the final norm."""
-        e, kv = self.embed_dim, self.num_kv_heads * self.head_dim
+        e, kv = self.embed_dim, (self.num_kv_heads or self.num_heads) * self.head_dim
         norm = 2 * e if self.norm_type == "layer" else e
         attention = 2 * e * e + 2 * e * kv
         mlp = 2 * 4 * e * e + 4 * e + e

@@ -27,6 +27,11 @@ GLOBAL ``batch_size``: each rank takes its slice of the same drawn batch (micro-
 :mod:`mygpt.parallel`). Every rank reads the resume checkpoint; only rank 0 logs, reports progress and writes
 checkpoints (same format; the resume state also records ``world_size`` and each rank's torch RNG state).
 
+Safety: before anything is allocated, :func:`check_memory` refuses a model and batch whose lower-bound memory
+(:func:`mygpt.metrics.training_memory`) exceeds this machine or GPU. Training stops with a ``UserError`` naming the
+step and ``lr`` at the first non-finite loss, and never saves non-finite weights (on CPU every step's loss is
+checked at once; on an accelerator where training synchronises anyway, before any checkpoint and at the end).
+
 Speed options: ``compile`` (``torch.compile`` of the model; a warning and eager training where it is unavailable),
 ``tf32`` (TF32 matmuls on CUDA, default on), fused AdamW on CUDA. Validation reports bits per byte next to the
 loss when the tokenizer has ``token_bytes()``; ``TrainResult`` and the progress dicts carry tokens/s, FLOPs per
@@ -214,11 +219,12 @@ class _FiniteLoss:
 
     def __init__(self, config: TrainConfig, device: torch.device) -> None:
         self.config = config
-        self.eager = device.type == "cpu"
-        self.first = None if self.eager else torch.zeros((), dtype=torch.long, device=device)
+        self.first: torch.Tensor | None = None  # on an accelerator: the first bad step, 0 = none yet
+        if device.type != "cpu":
+            self.first = torch.zeros((), dtype=torch.long, device=device)
 
     def see(self, step: int, loss: torch.Tensor) -> None:
-        if self.eager:
+        if self.first is None:
             value = loss.item()
             if not math.isfinite(value):
                 raise self._error(step, f"the loss is {value}")

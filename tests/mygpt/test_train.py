@@ -360,3 +360,16 @@ def test_a_model_too_big_for_this_machine_is_refused_before_anything_is_allocate
     with pytest.raises(UserError, match=r"^batch_size \(1,000,000,000,000\) makes training need at least"):
         train(model, tok, ids, config=TrainConfig(seq_len=32, batch_size=10**12), device="cpu", log=None)
     check_memory(GPTConfig(vocab_size=3046, embed_dim=192, num_heads=6, num_kv_heads=2), 16, 64, device="cpu")
+
+
+def test_on_an_accelerator_the_first_bad_step_is_kept_on_the_device_and_named():
+    from mygpt.train import _FiniteLoss
+
+    watch = _FiniteLoss(TrainConfig(lr=1.0), torch.device("cpu"))
+    watch.first = torch.zeros((), dtype=torch.long)  # the accelerator's path (no read per step), on the CPU
+    watch.see(1, torch.tensor(2.0))
+    watch.check()
+    watch.see(2, torch.tensor(float("nan"), dtype=torch.bfloat16))
+    watch.see(3, torch.tensor(float("inf")))
+    with pytest.raises(UserError, match=r"^training diverged at step 2: the loss is not finite"):
+        watch.check()
