@@ -763,10 +763,10 @@ def main(argv: list[str] | None = None) -> int:
 def _leave(code: int) -> None:
     """End a worker once its outcome is on disk (status file, result, checkpoints: all written atomically):
     flush its log and ``os._exit``. Not ``sys.exit``: interpreter shutdown then destroys whatever c10d/gloo
-    objects are still alive (a DDP reducer keeps the process group and its gloo worker threads alive past
-    ``destroy_process_group``; after a failure the traceback keeps the reducer), and a gloo thread torn down at
-    exit aborts the process (``terminate called without an active exception``, SIGABRT): a rank that had finished
-    its work would be reported as killed by SIGABRT and fail a run that succeeded."""
+    objects are still alive (the store client, a process group another rank's failure left mid-operation) and
+    C++ static destructors run; a gloo/c10d thread still joinable then makes libstdc++ abort the process
+    (``terminate called without an active exception``, SIGABRT), so a rank that had finished its work (status
+    ``ok`` or ``peer_lost``) is reported as killed by SIGABRT, and a run that succeeded fails."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -393,3 +393,10 @@ def test_dropout_resume_after_rank_1_is_killed_equals_the_uninterrupted_run(file
     resumed = run_training(job, 2, log=None, env=WORKER_ENV, run_dir=run_dir)
     assert resumed.start_step == 10
     assert_identical_runs(Path(job.checkpoint), Path(reference.checkpoint))
+
+
+def test_a_job_that_cannot_fit_this_machine_is_refused_before_any_process_starts(files, tmp_path):
+    job = make_job(files, tmp_path, steps=2, batch_size=2, seq_len=32)
+    with pytest.raises(UserError, match=r"^max_seq_len \(1,000,000,000,000\) makes training need at least .* GiB"):
+        run_training({**job.to_dict(), "model": {**MODEL, "max_seq_len": 10**12}}, 2, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists(), "refused before the launcher made anything"
