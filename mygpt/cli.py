@@ -212,7 +212,7 @@ def _train_command(args) -> int:
     from .device import resolve_device, resolve_precision
     from .distributed import resolve_nproc
     from .model import GPT
-    from .train import TrainConfig, check_nproc, check_seq_len, train
+    from .train import TrainConfig, check_memory, check_nproc, check_seq_len, train
 
     # Validate everything cheap before reading or tokenising the corpus (vocab_size: any valid value till then).
     gpt_config = model_config(args, vocab_size=1)
@@ -245,6 +245,18 @@ def _train_command(args) -> int:
     precision = resolve_precision(device, args.precision)
     nproc = resolve_nproc(args.nproc, args.device)
     check_nproc(config.batch_size, nproc, names=("--batch-size", "--nproc"))
+    check_memory(  # the vocabulary is not known yet: 1 keeps this a lower bound; train() checks it again
+        gpt_config,
+        config.batch_size,
+        config.seq_len,
+        device=device,
+        precision=precision,
+        nproc=nproc,
+        micro_batch_size=config.micro_batch_size,
+        names={
+            k: "--" + k.replace("_", "-") for k in ("batch_size", "seq_len", "max_seq_len", "embed_dim", "num_layers")
+        },
+    )
 
     text, raw = _read_text(args.text_file)
     tokenizer: BPETokenizer | CharTokenizer

@@ -41,7 +41,8 @@ What comes back while it runs: rank 0 appends JSON lines to ``RUN_DIR/events.jso
 ``mygpt.train.train`` would pass in-process, plus one first ``log`` line naming the processes and the run
 directory. Progress points carry ``step``, ``steps``, ``loss``, ``lr``, ``tokens_per_sec``, ``tflops``, ``mfu``
 and, at evaluations, ``val_loss`` and ``val_bpb``. Each rank's stdout/stderr is in ``RUN_DIR/rank-R.log``,
-torchrun's own output in ``RUN_DIR/launcher.log``.
+torchrun's own output in ``RUN_DIR/launcher.log`` and its files in ``RUN_DIR/torchelastic`` (its ``--log-dir``:
+nothing is left in TMPDIR).
 
 Failures:
 
@@ -95,6 +96,9 @@ STALL_ENV = "MYGPT_TEST_STALL_AFTER_CHECKPOINT"
 EXIT_RANK_ENV = "MYGPT_TEST_EXIT_RANK"
 RUN_DIR_ENV = "MYGPT_RUN_DIR"
 LAUNCHER_ENV = "MYGPT_LAUNCHER_PID"
+#: torchrun's ``--log-dir`` in the run directory (else torch elastic makes a ``torchelastic_*`` dir in TMPDIR and
+#: leaves it there)
+ELASTIC_DIR = "torchelastic"
 TAIL_LINES = 25
 
 
@@ -222,7 +226,8 @@ class TrainJob:
 
     def check(self, nproc: int = 1) -> None:
         """Cheap checks before any process starts; ``UserError`` naming the field."""
-        from .train import check_nproc, check_seq_len
+        from .device import resolve_device, resolve_precision
+        from .train import check_memory, check_nproc, check_seq_len
 
         if not self.checkpoint and not self.output:
             raise UserError("training job needs 'checkpoint' or 'output' (or both): where the trained weights go")
@@ -244,6 +249,16 @@ class TrainJob:
                 f"of seq_len + 1 = {config.seq_len + 1:,}"
             )
         check_nproc(config.batch_size, nproc)
+        device = resolve_device(self.device)
+        check_memory(
+            model,
+            config.batch_size,
+            config.seq_len,
+            device=device,
+            precision=resolve_precision(device, config.precision),
+            nproc=nproc,
+            micro_batch_size=config.micro_batch_size,
+        )
 
 
 # ---- how many processes -----------------------------------------------------------------------------------
@@ -384,6 +399,7 @@ def _prepare_run_dir(run_dir) -> tuple[Path, bool]:
     ):  # a previous attempt's files must not be read as this one's
         for old in path.glob(pattern):
             old.unlink()
+    shutil.rmtree(path / ELASTIC_DIR, ignore_errors=True)
     return path, False
 
 
@@ -400,6 +416,7 @@ def _launch(job, nproc, log, on_progress, on_checkpoint, env, run_dir):
         "--standalone",
         f"--nproc-per-node={nproc}",
         "--max-restarts=0",
+        f"--log-dir={run_path / ELASTIC_DIR}",  # torch elastic's own files: here, not a torchelastic_* in TMPDIR
         "-m",
         "mygpt.distributed",
         "worker",
@@ -750,7 +767,20 @@ def main(argv: list[str] | None = None) -> int:
     return _worker(argv[1])
 
 
+def _leave(code: int) -> None:
+    """End a worker once its outcome is on disk (status file, result, checkpoints: all written atomically):
+    flush its log and ``os._exit``. Not ``sys.exit``: interpreter shutdown then destroys whatever c10d/gloo
+    objects are still alive (the store client, a process group another rank's failure left mid-operation) and
+    C++ static destructors run; a gloo/c10d thread still joinable then makes libstdc++ abort the process
+    (``terminate called without an active exception``, SIGABRT), so a rank that had finished its work (status
+    ``ok`` or ``peer_lost``) is reported as killed by SIGABRT, and a run that succeeded fails."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover - runs in the worker processes
+    from mygpt.distributed import _leave as _end
     from mygpt.distributed import main as _main  # the package's copy of this module, not __main__'s
 
-    sys.exit(_main())
+    _end(_main())

@@ -26,6 +26,21 @@ Bits per byte (nanochat's tokenizer-independent validation number)::
 where a token's bytes are the UTF-8 length of its string (``tokenizer.token_bytes()``) and a byte-fallback
 token counts 1 byte. Unlike loss per token, it does not move when the vocabulary changes.
 
+Training memory (:func:`training_memory`), a LOWER bound of what one training process holds at its peak, so a
+check that refuses when it exceeds the machine is never wrong::
+
+    state        16 * N'                       fp32 weights, gradients and AdamW's two moments (N': the parameters
+                                               but a learned position table)
+    positions    4 * max_seq_len * Q           RoPE's cos and sin tables (fp32), or
+                 16 * max_seq_len * E          a learned position table (a parameter: weights, gradients, AdamW)
+    activations  R * T * (L * (12 E + 2 K) * a + 8 V)
+
+for ``R`` rows per forward pass (the process's share of the batch, or its micro-batch), ``T`` tokens per row,
+``E`` embed_dim, ``K`` the key/value width (num_kv_heads x head size), ``a`` bytes per activation (4 in fp32, 2
+in bf16) and ``V`` the vocabulary: per layer at least the block's input, q, k, v, the attention output, its
+projection and the MLP's two 4E-wide tensors are kept for the backward pass; the logits and their log-softmax
+(fp32) once. Attention scores, norms' and dropout's saved tensors, temporaries and the framework are left out.
+
 This module does not import torch at import time.
 """
 
@@ -33,18 +48,22 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 __all__ = [
     "FLOPS_FORMULA",
     "GPU_BF16_PEAK_TFLOPS",
     "PEAK_ENV",
+    "TrainingMemory",
     "bits_per_byte",
     "flops_per_token",
     "format_throughput",
+    "machine_memory",
     "matmul_params",
     "peak_for_name",
     "peak_tflops",
     "throughput",
+    "training_memory",
 ]
 
 FLOPS_FORMULA = "6N + 12*L*H*Q*T"
@@ -143,3 +162,47 @@ def format_throughput(
         f"throughput: {tokens_per_sec:,.0f} tokens/s{procs}, {flops_per_tok:,} FLOPs/token "
         f"({FLOPS_FORMULA}), {tflops:.3g} TFLOP/s, {mfu_text}"
     )
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """:func:`training_memory`'s lower bound for one training process, in bytes, by part."""
+
+    state: int
+    positions: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.state + self.positions + self.activations
+
+
+def training_memory(config, rows: int, seq_len: int, precision: str = "fp32") -> TrainingMemory:
+    """At least what one process training a ``GPTConfig`` on ``rows`` x ``seq_len`` tokens per forward pass holds
+    (see the module docstring). Plain integer arithmetic: nothing is allocated, any size is fine."""
+    act = 2 if precision == "bf16" else 4
+    kv = (config.num_kv_heads or config.num_heads) * config.head_dim
+    learned = config.max_seq_len * config.embed_dim if config.position_type == "learned" else 0
+    positions = 16 * learned if learned else 4 * config.max_seq_len * config.head_dim
+    per_token = config.num_layers * (12 * config.embed_dim + 2 * kv) * act + 8 * config.vocab_size
+    return TrainingMemory(
+        state=16 * (config.num_params() - learned), positions=positions, activations=rows * seq_len * per_token
+    )
+
+
+def machine_memory(device) -> tuple[int | None, str]:
+    """``(bytes, what they are)`` a training process on ``device`` (a ``torch.device`` or its name) can use at
+    most: the GPU's total memory on CUDA, else this machine's physical memory (``os.sysconf``; MPS shares it);
+    ``(None, ...)`` where it cannot be read."""
+    kind = getattr(device, "type", str(device).split(":")[0])
+    if kind == "cuda":
+        import torch
+
+        index = getattr(device, "index", None)
+        props = torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device())
+        return int(props.total_memory), f"of memory on the GPU ({props.name})"
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - no sysconf (Windows)
+        return None, "of memory on this machine (unknown)"
+    return int(total), "of memory on this machine"

@@ -115,6 +115,17 @@ class GPTConfig:
     def head_dim(self) -> int:
         return self.embed_dim // self.num_heads
 
+    def num_params(self) -> int:
+        """The parameters ``GPT(self)`` has (``GPT.num_params``), computed without building it: the token
+        embedding (also the tied head), a learned position table, and per block two norms, the q/k/v/o
+        projections and the MLP; then the final norm."""
+        e, kv = self.embed_dim, (self.num_kv_heads or self.num_heads) * self.head_dim
+        norm = 2 * e if self.norm_type == "layer" else e
+        attention = 2 * e * e + 2 * e * kv
+        mlp = 2 * 4 * e * e + 4 * e + e
+        positions = self.max_seq_len * e if self.position_type == "learned" else 0
+        return self.vocab_size * e + positions + self.num_layers * (2 * norm + attention + mlp) + norm
+
     @classmethod
     def from_dict(cls, values: dict, what: str = "model config") -> GPTConfig:
         """A config from a dict of its fields; ``UserError`` naming unknown or missing keys."""

@@ -27,6 +27,11 @@ GLOBAL ``batch_size``: each rank takes its slice of the same drawn batch (micro-
 :mod:`mygpt.parallel`). Every rank reads the resume checkpoint; only rank 0 logs, reports progress and writes
 checkpoints (same format; the resume state also records ``world_size`` and each rank's torch RNG state).
 
+Safety: before anything is allocated, :func:`check_memory` refuses a model and batch whose lower-bound memory
+(:func:`mygpt.metrics.training_memory`) exceeds this machine or GPU. Training stops with a ``UserError`` naming the
+step and ``lr`` at the first non-finite loss, and never saves non-finite weights (on CPU every step's loss is
+checked at once; on an accelerator where training synchronises anyway, before any checkpoint and at the end).
+
 Speed options: ``compile`` (``torch.compile`` of the model; a warning and eager training where it is unavailable),
 ``tf32`` (TF32 matmuls on CUDA, default on), fused AdamW on CUDA. Validation reports bits per byte next to the
 loss when the tokenizer has ``token_bytes()``; ``TrainResult`` and the progress dicts carry tokens/s, FLOPs per
@@ -50,10 +55,19 @@ from .checkpoint import gpt_config_from_payload, load_checkpoint_payload, save_c
 from .data import get_batch, num_tokens
 from .device import as_device, bf16_cpu_warning, compile_unavailable, resolve_device, resolve_precision, tf32_matmuls
 from .errors import UserError, check_int
-from .metrics import flops_per_token, format_throughput, peak_tflops, throughput
+from .metrics import flops_per_token, format_throughput, machine_memory, peak_tflops, throughput, training_memory
 from .parallel import World, evaluate, forward_backward
 
-__all__ = ["TrainConfig", "TrainResult", "check_nproc", "check_seq_len", "estimate_loss", "lr_at", "train"]
+__all__ = [
+    "TrainConfig",
+    "TrainResult",
+    "check_memory",
+    "check_nproc",
+    "check_seq_len",
+    "estimate_loss",
+    "lr_at",
+    "train",
+]
 
 SCHEDULES = ("constant", "cosine")
 # Train-config fields that change the trajectory: a resumed run must use the same values.
@@ -146,6 +160,97 @@ def check_nproc(batch_size: int, nproc: int, *, names: tuple[str, str] = ("batch
         raise UserError(
             f"{procs} ({nproc}) is more than {rows} ({batch_size}); every process takes at least one "
             f"row of the global batch: lower {procs} or raise {rows}"
+        )
+
+
+def check_memory(
+    model,
+    batch_size: int,
+    seq_len: int,
+    *,
+    device,
+    precision: str = "fp32",
+    nproc: int = 1,
+    micro_batch_size: int = 0,
+    names: dict[str, str] | None = None,
+) -> None:
+    """The one check that training fits this machine before anything is allocated: ``UserError`` when even
+    :func:`mygpt.metrics.training_memory`'s lower bound for ``model`` (a ``GPTConfig``) exceeds the GPU's memory
+    (CUDA: per process) or this machine's (CPU, MPS: all ``nproc`` processes together). ``names``: how the
+    caller's user spells the settings (``{"batch_size": "--batch-size", ...}``)."""
+    have, what = machine_memory(device)
+    if have is None:
+        return
+    share = -(-batch_size // nproc)
+    rows = min(micro_batch_size, share) if micro_batch_size > 0 else share
+    need = training_memory(model, rows, seq_len, precision)
+    processes = 1 if getattr(device, "type", str(device).split(":")[0]) == "cuda" else nproc
+    total = need.total * processes
+    if total <= have:
+        return
+    name = (names or {}).get
+    if need.positions >= max(need.state, need.activations):
+        culprit = f"{name('max_seq_len', 'max_seq_len')} ({model.max_seq_len:,})"
+        fix = f"lower {name('max_seq_len', 'max_seq_len')}"
+    elif need.activations >= need.state:
+        which = "batch_size" if rows >= seq_len else "seq_len"
+        culprit = f"{name(which, which)} ({batch_size if which == 'batch_size' else seq_len:,})"
+        fix = f"lower {name('batch_size', 'batch_size')} or {name('seq_len', 'seq_len')}"
+    else:
+        culprit = f"the model's size ({model.num_params():,} parameters)"
+        fix = f"lower {name('embed_dim', 'embed_dim')} or {name('num_layers', 'num_layers')}"
+    each = f" x {processes} processes" if processes > 1 else ""
+    raise UserError(
+        f"{culprit} makes training need at least {_gib(total)}, more than the {_gib(have)} {what} "
+        f"(weights, gradients and AdamW state {_gib(need.state)}, position tables {_gib(need.positions)}, "
+        f"activations of {rows:,} rows x {seq_len:,} tokens {_gib(need.activations)}{each}); {fix}"
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+class _FiniteLoss:
+    """Stops training at the first step whose loss is not finite (the one home of that check), before anything
+    after it is saved. On CPU each step's loss is read at once; on an accelerator the first bad step is kept on
+    the device and read where training synchronises anyway (logging, evaluation, checkpoints, the end), so no
+    step waits for it. :meth:`check_weights` refuses to save weights that are not finite (a finite loss whose
+    update overflowed)."""
+
+    def __init__(self, config: TrainConfig, device: torch.device) -> None:
+        self.config = config
+        self.first: torch.Tensor | None = None  # on an accelerator: the first bad step, 0 = none yet
+        if device.type != "cpu":
+            self.first = torch.zeros((), dtype=torch.long, device=device)
+
+    def see(self, step: int, loss: torch.Tensor) -> None:
+        if self.first is None:
+            value = loss.item()
+            if not math.isfinite(value):
+                raise self._error(step, f"the loss is {value}")
+        else:
+            self.first = torch.where((self.first == 0) & ~torch.isfinite(loss.detach()), step, self.first)
+
+    def check(self) -> None:
+        if self.first is not None:
+            step = int(self.first.item())
+            if step:
+                raise self._error(step, "the loss is not finite")
+
+    def check_weights(self, model, step: int) -> None:
+        self.check()
+        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            raise self._error(step, "the weights are not finite after it")
+
+    def _error(self, step: int, what: str) -> UserError:
+        c = self.config
+        also = ", raise warmup" if c.warmup < step else ""
+        if c.max_grad_norm == 0:
+            also += " or set max_grad_norm (gradient clipping, e.g. 1.0)"
+        return UserError(
+            f"training diverged at step {step}: {what} (learning rate there {lr_at(c, step):.3g}); the likely "
+            f"cause is lr ({c.lr:g}), too high for this model: lower lr{also}. Nothing from this step on was saved"
         )
 
 
@@ -323,6 +428,15 @@ def train(
     dev = resolve_device(device)
     precision = resolve_precision(dev, config.precision)
     check_seq_len(config.seq_len, model.max_seq_len)
+    check_memory(
+        model.gpt_config,
+        config.batch_size,
+        config.seq_len,
+        device=dev,
+        precision=precision,
+        nproc=world.size,
+        micro_batch_size=config.micro_batch_size,
+    )
     if tokenizer.vocab_size != model.vocab_size:
         raise UserError(f"tokenizer vocab_size ({tokenizer.vocab_size}) != model vocab_size ({model.vocab_size})")
     window = config.seq_len + 1
@@ -423,7 +537,10 @@ def train(
             state["world_size"] = world.size
         return state
 
+    finite = _FiniteLoss(config, dev)
+
     def save(step: int) -> None:
+        finite.check_weights(model, step)  # every rank: the weights are the same everywhere
         ranks = world.all_gather(_rank_rng(dev)) if world.size > 1 else None  # every rank takes part
         if not world.is_main:
             return
@@ -461,6 +578,7 @@ def train(
                 device=dev,
                 precision=precision,
             )
+            finite.see(step, loss)
             if config.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             optimizer.step()
@@ -478,6 +596,7 @@ def train(
             is_ckpt = bool(checkpoint_path) and config.checkpoint_every > 0 and step % config.checkpoint_every == 0
 
             if is_print or is_eval or is_ckpt or last:
+                finite.check()
                 # .item() synchronises the device, so the interval timing below is honest
                 final_loss = world.all_reduce_sum(loss.clone() if world.size > 1 else loss).item()
                 elapsed = time.perf_counter() - interval_start
@@ -522,6 +641,7 @@ def train(
     tokens_per_sec = steps_done * tokens_per_step / train_seconds if train_seconds > 0 else 0.0
     numbers = throughput(tokens_per_sec, fpt, peak, world.size)
     if ran > 0:
+        finite.check_weights(model, config.steps)  # also where only ``output`` is written, after this returns
         log(format_throughput(tokens_per_sec, fpt, numbers["tflops"], numbers["mfu"], peak, peak_note, world.size))
     if checkpoint_path and ran > 0:
         save(config.steps)

@@ -127,7 +127,26 @@ class ModelSettings(DeviceSettings):
                 f"model.nproc ({nproc}) is more than the {cores} CPU cores here; each training process "
                 f"needs a core of its own: lower nproc"
             )
+        self.check_memory(s.device, s.precision, nproc)
         return s.model_copy(update={"nproc": nproc})
+
+    def check_memory(self, device: str, precision: str, nproc: int, vocab_size: int = 1) -> None:
+        """``UserError`` when training this model cannot fit this machine (``mygpt.train.check_memory``). Before
+        the tokenizer exists the vocabulary is unknown: 1 keeps the estimate a lower bound (the training run
+        checks again with the real one)."""
+        from mygpt.train import check_memory
+
+        try:
+            check_memory(
+                self.gpt_config(vocab_size),
+                self.batch_size,
+                self.seq_len,
+                device=device,
+                precision=precision,
+                nproc=nproc,
+            )
+        except UserError as e:
+            raise UserError(f"model.{e}" if not str(e).startswith("the ") else f"model: {e}") from None
 
     def gpt_config(self, vocab_size: int):
         """The model these settings describe, as the library's ``GPTConfig`` (``norm``/``position`` are its

@@ -25,7 +25,7 @@ import typing
 from typing import Annotated, Any, Literal
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mygpt.errors import UserError
 
@@ -33,7 +33,8 @@ from mygpt.errors import UserError
 class Settings(BaseModel):
     """Base of every stage's settings (see the module docstring)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    # allow_inf_nan=False: every float setting refuses inf and nan (``lr=Infinity``) with the field's message
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     @classmethod
     def parse(cls, value: Any, name: str = "") -> typing.Self:
@@ -90,13 +91,17 @@ class Settings(BaseModel):
             )
         if err["type"] == "value_error":  # one of our own checks: its message says it all
             message = str(err.get("ctx", {}).get("error", err["msg"]))
-            if not field:
-                return f"{prefix or cls.__name__}: {message}"
+            if not field:  # a check of several fields: one that starts with a field's name reads as that field's
+                named = message.split(" ", 1)[0] in cls.model_fields
+                return f"{where}{message}" if named else f"{prefix or cls.__name__}: {message}"
             return f"{where}{message}" if message.startswith(field + " ") else f"{where}{field}: {message}"
         info = cls.model_fields[field]
         got = value.get(field, err.get("input"))
         hint = f" ({info.description})" if info.description else ""
-        return f"{where}{field} must be {_requirement(info.annotation, info.metadata)}, got {got!r}{hint}"
+        requirement = _requirement(info.annotation, info.metadata)
+        if err["type"] == "finite_number" and "finite" not in requirement:
+            requirement = requirement.replace("number", "finite number", 1)
+        return f"{where}{field} must be {requirement}, got {got!r}{hint}"
 
 
 def _requirement(annotation: Any, metadata: list) -> str:
@@ -139,10 +144,14 @@ _KINDS = {
 
 
 #: Upper bounds of the run options: far above anything useful, far below what breaks a machine (a million
-#: threads or processes, a chunk that does not fit in memory).
+#: threads or processes, a chunk that does not fit in memory). ``workers`` is also bounded by this machine's
+#: CPU count (:meth:`RunOptions._workers_fit`).
 MAX_WORKERS = 256
 MAX_THREADS = 1024
 MAX_CHUNK_BYTES = 1 << 30
+#: The smallest chunk: each chunk is a Dask task with a fixed cost (about a millisecond), so 1-byte chunks made
+#: 200 KB of text a 5-minute job; at 1000 bytes the per-chunk cost stays well below the chunk's own work.
+MIN_CHUNK_BYTES = 1000
 #: Seeds: what every generator the stages seed accepts (torch takes < 2**64, and training also seeds seed + 1).
 MAX_SEED = 2**63 - 1
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
@@ -168,7 +177,7 @@ class RunOptions(Settings):
     )
     chunk_bytes: int | None = Field(
         None,
-        ge=1,
+        ge=MIN_CHUNK_BYTES,
         le=MAX_CHUNK_BYTES,
         description="bytes of text per tokenizer/encode chunk; null = 8 MiB (speed and "
         "memory only: the outputs are the same)",
@@ -215,9 +224,28 @@ class RunOptions(Settings):
     @field_validator("artifacts_dir")
     @classmethod
     def _root_is_a_directory(cls, value: str | None) -> str | None:
-        if value and os.path.exists(os.path.expanduser(value)) and not os.path.isdir(os.path.expanduser(value)):
-            raise ValueError(f"artifacts_dir {value} is a file, not a directory; give a directory for the artifacts")
+        if not value:
+            return value
+        path = os.path.abspath(os.path.expanduser(value))
+        while not os.path.exists(path) and os.path.dirname(path) != path:  # the nearest part that exists
+            path = os.path.dirname(path)
+        if os.path.exists(path) and not os.path.isdir(path):
+            where = "is a file" if path == os.path.abspath(os.path.expanduser(value)) else f"is inside {path}, a file"
+            raise ValueError(f"artifacts_dir {value} {where}, not a directory; give a directory for the artifacts")
         return value
+
+    @model_validator(mode="after")
+    def _workers_fit(self) -> RunOptions:
+        # The chunk work is CPU-bound and each worker is a process of its own (tens of MiB idle, more with a
+        # tokenizer loaded): more workers than cores costs memory and buys nothing. Unused with dask_address.
+        cores = os.cpu_count() or 1
+        if self.workers is not None and self.dask_address is None and self.workers > cores:
+            raise ValueError(
+                f"workers ({self.workers}) is more than the {cores} CPU cores here; each Dask worker is a process "
+                f"doing CPU-bound chunk work, so more workers than cores only costs memory: lower workers (or "
+                f"null = the CPU count, at most 8)"
+            )
+        return self
 
     def root(self) -> str:
         """The artifact root as an absolute path (``artifacts_dir``, else the store's default)."""

@@ -4,16 +4,20 @@ any stage runs), flat keys mapped onto them in one place, and the flow's paramet
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 
 from flows.cli import main, parse_param
 from flows.settings import TINY, Pipeline
 from mygpt.errors import UserError
+from tasks.core.settings import RunOptions
 from tasks.model import ModelSettings
 from tasks.samples import SamplesSettings
 from tests.support.prefect_server import task_run_states
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
+
+CORES = os.cpu_count() or 1
 
 BAD = [
     ({"num_heads": 5}, r"num_heads \(5\) must divide embed_dim \(192\)"),
@@ -48,6 +52,17 @@ BAD = [
     ({"threads": -2}, r"threads must be an integer >= 0 and <= 1024 \(or null\), got -2"),
     ({"threads": 10**6}, r"threads must be an integer >= 0 and <= 1024 \(or null\), got 1000000"),
     ({"workers": 10**6}, r"workers must be an integer >= 1 and <= 256 \(or null\), got 1000000"),
+    (
+        {"workers": CORES + 1},
+        rf"^run.workers \({CORES + 1}\) is more than the {CORES} CPU cores here; each Dask worker is a process",
+    ),
+    ({"chunk_bytes": 1}, r"^run.chunk_bytes must be an integer >= 1000 and <= 1073741824 \(or null\), got 1 "),
+    ({"lr": float("inf")}, r"^model.lr must be a positive finite number, got inf \(AdamW peak learning rate"),
+    ({"temperature": float("inf")}, r"^samples.temperature must be a finite number, got inf \(sampling temperature"),
+    ({"temperature": float("nan")}, r"^samples.temperature must be a finite number, got nan"),
+    ({"temperature": 100.5}, r"^samples.temperature must be 0 \(greedy\) or from 0.001 to 100, got 100.5"),
+    ({"max_seq_len": 10**12}, r"^model.max_seq_len \(1,000,000,000,000\) makes training need at least"),
+    ({"batch_size": 10**12}, r"^model.batch_size \(1,000,000,000,000\) makes training need at least"),
     ({"num_layer": 2}, r"unknown parameter\(s\) num_layer"),
 ]
 
@@ -198,3 +213,17 @@ def test_flow_signature_types_every_parameter():
 
     sig = inspect.signature(wiki_pipeline.fn)
     assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values())
+
+
+def test_artifacts_dir_under_a_file_is_refused_up_front(tmp_path):
+    """It used to fail with NotADirectoryError after the flow had started."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(UserError, match=rf"^run.artifacts_dir {afile}/sub/dir is inside {afile}, a file, not a dir"):
+        Pipeline.from_flat({"artifacts_dir": str(afile / "sub" / "dir")})
+    assert Pipeline.from_flat({"artifacts_dir": str(tmp_path / "new" / "dir")}).run.root() == str(tmp_path / "new/dir")
+
+
+def test_workers_beyond_the_cores_are_fine_with_a_dask_address():
+    run = RunOptions.parse({"workers": CORES + 1, "dask_address": "tcp://127.0.0.1:8786"}, "run")
+    assert run.workers == CORES + 1  # not used: the scheduler's workers do the chunk work

@@ -130,17 +130,30 @@ def our_processes(marker: str) -> list:
 
 @pytest.fixture(scope="module")
 def two_process_run(files, tmp_path_factory):
-    """The uninterrupted 2-process run with accumulation (the reference for the fault tests)."""
+    """The uninterrupted 2-process run with accumulation (the reference for the fault tests); the processes'
+    TMPDIR is an empty directory of its own (``tmpdir``)."""
     out = tmp_path_factory.mktemp("two")
+    tmpdir = tmp_path_factory.mktemp("two-tmpdir")
     progress, lines = [], []
     result = run_training(
-        make_job(files, out, **ACCUMULATE), 2, log=lines.append, on_progress=progress.append, env=WORKER_ENV
+        make_job(files, out, **ACCUMULATE),
+        2,
+        log=lines.append,
+        on_progress=progress.append,
+        env={**WORKER_ENV, "TMPDIR": str(tmpdir)},
     )
-    return out, result, progress, lines
+    return out, result, progress, lines, tmpdir
+
+
+def test_a_run_leaves_nothing_in_tmpdir(two_process_run):
+    """torchrun used to leave a torchelastic_* directory in TMPDIR after every run. (torch's per-user compile
+    cache, torchinductor_<user>, is one directory reused by every run, not a leftover of this one.)"""
+    tmpdir = two_process_run[4]
+    assert [p.name for p in tmpdir.iterdir() if not p.name.startswith("torchinductor_")] == []
 
 
 def test_two_processes_with_accumulation_equal_one_process(files, tmp_path, two_process_run):
-    out2, result2, progress, lines = two_process_run
+    out2, result2, progress, lines, _ = two_process_run
     result1 = run_training(make_job(files, tmp_path, **ACCUMULATE), 1, log=None)
     assert result1.world_size == 1 and result2.world_size == 2 and result2.start_step == 0
     assert_close_runs(tmp_path / "train.ckpt", out2 / "train.ckpt")
@@ -316,3 +329,74 @@ def test_job_and_nproc_are_checked_before_any_process_starts(files, tmp_path):
     for bad in (0, "0", "two", -1):
         with pytest.raises(UserError, match="nproc"):
             resolve_nproc(bad, "cpu")
+
+
+def test_resume_restores_each_ranks_own_rng_state():
+    """Dropout draws from each process's own torch generator: a resumed rank must get its own state back, not
+    rank 0's (the quick check of what the slow dropout test below proves end to end)."""
+    from mygpt.parallel import World
+    from mygpt.train import _capture_rng, _rank_rng, _restore_rng
+
+    cpu = torch.device("cpu")
+    ranks = []
+    for rank in range(2):
+        torch.manual_seed(100 + rank)
+        ranks.append(_rank_rng(cpu))
+    torch.manual_seed(7)  # rank 0's global state when it writes the checkpoint differs from both
+    saved = _capture_rng(torch.Generator().manual_seed(1), cpu, ranks)
+    for rank in range(2):
+        torch.manual_seed(999)
+        _restore_rng(saved, torch.Generator(), cpu, World(rank=rank, size=2))
+        assert torch.equal(torch.get_rng_state(), ranks[rank]["torch"]), f"rank {rank} did not get its own state"
+    torch.manual_seed(999)
+    _restore_rng(saved, torch.Generator(), cpu, World(rank=1, size=3))  # another world size: the saved state
+    assert torch.equal(torch.get_rng_state(), saved["torch"])
+
+
+# slow (three 2-process runs): the quick check above is in every CI run. Run by hand: scripts/test -m slow
+@pytest.mark.slow
+def test_dropout_resume_after_rank_1_is_killed_equals_the_uninterrupted_run(files, tmp_path):
+    """Dropout 0.1, 5 rows as 3 + 2 in micro-batches of 2, rank 1 SIGKILLed after the step-10 checkpoint: the
+    resumed run ends with the uninterrupted run's weights, bit for bit (only if every rank gets its own RNG back)."""
+    import threading
+
+    dropout = dict(MODEL, dropout=0.1)
+    reference = make_job(files, tmp_path / "reference", **ACCUMULATE)
+    reference.model = dropout
+    run_training(reference, 2, log=None, env=WORKER_ENV)
+
+    job = make_job(files, tmp_path / "killed", **ACCUMULATE)
+    job.model = dropout
+    run_dir = tmp_path / "run"
+    failure: list = []
+
+    def launch() -> None:
+        try:
+            run_training(job, 2, log=None, env={**WORKER_ENV, STALL_ENV: "1"}, run_dir=run_dir)
+        except BaseException as e:
+            failure.append(e)
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        events = run_dir / "events.jsonl"
+        while not (events.exists() and "stalling after the checkpoint at step 10" in events.read_text()):
+            assert thread.is_alive() and time.monotonic() < deadline, failure
+            time.sleep(0.1)
+        os.kill(int((run_dir / "rank-1.pid").read_text()), signal.SIGKILL)
+    finally:
+        thread.join(120)
+    assert len(failure) == 1 and isinstance(failure[0], TrainingProcessError), failure
+    assert (failure[0].rank, failure[0].exit_code) == (1, -signal.SIGKILL)
+
+    resumed = run_training(job, 2, log=None, env=WORKER_ENV, run_dir=run_dir)
+    assert resumed.start_step == 10
+    assert_identical_runs(Path(job.checkpoint), Path(reference.checkpoint))
+
+
+def test_a_job_that_cannot_fit_this_machine_is_refused_before_any_process_starts(files, tmp_path):
+    job = make_job(files, tmp_path, steps=2, batch_size=2, seq_len=32)
+    with pytest.raises(UserError, match=r"^max_seq_len \(1,000,000,000,000\) makes training need at least .* GiB"):
+        run_training({**job.to_dict(), "model": {**MODEL, "max_seq_len": 10**12}}, 2, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists(), "refused before the launcher made anything"

@@ -137,3 +137,25 @@ def test_gpu_peak_table_prefers_the_specific_name():
     assert peak_for_name("NVIDIA L40S") == 362.0 and peak_for_name("NVIDIA L4") == 121.0
     assert peak_for_name("NVIDIA H200") == 989.0
     assert peak_for_name("Tesla T4") is None  # no bf16 tensor cores: not in the table
+
+
+def test_training_memory_is_a_lower_bound_of_what_training_holds():
+    """The estimate's parts against the tensors a real training step keeps (one CPU step, fp32)."""
+    import torch
+
+    from mygpt.metrics import training_memory
+    from mygpt.model import GPT, GPTConfig
+
+    config = GPTConfig(vocab_size=50, embed_dim=32, num_heads=4, num_kv_heads=2, max_seq_len=64, position_type="rope")
+    need = training_memory(config, rows=4, seq_len=64)
+    model = GPT(config)
+    assert need.state == 16 * model.num_params()  # weights, gradients, AdamW's two moments
+    assert need.positions == (model.rope_cos.numel() + model.rope_sin.numel()) * 4
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.numel() * t.element_size()) or t, lambda t: t
+    ):
+        model(torch.zeros(4, 64, dtype=torch.long), torch.zeros(4, 64, dtype=torch.long))
+    assert 0 < need.activations <= sum(saved), "what backward keeps is at least the estimate"
+    learned = training_memory(GPTConfig(vocab_size=50, max_seq_len=10**12), rows=1, seq_len=1)
+    assert learned.positions == 16 * 10**12 * 64 and learned.state < 16 * 10**6, "a learned table is a parameter"

@@ -184,3 +184,26 @@ def test_bf16_autocast_forward_runs_on_cpu():
         logits, loss = model(x, x)
     assert logits.dtype == torch.bfloat16
     assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(vocab_size=65),
+        dict(
+            vocab_size=3046,
+            embed_dim=192,
+            num_heads=6,
+            num_kv_heads=2,
+            max_seq_len=256,
+            norm_type="rms",
+            position_type="rope",
+        ),
+        dict(vocab_size=10, embed_dim=24, num_heads=4, num_kv_heads=1, num_layers=3, max_seq_len=7, norm_type="layer"),
+    ],
+)
+def test_config_counts_its_parameters_without_building_the_model(fields):
+    from mygpt.model import GPTConfig
+
+    config = GPTConfig(**fields)
+    assert config.num_params() == GPT(config).num_params()

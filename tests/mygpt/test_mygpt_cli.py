@@ -238,6 +238,8 @@ def _bad_inputs(tmp: Path, small_text: Path, ckpt: Path):
         ([*base, "--seq-len", "128", "--max-seq-len", "64"], ["--seq-len (128)", "--max-seq-len (64)"]),
         (["train", str(short), "--device", "cpu"], ["23 tokens", "seq_len + 1 = 65"]),
         ([*base, "--device", "tpu"], ["unknown device 'tpu'"]),
+        ([*base, "--max-seq-len", "1000000000000"], ["--max-seq-len (1,000,000,000,000)", "GiB of memory on this"]),
+        ([*base, "--batch-size", "1000000000000"], ["--batch-size (1,000,000,000,000)", "lower --batch-size or"]),
         (
             ["generate", "--checkpoint", str(ckpt), "--prompt", "Zoë ☃", "--device", "cpu"],
             ["'ë' (U+00EB)", "'☃' (U+2603)", "vocabulary"],

@@ -325,3 +325,51 @@ def test_concat_tokens_slices_across_parts():
     for lo in range(12):
         for hi in range(lo + 1, 13):
             assert np.array_equal(c[lo:hi], np.arange(lo, hi))
+
+
+def test_a_diverging_run_stops_at_the_first_non_finite_loss_and_saves_nothing_after(shakespeare_text, tmp_path):
+    """lr=1e30 used to train to the end and save a NaN model (final_loss nan)."""
+    text = shakespeare_text[:5000]
+    tok = CharTokenizer.from_text(text)
+    ids = tok.encode_array(text)
+    model = GPT(vocab_size=tok.vocab_size, embed_dim=16, num_heads=2, num_layers=1, max_seq_len=32)
+    ckpt = tmp_path / "train.ckpt"
+    config = TrainConfig(seq_len=32, steps=50, lr=1e30, checkpoint_every=1, print_every=0, max_grad_norm=0.0)
+    lines = []
+    with pytest.raises(UserError) as e:
+        train(model, tok, ids, config=config, device="cpu", checkpoint_path=ckpt, log=lines.append)
+    step = int(str(e.value).split("at step ")[1].split(":")[0])
+    assert 1 < step < 50 and str(e.value).startswith(f"training diverged at step {step}: the loss is ")
+    assert "the likely cause is lr (1e+30), too high for this model: lower lr" in str(e.value)
+    assert "set max_grad_norm (gradient clipping" in str(e.value)
+    saved = load_checkpoint_payload(ckpt)
+    assert saved["resume"]["step"] < step, "no checkpoint at or after the bad step"
+    assert all(torch.isfinite(w).all() for w in saved["model_state_dict"].values())
+
+
+def test_a_model_too_big_for_this_machine_is_refused_before_anything_is_allocated(shakespeare_text):
+    from mygpt.model import GPTConfig
+    from mygpt.train import check_memory
+
+    tok = CharTokenizer.from_text(shakespeare_text[:5000])
+    ids = tok.encode_array(shakespeare_text[:5000])
+    huge = GPTConfig(vocab_size=tok.vocab_size, embed_dim=16, num_heads=2, num_layers=1, max_seq_len=10**12)
+    with pytest.raises(UserError, match=r"^max_seq_len \(1,000,000,000,000\) makes training need at least"):
+        check_memory(huge, 16, 32, device="cpu")
+    model = GPT(vocab_size=tok.vocab_size, embed_dim=16, num_heads=2, num_layers=1, max_seq_len=32)
+    with pytest.raises(UserError, match=r"^batch_size \(1,000,000,000,000\) makes training need at least"):
+        train(model, tok, ids, config=TrainConfig(seq_len=32, batch_size=10**12), device="cpu", log=None)
+    check_memory(GPTConfig(vocab_size=3046, embed_dim=192, num_heads=6, num_kv_heads=2), 16, 64, device="cpu")
+
+
+def test_on_an_accelerator_the_first_bad_step_is_kept_on_the_device_and_named():
+    from mygpt.train import _FiniteLoss
+
+    watch = _FiniteLoss(TrainConfig(lr=1.0), torch.device("cpu"))
+    watch.first = torch.zeros((), dtype=torch.long)  # the accelerator's path (no read per step), on the CPU
+    watch.see(1, torch.tensor(2.0))
+    watch.check()
+    watch.see(2, torch.tensor(float("nan"), dtype=torch.bfloat16))
+    watch.see(3, torch.tensor(float("inf")))
+    with pytest.raises(UserError, match=r"^training diverged at step 2: the loss is not finite"):
+        watch.check()

@@ -208,3 +208,55 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_once(upstream, monkeypatch, cap
     assert len(warned) == 1 and "use precision fp32" in warned[0].getMessage()
     manifest = open_store(root).get("model", ref["version"]).manifest
     assert len(manifest["metrics"]["warnings"]) == 1 and "without native bf16" in train_stage.report(manifest)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"lr": float("inf")}, r"^model.lr must be a positive finite number, got inf \(AdamW peak learning rate"),
+        ({"lr": float("nan")}, r"^model.lr must be a positive finite number, got nan"),
+        ({"max_grad_norm": float("inf")}, r"^model.max_grad_norm must be a finite number >= 0, got inf"),
+    ],
+)
+def test_float_settings_refuse_inf_and_nan(settings, message):
+    with pytest.raises(UserError, match=message):
+        train_stage.ModelSettings.parse(settings, "model")
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            {"max_seq_len": 10**12},
+            r"^model.max_seq_len \(1,000,000,000,000\) makes training need at least [\d,.]+ GiB, more than the "
+            r"[\d,.]+ GiB of memory on this machine \(.*position tables [\d,.]+ GiB.*\); lower max_seq_len$",
+        ),
+        (
+            {"batch_size": 10**12},
+            r"^model.batch_size \(1,000,000,000,000\) makes training need at least .* activations of "
+            r"1,000,000,000,000 rows x 256 tokens .*; lower batch_size or seq_len$",
+        ),
+        (
+            {"embed_dim": 60_000, "num_heads": 6, "num_layers": 64},
+            r"^model: the model's size \([\d,]+ parameters\) makes training need at least .*; lower embed_dim or "
+            r"num_layers$",
+        ),
+    ],
+)
+def test_a_model_that_cannot_fit_this_machine_is_refused_when_resolved(settings, message):
+    s = train_stage.ModelSettings.parse({"device": "cpu", **settings}, "model")  # nothing is allocated
+    with pytest.raises(UserError, match=message):
+        s.resolved()
+
+
+def test_a_diverging_run_publishes_nothing(upstream, tmp_path):
+    """lr=1e30 used to publish a model with final_loss nan (and later runs reused it)."""
+    import shutil
+
+    root, _, tokenizer, shards = upstream
+    art = tmp_path / "art"
+    shutil.copytree(root, art, ignore=shutil.ignore_patterns("model", "samples", "export"))
+    settings = TINY_MODEL.model_copy(update={"lr": 1e30, "steps": 6, "warmup": 0, "checkpoint_every": 2})
+    with pytest.raises(UserError, match=r"^training diverged at step \d: the loss is nan .* the likely cause is lr "):
+        train_stage.train_model.fn(shards, tokenizer, settings, run_in(art))
+    assert not list(art.glob("model/*/model.ckpt")), "nothing published"

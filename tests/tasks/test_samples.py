@@ -87,3 +87,11 @@ def test_sample_setting_errors_name_the_setting(bad, name):
 def test_threads_is_a_run_option():
     with pytest.raises(UserError, match="threads"):
         RunOptions.parse({"threads": -1})
+
+
+@pytest.mark.parametrize("temperature", [100.5, 1e6, float("inf"), float("nan"), -float("inf")])
+def test_temperature_above_100_or_not_finite_is_refused(temperature):
+    """The upper bound (MAX_TEMPERATURE) and finiteness: far above 100 sampling is uniform noise."""
+    with pytest.raises(UserError, match=r"^samples.temperature must be (0 \(greedy\) or from 0.001 to 100|a finite)"):
+        sample_stage.SamplesSettings.parse({"temperature": temperature}, "samples")
+    assert sample_stage.SamplesSettings.parse({"temperature": 100.0}, "samples").temperature == 100.0
