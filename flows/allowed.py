@@ -14,10 +14,15 @@ names, in its environment, where runs may write and what they may download:
 
 In either list the word ``default`` stands for the defaults: the configured artifact root
 (``$WIKI_PIPELINE_ARTIFACTS``, else ``artifacts/`` in the checkout), respectively the chapter's URL and the
-demo's loopback mirror (``http://127.0.0.1:8765/``). A variable that is unset (or empty) allows everything: a
-person running ``wiki-pipeline run`` on their own machine chooses their own root and source. A run outside an
-allow-list is refused by :func:`check_allowed`, which ``Pipeline.parse`` calls, before any stage starts, with a
-``UserError`` naming the setting and the variable.
+demo's loopback mirror (``http://127.0.0.1:8765/``). A variable that is unset (or empty) means:
+
+* for a **deployment run** (a run some client triggered on this machine's runner or worker): the defaults, so a
+  worker nobody configured lets a run write only under its own artifact root and download only the chapter's
+  zip or the demo's mirror;
+* for a person's own ``wiki-pipeline run`` (no deployment): everything -- they choose their own root and source.
+
+A run outside an allow-list is refused by :func:`check_allowed`, which ``Pipeline.parse`` calls, before any stage
+starts, with a ``UserError`` naming the setting and the variable.
 """
 
 from __future__ import annotations
@@ -49,9 +54,18 @@ def default_sources() -> list[str]:
     return [DEFAULT_URL, f"http://127.0.0.1:{DEMO_PORT}/"]
 
 
-def allowed_roots() -> list[str] | None:
-    """The allowed artifact roots from the environment (absolute), or None when every root is allowed."""
-    value = os.environ.get(ENV_ROOTS, "").strip()
+def in_deployment_run() -> bool:
+    """Whether this process runs a flow run of a deployment (triggered by a client of this machine's runner or
+    worker), not a person's own ``wiki-pipeline run``."""
+    from prefect.runtime import deployment
+
+    return deployment.id is not None
+
+
+def allowed_roots(deployment: bool = False) -> list[str] | None:
+    """The allowed artifact roots from the environment (absolute), or None when every root is allowed; unset, the
+    defaults for a deployment run."""
+    value = os.environ.get(ENV_ROOTS, "").strip() or (DEFAULT if deployment else "")
     if not value:
         return None
     roots = []
@@ -65,9 +79,10 @@ def allowed_roots() -> list[str] | None:
     return roots
 
 
-def allowed_sources() -> list[str] | None:
-    """The allowed source URL prefixes from the environment, or None when every source is allowed."""
-    value = os.environ.get(ENV_SOURCES, "").strip()
+def allowed_sources(deployment: bool = False) -> list[str] | None:
+    """The allowed source URL prefixes from the environment, or None when every source is allowed; unset, the
+    defaults for a deployment run."""
+    value = os.environ.get(ENV_SOURCES, "").strip() or (DEFAULT if deployment else "")
     if not value:
         return None
     sources = []
@@ -85,23 +100,32 @@ def allowed_sources() -> list[str] | None:
 
 def check_allowed(root: str, source_urls: Iterable[str]) -> None:
     """``UserError`` when the artifact root ``root`` or one of ``source_urls`` (what the run's stages download: the
-    corpus's ``source_url``) is outside this machine's allow-lists."""
-    roots = allowed_roots()
+    corpus's ``source_url``) is outside this machine's allow-lists (for a deployment run, the defaults when unset)."""
+    deployment = in_deployment_run()
+    roots = allowed_roots(deployment)
     if roots is not None and not any(_under(root, allowed) for allowed in roots):
         raise UserError(
             f"run.artifacts_dir {root} (resolved: {os.path.realpath(root)}) is outside the artifact roots this "
-            f"machine allows ({ENV_ROOTS}={os.pathsep.join(roots)}); choose a root inside one of them, or ask "
-            f"whoever runs this worker to add yours"
+            f"machine allows ({_shown(ENV_ROOTS, os.pathsep.join(roots))}); choose a root inside one of them, or "
+            f"ask whoever runs this worker to add yours to {ENV_ROOTS}"
         )
-    sources = allowed_sources()
+    sources = allowed_sources(deployment)
     if sources is None:
         return
     for source_url in source_urls:
         if not any(_url_under(source_url, allowed) for allowed in sources):
             raise UserError(
                 f"corpus.source_url {redact_url(source_url)} is outside the sources this machine allows "
-                f"({ENV_SOURCES}={' '.join(sources)}); use one of them, or ask whoever runs this worker to add yours"
+                f"({_shown(ENV_SOURCES, ' '.join(sources))}); use one of them, or ask whoever runs this worker to "
+                f"add yours to {ENV_SOURCES}"
             )
+
+
+def _shown(name: str, value: str) -> str:
+    """``NAME=value``, or what the defaults are where ``NAME`` is unset (a deployment run)."""
+    if os.environ.get(name, "").strip():
+        return f"{name}={value}"
+    return f"{name} is unset, so a deployment run gets the defaults: {value}"
 
 
 def _under(path: str, root: str) -> bool:

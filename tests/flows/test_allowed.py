@@ -1,6 +1,6 @@
 """What a run may touch (flows/allowed.py): a worker's WIKI_PIPELINE_ALLOWED_ROOTS / _SOURCES refuse, before any
 stage, a run whose artifact root or source URL lies outside them, however the path or URL is dressed up; unset,
-they allow everything (a person's own `wiki-pipeline run`)."""
+they allow everything for a person's own `wiki-pipeline run`, and only the defaults for a deployment run."""
 
 from __future__ import annotations
 
@@ -36,6 +36,24 @@ def test_unset_allow_lists_allow_every_root_and_source(tmp_path, monkeypatch):
     monkeypatch.delenv(ENV_ROOTS, raising=False)
     monkeypatch.delenv(ENV_SOURCES, raising=False)
     assert parse(tmp_path / "anywhere", "https://example.org/w.zip").run.artifacts_dir == str(tmp_path / "anywhere")
+
+
+def test_a_deployment_run_gets_the_defaults_where_the_lists_are_unset(tmp_path, monkeypatch):
+    """A run some client triggered on this machine's runner or worker (Prefect's runtime says which deployment;
+    its documented test variable stands in for one here) may use only the defaults: the configured root, the
+    chapter's URL and the demo's mirror."""
+    monkeypatch.delenv(ENV_ROOTS, raising=False)
+    monkeypatch.delenv(ENV_SOURCES, raising=False)
+    monkeypatch.setenv("WIKI_PIPELINE_ARTIFACTS", str(tmp_path / "art"))
+    monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", "2b3c1f8e-0000-4000-8000-000000000000")
+    parse(tmp_path / "art", MIRROR)
+    parse(tmp_path / "art" / "sub", DEFAULT_URL)
+    with pytest.raises(UserError, match=rf"is outside the artifact roots .*{ENV_ROOTS} is unset, so a deployment"):
+        parse(tmp_path / "anywhere", MIRROR)
+    with pytest.raises(UserError, match=rf"is outside the sources .*{ENV_SOURCES} is unset, so a deployment"):
+        parse(tmp_path / "art", "https://example.org/w.zip")
+    monkeypatch.delenv("PREFECT__RUNTIME__DEPLOYMENT__ID")
+    parse(tmp_path / "anywhere", "https://example.org/w.zip")  # a person's own run: their choice
 
 
 def test_roots_and_sources_inside_the_allow_lists_are_accepted(allowed):

@@ -42,9 +42,14 @@ def mirror():
 
 
 @pytest.fixture
-def runner(prefect_server, tmp_path):
-    """`wiki-pipeline serve` in its own process group, artifacts under tmp_path/art."""
-    env = {**prefect_server.env, "WIKI_PIPELINE_ARTIFACTS": str(tmp_path / "art")}
+def runner(prefect_server, tmp_path, mirror):
+    """`wiki-pipeline serve` in its own process group, artifacts under tmp_path/art; its runs may download only
+    from the test's mirror (its allow-list: a deployment run gets the defaults, which name port 8765)."""
+    env = {
+        **prefect_server.env,
+        "WIKI_PIPELINE_ARTIFACTS": str(tmp_path / "art"),
+        "WIKI_PIPELINE_ALLOWED_SOURCES": mirror.url(),
+    }
     log_path = tmp_path / "runner.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(

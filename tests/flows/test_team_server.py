@@ -133,6 +133,8 @@ def test_two_runs_at_once_through_a_worker_on_postgres(team_server, tmp_path):
 
     root = tmp_path / "art"
     params = tiny_flow_parameters(tiny_zip_url(tmp_path), root)
+    # what the worker lets its runs touch: this root and the test's zips (unset, only the defaults)
+    env = {**env, "WIKI_PIPELINE_ALLOWED_ROOTS": str(root), "WIKI_PIPELINE_ALLOWED_SOURCES": tmp_path.as_uri() + "/"}
     with temporary_settings(updates={PREFECT_API_URL: team_server.api_url, PREFECT_HOME: str(team_server.home)}):
         from prefect.deployments import run_deployment
 
