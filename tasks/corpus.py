@@ -59,28 +59,25 @@ threaded unzip), ``tasks/core/header_strip.py`` (the chapter's header strip, str
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import re
 import time
 import urllib.parse
-import zipfile
-import zlib
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field, field_validator, model_serializer
 
-from mygpt.atomic import atomic_open, atomic_write_text
+from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
 from tasks.core.download import MAX_ZIP_BYTES, DownloadKnobs, SourceUnreachable, fetch, probe
-from tasks.core.header_strip import BLOCK_CHARS, strip_headers
+from tasks.core.extract import extract_text
+from tasks.core.header_strip import BLOCK_CHARS
 from tasks.core.settings import RunOptions, Settings
+from tasks.core.source_index import SourceIndex, trusted
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task, summary_table
-from tasks.core.store import ArtifactStore, canonical_json, human_bytes, sha256_file
-from tasks.core.unzip import BlockWriter, check_members, member_text, open_zip
+from tasks.core.store import ArtifactStore, human_bytes, sha256_file
+from tasks.core.unzip import check_members
 from tasks.core.urls import file_path, redact_url, stored_url
 
 DEFAULT_URL = "https://wikitext.smerity.com/wikitext-103-raw-v1.zip"
@@ -197,61 +194,10 @@ class CorpusSettings(Settings):
 
 
 # ---- what is at source_url: the content identity ---------------------------------------------------------------
-def _sources_dir(store: ArtifactStore) -> Path:
-    """``<root>/corpus/.sources/``: the index of what servers said -> the sha256 of the bytes they served, and
-    the downloads made to learn it."""
-    return store.stage_dir(STAGE.name) / ".sources"
-
-
-def _index_path(store: ArtifactStore, key: dict) -> Path:
-    return _sources_dir(store) / (hashlib.sha256(canonical_json(key).encode("utf-8")).hexdigest()[:32] + ".json")
-
-
-def _recall(store: ArtifactStore, key: dict) -> dict | None:
-    """The content identity ``{"sha256", "bytes"}`` recorded for ``key`` (what a server said, or a file's path,
-    size and mtime), or None."""
-    try:
-        entry = json.loads(_index_path(store, key).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(entry, dict) or entry.get("key") != key or not _SHA256_RE.match(str(entry.get("sha256"))):
-        return None
-    return {"sha256": entry["sha256"], "bytes": entry.get("bytes")}
-
-
-def _remember(store: ArtifactStore, key: dict, identity: dict) -> None:
-    """Record (atomically) that ``key`` named the bytes of ``identity``. ``key`` never holds credentials."""
-    path = _index_path(store, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps({"key": key, **identity}, sort_keys=True))
-
-
-def _forget(store: ArtifactStore, shown_url: str, sha256: str) -> None:
-    """Drop every index entry that says ``shown_url`` serves ``sha256`` (it no longer does)."""
-    for path in _sources_dir(store).glob("*.json"):
-        try:
-            entry = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(entry, dict) and entry.get("sha256") == sha256 and entry.get("key", {}).get("url") == shown_url:
-            path.unlink(missing_ok=True)
-
-
-def _trusted(validators: dict) -> bool:
-    """Whether a server's answer names one content: a strong ``ETag`` or a ``Last-Modified`` (a size alone does
-    not: the same size can hold other bytes)."""
-    etag = validators.get("etag") or ""
-    return bool((etag and not etag.startswith("W/")) or validators.get("last_modified"))
-
-
-def _cached_download(store: ArtifactStore, settings: CorpusSettings) -> Path:
-    """Where :func:`source_identity` downloads the zip to hash it (named by the URL without credentials)."""
-    name = hashlib.sha256(settings.shown_url.encode("utf-8")).hexdigest()[:16]
-    return _sources_dir(store) / "downloads" / f"{name}.zip"
-
-
-def _facts_path(download: Path) -> Path:
-    return download.with_name(download.name + ".facts.json")
+def _index(store: ArtifactStore) -> SourceIndex:
+    """``<root>/corpus/.sources/``: what servers said -> the sha256 of the bytes they served, and the downloads
+    made to learn it."""
+    return SourceIndex(store.stage_dir(STAGE.name) / ".sources")
 
 
 def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict:
@@ -271,11 +217,11 @@ def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict
             raise UserError(f"source_url {settings.shown_url!r}: there is no file {path}; check the path")
         st = path.stat()
         key = {"file": str(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
-        identity = _recall(store, key)
+        identity = _index(store).recall(key)
         if identity is None:
             size, sha = _check_zip(path, settings, ours=False)
             identity = {"sha256": sha, "bytes": size}
-            _remember(store, key, identity)
+            _index(store).remember(key, identity)
         return _checked(identity, settings)
     try:
         validators = probe(settings.source_url, DownloadKnobs.from_env(), log)
@@ -289,21 +235,18 @@ def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict
             "(0 = no size check) if you trust it"
         )
     key = {"url": settings.shown_url, **validators}
-    trusted = _trusted(validators)
-    identity = _recall(store, key) if trusted else None
+    is_trusted = trusted(validators)
+    identity = _index(store).recall(key) if is_trusted else None
     if identity is not None:
         return _checked(identity, settings)
-    if not trusted:
+    if not is_trusted:
         log.warning(
             "corpus: %s sends no ETag or Last-Modified (%s), so this run cannot tell whether the file there "
             "changed without downloading it: downloading it to hash it (every run does)",
             settings.shown_url,
             _source_line(validators),
         )
-    dest = _cached_download(store, settings)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest.with_name(dest.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs of the same URL: one downloads at a time (each its own)
+    with _index(store).downloading(settings.shown_url) as dest:  # two runs of one URL: one downloads at a time
         return _download_and_hash(settings, store, key, validators, dest, log)
 
 
@@ -313,7 +256,7 @@ def _download_and_hash(
     """Download the zip to ``dest`` and hash it (see :func:`source_identity`); record the answer when the
     server's validators name one content."""
     announced = validators.get("bytes")
-    trusted = _trusted(validators)
+    is_trusted = trusted(validators)
     dest.unlink(missing_ok=True)  # a whole file left by a run that stopped before its build: not trusted
     log.info("download: fetching %s to learn its sha256", settings.shown_url)
     facts = fetch(
@@ -326,9 +269,9 @@ def _download_and_hash(
     )
     got, sha = _check_zip(dest, settings, ours=True)
     identity = {"sha256": sha, "bytes": got}
-    atomic_write_text(_facts_path(dest), json.dumps(facts))  # the build's metrics report this download
+    atomic_write_text(SourceIndex.facts_path(dest), json.dumps(facts))  # the build's metrics report this download
     changed = [k for k in ("etag", "last_modified") if validators.get(k) != facts.get(k)]
-    if trusted and changed:
+    if is_trusted and changed:
         log.warning(
             "corpus: %s named the file %s when asked, and %s when it sent it: it changes them between requests "
             "(a load balancer?), so this run cannot tell whether the file changed without downloading it "
@@ -338,11 +281,11 @@ def _download_and_hash(
             _source_line({k: facts.get(k) for k in changed}),
             sha,
         )
-    elif trusted:
-        _remember(store, key, identity)
+    elif is_trusted:
+        _index(store).remember(key, identity)
     if store.read_manifest(STAGE.name, STAGE.version(settings, {}, identity)) is not None:
         dest.unlink(missing_ok=True)  # those bytes are published already: the version is reused
-        _facts_path(dest).unlink(missing_ok=True)
+        SourceIndex.facts_path(dest).unlink(missing_ok=True)
     return identity
 
 
@@ -380,115 +323,23 @@ def _last_known_identity(settings: CorpusSettings, store: ArtifactStore, log, er
     return newest.manifest["source"]
 
 
-# ---- unzip + strip -------------------------------------------------------------------------------------
+# ---- unzip + strip ----------------------------------------------------------------------------------------
 def extract_corpus(
     zip_path: Path, out_dir: Path, *, source: str, progress=None, block_chars: int = BLOCK_CHARS
 ) -> dict:
     """Unzip the three splits, strip headers, write the split files and wikipedia.txt. Returns per-split metrics."""
-    with open_zip(zip_path, source) as zf:
-        _check_layout(zf, source)
-        raw_total = sum(zf.getinfo(MEMBERS[s]).file_size for s in SPLITS) or 1
-        raw_done = 0
-        splits: dict[str, dict] = {}
-        all_sha = hashlib.sha256()
-        with atomic_open(out_dir / CORPUS_FILE, "wb") as all_f, BlockWriter() as writer:
-            for split in SPLITS:
-                member = MEMBERS[split]
-
-                def unzipped(raw_bytes: int, member=member, raw_done=raw_done) -> None:
-                    if progress:
-                        progress(raw_done + raw_bytes, raw_total, f"unzipping {member}")
-
-                splits[split] = _extract_split(
-                    zf,
-                    member,
-                    out_dir / SPLIT_FILES[split],
-                    writer,
-                    (all_f, all_sha),
-                    source=source,
-                    block_chars=block_chars,
-                    unzipped=unzipped,
-                )
-                raw_done += splits[split]["raw_bytes"]
-            writer.drain()
-    totals = {key: sum(st[key] for st in splits.values()) for key in ("bytes", "chars", "lines")}
-    return {"splits": splits, "wikipedia": {**totals, "sha256": all_sha.hexdigest()}}
-
-
-def _check_layout(zf: zipfile.ZipFile, source: str) -> None:
-    """``UserError`` unless the zip holds the three split members."""
-    names = set(zf.namelist())
-    for split in SPLITS:
-        if MEMBERS[split] not in names:
-            shown = ", ".join(sorted(names)[:8]) or "(no files)"
-            raise UserError(
-                f"{source} has no member {MEMBERS[split]!r} (it has: {shown}); source_url must "
-                "point at the wikitext-103-raw-v1 zip"
-            )
-
-
-def _extract_split(
-    zf: zipfile.ZipFile,
-    member: str,
-    path: Path,
-    writer: BlockWriter,
-    corpus: tuple,
-    *,
-    source: str,
-    block_chars: int,
-    unzipped,
-) -> dict:
-    """``member`` unzipped (in a reader thread), stripped, and written (in the writer thread) to ``path`` and to
-    ``corpus``, wikipedia.txt's ``(file, sha256)``; ``unzipped(raw_bytes)`` follows the unzipping. Returns the
-    split's metrics."""
-    sha = hashlib.sha256()
-    st: dict[str, Any] = {
-        "member": member,
-        "raw_bytes": zf.getinfo(member).file_size,
-        "raw_lines": 0,
-        "bytes": 0,
-        "chars": 0,
-        "lines": 0,
-        "headers_stripped": 0,
-    }
-    last = ""
-    raw_last = ""
-
-    def raw_pieces():
-        nonlocal raw_last
-        for piece, raw_bytes in member_text(zf, member, source):
-            st["raw_lines"] += piece.count("\n")
-            raw_last = piece
-            unzipped(raw_bytes)
-            yield piece
-
-    try:
-        with atomic_open(path, "wb") as f:
-            try:
-                for text, n in strip_headers(raw_pieces(), block_chars, name=f"{member} in {source}"):
-                    data = text.encode("utf-8")
-                    writer.write(data, (f, sha), corpus)  # in the writer thread
-                    st["bytes"] += len(data)
-                    st["chars"] += len(text)
-                    st["lines"] += text.count("\n")
-                    st["headers_stripped"] += n
-                    if text:
-                        last = text
-            finally:
-                writer.settle()  # nothing touches f once it is synced and renamed (or dropped)
-            writer.drain()
-    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
-        raise UserError(
-            f"{member} in {source} is damaged ({e or type(e).__name__}); rerun to download it again, or check "
-            "source_url"
-        ) from None
-    if last and not last.endswith("\n"):
-        st["lines"] += 1
-    if raw_last and not raw_last.endswith("\n"):
-        st["raw_lines"] += 1
-    st["lines_removed"] = st["raw_lines"] - st["lines"]
-    st["sha256"] = sha.hexdigest()
-    return st
+    members = {split: (MEMBERS[split], SPLIT_FILES[split]) for split in SPLITS}
+    m = extract_text(
+        zip_path,
+        out_dir,
+        members,
+        CORPUS_FILE,
+        source=source,
+        progress=progress,
+        block_chars=block_chars,
+        layout_hint="source_url must point at the wikitext-103-raw-v1 zip",
+    )
+    return {"splits": m["members"], "wikipedia": m["joined"]}
 
 
 # ---- the stage ---------------------------------------------------------------------------------------
@@ -519,16 +370,16 @@ def _downloaded_zip(ctx: BuildContext, settings: CorpusSettings) -> tuple[Path, 
     """The http(s) zip in the build's work/ folder: reused from an earlier attempt, moved from the download
     :func:`source_identity` made, or fetched."""
     zip_path = ctx.work / "source.zip"
-    cached = _cached_download(ctx.store, settings)
+    cached = _index(ctx.store).download_path(settings.shown_url)
     if zip_path.exists():
         ctx.log.info("download: reusing %s downloaded by an earlier attempt", zip_path)
     elif cached.exists():
         try:
-            facts = json.loads(_facts_path(cached).read_text(encoding="utf-8"))
+            facts = json.loads(SourceIndex.facts_path(cached).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             facts = {}
         os.replace(cached, zip_path)
-        _facts_path(cached).unlink(missing_ok=True)
+        SourceIndex.facts_path(cached).unlink(missing_ok=True)
         return zip_path, facts or {"tries": 0, "range_requests": 0, "resumed_bytes": 0, "seconds": 0.0}
     else:
         ctx.log.info("download: fetching %s", settings.shown_url)
@@ -559,7 +410,7 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
     if ctx.source and sha != ctx.source.get("sha256"):
         if ours:
             zip_path.unlink(missing_ok=True)
-            _forget(ctx.store, shown, ctx.source.get("sha256", ""))
+            _index(ctx.store).forget(shown, ctx.source.get("sha256", ""))
         raise UserError(
             f"{shown} now holds other bytes (sha256 {sha}) than the ones this run's version names "
             f"({ctx.source.get('sha256')}): the file changed while this run was using it; rerun to use the new file"

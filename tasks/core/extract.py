@@ -1,0 +1,134 @@
+"""Text members of a zip into files: unzipped in a reader thread, ``= Header =`` lines stripped (the chapter's
+cleaning, :mod:`tasks.core.header_strip`), written in a writer thread -- each member to its own file and all of
+them, in order, to one joined file -- with per-member metrics. Memory stays at a few blocks whatever the sizes;
+every file appears only complete (``atomic_open``). The corpus stage runs it on the wikitext zip's three splits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+from mygpt.atomic import atomic_open
+from mygpt.errors import UserError
+from tasks.core.header_strip import BLOCK_CHARS, strip_headers
+from tasks.core.unzip import BlockWriter, member_text, open_zip
+
+
+def extract_text(
+    zip_path: Path,
+    out_dir: Path,
+    members: dict[str, tuple[str, str]],
+    joined: str,
+    *,
+    source: str,
+    progress=None,
+    block_chars: int = BLOCK_CHARS,
+    layout_hint: str = "",
+) -> dict:
+    """``members``: ``{key: (member in the zip, file name)}``, in order. Writes each member, stripped, to
+    ``out_dir/<file name>`` and all of them to ``out_dir/<joined>``; returns ``{"members": {key: metrics},
+    "joined": {bytes, chars, lines, sha256}}``. ``progress(done, total, message)`` follows the unzipping."""
+    with open_zip(zip_path, source) as zf:
+        _check_layout(zf, [member for member, _ in members.values()], source, layout_hint)
+        raw_total = sum(zf.getinfo(member).file_size for member, _ in members.values()) or 1
+        raw_done = 0
+        out: dict[str, dict] = {}
+        all_sha = hashlib.sha256()
+        with atomic_open(out_dir / joined, "wb") as all_f, BlockWriter() as writer:
+            for key, (member, name) in members.items():
+
+                def unzipped(raw_bytes: int, member=member, raw_done=raw_done) -> None:
+                    if progress:
+                        progress(raw_done + raw_bytes, raw_total, f"unzipping {member}")
+
+                out[key] = _extract_member(
+                    zf,
+                    member,
+                    out_dir / name,
+                    writer,
+                    (all_f, all_sha),
+                    source=source,
+                    block_chars=block_chars,
+                    unzipped=unzipped,
+                )
+                raw_done += out[key]["raw_bytes"]
+            writer.drain()
+    totals = {key: sum(st[key] for st in out.values()) for key in ("bytes", "chars", "lines")}
+    return {"members": out, "joined": {**totals, "sha256": all_sha.hexdigest()}}
+
+
+def _check_layout(zf: zipfile.ZipFile, members: list[str], source: str, hint: str) -> None:
+    """``UserError`` unless the zip holds every one of ``members``."""
+    names = set(zf.namelist())
+    for member in members:
+        if member not in names:
+            shown = ", ".join(sorted(names)[:8]) or "(no files)"
+            raise UserError(f"{source} has no member {member!r} (it has: {shown}){'; ' + hint if hint else ''}")
+
+
+def _extract_member(
+    zf: zipfile.ZipFile,
+    member: str,
+    path: Path,
+    writer: BlockWriter,
+    corpus: tuple,
+    *,
+    source: str,
+    block_chars: int,
+    unzipped,
+) -> dict:
+    """``member`` unzipped (in a reader thread), stripped, and written (in the writer thread) to ``path`` and to
+    ``corpus``, wikipedia.txt's ``(file, sha256)``; ``unzipped(raw_bytes)`` follows the unzipping. Returns the
+    split's metrics."""
+    sha = hashlib.sha256()
+    st: dict[str, Any] = {
+        "member": member,
+        "raw_bytes": zf.getinfo(member).file_size,
+        "raw_lines": 0,
+        "bytes": 0,
+        "chars": 0,
+        "lines": 0,
+        "headers_stripped": 0,
+    }
+    last = ""
+    raw_last = ""
+
+    def raw_pieces():
+        nonlocal raw_last
+        for piece, raw_bytes in member_text(zf, member, source):
+            st["raw_lines"] += piece.count("\n")
+            raw_last = piece
+            unzipped(raw_bytes)
+            yield piece
+
+    try:
+        with atomic_open(path, "wb") as f:
+            try:
+                for text, n in strip_headers(raw_pieces(), block_chars, name=f"{member} in {source}"):
+                    data = text.encode("utf-8")
+                    writer.write(data, (f, sha), corpus)  # in the writer thread
+                    st["bytes"] += len(data)
+                    st["chars"] += len(text)
+                    st["lines"] += text.count("\n")
+                    st["headers_stripped"] += n
+                    if text:
+                        last = text
+            finally:
+                writer.settle()  # nothing touches f once it is synced and renamed (or dropped)
+            writer.drain()
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+        raise UserError(
+            f"{member} in {source} is damaged ({e or type(e).__name__}); rerun to download it again, or check "
+            "source_url"
+        ) from None
+    if last and not last.endswith("\n"):
+        st["lines"] += 1
+    if raw_last and not raw_last.endswith("\n"):
+        st["raw_lines"] += 1
+    st["lines_removed"] = st["raw_lines"] - st["lines"]
+    st["sha256"] = sha.hexdigest()
+    return st

@@ -1,0 +1,91 @@
+"""What a source said about its bytes, remembered: the index behind a content-addressed stage version.
+
+A stage whose version follows the *content* it reads from outside the store (the corpus: the sha256 of the zip
+at ``source_url``) needs the bytes to know that content, and downloading them on every run to find out would
+make a cached rerun cost a download. :class:`SourceIndex` keeps, in a stage's folder of the store
+(``<root>/<stage>/.sources/``, one atomic JSON file an entry, never a credential), what a server said about an
+address -- the URL without credentials, a strong ``ETag`` or a ``Last-Modified``, the size; for a local file its
+path, size and mtime -- and the ``{"sha256", "bytes"}`` of what it served then. When a probe gets the same answer
+(and the answer can name one content: :func:`trusted`), that is the identity, with no download. Downloads made
+to learn an identity wait in ``.sources/downloads/`` for the build that uses them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from mygpt.atomic import atomic_write_text
+from tasks.core.store import canonical_json
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def trusted(validators: dict) -> bool:
+    """Whether a server's answer names one content: a strong ``ETag`` or a ``Last-Modified`` (a size alone does
+    not: the same size can hold other bytes)."""
+    etag = validators.get("etag") or ""
+    return bool((etag and not etag.startswith("W/")) or validators.get("last_modified"))
+
+
+class SourceIndex:
+    """What sources said -> the content identity of the bytes they served (see the module docstring)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+
+    def _path(self, key: dict) -> Path:
+        return self.dir / (hashlib.sha256(canonical_json(key).encode("utf-8")).hexdigest()[:32] + ".json")
+
+    def recall(self, key: dict) -> dict | None:
+        """The content identity ``{"sha256", "bytes"}`` recorded for ``key``, or None."""
+        try:
+            entry = json.loads(self._path(key).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(entry, dict) or entry.get("key") != key or not _SHA256_RE.match(str(entry.get("sha256"))):
+            return None
+        return {"sha256": entry["sha256"], "bytes": entry.get("bytes")}
+
+    def remember(self, key: dict, identity: dict) -> None:
+        """Record (atomically) that ``key`` named the bytes of ``identity``. ``key`` never holds credentials."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({"key": key, **identity}, sort_keys=True))
+
+    def forget(self, shown_url: str, sha256: str) -> None:
+        """Drop every entry that says ``shown_url`` serves ``sha256`` (it no longer does)."""
+        for path in self.dir.glob("*.json"):
+            try:
+                entry = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if not isinstance(entry, dict):
+                continue
+            if entry.get("sha256") == sha256 and entry.get("key", {}).get("url") == shown_url:
+                path.unlink(missing_ok=True)
+
+    def download_path(self, shown_url: str) -> Path:
+        """Where a download made to learn ``shown_url``'s identity waits for its build (named by the URL without
+        credentials)."""
+        name = hashlib.sha256(shown_url.encode("utf-8")).hexdigest()[:16]
+        return self.dir / "downloads" / f"{name}.zip"
+
+    @staticmethod
+    def facts_path(download: Path) -> Path:
+        """What the server said when ``download`` was fetched (the build's metrics report it)."""
+        return download.with_name(download.name + ".facts.json")
+
+    @contextlib.contextmanager
+    def downloading(self, shown_url: str) -> Iterator[Path]:
+        """The download path of ``shown_url``, held exclusively: two runs of the same URL download one at a time."""
+        dest = self.download_path(shown_url)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest.with_name(dest.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield dest
