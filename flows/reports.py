@@ -80,7 +80,7 @@ def artifact_links(keys_versions: list[tuple[str, str]]) -> dict[tuple[str, str]
 
 
 def _linked(version: str, link: str | None) -> str:
-    return f"[`{version}`]({link})" if link else f"`{version}`"
+    return f"[{version}]({link})" if link else f"`{version}`"  # the UI shows no code inside a link's text
 
 
 def run_summary(root: str | Path, outcomes: list[Outcome], links: dict[tuple[str, str], str]) -> str:
@@ -124,7 +124,8 @@ def differing_settings(versions: list[VersionInfo]) -> list[str]:
 def _comparison_table(
     versions: list[VersionInfo], columns: list[tuple[str, Callable[[dict], str]]], links: dict[tuple[str, str], str]
 ) -> str:
-    differ = differing_settings(versions)
+    shown = {name for name, _ in columns}
+    differ = [k for k in differing_settings(versions) if k not in shown]  # steps: a column already
     head = ["version", "built", *(name for name, _ in columns), *(f"`{k}`" for k in differ)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in reversed(versions):  # newest first

@@ -390,9 +390,11 @@ def line_chart(series: list[tuple[str, str, list]], x_title: str, y_title: str, 
             f"{_tick_label(v, x_ticks)}</text>"
         )
     parts.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>')
-    for _, colour, pts in clean:
-        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (px(a, b) for a, b in pts))
+    for _, colour, pts in clean:  # a line, and a dot at each point (a series of one point is a dot)
+        xy = [px(a, b) for a, b in pts]
+        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}"/>')
+        parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in xy]
     x = left
     for label, colour, _ in clean:  # the legend, left to right above the plot
         parts.append(f'<text x="{x}" y="18" font-size="12" fill="{colour}">{html.escape(label)}</text>')
