@@ -5,7 +5,8 @@
     wiki-pipeline artifacts [--stage S] [--json]       versions, sizes and lineage in the artifact store (stale marked)
     wiki-pipeline gc [--stale] [--yes]                 what no run needs (unfinished builds, ...): listed; --yes deletes
     wiki-pipeline params [--tiny] [--param K=V ...]    the flow parameters as JSON (for prefect deployment run --params)
-    wiki-pipeline wait FLOW_RUN_ID                     follow a flow run (e.g. one started by the deployment), live
+    wiki-pipeline wait FLOW_RUN_ID [--log PATH]        follow a flow run (e.g. one started by the deployment), live;
+                                                       at its end one line per stage, and why it failed if it did
 
 ``--param KEY=VALUE`` takes a flat key (``steps=100``: the field of whichever stage has it; ``seed``, ``device``
 and ``precision`` set the model's and the samples'), a dotted one (``samples.seed=7``) or a whole stage
