@@ -5,7 +5,8 @@
     wiki-pipeline artifacts [--stage S] [--json]       versions, sizes and lineage in the artifact store (stale marked)
     wiki-pipeline gc [--stale] [--yes]                 what no run needs (unfinished builds, ...): listed; --yes deletes
     wiki-pipeline params [--tiny] [--param K=V ...]    the flow parameters as JSON (for prefect deployment run --params)
-    wiki-pipeline wait FLOW_RUN_ID                     follow a flow run (e.g. one started by the deployment), live
+    wiki-pipeline wait FLOW_RUN_ID [--log PATH]        follow a flow run (e.g. one started by the deployment), live;
+                                                       at its end one line per stage, and why it failed if it did
 
 ``--param KEY=VALUE`` takes a flat key (``steps=100``: the field of whichever stage has it; ``seed``, ``device``
 and ``precision`` set the model's and the samples'), a dotted one (``samples.seed=7``) or a whole stage
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from tasks.core.stage import StageRef
 
 DEPLOYMENT = "wiki-pipeline"
+POLL_SECONDS = 1  # how often `serve`'s runner asks the server for flow runs to start
 
 
 def parse_param(text: str) -> tuple[str, object]:
@@ -169,6 +171,7 @@ def flow_parameters(args) -> dict:
 
 
 def cmd_serve(args) -> int:
+    from prefect.settings import PREFECT_RUNNER_POLL_FREQUENCY, temporary_settings
     from prefect.types.entrypoint import EntrypointType
 
     from flows.server import HEARTBEAT_TAG, watched_runs
@@ -177,7 +180,11 @@ def cmd_serve(args) -> int:
 
     parameters = flow_parameters(args)
     DownloadKnobs.from_env()  # the runner's environment is what its flow runs download with
-    with watched_runs():  # the runner's flow runs beat, and carry the tag the crash automation watches
+    # the runner asks the server for runs to start every POLL_SECONDS (Prefect's default, 10 s, is most of a
+    # cached rerun's wall time); the deployment's parameters are the chosen settings, so a bare
+    # `prefect deployment run wiki-pipeline/wiki-pipeline` and the UI's Run button run what `serve` was given;
+    # its flow runs beat, and carry the tag the crash automation watches
+    with watched_runs(), temporary_settings(updates={PREFECT_RUNNER_POLL_FREQUENCY: POLL_SECONDS}):
         wiki_pipeline.serve(
             name=DEPLOYMENT,
             parameters=parameters or None,
@@ -242,6 +249,41 @@ def running_progress(client, task_run) -> str | None:
     return f"  {task_run.name:10s} {float(found[0].data or 0):5.1f}% {what}".rstrip()
 
 
+def _first_line(text: str | None) -> str:
+    return next((line.strip() for line in (text or "").splitlines() if line.strip()), "")
+
+
+def stage_line(task_run) -> str:
+    """``model      built   model/3f2a9c1d7e4b · 1.2 MB · 41.3 s``: one finished stage, from its task run's final
+    state (named ``Cached`` when reused; its message names the version and size, see ``tasks.core.stage``)."""
+    state = task_run.state
+    seconds = task_run.total_run_time.total_seconds() if task_run.total_run_time else 0.0
+    if task_run.start_time and task_run.end_time:
+        seconds = max(seconds, (task_run.end_time - task_run.start_time).total_seconds())
+    verdict = {"Completed": "built", "Cached": "Cached"}.get(state.name, state.name)
+    what = (state.message or "").removeprefix("built ").removeprefix("reused ")
+    return f"  {task_run.name:10s} {verdict:7s} {what or '-'} · {seconds:.1f} s"
+
+
+def run_report(run, task_runs, log_path: str | None) -> list[str]:
+    """What ``wait`` prints when a flow run ends: one line per stage (built or Cached, version, size, duration);
+    when it failed, the failing stage's error on one line and where the full log is."""
+    ordered = task_runs  # in start order (cmd_wait sorts them)
+    lines = [stage_line(t) for t in ordered if t.state and t.state.is_completed()]
+    if run.state.is_completed():
+        return lines
+    failed = [t for t in ordered if t.state and t.state.is_final() and not t.state.is_completed()]
+    if failed:
+        message = _first_line(failed[0].state.message).removeprefix("Task run encountered an exception ")
+        lines.append(f"error: stage {failed[0].name} {failed[0].state.name}: {message}")
+    else:
+        message = _first_line(run.state.message).removeprefix("Flow run encountered an exception: ")
+        lines.append(f"error: the flow run ended {run.state.name}: {message or 'no reason given'}")
+    where = log_path or f"prefect flow-run logs {run.id}"
+    lines.append(f"full log: {where}")
+    return lines
+
+
 def cmd_wait(args) -> int:
     """Follow a flow run (by id) until it ends: the running stage's progress live (step, loss, tokens/s and
     ETA while training; bytes while downloading, ...), and each stage's state once it is final."""
@@ -264,7 +306,8 @@ def cmd_wait(args) -> int:
             run = client.read_flow_run(run_id)
             tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
             # created is set on every task run the server returns (optional only in the client-side schema)
-            for t in sorted(tasks, key=lambda t: cast("datetime", t.expected_start_time or t.created)):
+            tasks = sorted(tasks, key=lambda t: cast("datetime", t.expected_start_time or t.created))
+            for t in tasks:
                 if t.state and t.state.is_final() and t.id not in shown:
                     shown.add(t.id)
                     status.line(f"  {t.name:10s} {t.state.name}")
@@ -274,6 +317,8 @@ def cmd_wait(args) -> int:
                         last_progress[t.id] = text
                         status.progress(text)
             if run.state and run.state.is_final():
+                for line in run_report(run, tasks, args.log):
+                    status.line(line)
                 status.line(f"flow run {run.name} ({run_id}): {run.state.name}")
                 return 0 if run.state.is_completed() else 1
             if deadline and time.monotonic() > deadline:
@@ -397,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("flow_run_id")
     wait.add_argument("--timeout", type=float, default=0, help="give up after this many seconds (0 = never)")
     wait.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
+    wait.add_argument(
+        "--log", metavar="PATH", help="where the run's full log is, named when it fails (e.g. the runner's log)"
+    )
     wait.set_defaults(func=cmd_wait)
 
     art = sub.add_parser("artifacts", help="list published versions, sizes and lineage")

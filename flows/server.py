@@ -48,7 +48,9 @@ def free_port() -> int:
 
 
 class PrefectServer:
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, ui: bool = False) -> None:
+        """``ui``: also serve the Prefect UI (off by default: the API is all the product and its tests need; a
+        test that looks at the UI the way a user does turns it on)."""
         self.home = Path(home)
         self.port = free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
@@ -57,7 +59,7 @@ class PrefectServer:
             "PREFECT_HOME": str(self.home),
             "PREFECT_API_URL": self.api_url,
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_UI_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "true" if ui else "false",
             "PREFECT_LOGGING_LEVEL": "INFO",
         }
         if self.env.get(SERVER_AUTH_ENV):  # a server with basic auth: our clients of it send the same string

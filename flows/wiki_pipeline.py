@@ -14,8 +14,12 @@ named Cached (see ``tasks.core.stage``), and ``.result()`` is its ``StageRef`` w
 
 from __future__ import annotations
 
+import time
+
 from prefect import flow, get_run_logger
 
+from flows import reports
+from flows.reports import Outcome
 from flows.settings import Pipeline, PipelineBase
 from mygpt.errors import UserError
 from tasks.core.stage import Stage, StageRef
@@ -30,17 +34,44 @@ def wiki_pipeline(**parameters) -> dict[str, StageRef]:
     stage's settings, plus ``run``; Prefect passes JSON objects for them (``validate_parameters=False``) and
     ``Pipeline.parse`` checks them with the stages' own classes."""
     s = Pipeline.parse(**parameters)
+    watch_for_crashes()
     if s.run.only:
         return run_only(s)
     refs: dict[str, StageRef] = {}
+    outcomes: list[Outcome] = []
     for stage in STAGES:  # corpus -> tokenizer -> shards -> model -> samples -> export
         settings = getattr(s, stage.name)
         if settings.skipped():
             continue
         inputs = {name: refs[name] for name in stage.inputs}
-        refs[stage.name] = stage.task(**inputs, settings=settings, run=s.run, return_state=True).result()
+        t0 = time.monotonic()
+        state = stage.task(**inputs, settings=settings, run=s.run, return_state=True)
+        refs[stage.name] = state.result()
+        outcomes.append(Outcome(stage.name, refs[stage.name]["version"], state.name, time.monotonic() - t0))
         early_checks(s, stage, refs[stage.name])
+    publish_reports(s.run.root(), outcomes)
     return refs
+
+
+def watch_for_crashes() -> None:
+    """A run that beats Prefect's heartbeat for the crash automation (tagged ``HEARTBEAT_TAG``: ``wiki-pipeline
+    run``, ``serve``, and ``prefect.yaml``'s worker deployment) makes sure the server has that automation, so a
+    team whose runs all go through workers gets it too."""
+    from prefect.runtime import flow_run
+
+    from flows.server import HEARTBEAT_TAG, ensure_crash_automation
+
+    if HEARTBEAT_TAG in (flow_run.tags or []):
+        ensure_crash_automation()
+
+
+def publish_reports(root, outcomes: list[Outcome]) -> None:
+    """The run summary and the version comparisons (``flows.reports``); a report that cannot be made is a
+    warning, never a failed run."""
+    try:
+        reports.publish(root, outcomes)
+    except Exception as e:  # the versions are published; a report is an extra
+        get_run_logger().warning("could not publish the run summary and comparisons: %s: %s", type(e).__name__, e)
 
 
 def early_checks(s: PipelineBase, built: Stage, ref: StageRef) -> None:

@@ -64,7 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--print-every", type=int, default=500)
+    p.add_argument(
+        "--print-every",
+        type=int,
+        help="print the loss every N steps (default: every 10%% of --steps, at most every 500)",
+    )
     p.add_argument("--schedule", choices=["constant", "cosine"], default="constant")
     p.add_argument("--warmup", type=int, default=0, help="linear warmup steps (default 0)")
     p.add_argument("--max-grad-norm", type=float, default=0.0, help="gradient clipping norm (0 = off, default)")
@@ -204,6 +208,13 @@ def model_config(args, vocab_size: int):
     return GPTConfig(vocab_size, **given)
 
 
+def print_every(args) -> int:
+    """``--print-every``, or by default every 10 % of the steps (at most every 500): a short run is never silent."""
+    if args.print_every is not None:
+        return args.print_every
+    return max(1, min(500, args.steps // 10))
+
+
 def _train_command(args) -> int:
     import dataclasses
 
@@ -225,7 +236,7 @@ def _train_command(args) -> int:
         warmup=args.warmup,
         max_grad_norm=args.max_grad_norm,
         precision=args.precision,
-        print_every=args.print_every,
+        print_every=print_every(args),
         eval_every=args.eval_every,
         eval_batches=args.eval_batches,
         checkpoint_every=args.checkpoint_every,
@@ -304,7 +315,7 @@ def _train_command(args) -> int:
     print(f"params: {model.num_params():,}")
     print(f"steps: {args.steps}")
     print(f"schedule: {args.schedule} (warmup={args.warmup})")
-    print(f"max_grad_norm:{args.max_grad_norm}")
+    print(f"max_grad_norm: {args.max_grad_norm}" + (" (no clipping)" if not args.max_grad_norm else ""))
     if args.checkpoint_every > 0:
         print(f"checkpoint_every: {args.checkpoint_every}")
     if nproc > 1:

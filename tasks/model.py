@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import html
 import io
 import json
 import math
@@ -344,57 +345,102 @@ def write_history(out: Path, history: list[dict]) -> None:
 
 
 # ---- the UI artifact: summary + loss curve -------------------------------------------------------------
-def loss_curve_svg(curve: list, width: int = 640, height: int = 300) -> str:
-    """A small SVG line chart of train (blue) and validation (orange) loss against the step."""
-    train_pts = [(s, t) for s, t, _ in curve if t is not None and math.isfinite(t) and t > 0]
-    val_pts = [(s, v) for s, _, v in curve if v is not None and math.isfinite(v) and v > 0]
-    ys = [y for _, y in train_pts + val_pts]
+def nice_ticks(lo: float, hi: float, log: bool = False, count: int = 5) -> list[float]:
+    """Round axis ticks covering ``lo``..``hi``: multiples of 1, 2 or 5 x 10^k (on a log axis the 1-2-5 values in
+    range when there are at least three of them)."""
+    if log:
+        k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+        ticks = [m * 10.0**k for k in range(k0, k1 + 1) for m in (1, 2, 5) if lo <= m * 10.0**k <= hi]
+        if len(ticks) >= 3:
+            return ticks
+    raw = (hi - lo) / max(count - 1, 1) or 1.0
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    ticks = [i * step for i in range(first, last + 1)]
+    return [t for t in ticks if t > 0] if log else ticks  # a log axis has no 0
+
+
+def _tick_label(value: float, ticks: list[float]) -> str:
+    """``value`` with as few decimals as tell all ``ticks`` apart exactly (``2.5``, ``3``, ``3.5``)."""
+    decimals = next((d for d in range(5) if all(abs(round(t, d) - t) < 1e-9 * max(1.0, abs(t)) for t in ticks)), 4)
+    return f"{value:,.{decimals}f}"
+
+
+def line_chart(series: list[tuple[str, str, list]], x_title: str, y_title: str, height: int = 300) -> str:
+    """An SVG line chart of ``series`` (``(label, colour, [(x, y), ...])``) with round ticks, axis titles and a
+    legend; no fixed size, only a viewBox, so it takes the width of the page it is shown in. The y axis is
+    logarithmic when the values span more than 4x (a steep start would flatten everything else)."""
+    width = 640
+    clean = [
+        (label, colour, [(x, y) for x, y in pts if y is not None and math.isfinite(y) and y > 0])
+        for label, colour, pts in series
+    ]
+    clean = [c for c in clean if c[2]]
+    ys = [y for _, _, pts in clean for _, y in pts]
     if not ys:
         return ""
     lo, hi = min(ys), max(ys)
-    log_y = hi / lo > 4  # a steep start would flatten everything else on a linear axis
+    log_y = hi / lo > 4
+    if hi == lo:
+        lo, hi = lo * 0.9, hi * 1.1
     f = math.log if log_y else (lambda v: v)
-    y0, y1 = f(lo), f(hi) if hi > lo else f(lo) + 1
-    x_max = max(max(s for s, _ in train_pts + val_pts), 1)
-    left, right, top, bottom = 56, 16, 24, 36
+    y_ticks = nice_ticks(lo, hi, log=log_y)
+    lo, hi = min([lo, *y_ticks]), max([hi, *y_ticks])
+    y0, y1 = f(lo), f(hi)
+    x_max = max(max(x for _, _, pts in clean for x, _ in pts), 1)
+    x_ticks = nice_ticks(0, x_max)
+    x_max = max(x_max, x_ticks[-1])
+    left, right, top, bottom = 64, 16, 28, 44
     pw, ph = width - left - right, height - top - bottom
 
-    def px(step, y):
-        return left + pw * step / x_max, top + ph * (1 - (f(y) - y0) / (y1 - y0))
+    def px(x, y):
+        return left + pw * x / x_max, top + ph * (1 - (f(y) - y0) / (y1 - y0))
 
-    def polyline(pts, color):
-        if not pts:
-            return ""
-        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (px(s, v) for s, v in pts))
-        return f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>'
-
-    ticks = []
-    for i in range(5):
-        v = y0 + (y1 - y0) * i / 4
-        value = math.exp(v) if log_y else v
-        _, y = px(0, value)
-        ticks.append(
+    parts = [f'<rect width="{width}" height="{height}" fill="white"/>']
+    for v in y_ticks:
+        _, y = px(0, v)
+        parts.append(
             f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
-            f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{value:.2f}</text>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{_tick_label(v, y_ticks)}</text>'
         )
-    for i in range(5):
-        step = x_max * i / 4
-        x, _ = px(step, lo)
-        ticks.append(
-            f'<text x="{x:.1f}" y="{height - bottom + 16}" font-size="11" text-anchor="middle">{step:,.0f}</text>'
+    for v in x_ticks:
+        x, _ = px(v, lo)
+        parts.append(
+            f'<text x="{x:.1f}" y="{top + ph + 16}" font-size="11" text-anchor="middle">'
+            f"{_tick_label(v, x_ticks)}</text>"
         )
-    legend = (
-        f'<text x="{left}" y="16" font-size="12" fill="#1f77b4">train loss</text>'
-        + (f'<text x="{left + 80}" y="16" font-size="12" fill="#ff7f0e">val loss</text>' if val_pts else "")
-        + f'<text x="{width - right}" y="16" font-size="11" text-anchor="end">'
-        f"step ({'log' if log_y else 'linear'} loss axis)</text>"
+    parts.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>')
+    for _, colour, pts in clean:  # a line, and a dot at each point (a series of one point is a dot)
+        xy = [px(a, b) for a, b in pts]
+        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}"/>')
+        parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in xy]
+    x = left
+    for label, colour, _ in clean:  # the legend, left to right above the plot
+        parts.append(f'<text x="{x}" y="18" font-size="12" fill="{colour}">{html.escape(label)}</text>')
+        x += 14 + 7 * len(label)
+    parts.append(
+        f'<text x="{left + pw / 2:.1f}" y="{height - 8}" font-size="12" text-anchor="middle">{html.escape(x_title)}'
+        "</text>"
+        f'<text transform="translate(16 {top + ph / 2:.1f}) rotate(-90)" font-size="12" text-anchor="middle">'
+        f"{html.escape(y_title)}{' (log scale)' if log_y else ''}</text>"
     )
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif">'
-        f'<rect width="{width}" height="{height}" fill="white"/>{"".join(ticks)}'
-        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>'
-        f"{polyline(train_pts, '#1f77b4')}{polyline(val_pts, '#ff7f0e')}{legend}</svg>"
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'preserveAspectRatio="xMidYMid meet" font-family="sans-serif">{"".join(parts)}</svg>'
+    )
+
+
+def loss_curve_svg(curve: list) -> str:
+    """The training report's chart: train (blue) and validation (orange) loss against the step."""
+    return line_chart(
+        [
+            ("train loss", "#1f77b4", [(s, t) for s, t, _ in curve]),
+            ("val loss", "#ff7f0e", [(s, v) for s, _, v in curve]),
+        ],
+        x_title="step",
+        y_title="loss",
     )
 
 
@@ -447,13 +493,16 @@ def report(manifest: dict) -> str:
                 f"(warmup {p['warmup']}), clip {p['max_grad_norm']}, seed {p['seed']}, splits {p['train_splits']}",
             ),
             ("tokens", f"{m.get('train_tokens', 0):,} train, {m.get('val_tokens', 0):,} validation"),
-            ("checkpoint", f"`{where}/model.ckpt` (`mygpt generate --checkpoint {where}/model.ckpt`)"),
+            ("checkpoint", "`model.ckpt` in this version's folder (below)"),
             *(("warning", w) for w in m.get("warnings", [])),
         ]
     )
     return f"""# Training: model/{manifest["version"]}
 
 {picture}{summary}
+
+Checkpoint (a long path: kept out of the table): `{where}/model.ckpt`; sample from it with
+`mygpt generate --checkpoint {where}/model.ckpt`
 
 | step | train loss | val loss |
 |---:|---:|---:|

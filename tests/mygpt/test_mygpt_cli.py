@@ -60,7 +60,7 @@ HEADER = [
     "params: ",
     "steps: 30",
     "schedule: constant (warmup=0)",
-    "max_grad_norm:0.0",
+    "max_grad_norm: 0.0 (no clipping)",
     "checkpoint_every: 15",
 ]
 
@@ -178,7 +178,7 @@ def test_train_bpe_modern_recipe(capsys, wikitext2_path, tmp_path):
     assert lines[1].startswith("BPE trained in ") and lines[1].endswith("s")
     assert lines[2].startswith("encoding corpus (") and lines[3].startswith("corpus encoded in ")
     assert "tokenizer: bpe" in lines and "num_kv_heads: 2" in lines and "norm: rms" in lines
-    assert "schedule: cosine (warmup=5)" in lines and "max_grad_norm:1.0" in lines
+    assert "schedule: cosine (warmup=5)" in lines and "max_grad_norm: 1.0" in lines
     assert any(line.startswith("step 1: loss = ") and line.endswith("lr = 2.00e-04") for line in lines)
     assert any(line.startswith("step 20: ") and line.endswith("lr = 0.00e+00") for line in lines)
     payload = load_checkpoint_payload(ckpt)

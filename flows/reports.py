@@ -1,0 +1,215 @@
+"""The flow's own UI artifacts, published when a run ends (the stages publish theirs, ``wiki-<stage>``):
+
+- ``wiki-run-summary``: this run's stages, each built or Cached, its version (linked to the artifact that
+  describes it), how long it took here, its size and its headline metric -- the run graph colours built and
+  reused stages alike, this table does not;
+- ``wiki-model-comparison``: every published model version side by side, the way experiment trackers show runs
+  (the settings that differ, final train/val loss, val bits per byte, tokens/s, steps, when built) and the
+  validation-loss curves of the latest versions overlaid in one chart;
+- ``wiki-tokenizer-comparison``: the same for the tokenizer versions (merges, slice, chars per token).
+
+The comparisons are built from the artifact store's manifests (``tasks.registry.open_store(root).versions``),
+so they cover every version under the run's artifact root, whichever run built it.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.core.store import VersionInfo, human_bytes
+from tasks.model import line_chart
+from tasks.registry import BY_NAME, open_store
+
+SUMMARY_KEY = "wiki-run-summary"
+MODEL_COMPARISON_KEY = "wiki-model-comparison"
+TOKENIZER_COMPARISON_KEY = "wiki-tokenizer-comparison"
+CURVES = 5  # the validation-loss curves of this many latest model versions share the comparison's chart
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One stage of a finished run: ``state`` is the task run's final state name (``Cached`` when reused)."""
+
+    stage: str
+    version: str
+    state: str
+    seconds: float
+
+    @property
+    def verdict(self) -> str:
+        return "Cached" if self.state == "Cached" else "built"
+
+
+def _num(value: object, spec: str = ".4f") -> str:
+    return "–" if not isinstance(value, int | float) else format(value, spec)
+
+
+def headline(stage: str, metrics: dict) -> str:
+    """The one number a stage is judged by, for the run summary."""
+    m = metrics
+    found: dict[str, Callable[[], str]] = {
+        "corpus": lambda: f"{(m.get('wikipedia') or {}).get('chars', 0):,} chars",
+        "tokenizer": lambda: f"vocab {m.get('vocab_size', 0):,}, {_num(m.get('chars_per_token'), '.2f')} chars/token",
+        "shards": lambda: f"{m.get('tokens', 0):,} tokens",
+        "model": lambda: f"val loss {_num(m.get('final_val_loss'))}, {_num(m.get('final_val_bpb'))} bits/byte",
+        "samples": lambda: f"{len(m.get('samples') or [])} sample(s)",
+        "export": lambda: f"max logit diff {_num((m.get('check') or {}).get('max_abs_logit_diff'), '.1e')}",
+    }
+    return found[stage]() if stage in found else ""
+
+
+def artifact_links(keys_versions: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """{(stage, version): UI path of the artifact that describes that version} (``built <stage>/<version>``),
+    for the versions whose artifact this Prefect server has (a version built against another server has none)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    wanted = {f"built {stage}/{version}": (stage, version) for stage, version in keys_versions}
+    keys = sorted({BY_NAME[stage].artifact_key for stage, _ in keys_versions})
+    found: dict[tuple[str, str], str] = {}
+    with get_client(sync_client=True) as client:
+        for art in client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys))):
+            which = wanted.get(art.description or "")
+            if which and which not in found:
+                found[which] = f"/artifacts/artifact/{art.id}"
+    return found
+
+
+def _linked(version: str, link: str | None) -> str:
+    return f"[{version}]({link})" if link else f"`{version}`"  # the UI shows no code inside a link's text
+
+
+def run_summary(root: str | Path, outcomes: list[Outcome], links: dict[tuple[str, str], str]) -> str:
+    store = open_store(root)
+    built = sum(o.verdict == "built" for o in outcomes)
+    rows = []
+    for o in outcomes:
+        info = store.get(o.stage, o.version)
+        rows.append(
+            f"| {o.stage} | {'**built**' if o.verdict == 'built' else 'Cached'} | "
+            f"{_linked(o.version, links.get((o.stage, o.version)))} | {o.seconds:.1f} s | "
+            f"{human_bytes(info.size_bytes)} | {headline(o.stage, info.manifest.get('metrics', {}))} |"
+        )
+    return "\n".join(
+        [
+            f"# wiki-pipeline run: {built} built, {len(outcomes) - built} Cached",
+            "",
+            "Built: made by this run. Cached: the same version (settings, inputs, code) was already in the "
+            f"artifact store under `{store.root}`, so it was reused.",
+            "",
+            "| stage | | version | took | size | headline |",
+            "|---|---|---|---:|---:|---|",
+            *rows,
+            "",
+        ]
+    )
+
+
+def differing_settings(versions: list[VersionInfo]) -> list[str]:
+    """The setting names whose values are not the same in every version (in the settings' own order)."""
+    names: list[str] = []
+    for v in versions:
+        names += [k for k in v.manifest.get("settings", {}) if k not in names]
+    return [
+        k
+        for k in names
+        if len({repr(v.manifest.get("settings", {}).get(k)) for v in versions}) > 1 and len(versions) > 1
+    ]
+
+
+def _comparison_table(
+    versions: list[VersionInfo], columns: list[tuple[str, Callable[[dict], str]]], links: dict[tuple[str, str], str]
+) -> str:
+    shown = {name for name, _ in columns}
+    differ = [k for k in differing_settings(versions) if k not in shown]  # steps: a column already
+    head = ["version", "built", *(name for name, _ in columns), *(f"`{k}`" for k in differ)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v in reversed(versions):  # newest first
+        m, p = v.manifest.get("metrics", {}), v.manifest.get("settings", {})
+        cells = [
+            _linked(v.version, links.get((v.stage, v.version))),
+            (v.manifest.get("created_at") or "").replace("T", " ").removesuffix("Z"),
+            *(value(m) for _, value in columns),
+            *(f"`{p.get(k)}`" for k in differ),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+MODEL_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
+    ("steps", lambda m: f"{m.get('steps', 0):,}"),
+    ("train loss", lambda m: _num(m.get("final_loss"))),
+    ("val loss", lambda m: _num(m.get("final_val_loss"))),
+    ("val bits/byte", lambda m: _num(m.get("final_val_bpb"))),
+    ("tokens/s", lambda m: _num(m.get("tokens_per_sec"), ",.0f")),
+]
+TOKENIZER_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
+    ("merges", lambda m: f"{m.get('num_merges', 0):,}"),
+    ("vocab", lambda m: f"{m.get('vocab_size', 0):,}"),
+    ("slice", lambda m: f"{m.get('train_bytes', 0):,} bytes"),
+    ("chars/token", lambda m: _num(m.get("chars_per_token"), ".3f")),
+]
+
+
+def model_comparison(versions: list[VersionInfo], links: dict[tuple[str, str], str]) -> str:
+    latest = versions[-CURVES:]
+    series = [
+        (v.version, PALETTE[i % len(PALETTE)], [(s, val) for s, _, val in v.manifest["metrics"].get("loss_curve", [])])
+        for i, v in enumerate(latest)
+    ]
+    svg = line_chart(series, x_title="step", y_title="validation loss")
+    chart = (
+        f"![validation loss of the latest {len(latest)} model versions]"
+        f"(data:image/svg+xml;base64,{base64.b64encode(svg.encode()).decode()})\n\n"
+        if svg
+        else ""
+    )
+    return (
+        f"# Model versions compared ({len(versions)})\n\n{chart}"
+        "Newest first; the settings columns are the ones that differ between versions.\n\n"
+        + _comparison_table(versions, MODEL_COLUMNS, links)
+        + "\n"
+    )
+
+
+def tokenizer_comparison(versions: list[VersionInfo], links: dict[tuple[str, str], str]) -> str:
+    return (
+        f"# Tokenizer versions compared ({len(versions)})\n\n"
+        "Newest first; the settings columns are the ones that differ between versions.\n\n"
+        + _comparison_table(versions, TOKENIZER_COLUMNS, links)
+        + "\n"
+    )
+
+
+def publish(root: str | Path, outcomes: list[Outcome]) -> None:
+    """Post the run summary and the model and tokenizer comparisons (inside a flow run)."""
+    from prefect.artifacts import create_markdown_artifact
+
+    store = open_store(root)
+    models, tokenizers = store.versions("model"), store.versions("tokenizer")
+    links = artifact_links(
+        [(o.stage, o.version) for o in outcomes] + [(v.stage, v.version) for v in models + tokenizers]
+    )
+    built = sum(o.verdict == "built" for o in outcomes)
+    create_markdown_artifact(
+        key=SUMMARY_KEY,
+        markdown=run_summary(root, outcomes, links),
+        description=f"{built} built, {len(outcomes) - built} Cached: "
+        + ", ".join(f"{o.stage} {o.verdict}" for o in outcomes),
+    )
+    if models:
+        create_markdown_artifact(
+            key=MODEL_COMPARISON_KEY,
+            markdown=model_comparison(models, links),
+            description=f"{len(models)} model version(s) side by side",
+        )
+    if tokenizers:
+        create_markdown_artifact(
+            key=TOKENIZER_COMPARISON_KEY,
+            markdown=tokenizer_comparison(tokenizers, links),
+            description=f"{len(tokenizers)} tokenizer version(s) side by side",
+        )

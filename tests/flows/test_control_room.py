@@ -1,0 +1,184 @@
+"""The Prefect UI and the terminal as the pipeline's control room (issue 20), through a real Prefect server, the
+real deployment runner (`wiki-pipeline serve --tiny --source-url <loopback mirror>`, what `scripts/pipeline
+--demo` starts), the real `prefect deployment run` command and `wiki-pipeline wait`:
+
+- a bare `prefect deployment run wiki-pipeline/wiki-pipeline` (what the UI's Run button does) runs the tiny
+  preset offline, because the deployment's defaults are what `serve` was given;
+- `wait` ends with one line per stage (built or Cached, version, size, duration) and, for a failed run, the
+  reason on one line and where the full log is;
+- every run publishes `wiki-run-summary` (built vs Cached per stage) and the model/tokenizer comparisons.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.settings import TINY
+from tests.support import REPO
+
+STAGES = ("corpus", "tokenizer", "shards", "model", "samples", "export")
+LINE = re.compile(r"^  (\w+) +(built|Cached) +(\w+)/([0-9a-f]{12}) · [\d.]+ \w?B · [\d.]+ s$")
+
+
+@pytest.fixture(scope="module")
+def mirror():
+    from flows.mirror import ZIP_NAME, Mirror, build_wikitext_zip
+
+    try:
+        data = build_wikitext_zip()
+    except FileNotFoundError as e:
+        pytest.skip(f"real test text is absent: {e}")
+    with Mirror({"/" + ZIP_NAME: data}) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def served(prefect_server, mirror, tmp_path_factory):
+    """`wiki-pipeline serve --tiny --source-url <mirror>`: the demo's runner (artifacts under a temp root)."""
+    tmp = tmp_path_factory.mktemp("served")
+    root = tmp / "art"
+    log_path = tmp / "runner.log"
+    cmd = ["serve", "--tiny", "--source-url", mirror.url(), "--artifacts-dir", str(root)]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", *cmd],
+            cwd=REPO,
+            env=prefect_server.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while "is being served" not in log_path.read_text():
+            assert proc.poll() is None, f"the runner exited:\n{log_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"the runner did not start:\n{log_path.read_text()[-3000:]}"
+            time.sleep(0.3)
+        yield prefect_server.env, root, log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def deployment_run(env: dict, runner_log: Path, *args: str, ok: bool = True) -> str:
+    """`prefect deployment run wiki-pipeline/wiki-pipeline ARGS --watch`; returns the flow run id."""
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    done = subprocess.run(
+        [prefect, "deployment", "run", "wiki-pipeline/wiki-pipeline", *args, "--watch", "--watch-timeout", "300"],
+        env={**env, "DO_NOT_TRACK": "1"},
+        capture_output=True,
+        text=True,
+        timeout=360,
+    )
+    found = re.search(r"UUID: ([0-9a-f-]{36})", done.stdout)
+    assert found and (done.returncode == 0) == ok, (
+        f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\nrunner:\n{runner_log.read_text()[-3000:]}"
+    )
+    return found.group(1)
+
+
+def wait_output(env: dict, flow_run_id: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", "wait", flow_run_id, "--interval", "0.3", "--timeout", "60", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def artifact(flow_run_id: str, key: str):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), key=ArtifactFilterKey(any_=[key])
+            )
+        )
+    assert found, f"flow run {flow_run_id} has no {key} artifact"
+    return found[0]
+
+
+def stage_lines(stdout: str) -> dict[str, tuple[str, str]]:
+    """{stage: (built|Cached, version)} from `wait`'s closing lines."""
+    found = {}
+    for line in stdout.splitlines():
+        m = LINE.match(line)
+        if m:
+            assert m.group(1) == m.group(3), line
+            found[m.group(1)] = (m.group(2), m.group(4))
+    return found
+
+
+def test_the_demo_deployment_runs_offline_and_reports_built_cached_and_comparisons(served):
+    env, _, runner_log = served
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("wiki-pipeline/wiki-pipeline")
+    assert deployment.parameters["model"]["steps"] == TINY["model"]["steps"], "the UI form's defaults: the tiny preset"
+
+    first = deployment_run(env, runner_log)  # bare: the deployment's defaults, the loopback mirror
+    done = wait_output(env, first)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = stage_lines(done.stdout)
+    assert list(lines) == list(STAGES) and {v for v, _ in lines.values()} == {"built"}, done.stdout
+    summary = artifact(first, "wiki-run-summary")
+    assert summary.data.count("| **built** |") == 6 and "| Cached |" not in summary.data, summary.data
+    link = re.search(rf"\[{lines['model'][1]}\]\(/artifacts/artifact/([0-9a-f-]{{36}})\)", summary.data)
+    assert link, f"the model's version links no artifact:\n{summary.data}"
+
+    fewer = {**TINY["model"], "steps": 20}
+    second = deployment_run(env, runner_log, "--params", json.dumps({"model": fewer}))
+    done = wait_output(env, second)
+    lines2 = stage_lines(done.stdout)
+    assert {s: v for s, (v, _) in lines2.items()} == {
+        "corpus": "Cached",
+        "tokenizer": "Cached",
+        "shards": "Cached",
+        "model": "built",
+        "samples": "built",
+        "export": "built",
+    }, done.stdout
+    assert lines2["corpus"][1] == lines["corpus"][1]
+    summary = artifact(second, "wiki-run-summary")
+    assert summary.data.count("| Cached |") == 3 and summary.data.count("| **built** |") == 3, summary.data
+
+    comparison = artifact(second, "wiki-model-comparison").data
+    rows = [r for r in comparison.splitlines() if r.startswith("| [")]
+    assert len(rows) == 2, comparison
+    assert rows[0].startswith(f"| [{lines2['model'][1]}]") and rows[1].startswith(f"| [{lines['model'][1]}]")
+    head = next(r for r in comparison.splitlines() if r.startswith("| version |"))
+    assert "`lr`" not in head and "`embed_dim`" not in head, head  # only the settings that differ
+    assert "| 20 |" in rows[0] and "| 40 |" in rows[1]
+    import base64
+
+    svg = base64.b64decode(re.search(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)", comparison).group(1)).decode()
+    assert svg.count("<polyline") == 2 and lines["model"][1] in svg and lines2["model"][1] in svg
+    tokenizers = artifact(second, "wiki-tokenizer-comparison").data
+    assert len([r for r in tokenizers.splitlines() if r.startswith("| [")]) == 1, tokenizers
+
+
+def test_wait_names_the_reason_a_run_failed_and_where_the_log_is(served):
+    env, _, runner_log = served
+    bad = {**TINY["model"], "num_heads": 5}
+    run_id = deployment_run(env, runner_log, "--params", json.dumps({"model": bad}), ok=False)
+    done = wait_output(env, run_id, "--log", str(runner_log))
+    assert done.returncode == 1
+    errors = [line for line in done.stdout.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "num_heads (5) must divide embed_dim (32)" in errors[0], done.stdout
+    assert f"full log: {runner_log}" in done.stdout.splitlines(), done.stdout
