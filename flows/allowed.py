@@ -98,6 +98,22 @@ def allowed_sources(deployment: bool = False) -> list[str] | None:
     return sources
 
 
+def allow_served(root: str, source_urls: Iterable[str]) -> None:
+    """What ``wiki-pipeline serve`` was given is its operator's choice: where a list is unset, this runner's
+    deployment runs may use the chosen root and sources besides the defaults (set in this process's environment,
+    which its flow runs inherit; sources without credentials or query)."""
+    if not os.environ.get(ENV_ROOTS, "").strip():
+        os.environ[ENV_ROOTS] = os.pathsep.join([DEFAULT, root])
+    if not os.environ.get(ENV_SOURCES, "").strip():
+        os.environ[ENV_SOURCES] = " ".join([DEFAULT, *(_plain(u) for u in source_urls)])
+
+
+def _plain(url: str) -> str:
+    """``url`` without user info, query or fragment (an allow-list entry holds no credentials)."""
+    u = urllib.parse.urlsplit(url)
+    return u._replace(netloc=u.netloc.rpartition("@")[2], query="", fragment="").geturl()
+
+
 def check_allowed(root: str, source_urls: Iterable[str]) -> None:
     """``UserError`` when the artifact root ``root`` or one of ``source_urls`` (what the run's stages download: the
     corpus's ``source_url``) is outside this machine's allow-lists (for a deployment run, the defaults when unset)."""

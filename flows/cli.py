@@ -174,10 +174,14 @@ def cmd_serve(args) -> int:
     from prefect.settings import PREFECT_RUNNER_POLL_FREQUENCY, temporary_settings
     from prefect.types.entrypoint import EntrypointType
 
+    from flows.allowed import allow_served
     from flows.server import HEARTBEAT_TAG, watched_runs
+    from flows.settings import source_urls
     from flows.wiki_pipeline import wiki_pipeline
     from tasks.core.download import DownloadKnobs
 
+    settings = checked(args)
+    allow_served(settings.run.root(), source_urls(dict(settings).values()))  # the operator's own choices
     parameters = flow_parameters(args)
     DownloadKnobs.from_env()  # the runner's environment is what its flow runs download with
     # the runner asks the server for runs to start every POLL_SECONDS (Prefect's default, 10 s, is most of a

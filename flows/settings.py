@@ -27,6 +27,11 @@ from tasks.registry import STAGES, check_run
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def source_urls(groups) -> list[str]:
+    """What the stages download from (each settings group with a ``source_url``: the corpus's)."""
+    return [g.source_url for g in groups if hasattr(g, "source_url")]
+
+
 class PipelineBase(BaseModel):
     """Every stage's settings and the run options: the flow's parameters, as one object.
 
@@ -56,7 +61,7 @@ class PipelineBase(BaseModel):
         parsed = {name: cls.settings_class(name).parse(groups.get(name), name) for name in cls.model_fields}
         parsed["run"] = run = check_run(cast(RunOptions, parsed["run"]))  # settings_class("run") is RunOptions
         # what this machine lets a run touch (WIKI_PIPELINE_ALLOWED_ROOTS / _SOURCES, when set): flows.allowed
-        check_allowed(run.root(), [g.source_url for g in parsed.values() if hasattr(g, "source_url")])
+        check_allowed(run.root(), source_urls(parsed.values()))
         for group in parsed.values():
             group.resolved()  # raises where the device or precision is not available here
             group.check_against(parsed)

@@ -75,7 +75,7 @@ from tasks.core.extract import extract_text
 from tasks.core.header_strip import BLOCK_CHARS
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.source_index import SourceIndex, trusted
-from tasks.core.stage import BuildContext, Stage, StageRef, stage_task, summary_table
+from tasks.core.stage import BuildContext, Stage, StageRef, fault_point, stage_task, summary_table
 from tasks.core.store import ArtifactStore, human_bytes, sha256_file
 from tasks.core.unzip import check_members
 from tasks.core.urls import file_path, redact_url, stored_url
@@ -266,6 +266,7 @@ def _download_and_hash(
         identity={"bytes": announced} if announced is not None else {},
         max_bytes=settings.max_zip_bytes,
         log=log,
+        progress=_download_progress(log),
     )
     got, sha = _check_zip(dest, settings, ours=True)
     identity = {"sha256": sha, "bytes": got}
@@ -287,6 +288,23 @@ def _download_and_hash(
         dest.unlink(missing_ok=True)  # those bytes are published already: the version is reused
         SourceIndex.facts_path(dest).unlink(missing_ok=True)
     return identity
+
+
+def _download_progress(log):
+    """Progress of the download made to learn the zip's sha256 (before the build, so no build context): a log line
+    every 10 %, and the stage's ``progress`` fault point (a crash here leaves a ``.part`` that the rerun resumes
+    with ``Range``)."""
+    shown = -10.0
+
+    def progress(done: float, total: float, message: str) -> None:
+        nonlocal shown
+        fault_point(f"{STAGE.name}.progress")
+        pct = 100.0 * done / total if total else 100.0
+        if pct - shown >= 10 or done >= total:
+            shown = pct
+            log.info("corpus: %5.1f%% downloading %s (to learn its sha256)", pct, message)
+
+    return progress
 
 
 def _checked(identity: dict, settings: CorpusSettings) -> dict:

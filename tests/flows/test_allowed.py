@@ -56,6 +56,25 @@ def test_a_deployment_run_gets_the_defaults_where_the_lists_are_unset(tmp_path, 
     parse(tmp_path / "anywhere", "https://example.org/w.zip")  # a person's own run: their choice
 
 
+def test_what_serve_was_given_is_allowed_to_its_runs_and_nothing_else(tmp_path, monkeypatch):
+    """`wiki-pipeline serve --artifacts-dir R --source-url U` is the operator's choice: where the lists are unset,
+    its deployment runs may use R and U besides the defaults; the entry holds no credentials."""
+    from flows.allowed import allow_served
+
+    monkeypatch.delenv(ENV_ROOTS, raising=False)
+    monkeypatch.delenv(ENV_SOURCES, raising=False)
+    monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", "2b3c1f8e-0000-4000-8000-000000000000")
+    served = "http://op:s3cret@127.0.0.1:9/mirror/w.zip?token=t0k"
+    allow_served(str(tmp_path / "served"), [served])
+    assert "s3cret" not in os.environ[ENV_SOURCES] and "t0k" not in os.environ[ENV_SOURCES]
+    parse(tmp_path / "served", served)
+    parse(tmp_path / "served" / "sub", MIRROR)  # the defaults still
+    with pytest.raises(UserError, match="is outside the artifact roots"):
+        parse(tmp_path / "other", served)
+    with pytest.raises(UserError, match="is outside the sources"):
+        parse(tmp_path / "served", "http://127.0.0.1:9/mirror/other.zip")
+
+
 def test_roots_and_sources_inside_the_allow_lists_are_accepted(allowed):
     for root in (allowed / "ok", allowed / "ok" / "team" / "a", allowed / "ok" / "x" / ".." / "y"):
         parse(root)

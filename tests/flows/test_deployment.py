@@ -44,11 +44,12 @@ def mirror():
 @pytest.fixture
 def runner(prefect_server, tmp_path, mirror):
     """`wiki-pipeline serve` in its own process group, artifacts under tmp_path/art; its runs may download only
-    from the test's mirror (its allow-list: a deployment run gets the defaults, which name port 8765)."""
+    from the test's mirror and the defaults (its allow-list: unset, a deployment run gets only the defaults, which
+    name the demo mirror's port 8765, not this one's)."""
     env = {
         **prefect_server.env,
         "WIKI_PIPELINE_ARTIFACTS": str(tmp_path / "art"),
-        "WIKI_PIPELINE_ALLOWED_SOURCES": mirror.url(),
+        "WIKI_PIPELINE_ALLOWED_SOURCES": f"default {mirror.url()}",
     }
     log_path = tmp_path / "runner.log"
     with open(log_path, "w") as log:

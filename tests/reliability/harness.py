@@ -300,6 +300,11 @@ def staging_state(root: Path, task: str) -> tuple[str, dict]:
     stage = task
     dirs = [d for d in (root / stage / ".staging").glob("*") if d.is_dir()]
     published = {v.version for v in open_store(root).versions(stage)}
+    if task == "corpus" and not dirs:  # killed while downloading the zip to learn its sha256, before the build
+        parts = list((root / "corpus" / ".sources" / "downloads").glob("*.zip.part"))
+        if parts:
+            facts = {"part": parts[0].stat().st_size}
+            return f"{facts['part']:,} B of the zip in corpus/.sources/downloads/ (.part)", facts
     if not dirs:
         return ("published, no staging left" if published else "nothing"), {}
     if dirs[0].name in published:
@@ -976,15 +981,15 @@ def bad_input_cases(tmp: Path, url: str) -> list[tuple]:
     return [
         (
             ["--param", "num_heads=5"],
-            "error: model: num_heads (5) must divide embed_dim (32); pick an embed_dim that is a multiple of num_heads (the chapter uses embed_dim 192, num_heads 6: head size 32)",
+            "error: model.num_heads (5) must divide embed_dim (32); pick an embed_dim that is a multiple of num_heads (the chapter uses embed_dim 192, num_heads 6: head size 32)",
         ),
         (
             ["--param", "embed_dim=64", "--param", "num_heads=4", "--param", "num_kv_heads=3"],
-            "error: model: num_kv_heads (3) must divide num_heads (4); pick a divisor of num_heads (the chapter uses num_heads 6, num_kv_heads 2)",
+            "error: model.num_kv_heads (3) must divide num_heads (4); pick a divisor of num_heads (the chapter uses num_heads 6, num_kv_heads 2)",
         ),
         (
             ["--param", "seq_len=512"],
-            "error: model: seq_len (512) must be <= max_seq_len (32); the chapter uses 256 for both",
+            "error: model.seq_len (512) must be <= max_seq_len (32); the chapter uses 256 for both",
         ),
         (
             ["--param", "steps=0"],

@@ -115,7 +115,7 @@ def test_sigkill_inside_each_stage_then_rerun_recovers(harness):
     assert all(k.recovered for k in kills), report
     by_task = {k.task: k for k in kills}
     assert by_task["corpus"].resumed.startswith("HTTP Range bytes="), report
-    assert by_task["corpus"].left.endswith("of the zip in work/source.zip.part"), report
+    assert by_task["corpus"].left.endswith("of the zip in corpus/.sources/downloads/ (.part)"), report
     assert by_task["shards"].resumed.startswith("kept its 13 recorded shard(s)"), report
     assert by_task["model"].left == "resume checkpoint at step 10" and by_task["model"].resumed == "from step 10"
     assert by_task["tokenizer"].left == "manifest written in staging out/, not renamed"
