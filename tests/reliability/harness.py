@@ -1133,6 +1133,42 @@ def bad_input_cases(tmp: Path, url: str) -> list[tuple]:
             f"error: run.artifacts_dir {afile} is a file, not a directory; give a directory for the artifacts",
         ),
         (["--mirror", "--source-url", url], "error: --mirror and source_url both choose the source; give one of them"),
+        # round 3 (issue 21): numbers that used to pass the check
+        (
+            ["--param", "lr=Infinity"],
+            "error: model.lr must be a positive finite number, got inf (AdamW peak learning rate; 1e-3 is what the chapter's printed run used (its table says 3e-4))",
+        ),
+        (
+            ["--param", "temperature=NaN"],
+            "error: samples.temperature must be a finite number, got nan (sampling temperature; 0 = greedy; the chapter uses 1.0)",
+        ),
+        (
+            ["--param", "max_grad_norm=-Infinity"],
+            "error: model.max_grad_norm must be a finite number >= 0, got -inf (gradient clipping norm; 0 = no clipping)",
+        ),
+        (["--param", "max_seq_len=1000000000000"], None),  # "... needs at least N GiB, more than the M GiB here"
+        (["--param", "batch_size=1000000000000"], None),  # (N and M depend on this machine's memory)
+        (
+            ["--param", f"workers={cores + 1}"],
+            f"error: run.workers ({cores + 1}) is more than the {cores} CPU cores here; each Dask worker is a process doing CPU-bound chunk work, so more workers than cores only costs memory: lower workers (or null = the CPU count, at most 8)",
+        ),
+        (
+            ["--param", "chunk_bytes=1"],
+            "error: run.chunk_bytes must be an integer >= 1000 and <= 1073741824 (or null), got 1 (bytes of text per tokenizer/encode chunk; null = 8 MiB (speed and memory only: the outputs are the same))",
+        ),
+        (
+            ["--artifacts-dir", str(afile / "sub")],
+            f"error: run.artifacts_dir {afile / 'sub'} is inside {afile}, a file, not a directory; give a directory for the artifacts",
+        ),
+        (
+            ["--param", "dask_address=http://127.0.0.1:8786"],
+            "error: run.dask_address must be a Dask scheduler address, tcp://host:port or tls://host:port (port 1..65535; the scheduler's port, 8786 by default, not its dashboard's), got 'http://127.0.0.1:8786'",
+        ),
+        (
+            [],
+            "error: WIKI_PIPELINE_READ_TIMEOUT must be at most 86400 seconds (a day), got '1e300' (seconds without data before a try fails; default 60); fix or unset it",
+            {"WIKI_PIPELINE_READ_TIMEOUT": "1e300"},
+        ),
         (
             [],
             "error: WIKI_PIPELINE_DOWNLOAD_ATTEMPTS must be a whole number >= 1, got 'nan' (failed tries in a row before the download gives up; default 6); fix or unset it",
