@@ -152,6 +152,8 @@ def _under(path: str, root: str) -> bool:
 def _parts(url: str) -> tuple[str, str, int | None, str] | None:
     """``(scheme, host, port, path)`` of ``url`` with the path's ``%``-escapes and dot segments resolved (and, for
     ``file://``, its symlinks), or None when it is not a URL with a scheme (and a host, but for ``file``)."""
+    if any(c == "\\" or c.isspace() or not c.isprintable() for c in url.strip()):
+        return None  # parsers disagree on these (requests ends the host at a backslash): never allowed
     try:
         u = urllib.parse.urlsplit(url.strip())
         scheme, host, port = u.scheme.lower(), (u.hostname or "").lower(), u.port

@@ -117,6 +117,7 @@ def cmd_run(args) -> int:
     with contextlib.ExitStack() as stack:
         settings = checked(args)
         DownloadKnobs.from_env()  # a bad WIKI_PIPELINE_* knob stops the run here, not inside the corpus stage
+        check_prefect_server()
         if not prefect_api_url():
             from prefect.settings import PREFECT_HOME
 
@@ -181,6 +182,7 @@ def cmd_serve(args) -> int:
     from tasks.core.download import DownloadKnobs
 
     settings = checked(args)
+    check_prefect_server()
     allow_served(settings.run.root(), source_urls(dict(settings).values()))  # the operator's own choices
     parameters = flow_parameters(args)
     DownloadKnobs.from_env()  # the runner's environment is what its flow runs download with
@@ -301,13 +303,22 @@ def cmd_wait(args) -> int:
         run_id = uuid.UUID(args.flow_run_id)
     except ValueError:
         raise UserError(f"{args.flow_run_id!r} is not a flow run id (a UUID)") from None
+    from prefect.exceptions import ObjectNotFound
+
+    check_prefect_server()
     shown: set = set()
     last_progress: dict = {}
     status = StatusLine()
     deadline = time.monotonic() + args.timeout if args.timeout else None
     with get_client(sync_client=True) as client:
         while True:
-            run = client.read_flow_run(run_id)
+            try:
+                run = client.read_flow_run(run_id)
+            except ObjectNotFound:
+                raise UserError(
+                    f"the Prefect server at {prefect_api_url()} has no flow run {run_id}; check the id "
+                    "(`prefect flow-run ls` lists them)"
+                ) from None
             tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
             # created is set on every task run the server returns (optional only in the client-side schema)
             tasks = sorted(tasks, key=lambda t: cast("datetime", t.expected_start_time or t.created))
@@ -469,6 +480,31 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--yes", action="store_true", help="delete them (default: only list them)")
     gc.set_defaults(func=cmd_gc)
     return ap
+
+
+def check_prefect_server() -> None:
+    """Where ``PREFECT_API_URL`` is set: ``UserError`` unless a Prefect server answers there (its ``/hello``),
+    before anything is started against it (else a closed port or another program's port ends in a traceback)."""
+    url = prefect_api_url()
+    if not url:
+        return
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            response = client.hello()
+            ok = response.status_code == 200 and response.json() == "👋"
+            problem = "" if ok else f"HTTP {response.status_code}, not a Prefect server's answer"
+    except Exception as e:  # refused, timed out, not HTTP, not JSON
+        if unauthorized(e):
+            raise
+        problem = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if problem:
+        raise UserError(
+            f"PREFECT_API_URL={url} does not answer as a Prefect server ({problem}); start one there "
+            "(scripts/pipeline starts one on 127.0.0.1:4200), fix PREFECT_API_URL, or unset it to let "
+            "`wiki-pipeline run` start a server of its own"
+        )
 
 
 def unauthorized(exc: BaseException) -> str | None:

@@ -290,6 +290,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.write_zip and not args.serve:
         ap.error("give --write-zip PATH and/or --serve")
+    try:
+        return _run(args)
+    except FileNotFoundError as e:  # the shared data or --zip is not there
+        print(
+            f"error: {e}; the mirror builds its zip from wikitext2-valid.txt in {args.data_dir or SHARED_DATA} "
+            "(--data-dir or WIKI_PIPELINE_SHARED_DATA name another folder)",
+            file=sys.stderr,
+        )
+        return 2
+    except OSError as e:  # e.g. the port is taken
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
     data = None
     if args.write_zip:
         data = build_wikitext_zip(args.write_zip, data_dir=args.data_dir, with_shakespeare=args.with_shakespeare)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.core.markdown import md_code
 from tasks.core.store import VersionInfo, human_bytes
 from tasks.model import line_chart
 from tasks.registry import BY_NAME, open_store
@@ -126,7 +127,7 @@ def _comparison_table(
 ) -> str:
     shown = {name for name, _ in columns}
     differ = [k for k in differing_settings(versions) if k not in shown]  # steps: a column already
-    head = ["version", "built", *(name for name, _ in columns), *(f"`{k}`" for k in differ)]
+    head = ["version", "built", *(name for name, _ in columns), *(md_code(k) for k in differ)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in reversed(versions):  # newest first
         m, p = v.manifest.get("metrics", {}), v.manifest.get("settings", {})
@@ -134,7 +135,7 @@ def _comparison_table(
             _linked(v.version, links.get((v.stage, v.version))),
             (v.manifest.get("created_at") or "").replace("T", " ").removesuffix("Z"),
             *(value(m) for _, value in columns),
-            *(f"`{p.get(k)}`" for k in differ),
+            *(md_code(p.get(k)) for k in differ),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

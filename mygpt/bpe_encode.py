@@ -399,8 +399,14 @@ def _not_utf8(path, offset: int) -> UserError:
     )
 
 
+#: How far past a chunk's target size a word may run before the file is refused: memory per chunk stays at
+#: ``chunk_bytes`` plus this, whatever the text (one 40 MB "word" would otherwise be one 40 MB chunk).
+MAX_WORD_BYTES = 1 << 20
+
+
 def find_safe_cut(f, path, target: int, size: int, floor: int = 0) -> int:
-    """The first safe cut position ``p >= target`` in the open binary file ``f`` (``size`` if none).
+    """The first safe cut position ``p >= target`` in the open binary file ``f`` (``size`` if none);
+    ``UserError`` when none lies within :data:`MAX_WORD_BYTES` after ``target``.
 
     A safe cut is the byte offset of a whitespace character that follows a non-whitespace character.
     ``floor`` is the start of the current chunk (nothing before it is read).
@@ -416,9 +422,10 @@ def find_safe_cut(f, path, target: int, size: int, floor: int = 0) -> int:
         k += 1
     q += k
     window = 1 << 16
+    limit = min(size, target + MAX_WORD_BYTES)  # past this, no cut: refused
     while True:
         f.seek(q)
-        data = f.read(min(window, size - q))
+        data = f.read(min(window, limit - q))
         at_eof = q + len(data) >= size
         try:
             text = data.decode("utf-8")
@@ -438,6 +445,13 @@ def find_safe_cut(f, path, target: int, size: int, floor: int = 0) -> int:
                 return p
         if at_eof:
             return size
+        if q + len(data) >= limit:
+            raise UserError(
+                f"{path}: no word ends in the {MAX_WORD_BYTES:,} bytes after byte {target:,} (a safe cut is "
+                "whitespace after a non-space character); a 'word' that long is not text this tokenizer can "
+                "count or encode in bounded memory: check the corpus (wikitext's longest words are a few "
+                "hundred characters)"
+            )
         window *= 2
 
 

@@ -73,6 +73,7 @@ from mygpt.errors import UserError
 from tasks.core.download import MAX_ZIP_BYTES, DownloadKnobs, SourceUnreachable, fetch, probe
 from tasks.core.extract import extract_text
 from tasks.core.header_strip import BLOCK_CHARS
+from tasks.core.markdown import md_code
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.source_index import SourceIndex, trusted
 from tasks.core.stage import BuildContext, Stage, StageRef, fault_point, stage_task, summary_table
@@ -114,9 +115,19 @@ class CorpusSettings(Settings):
         url = url.strip()
         if not url:
             raise ValueError("source_url must be an http(s):// or file:// URL of the wikitext-103-raw-v1 zip, got ''")
+        shown = redact_url(url)
+        odd = sorted({c for c in url if c == "\\" or c.isspace() or not c.isprintable()})
+        if odd:  # parsers disagree on these (requests ends the host at a backslash, urllib.parse does not)
+            raise ValueError(
+                f"source_url {shown!r} holds {', '.join(map(repr, odd))}, which a URL cannot hold as it is; "
+                "percent-encode it (e.g. %5C for a backslash, %20 for a space)"
+            )
         parsed = urllib.parse.urlparse(url)
         scheme = parsed.scheme.lower()
-        shown = redact_url(url)
+        try:
+            parsed.port  # noqa: B018 (raises for a port that is not a number in 0..65535)
+        except ValueError:
+            raise ValueError(f"source_url {shown!r} has a port that is not a number from 1 to 65535") from None
         if scheme not in ("http", "https", "file"):
             raise ValueError(
                 f"source_url {shown!r} has scheme {parsed.scheme or '(none)'!r}; use an http://, "
@@ -477,7 +488,7 @@ def report(manifest: dict) -> str:
         "",
         summary_table(
             [
-                ("source", redact_url(m.get("source_url") or "")),
+                ("source", md_code(redact_url(m.get("source_url") or ""))),
                 ("source identity (part of the version)", _source_line(manifest.get("source"))),
                 ("zip", f"{m.get('zip_bytes', 0):,} bytes, sha256 `{m.get('zip_sha256')}` (not kept)"),
                 (

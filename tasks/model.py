@@ -222,6 +222,11 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
     checkpoint) and publish it."""
     from dataclasses import asdict
 
+    # torch's TorchInductor cache goes to the user's cache folder, not TMPDIR (where torch would leave a
+    # torchinductor_<user> folder behind on every build); this process's training ranks inherit it
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wiki-pipeline" / "torchinductor"
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
+
     import mygpt.distributed as dist
     from mygpt.train import TrainConfig
 

@@ -9,12 +9,12 @@ cannot encode are dropped from a prompt with a warning (the flow already refused
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from pydantic import Field, field_validator
 
 from mygpt.errors import UserError
+from tasks.core.markdown import md_code, md_text
 from tasks.core.settings import DeviceSettings, RunOptions, Seed
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 
@@ -114,13 +114,6 @@ def build_samples(ctx: BuildContext, settings: SamplesSettings, model: Path) -> 
     return {"samples": samples, "device": s.device, "precision": s.precision}
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~])")
-
-
-def _escape(text: str) -> str:
-    return _MD_SPECIAL.sub(r"\\\1", text)
-
-
 def samples_markdown(samples: list[dict], p: dict) -> str:
     """The samples as markdown: one blockquote per prompt, the prompt in bold, markdown syntax escaped."""
     parts = [
@@ -129,16 +122,16 @@ def samples_markdown(samples: list[dict], p: dict) -> str:
     ]
     for i, s in enumerate(samples, 1):
         note = (
-            f" (characters the tokenizer cannot encode dropped: used {s['used_prompt']!r})"
+            f" (characters the tokenizer cannot encode dropped: used {md_code(repr(s['used_prompt']))})"
             if s["used_prompt"] != s["prompt"]
             else ""
         )
         prompt = s["used_prompt"]
         core = prompt.strip()  # ** must hug the text to render as bold
         lead, tail = prompt[: len(prompt) - len(prompt.lstrip())], prompt[len(prompt.rstrip()) :]
-        text = f"{lead}**{_escape(core)}**{tail}{_escape(s['continuation'])}"
+        text = f"{lead}**{md_text(core, one_line=False)}**{tail}{md_text(s['continuation'], one_line=False)}"
         quote = "\n".join(f"> {line}  " for line in text.split("\n"))
-        parts.append(f"## {i}. {_escape(s['prompt'])}{note}\n\n{quote}\n")
+        parts.append(f"## {i}. {md_text(s['prompt'])}{note}\n\n{quote}\n")
     return "\n".join(parts)
 
 

@@ -43,6 +43,7 @@ from mygpt.bpe import BPETokenizer
 from mygpt.bpe_encode import EncodeStats, chunk_bounds
 from mygpt.errors import UserError
 from tasks.core import dask_work, shard_format
+from tasks.core.markdown import md_code
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 from tasks.core.store import sha256_file
@@ -392,7 +393,7 @@ def _readme(index: dict, split_metrics: dict) -> str:
 
 
 def _show(c: str) -> str:
-    return "`" + c.replace("\n", "\\n").replace("\t", "\\t").replace("`", "'").replace("|", "\\|") + "`"
+    return md_code(c)
 
 
 def report(manifest: dict) -> str:

@@ -41,6 +41,7 @@ from mygpt.bpe_encode import chunk_bounds
 from mygpt.bpe_train import add_counts, gc_paused, train_and_count_tokens
 from mygpt.errors import UserError
 from tasks.core import dask_work
+from tasks.core.markdown import md_code
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task, summary_table
 from tasks.corpus import SPLIT_FILES
@@ -149,7 +150,7 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
 
 
 def _show(s: str) -> str:
-    return "`" + s.replace("\n", "\\n").replace("\t", "\\t").replace("`", "'").replace("|", "\\|") + "`"
+    return md_code(s)
 
 
 def report(manifest: dict) -> str:

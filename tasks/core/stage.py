@@ -44,6 +44,7 @@ from typing import Any, Generic, TypedDict, TypeVar, cast
 from uuid import UUID
 
 from mygpt.errors import UserError
+from tasks.core.markdown import md_code
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.store import ArtifactStore, Build, human_bytes, version_id
 
@@ -256,10 +257,9 @@ def summary_table(rows: list[tuple[str, object]]) -> str:
 def settings_table(settings: dict) -> str:
     """The settings a version was built with, one named row each (the end of every stage's UI artifact)."""
 
-    def cell(value) -> str:
-        return json.dumps(value, ensure_ascii=False).replace("|", "\\|")
-
-    rows = "\n".join(f"| `{name}` | `{cell(value)}` |" for name, value in settings.items())
+    rows = "\n".join(
+        f"| {md_code(name)} | {md_code(json.dumps(value, ensure_ascii=False))} |" for name, value in settings.items()
+    )
     return f"\n## Settings\n\n| setting | value |\n|---|---|\n{rows}\n"
 
 

@@ -19,9 +19,10 @@ from pathlib import Path
 
 
 def redact_url(url: str) -> str:
-    """``url`` as it may be shown or stored: user info and every query value replaced by ``***``
-    (``https://alice:pw@host/f.zip?token=abc&x`` -> ``https://***@host/f.zip?token=***&***``). The user info
-    ends at the *last* ``@`` of the address part (a password may hold ``@``, ``:``, ``/`` or ``%``)."""
+    """``url`` as it may be shown or stored: user info, every query value and the fragment replaced by ``***``
+    (``https://alice:pw@host/f.zip?token=abc&x#t=1`` -> ``https://***@host/f.zip?token=***&***#***``; an OAuth
+    token may ride in a fragment). The user info ends at the *last* ``@`` of the address part (a password may
+    hold ``@``, ``:``, ``/`` or ``%``)."""
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:  # e.g. an unbalanced "[" in the host: show the scheme only
@@ -29,7 +30,8 @@ def redact_url(url: str) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         netloc = "***@" + netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=_redact_query(parts.query)))
+    fragment = "***" if parts.fragment else ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=_redact_query(parts.query), fragment=fragment))
 
 
 def _redact_query(query: str) -> str:
@@ -59,14 +61,14 @@ def _any_encoding(secret: str) -> str:
 
 
 def _secret_patterns(url: str) -> list[tuple[re.Pattern, str]]:
-    """``(pattern, replacement)`` for each secret of ``url``, in any encoding: each query value (next to its key,
-    and on its own when long enough), the user info (before an ``@``) and the password on its own."""
+    """``(pattern, replacement)`` for each secret of ``url``, in any encoding: each query or fragment value (next
+    to its key, and on its own when long enough), the user info (before an ``@``) and the password on its own."""
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:
         return []
     found: list[tuple[str, str]] = []  # (regex, replacement)
-    for item in parts.query.split("&"):
+    for item in [*parts.query.split("&"), *parts.fragment.split("&")]:  # a fragment may carry a token too
         key, sep, value = item.partition("=")
         if not sep:
             key, value = "", key

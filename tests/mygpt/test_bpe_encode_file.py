@@ -155,3 +155,18 @@ def test_byte_fallback_file_round_trip(multibyte_file, wikitext2_text):
     ids = _concat(parts)
     np.testing.assert_array_equal(ids, tok.encode_corpus(body))
     assert tok.decode(ids) == body
+
+
+def test_a_word_longer_than_the_bound_is_refused_not_read_whole(tmp_path):
+    """One 2 MiB "word" (no whitespace after a non-space) used to become one 2 MiB chunk (40 MB: 40 MB, and a
+    worker's memory grew with it): now the chunker refuses it, naming the file and where."""
+    from mygpt.bpe_encode import MAX_WORD_BYTES, chunk_bounds
+    from mygpt.errors import UserError
+
+    path = tmp_path / "oneword.txt"
+    path.write_bytes(b"fine words here\n" + b"a" * (2 * MAX_WORD_BYTES) + b" end\n")
+    with pytest.raises(UserError, match=rf"{path}: no word ends in the {MAX_WORD_BYTES:,} bytes after byte 1,000"):
+        list(chunk_bounds(path, 1000))
+    path.write_bytes(b"fine words here\n" + b"a" * (MAX_WORD_BYTES // 2) + b" end\n")  # long, within the bound
+    bounds = list(chunk_bounds(path, 1000))
+    assert bounds[0][1] == 0 and bounds[-1][2] == path.stat().st_size

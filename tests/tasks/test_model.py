@@ -260,3 +260,33 @@ def test_a_diverging_run_publishes_nothing(upstream, tmp_path):
     with pytest.raises(UserError, match=r"^training diverged at step \d: the loss is nan .* the likely cause is lr "):
         train_stage.train_model.fn(shards, tokenizer, settings, run_in(art))
     assert not list(art.glob("model/*/model.ckpt")), "nothing published"
+
+
+_BUILD_IN_A_FRESH_TMPDIR = """
+import json, sys
+from tasks.model import train_model
+from tests.support.tiny import SETTINGS, run_in
+shards, tokenizer = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+settings = SETTINGS.model.model_copy(update={"steps": 3, "eval_every": 3, "checkpoint_every": 3})
+train_model.fn(shards, tokenizer, settings, run_in(sys.argv[1]))
+"""
+
+
+def test_a_model_build_leaves_nothing_in_tmpdir(upstream, tmp_path):
+    """torch's TorchInductor cache (``torchinductor_<user>``) used to appear in TMPDIR on every build: the stage
+    keeps it in the user's cache folder instead (a process of its own, so torch's cache path is not yet set)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.support import REPO
+
+    root, _, tokenizer, shards = upstream
+    tmpdir, home = tmp_path / "tmp", tmp_path / "home"
+    tmpdir.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir), "XDG_CACHE_HOME": str(home / ".cache")}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    code = [sys.executable, "-c", _BUILD_IN_A_FRESH_TMPDIR, str(root), json.dumps(shards), json.dumps(tokenizer)]
+    subprocess.run(code, env=env, cwd=REPO, check=True, capture_output=True, timeout=300)
+    assert list(tmpdir.iterdir()) == []
+    assert (home / ".cache" / "wiki-pipeline" / "torchinductor").is_dir()
