@@ -156,3 +156,22 @@ def test_a_deployment_run_outside_the_allow_list_is_refused_before_any_stage(pre
         state.result()
     assert task_run_states(state.state_details.flow_run_id) == {}
     assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    "url, why",
+    [
+        ("http://127.0.0.1:9999\\@127.0.0.1:8765/w.zip", "holds '\\\\\\\\'"),  # requests: host :9999; urlsplit: :8765
+        ("http://evil.example\\@127.0.0.1:8765/w.zip", "holds '\\\\\\\\'"),
+        ("http://127.0.0.1:8765/w .zip", "holds ' '"),
+        ("http://127.0.0.1:99999/w.zip", "has a port that is not a number from 1 to 65535"),
+    ],
+)
+def test_urls_the_parsers_read_differently_are_refused(allowed, url, why):
+    """The review's bypass: urllib.parse reads the host after a backslash, requests before it. Such a URL is
+    refused as a setting, and no allow-list entry ever covers it."""
+    from flows.allowed import _url_under
+
+    with pytest.raises(UserError, match=rf"^corpus\.source_url .* {why}"):
+        parse(allowed / "ok", url)
+    assert not _url_under(url, "http://127.0.0.1:8765/")
