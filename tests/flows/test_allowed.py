@@ -61,8 +61,8 @@ def test_what_serve_was_given_is_allowed_to_its_runs_and_nothing_else(tmp_path, 
     its deployment runs may use R and U besides the defaults; the entry holds no credentials."""
     from flows.allowed import allow_served
 
-    monkeypatch.delenv(ENV_ROOTS, raising=False)
-    monkeypatch.delenv(ENV_SOURCES, raising=False)
+    monkeypatch.setenv(ENV_ROOTS, "")  # unset (empty counts as unset), and restored after: allow_served writes them
+    monkeypatch.setenv(ENV_SOURCES, "")
     monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", "2b3c1f8e-0000-4000-8000-000000000000")
     served = "http://op:s3cret@127.0.0.1:9/mirror/w.zip?token=t0k"
     allow_served(str(tmp_path / "served"), [served])
