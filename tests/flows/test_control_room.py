@@ -15,13 +15,13 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from flows.settings import TINY
 from tests.support import REPO
+from tests.support.runner import serving
 
 STAGES = ("corpus", "tokenizer", "shards", "model", "samples", "export")
 LINE = re.compile(r"^  (\w+) +(built|Cached) +(\w+)/([0-9a-f]{12}) · [\d.]+ \w?B · [\d.]+ s$")
@@ -44,31 +44,9 @@ def served(prefect_server, mirror, tmp_path_factory):
     """`wiki-pipeline serve --tiny --source-url <mirror>`: the demo's runner (artifacts under a temp root)."""
     tmp = tmp_path_factory.mktemp("served")
     root = tmp / "art"
-    log_path = tmp / "runner.log"
-    cmd = ["serve", "--tiny", "--source-url", mirror.url(), "--artifacts-dir", str(root)]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", *cmd],
-            cwd=REPO,
-            env=prefect_server.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while "is being served" not in log_path.read_text():
-            assert proc.poll() is None, f"the runner exited:\n{log_path.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"the runner did not start:\n{log_path.read_text()[-3000:]}"
-            time.sleep(0.3)
+    args = ["--tiny", "--source-url", mirror.url(), "--artifacts-dir", str(root)]
+    with serving(prefect_server.env, tmp / "runner.log", *args) as log_path:
         yield prefect_server.env, root, log_path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def deployment_run(env: dict, runner_log: Path, *args: str, ok: bool = True) -> str:

@@ -11,13 +11,13 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from flows.settings import TINY
 from tasks.registry import open_store
+from tests.support.runner import serving
 
 KEYS = {
     "wiki-corpus": "corpus",
@@ -51,29 +51,8 @@ def runner(prefect_server, tmp_path, mirror):
         "WIKI_PIPELINE_ARTIFACTS": str(tmp_path / "art"),
         "WIKI_PIPELINE_ALLOWED_SOURCES": f"default {mirror.url()}",
     }
-    log_path = tmp_path / "runner.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "serve"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while "is being served" not in log_path.read_text():
-            assert proc.poll() is None, f"the runner exited:\n{log_path.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"the runner did not start:\n{log_path.read_text()[-3000:]}"
-            time.sleep(0.5)
+    with serving(env, tmp_path / "runner.log") as log_path:
         yield env, tmp_path / "art", log_path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _artifacts(flow_run_id: str) -> dict:

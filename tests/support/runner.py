@@ -1,0 +1,41 @@
+"""`wiki-pipeline serve` as its own process, for the tests that trigger deployment runs: started, waited for
+until it serves, stopped (and its process group with it) afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.support import REPO
+
+
+@contextlib.contextmanager
+def serving(env: dict, log_path: Path, *serve_args: str, start_timeout: float = 120) -> Iterator[Path]:
+    """``wiki-pipeline serve SERVE_ARGS`` with ``env``, its output in ``log_path``, until the block ends."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "serve", *serve_args],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + start_timeout
+        while "is being served" not in log_path.read_text():
+            assert proc.poll() is None, f"the runner exited:\n{log_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"the runner did not start:\n{log_path.read_text()[-3000:]}"
+            time.sleep(0.3)
+        yield log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
