@@ -162,13 +162,13 @@ def prefect_api_url() -> str | None:
     return PREFECT_API_URL.value() or None
 
 
-def flow_parameters(args) -> dict:
-    """The chosen settings as the flow's JSON parameters, credentials in ``source_url`` included: this is what
-    a deployment runs with (everywhere else the JSON form of the settings is redacted)."""
+def flow_parameters(settings) -> dict:
+    """``settings`` (a checked ``Pipeline``) as the flow's JSON parameters, credentials in ``source_url``
+    included: this is what a deployment runs with (everywhere else the JSON form of the settings is redacted)."""
     from tasks.core.urls import credentials_revealed
 
     with credentials_revealed():
-        return checked(args).flow_parameters()
+        return settings.flow_parameters()
 
 
 def cmd_serve(args) -> int:
@@ -184,7 +184,7 @@ def cmd_serve(args) -> int:
     settings = checked(args)
     check_prefect_server()
     allow_served(settings.run.root(), source_urls(dict(settings).values()))  # the operator's own choices
-    parameters = flow_parameters(args)
+    parameters = flow_parameters(settings)
     DownloadKnobs.from_env()  # the runner's environment is what its flow runs download with
     # the runner asks the server for runs to start every POLL_SECONDS (Prefect's default, 10 s, is most of a
     # cached rerun's wall time); the deployment's parameters are the chosen settings, so a bare
@@ -203,7 +203,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_params(args) -> int:
-    print(json.dumps(flow_parameters(args)))
+    print(json.dumps(flow_parameters(checked(args))))
     return 0
 
 

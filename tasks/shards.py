@@ -392,10 +392,6 @@ def _readme(index: dict, split_metrics: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _show(c: str) -> str:
-    return md_code(c)
-
-
 def report(manifest: dict) -> str:
     m = manifest.get("metrics", {})
     lines = [
@@ -429,7 +425,7 @@ def report(manifest: dict) -> str:
         if miss["missing_top"]:
             lines.append(
                 "Most frequent: "
-                + ", ".join(f"{_show(t['char'])} {t['codepoint']} ×{t['count']}" for t in miss["missing_top"][:10])
+                + ", ".join(f"{md_code(t['char'])} {t['codepoint']} ×{t['count']}" for t in miss["missing_top"][:10])
             )
     return "\n".join(lines) + "\n"
 

@@ -149,10 +149,6 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
     return stats
 
 
-def _show(s: str) -> str:
-    return md_code(s)
-
-
 def report(manifest: dict) -> str:
     m = manifest.get("metrics", {})
     p = manifest.get("settings", {})
@@ -173,7 +169,7 @@ def report(manifest: dict) -> str:
             ]
         ),
         "",
-        "First merges: " + " ".join(_show(a) + "+" + _show(b) for a, b in m.get("first_merges", [])[:FIRST_MERGES]),
+        "First merges: " + " ".join(md_code(a) + "+" + md_code(b) for a, b in m.get("first_merges", [])[:FIRST_MERGES]),
     ]
     return "\n".join(lines) + "\n"
 
