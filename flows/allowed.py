@@ -34,6 +34,7 @@ import urllib.parse
 from collections.abc import Iterable
 
 from mygpt.errors import UserError
+from tasks.core.store_s3 import normal_url
 from tasks.core.urls import redact_url
 
 ENV_ROOTS = "WIKI_PIPELINE_ALLOWED_ROOTS"
@@ -69,9 +70,14 @@ def allowed_roots(deployment: bool = False) -> list[str] | None:
     if not value:
         return None
     roots = []
-    for item in (i.strip() for i in value.split(os.pathsep)):
+    for item in (i.strip() for i in re.split(r":(?!//)", value)):  # the colon of s3:// separates nothing
         if item == DEFAULT:
             roots += default_roots()
+        elif item.lower().startswith("s3://"):
+            try:
+                roots.append(normal_url(item))
+            except ValueError as exc:
+                raise UserError(f"{ENV_ROOTS}: {exc}") from None
         elif item:
             if not os.path.isabs(os.path.expanduser(item)):
                 raise UserError(f"{ENV_ROOTS}: {item!r} is not an absolute path; list absolute directories")
@@ -120,8 +126,9 @@ def check_allowed(root: str, source_urls: Iterable[str]) -> None:
     deployment = in_deployment_run()
     roots = allowed_roots(deployment)
     if roots is not None and not any(_under(root, allowed) for allowed in roots):
+        resolved = root if "://" in root else os.path.realpath(root)
         raise UserError(
-            f"run.artifacts_dir {root} (resolved: {os.path.realpath(root)}) is outside the artifact roots this "
+            f"run.artifacts_dir {root} (resolved: {resolved}) is outside the artifact roots this "
             f"machine allows ({_shown(ENV_ROOTS, os.pathsep.join(roots))}); choose a root inside one of them, or "
             f"ask whoever runs this worker to add yours to {ENV_ROOTS}"
         )
@@ -145,6 +152,17 @@ def _shown(name: str, value: str) -> str:
 
 
 def _under(path: str, root: str) -> bool:
+    """Whether the artifact root ``path`` is inside the allowed ``root`` (directories, or ``s3://`` prefixes
+    compared segment by segment)."""
+    remote = [p.strip().lower().startswith("s3://") for p in (path, root)]
+    if any(remote):
+        if not all(remote):
+            return False
+        try:
+            path, root = normal_url(path), normal_url(root)
+        except ValueError:
+            return False
+        return path == root or path.startswith(root.rstrip("/") + "/")
     path, root = os.path.realpath(path), os.path.realpath(root)
     return os.path.commonpath([path, root]) == root
 

@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import json
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from mygpt.errors import UserError
@@ -151,7 +150,9 @@ def cmd_run(args) -> int:
     samples = refs.get("samples")
     if samples:
         print()
-        print((Path(samples["path"]) / "samples.md").read_text(encoding="utf-8"))
+        from tasks.core.stage import ref_dir
+
+        print((ref_dir(samples) / "samples.md").read_text(encoding="utf-8"))
     return 0
 
 
@@ -401,7 +402,7 @@ def cmd_gc(args) -> int:
     print(f"{'deleting' if args.yes else 'would delete (dry run; --yes deletes)'} under {store.root}:")
     freed = kept = 0
     for item in items:
-        where = item.path.relative_to(store.root)
+        where = f"(cache) {item.key}" if item.local else item.key
         in_use = item.in_use or (args.yes and not store.collect(item))
         if in_use:
             kept += 1
@@ -411,6 +412,29 @@ def cmd_gc(args) -> int:
         print(f"  {human_bytes(item.bytes):>9s}  {where}  {item.reason}")
     verb = "freed" if args.yes else "would free"
     print(f"{verb} {human_bytes(freed)} in {len(items) - kept} item(s)" + (f"; {kept} in use, kept" if kept else ""))
+    return 0
+
+
+def cmd_pull(args) -> int:
+    """Copy one published version into a local directory (for ``from_pretrained``, DuckDB, or a look by hand)."""
+    from pathlib import Path
+
+    from tasks.core.store import human_bytes
+    from tasks.registry import open_store
+
+    stage, _, version = args.version.strip().strip("/").partition("/")
+    store = open_store(args.artifacts_dir)
+    try:
+        info = store.pull(stage, version, Path(args.dest))
+    except ValueError as exc:
+        raise UserError(
+            f"pull {args.version}: {exc}; name a version as STAGE/VERSION (`wiki-pipeline artifacts`)"
+        ) from None
+    except FileNotFoundError as exc:
+        raise UserError(f"pull {args.version}: {exc}; `wiki-pipeline artifacts` lists what is published") from None
+    print(
+        f"copied {stage}/{version} ({human_bytes(info.size_bytes)}, every file checked) from {info.path} to {args.dest}"
+    )
     return 0
 
 
@@ -479,6 +503,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--yes", action="store_true", help="delete them (default: only list them)")
     gc.set_defaults(func=cmd_gc)
+
+    pull = sub.add_parser(
+        "pull", help="copy a published version (e.g. export/<version>) into a local directory, checked file by file"
+    )
+    pull.add_argument("version", metavar="STAGE/VERSION", help="as `wiki-pipeline artifacts` lists it")
+    pull.add_argument("dest", metavar="DIR", help="a new (or empty) directory to copy it into")
+    pull.add_argument("--artifacts-dir", help="artifact root (default: artifacts/ or $WIKI_PIPELINE_ARTIFACTS)")
+    pull.set_defaults(func=cmd_pull)
     return ap
 
 

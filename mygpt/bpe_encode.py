@@ -35,8 +35,9 @@ from __future__ import annotations
 import collections
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import IO, Any
 
 import numpy as np
 
@@ -478,18 +479,21 @@ def _read_chunk(f, path, start: int, end: int) -> str:
         raise _not_utf8(path, start + e.start) from None
 
 
-def read_chunk(path, start: int, end: int) -> str:
+def read_chunk(path, start: int, end: int, opener: Callable[[Any], IO[bytes]] | None = None) -> str:
     """Bytes ``start..end`` of a UTF-8 file as text (a chunk from :func:`chunk_bounds`); ``UserError`` naming the
-    file and the offset of an invalid byte."""
-    with open(path, "rb") as f:
+    file and the offset of an invalid byte. ``opener(path)``: how to open it for binary reading (default
+    ``open(path, "rb")``; e.g. an object store's file, read by range)."""
+    with opener(path) if opener else open(path, "rb") as f:
         return _read_chunk(f, path, start, end)
 
 
-def encode_chunk(tokenizer, path, start: int, end: int, unk_policy: str = "skip") -> tuple[np.ndarray, EncodeStats]:
+def encode_chunk(
+    tokenizer, path, start: int, end: int, unk_policy: str = "skip", opener: Callable[[Any], IO[bytes]] | None = None
+) -> tuple[np.ndarray, EncodeStats]:
     """Encode bytes ``start..end`` of a UTF-8 file: ``(ids, stats)``. One chunk of :func:`iter_encode_file`, for a
     caller that spreads the chunks over processes or machines (the pipeline does, on Dask); the tokenizer's
-    word cache carries over from one call to the next in the same process."""
-    return tokenizer._fast_encoder().encode_text(read_chunk(path, start, end), unk_policy)
+    word cache carries over from one call to the next in the same process. ``opener``: see :func:`read_chunk`."""
+    return tokenizer._fast_encoder().encode_text(read_chunk(path, start, end, opener), unk_policy)
 
 
 def iter_encode_file(

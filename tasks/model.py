@@ -292,6 +292,7 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
     stall = bool(os.environ.get(STALL_ENV))
 
     def on_checkpoint(step: int, path: str) -> None:
+        ctx.save(Path(path))  # an object-store root: a rerun on another machine resumes from this step
         if stall and s.nproc == 1 and step < s.steps:  # with several processes rank 0 stalls (env below)
             ctx.log.warning("model: %s is set: stalling after the checkpoint at step %d", STALL_ENV, step)
             while True:

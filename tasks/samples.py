@@ -169,9 +169,10 @@ def check_prompts(tokenizer, prompt) -> list[str]:
 def check_prompt_early(settings: SamplesSettings, tokenizer: StageRef) -> list[str]:
     """The samples' early check (:attr:`Stage.early_check`): the prompt against the tokenizer, as soon as the
     tokenizer version exists, so a prompt it cannot encode stops the run before the shards and the model."""
+    from tasks.core.stage import ref_dir
     from tasks.model import load_tokenizer
 
-    return check_prompts(load_tokenizer(tokenizer["path"]), settings.prompt)
+    return check_prompts(load_tokenizer(ref_dir(tokenizer)), settings.prompt)
 
 
 STAGE = Stage(

@@ -134,6 +134,7 @@ def encoded_chunks(
     tokenizer_key: str,
     tokenizer_json: str,
     path: Path,
+    where: str,
     chunk_bytes: int,
     unk_policy: str,
     start_chunk: int,
@@ -141,13 +142,14 @@ def encoded_chunks(
     name: str,
 ):
     """``(chunk_index, byte_start, byte_end, ids, stats)`` for the chunks of ``path`` from ``start_chunk`` on, in
-    order, each encoded by a Dask worker (``tasks.core.dask_work.encode_chunk``)."""
+    order, each encoded by a Dask worker (``tasks.core.dask_work.encode_chunk``) that reads its range from
+    ``where`` (the same file where it is published: a path or an ``s3://`` URL)."""
     bounds = (b for b in chunk_bounds(path, chunk_bytes) if b[0] >= start_chunk)
     work = dask_work.in_order(
         client,
         dask_work.encode_chunk,
         bounds,
-        lambda b: (tokenizer_key, tokenizer_json, str(path), b[1], b[2], unk_policy),
+        lambda b: (tokenizer_key, tokenizer_json, where, b[1], b[2], unk_policy),
         window=window,
         name=name,
     )
@@ -182,7 +184,8 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
     tokenizer_key = f"{tok_ref['version']}.{tok_ref['build_id']}"
     dtype = np.dtype(tok.id_dtype)
     chunk_bytes = ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES
-    files = {s: corpus / SPLIT_FILES[s] for s in SPLITS}
+    files = {s: corpus / SPLIT_FILES[s] for s in SPLITS}  # this process cuts the chunks from these
+    urls = {s: ctx.input_url("corpus", SPLIT_FILES[s]) for s in SPLITS}  # the workers read their ranges here
     total_bytes = sum(p.stat().st_size for p in files.values()) or 1
 
     rec_path = ctx.work / PROGRESS_FILE
@@ -245,13 +248,12 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                         }
                     )
                     save_record()
+                    ctx.save(spath, rec_path)  # an object-store root: a rerun on another machine resumes here
                     index += 1
                     offset += int(ids.size)
 
                 if client is None:
-                    client = cluster.enter_context(
-                        dask_work.dask_client(ctx.run, ctx.log, needs=[str(p) for p in files.values()])
-                    )
+                    client = cluster.enter_context(dask_work.dask_client(ctx.run, ctx.log, needs=list(urls.values())))
                     workers = len(client.scheduler_info()["workers"])
                     # the tokenizer travels with each task as one opaque string (~20 KB): a worker that dies takes
                     # nothing with it that cannot be sent again (scattered data would be lost with it)
@@ -263,6 +265,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                         tokenizer_key,
                         state,
                         path,
+                        urls[split],
                         chunk_bytes,
                         unk_policy,
                         start_chunk,
@@ -298,6 +301,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                 srec["done"] = True
                 srec["stats"] = stats.to_dict()
                 save_record()
+                ctx.save(rec_path)
             stats = EncodeStats(**srec["stats"])
             split_stats.append(stats)
             seconds = time.monotonic() - t0

@@ -77,16 +77,19 @@ def slice_end(path: Path, max_bytes: int) -> int:
     return max_bytes  # no character start in 4 bytes: not UTF-8, which counting the slice reports
 
 
-def count_slice(ctx: BuildContext, path: Path, end: int, chunk_bytes: int) -> dict[str, int]:
-    """The word counts of bytes ``0..end`` of ``path``, chunk by chunk on Dask, added up here in file order."""
+def count_slice(ctx: BuildContext, path: Path, end: int, chunk_bytes: int, where: str | None = None) -> dict[str, int]:
+    """The word counts of bytes ``0..end`` of ``path``, chunk by chunk on Dask, added up here in file order; the
+    workers read their chunks from ``where`` (the same file where it is published: a path or an ``s3://`` URL),
+    this process cuts them from ``path``."""
     counts: dict[str, int] = {}
-    with dask_work.dask_client(ctx.run, ctx.log, needs=[str(path)]) as client:
+    where = where or str(path)
+    with dask_work.dask_client(ctx.run, ctx.log, needs=[where]) as client:
         workers = len(client.scheduler_info()["workers"])
         chunks = dask_work.in_order(
             client,
             dask_work.count_chunk,
             chunk_bounds(path, chunk_bytes, end=end),
-            lambda b: (str(path), b[1], b[2]),
+            lambda b: (where, b[1], b[2]),
             window=2 * workers + 2,
             name="count-words",
         )
@@ -108,7 +111,8 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
     ctx.log.info("tokenizer: counting the words of %s bytes of %s", f"{used:,}", train_path.name)
     t0 = time.monotonic()
     try:
-        counts = count_slice(ctx, train_path, used, ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES)
+        where = ctx.input_url("corpus", train_path.name)
+        counts = count_slice(ctx, train_path, used, ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES, where)
     except dask_work.ClusterError:
         raise  # the cluster's, not the corpus's: its message says what to do
     except UserError as e:

@@ -75,3 +75,24 @@ def trained(upstream):
 
     root, _, tokenizer, shards = upstream
     return train_model.fn(shards, tokenizer, SETTINGS.model, run_in(root))
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A moto S3 server on 127.0.0.1 for the whole session (tests/support/s3.py)."""
+    from tests.support.s3 import moto_server
+
+    with moto_server() as url:
+        yield url
+
+
+@pytest.fixture
+def s3_root(s3_endpoint, tmp_path, monkeypatch) -> str:
+    """``s3://<fresh bucket>/art`` on the session's S3 server, with this process's AWS environment pointed there
+    and a local cache of its own under ``tmp_path``."""
+    from tests.support.s3 import aws_env, make_bucket, use_cache
+
+    for name, value in aws_env(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    use_cache(monkeypatch, tmp_path / "cache")
+    return f"s3://{make_bucket(s3_endpoint)}/art"

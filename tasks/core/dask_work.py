@@ -81,7 +81,7 @@ def encode_chunk(tokenizer_key: str, tokenizer_json: str, path: str, start: int,
     if tok is None:
         _TOKENIZERS.clear()
         tok = _TOKENIZERS[tokenizer_key] = BPETokenizer.from_state(json.loads(tokenizer_json))
-    ids, stats = encode(tok, path, start, end, unk_policy)
+    ids, stats = encode(tok, path, start, end, unk_policy, opener=opener(path))
     return ids, stats.to_dict()
 
 
@@ -92,7 +92,7 @@ def count_chunk(path: str, start: int, end: int) -> bytes:
     from mygpt.bpe_encode import read_chunk
     from mygpt.bpe_train import count_words
 
-    return pickle.dumps(count_words(read_chunk(path, start, end)), protocol=5)
+    return pickle.dumps(count_words(read_chunk(path, start, end, opener(path))), protocol=5)
 
 
 def word_counts(result: bytes) -> dict[str, int]:
@@ -100,7 +100,33 @@ def word_counts(result: bytes) -> dict[str, int]:
     return pickle.loads(result)
 
 
+def opener(where: str):
+    """How a worker opens ``where`` for its byte range: None (a local file: ``open``) or, for an ``s3://`` URL, the
+    object store's file read by range, with no read-ahead cache (a chunk is read once, in one request); the
+    credentials are the worker's own AWS environment, so a cluster needs no shared disk."""
+    if "://" not in where:
+        return None
+    from tasks.core.store_s3 import filesystem
+
+    fs = _FILESYSTEMS.get("s3")
+    if fs is None:
+        fs = _FILESYSTEMS["s3"] = filesystem()
+    return lambda url: fs.open(url, "rb", cache_type="none")
+
+
+_FILESYSTEMS: dict[str, Any] = {}
+
+
 def worker_can_read(path: str) -> bool:
+    if "://" in path:
+        open_ = opener(path)
+        assert open_ is not None
+        try:
+            with open_(path) as f:
+                f.read(1)
+        except Exception:
+            return False
+        return True
     return os.access(path, os.R_OK)
 
 
@@ -273,8 +299,14 @@ def _check_workers(client, address: str, needs: Iterable[str]) -> None:
         blind = sorted(w for w, ok in seen.items() if not ok)
         if blind:
             raise ClusterError(
-                f"dask_address {address}: worker(s) {', '.join(blind)} cannot read {path}; the "
-                "artifact root must be on a filesystem every worker shares, at the same path"
+                f"dask_address {address}: worker(s) {', '.join(blind)} cannot read {path}; "
+                + (
+                    "give every worker the AWS environment that reaches the bucket (AWS_ENDPOINT_URL and the "
+                    "credentials)"
+                    if "://" in path
+                    else "a local artifact root must be on a filesystem every worker shares, at the same path (or "
+                    "use an s3:// root, which workers read by range)"
+                )
             )
 
 

@@ -161,7 +161,9 @@ class RunOptions(Settings):
     """How to run the pipeline, not what it builds: nothing here enters a version id."""
 
     artifacts_dir: str | None = Field(
-        None, description="the artifact root; null = $WIKI_PIPELINE_ARTIFACTS, else artifacts/ in the checkout"
+        None,
+        description="the artifact root: a directory or s3://bucket/prefix (credentials and endpoint from the AWS "
+        "environment); null = $WIKI_PIPELINE_ARTIFACTS, else artifacts/ in the checkout",
     )
     force: tuple[str, ...] = Field(
         (), strict=False, description='stages to rebuild even though a valid version exists, e.g. ["tokenizer"]'
@@ -226,6 +228,15 @@ class RunOptions(Settings):
     def _root_is_a_directory(cls, value: str | None) -> str | None:
         if not value:
             return value
+        if value.strip().lower().startswith("s3://"):
+            from tasks.core.store_s3 import normal_url
+
+            return normal_url(value)  # ValueError saying what is wrong with the URL
+        if "://" in value:
+            raise ValueError(
+                f"artifacts_dir {value.split('://')[0]}://...: the artifact root is a local directory or an "
+                "s3://bucket/prefix URL (any S3-compatible service, through AWS_ENDPOINT_URL)"
+            )
         path = os.path.abspath(os.path.expanduser(value))
         while not os.path.exists(path) and os.path.dirname(path) != path:  # the nearest part that exists
             path = os.path.dirname(path)
@@ -248,10 +259,11 @@ class RunOptions(Settings):
         return self
 
     def root(self) -> str:
-        """The artifact root as an absolute path (``artifacts_dir``, else the store's default)."""
-        from tasks.core.store import default_root
+        """The artifact root as an absolute path or an ``s3://bucket/prefix`` URL (``artifacts_dir``, else the
+        store's default)."""
+        from tasks.core.store import absolute_root, default_root
 
-        return os.path.abspath(os.path.expanduser(self.artifacts_dir)) if self.artifacts_dir else str(default_root())
+        return absolute_root(self.artifacts_dir or default_root())
 
 
 class DeviceSettings(Settings):

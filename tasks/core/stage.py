@@ -131,6 +131,15 @@ def _flow_run_id() -> str | None:
     return flow_run.id
 
 
+def ref_dir(ref: StageRef) -> Path:
+    """A local directory holding the version ``ref`` names: its own, or (published on object storage) a verified
+    copy in this machine's cache (``ArtifactStore.local_copy``)."""
+    where, suffix = ref["path"], f"/{ref['stage']}/{ref['version']}"
+    if not where.endswith(suffix) or "://" not in where:
+        return Path(where)
+    return ArtifactStore(where.removesuffix(suffix)).local_copy(ref["stage"], ref["version"])
+
+
 def lineage(name: str, ref: StageRef) -> dict:
     """What a manifest records of an input: stage, version and build id, never a path (an artifact root can be
     moved or copied; the input lives under whichever root the version is read from)."""
@@ -177,6 +186,16 @@ class BuildContext(Generic[S]):
     @property
     def resumed(self) -> bool:
         return self.build.resumed
+
+    def save(self, *paths: Path) -> None:
+        """Mark ``paths`` (under :attr:`out` or :attr:`work`) as resume state: on an object-store root they are
+        uploaded now, so a rerun on another machine resumes from them (see ``Build.save``)."""
+        self.build.save(*paths)
+
+    def input_url(self, name: str, rel: str) -> str:
+        """Where the file ``rel`` of the input ``name`` is published (a path, or an ``s3://`` URL): what a Dask
+        worker reads its byte range from, so a cluster needs no shared disk."""
+        return f"{self.store.location(name, self.inputs[name]['version'])}/{rel}"
 
     def progress(self, done: float, total: float, message: str = "", force: bool = False) -> None:
         """Report progress: a log line (every ~10 s or 10 %) and a Prefect progress artifact."""
@@ -341,7 +360,6 @@ class Stage:
                     f"{self.name} needs {name}/{up['version']}, which is not published under "
                     f"{store.root}; run the stages before it first"
                 )
-            input_dirs[name] = store.version_path(name, up["version"])
         source = self.source(settings, store, logger) if self.source else None
         version = self.version(settings, inputs, source)
         force = self.name in run.force
@@ -351,7 +369,7 @@ class Stage:
                 stage=self.name,
                 version=version,
                 build_id=manifest["build_id"],
-                path=str(store.version_path(self.name, version)),
+                path=store.location(self.name, version),
             )
 
         def waiting() -> None:
@@ -371,6 +389,8 @@ class Stage:
             staging = store.open_build(self.name, version)
             if force:
                 staging.reset()  # a forced build starts from nothing, whatever an earlier attempt left
+            for name, up in sorted(inputs.items()):  # local directories (for an object-store root: verified copies)
+                input_dirs[name] = store.local_copy(name, up["version"])
             logger.info(
                 "%s: building %s/%s%s",
                 self.name,
@@ -409,7 +429,7 @@ class Stage:
             create_markdown_artifact(
                 key=self.artifact_key,
                 description=f"built {self.name}/{version}",
-                markdown=self.report({**manifest, "path": str(store.version_path(self.name, version))})
+                markdown=self.report({**manifest, "path": store.location(self.name, version)})
                 + settings_table(manifest["settings"]),
             )
         return self._final(ref(manifest), manifest, reused=False)

@@ -1,25 +1,29 @@
 """The artifact store: versioned, immutable, atomically published stage outputs.
 
-Layout under the root (``artifacts/`` by default, ``WIKI_PIPELINE_ARTIFACTS`` or an explicit path)::
+Layout under the root (``artifacts/`` by default, ``WIKI_PIPELINE_ARTIFACTS`` or an explicit path, or an
+``s3://bucket/prefix``)::
 
     <root>/<stage>/<version>/...files...   a published version; manifest.json is written last
     <root>/<stage>/.staging/<version>/     a build in progress: out/ (to publish) and work/ (resume state)
-    <root>/<stage>/.locks/<version>.lock   one builder per version at a time (fcntl lock, freed on SIGKILL);
-                                           builds hold their inputs' shared (so gc keeps them); gc deletes it
-    <root>/<stage>/.trash/                 damaged or replaced versions, moved aside before deletion
+    <root>/<stage>/.locks/<version>.lock   one builder per version at a time; builds hold their inputs'
+                                           shared (so gc keeps them); gc deletes it
+    <root>/<stage>/.trash/                 damaged or replaced versions, moved aside before deletion (local)
+
+This module holds the rules (version ids, manifests, verification, what is stale, what is garbage, the build
+and its publication), once for both kinds of root; the files side is :class:`tasks.core.store_posix.PosixFiles`
+(a directory: ``os.rename`` publication, ``flock`` locks) or :class:`tasks.core.store_s3.ObjectFiles` (object
+storage: manifest uploaded last, leases taken with conditional writes, a local cache for builds and inputs).
 
 A version id is a short hash of the stage name, its settings, its inputs (each upstream version plus
 that version's build id, so rebuilding an upstream stage gives new downstream versions) and the stage's
-code version. A version directory appears only through one ``os.rename`` of a complete staging
-``out/`` directory whose files were fsynced and whose manifest was written last, so a reader never
-sees a half-built version.
+code version. A version appears only complete: its files first, its manifest last (on a
+directory, one ``os.rename`` of the fsynced staging ``out/``; on object storage, the manifest's upload), and
+reuse verifies it against the manifest, so a reader never takes a half-built version.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -34,10 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mygpt.atomic import atomic_write_text, fsync_dir, sha256_file
+from mygpt.atomic import atomic_write_text, sha256_file
+from mygpt.errors import UserError
+from tasks.core.store_posix import PosixFiles
+from tasks.core.store_s3 import ObjectFiles, is_object_url, normal_url
 
 MANIFEST = "manifest.json"
 _STAGE_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")  # a stage's folder: a plain name, never a path
+_VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a version id (12 hex digits, see version_id)
 MANIFEST_FORMAT = 1
 ENV_ROOT = "WIKI_PIPELINE_ARTIFACTS"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -45,9 +53,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 log = logging.getLogger("wiki_pipeline.store")
 
 
-def default_root() -> Path:
+def default_root() -> str:
     """``$WIKI_PIPELINE_ARTIFACTS`` if set, else ``artifacts/`` in the repository."""
-    return Path(os.environ.get(ENV_ROOT) or REPO_ROOT / "artifacts")
+    return os.environ.get(ENV_ROOT) or str(REPO_ROOT / "artifacts")
+
+
+def absolute_root(root: str | os.PathLike) -> str:
+    """An artifact root as the store names it: an absolute path, or ``s3://bucket/prefix`` as written."""
+    if is_object_url(root):
+        return normal_url(str(root))
+    return str(Path(root).expanduser().absolute())
 
 
 def canonical_json(obj: Any) -> str:
@@ -65,17 +80,6 @@ def version_id(
     return hashlib.sha256(canonical_json(ingredients).encode("utf-8")).hexdigest()[:12]
 
 
-def _flock(fh, how: int) -> bool:
-    """``flock(fh, how)``; whether it was taken (False only when ``how`` has ``LOCK_NB`` and another holds it)."""
-    try:
-        fcntl.flock(fh, how)
-    except OSError as exc:
-        if exc.errno not in (errno.EAGAIN, errno.EACCES):
-            raise
-        return False
-    return True
-
-
 def _is_temp_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
@@ -84,7 +88,7 @@ def _is_temp_name(name: str) -> bool:
 class VersionInfo:
     stage: str
     version: str
-    path: Path
+    path: str  # where it is published: a directory, or an s3:// URL
     manifest: dict
 
     @property
@@ -99,16 +103,35 @@ class ArtifactStore:
         """``stages``: the stages this root holds, in the order they run (``tasks.registry.open_store`` passes
         them). Reading, building and publishing one stage's versions need none; the listings of the whole root
         (:meth:`versions` of every stage, :meth:`garbage`, :meth:`stale_versions`) need them."""
-        self.root = Path(root) if root is not None else default_root()
-        self.root = self.root.expanduser().absolute()
+        where = absolute_root(root if root is not None else default_root())
+        self.files: PosixFiles | ObjectFiles = ObjectFiles(where) if is_object_url(where) else PosixFiles(Path(where))
+        self.root: str = self.files.display  # what messages name: a directory or an s3:// URL
+        self.remote = self.files.remote
         self.stages = tuple(stages)
 
-    # ---- paths -------------------------------------------------------------------------------
-    def stage_dir(self, stage: str) -> Path:
+    # ---- names -------------------------------------------------------------------------------
+    def _stage_key(self, stage: str) -> str:
         if not _STAGE_NAME_RE.fullmatch(stage) or (self.stages and stage not in self.stages):
             known = f"; stages are {', '.join(self.stages)}" if self.stages else ""
             raise ValueError(f"unknown stage {stage!r}{known}")
-        return self.root / stage
+        return stage
+
+    def _version_key(self, stage: str, version: str) -> str:
+        if not _VERSION_RE.fullmatch(version):
+            raise ValueError(
+                f"{version!r} is not a version id (12 hex digits, as `wiki-pipeline artifacts` lists them)"
+            )
+        return f"{self._stage_key(stage)}/{version}"
+
+    def _lock_key(self, stage: str, version: str) -> str:
+        return f"{self._stage_key(stage)}/.locks/{version}.lock"
+
+    def _staging_key(self, stage: str, version: str) -> str:
+        return f"{self._stage_key(stage)}/.staging/{version}"
+
+    def stage_dir(self, stage: str) -> Path:
+        """The stage's local folder: under the root, or for an object-store root under its local cache."""
+        return self.files.local / self._stage_key(stage)
 
     def _all_stages(self) -> tuple[str, ...]:
         if not self.stages:
@@ -118,18 +141,65 @@ class ArtifactStore:
             )
         return self.stages
 
+    def location(self, stage: str, version: str) -> str:
+        """Where ``stage/version`` is published: its directory, or its ``s3://`` URL."""
+        return self.files.where(self._version_key(stage, version))
+
     def version_path(self, stage: str, version: str) -> Path:
-        return self.stage_dir(stage) / version
+        """The local directory of ``stage/version``: the version itself, or for an object-store root its place
+        in the local cache (see :meth:`local_copy`)."""
+        return self.files.path(self._version_key(stage, version))
 
     def staging_path(self, stage: str, version: str) -> Path:
-        return self.stage_dir(stage) / ".staging" / version
+        return self.files.local / self._staging_key(stage, version)
+
+    def lock_path(self, stage: str, version: str) -> Path:
+        return self.files.local / self._lock_key(stage, version)
+
+    def local_copy(self, stage: str, version: str) -> Path:
+        """A local directory holding the published ``stage/version`` (for a build to read): the version itself,
+        or a copy in the local cache, downloaded and checked against the manifest's sha256s."""
+        key = self._version_key(stage, version)
+        if isinstance(self.files, PosixFiles):
+            return self.files.path(key)
+        manifest = self.read_manifest(stage, version)
+        if manifest is None:
+            raise FileNotFoundError(f"no published version {stage}/{version} under {self.root}")
+        return self.files.local_copy(key, manifest)
+
+    def pull(self, stage: str, version: str, dest: Path) -> VersionInfo:
+        """Copy the published ``stage/version`` into the new (or empty) local directory ``dest``: every file checked
+        against its sha256 in the manifest, the manifest written last, ``dest`` appearing by one rename."""
+        info = self.get(stage, version)
+        dest = Path(dest).expanduser().absolute()
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise UserError(
+                f"{dest} exists and is not an empty directory; give a new directory to copy {stage}/{version} into"
+            )
+        source = self.local_copy(stage, version)
+        partial = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            shutil.copytree(source, partial)
+            for rel, meta in info.manifest.get("files", {}).items():
+                if sha256_file(partial / rel) != meta.get("sha256"):
+                    raise UserError(
+                        f"{stage}/{version}: {rel} does not match its sha256 in the manifest; rerun with force"
+                    )
+            if dest.exists():
+                dest.rmdir()
+            os.rename(partial, dest)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+        return info
 
     # ---- reading -----------------------------------------------------------------------------
     def read_manifest(self, stage: str, version: str) -> dict | None:
+        text = self.files.read_text(f"{self._version_key(stage, version)}/{MANIFEST}")
+        if text is None:
+            return None
         try:
-            text = (self.version_path(stage, version) / MANIFEST).read_text(encoding="utf-8")
             manifest = json.loads(text)
-        except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
+        except json.JSONDecodeError:
             return None
         return manifest if isinstance(manifest, dict) else None
 
@@ -146,29 +216,28 @@ class ArtifactStore:
         Quick check: manifest present and well-formed, every listed file present with its size, no stray
         files. ``full=True`` also recomputes every file's sha256.
         """
-        path = self.version_path(stage, version)
-        if not path.is_dir():
+        key = self._version_key(stage, version)
+        where = self.files.where(key)
+        present = self.files.files(key)
+        if not present:
             return None, "missing"
         manifest = self.read_manifest(stage, version)
         if manifest is None:
-            return None, f"{MANIFEST} is missing or unreadable in {path}"
+            return None, f"{MANIFEST} is missing or unreadable in {where}"
         if manifest.get("stage") != stage or manifest.get("version") != version:
-            return None, f"{MANIFEST} in {path} names {manifest.get('stage')}/{manifest.get('version')}"
+            return None, f"{MANIFEST} in {where} names {manifest.get('stage')}/{manifest.get('version')}"
         files = manifest.get("files")
         if not isinstance(files, dict):
-            return None, f"{MANIFEST} in {path} has no file list"
+            return None, f"{MANIFEST} in {where} has no file list"
         for rel, meta in sorted(files.items()):
-            fpath = path / rel
-            try:
-                size = fpath.stat().st_size
-            except FileNotFoundError:
+            size = present.get(rel)
+            if size is None:
                 return None, f"{rel} is missing"
             if size != meta.get("size"):
                 return None, f"{rel} is {size} bytes, manifest says {meta.get('size')}"
-            if full and sha256_file(fpath) != meta.get("sha256"):
+            if full and self.files.sha256(f"{key}/{rel}") != meta.get("sha256"):
                 return None, f"{rel} does not match its sha256 in the manifest"
-        present = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {MANIFEST}
-        stray = sorted(present - set(files))
+        stray = sorted(set(present) - set(files) - {MANIFEST})
         if stray:
             return None, f"unexpected file(s) not in the manifest: {', '.join(stray[:5])}"
         return manifest, "ok"
@@ -177,22 +246,19 @@ class ArtifactStore:
         manifest = self.read_manifest(stage, version)
         if manifest is None:
             raise FileNotFoundError(f"no published version {stage}/{version} under {self.root}")
-        return VersionInfo(stage, version, self.version_path(stage, version), manifest)
+        return VersionInfo(stage, version, self.location(stage, version), manifest)
 
     def versions(self, stage: str | None = None) -> list[VersionInfo]:
         """Published versions (those with a manifest), oldest first."""
         found = []
         order = self._all_stages() if stage is None else (stage,)
         for st in order:
-            sdir = self.stage_dir(st)
-            if not sdir.is_dir():
-                continue
-            for child in sdir.iterdir():
-                if child.name.startswith(".") or not child.is_dir():
+            for name in self.files.subdirs(self._stage_key(st)):
+                if name.startswith(".") or not _VERSION_RE.fullmatch(name):
                     continue
-                manifest = self.read_manifest(st, child.name)
+                manifest = self.read_manifest(st, name)
                 if manifest is not None:
-                    found.append(VersionInfo(st, child.name, child, manifest))
+                    found.append(VersionInfo(st, name, self.location(st, name), manifest))
         return sorted(found, key=lambda v: (order.index(v.stage), v.manifest.get("created_at", "")))
 
     # ---- writing -----------------------------------------------------------------------------
@@ -200,7 +266,7 @@ class ArtifactStore:
     def lock(self, stage: str, version: str, on_wait=None) -> Iterator[None]:
         """Hold the per-version build lock. Blocks (calling ``on_wait`` once) while another holds it or reads the
         version (:meth:`pin`)."""
-        with self._locked(stage, version, fcntl.LOCK_EX, on_wait) as taken:
+        with self.files.locked(self._lock_key(stage, version), on_wait=on_wait) as taken:
             assert taken
             yield
 
@@ -209,75 +275,36 @@ class ArtifactStore:
         """Hold a shared lock on ``stage/version`` while a build reads it: many readers at once, but no builder
         replaces it and ``gc`` (:meth:`collect`) keeps it meanwhile. Blocks (calling ``on_wait`` once) while a
         builder or ``gc`` holds the version's lock."""
-        with self._locked(stage, version, fcntl.LOCK_SH, on_wait) as taken:
+        with self.files.locked(self._lock_key(stage, version), shared=True, on_wait=on_wait) as taken:
             assert taken
             yield
 
     @contextlib.contextmanager
     def try_lock(self, stage: str, version: str) -> Iterator[bool]:
         """Take the per-version build lock if nobody holds or reads it; yields whether it was taken (never waits)."""
-        with self._locked(stage, version, fcntl.LOCK_EX | fcntl.LOCK_NB) as taken:
+        with self.files.locked(self._lock_key(stage, version), wait=False) as taken:
             yield taken
 
-    def lock_path(self, stage: str, version: str) -> Path:
-        return self.stage_dir(stage) / ".locks" / f"{version}.lock"
-
-    @contextlib.contextmanager
-    def _locked(self, stage: str, version: str, how: int, on_wait=None) -> Iterator[bool]:
-        """``flock(how)`` on the version's lock file; yields whether it was taken (False only with ``LOCK_NB``).
-
-        Lock files are deleted by :meth:`collect` (under the exclusive lock), so after taking the lock we check
-        that the path still names the file we locked (same inode): if it was unlinked (or replaced) meanwhile,
-        the lock guards nothing and we start over on the file the path names now."""
-        path = self.lock_path(stage, version)
-        while True:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a+") as fh:
-                if not _flock(fh, how | fcntl.LOCK_NB):
-                    if how & fcntl.LOCK_NB:
-                        yield False
-                        return
-                    if on_wait:
-                        on_wait()
-                        on_wait = None
-                    fcntl.flock(fh, how)
-                try:
-                    current = os.stat(path).st_ino
-                except FileNotFoundError:
-                    current = None
-                if current != os.fstat(fh.fileno()).st_ino:
-                    fcntl.flock(fh, fcntl.LOCK_UN)
-                    continue  # gc deleted the file between our open and our lock: lock the new one
-                try:
-                    yield True
-                finally:
-                    fcntl.flock(fh, fcntl.LOCK_UN)
-                return
-
     def _unlink_lock(self, stage: str, version: str) -> None:
-        """Delete the version's lock file; call only while holding it exclusively (see :meth:`_locked`)."""
-        self.lock_path(stage, version).unlink(missing_ok=True)
+        """Delete the version's lock file; call only while holding it exclusively."""
+        self.files.unlink_lock(self._lock_key(stage, version))
 
     def discard(self, stage: str, version: str, reason: str) -> None:
-        """Move a published (damaged or replaced) version aside atomically, then delete it."""
-        path = self.version_path(stage, version)
-        if not path.exists():
-            return
-        trash = self.stage_dir(stage) / ".trash"
-        trash.mkdir(parents=True, exist_ok=True)
-        target = trash / f"{version}.{uuid.uuid4().hex[:8]}"
-        os.rename(path, target)
-        fsync_dir(path.parent)
-        log.info("discarded %s/%s (%s)", stage, version, reason)
-        shutil.rmtree(target, ignore_errors=True)
+        """Take a published (damaged or replaced) version away atomically (readers no longer see it), then delete
+        it."""
+        if self.files.discard(self._version_key(stage, version)):
+            log.info("discarded %s/%s (%s)", stage, version, reason)
 
     def open_build(self, stage: str, version: str) -> Build:
         """Staging area for building ``stage/version``. Call under ``lock``. Survives crashes for resume."""
         return Build(self, stage, version)
 
     def drop_staging(self, stage: str, version: str) -> None:
-        """Delete the staging dir of ``stage/version`` (call under ``lock``, once the version is published)."""
+        """Delete the staging area of ``stage/version`` (call under ``lock``, once the version is published): the
+        local one and, for an object-store root, the uploaded resume state."""
         shutil.rmtree(self.staging_path(stage, version), ignore_errors=True)
+        if self.remote:
+            self.files.delete(self._staging_key(stage, version))
 
     # ---- what no run will use ----------------------------------------------------------------
     def stale_versions(
@@ -307,40 +334,68 @@ class ArtifactStore:
         return stale
 
     def garbage(self, code_versions: dict[str, str] | None = None) -> list[Garbage]:
-        """What no run needs: staging dirs (unfinished builds, leftovers of published ones), interrupted
-        deletions in ``.trash``, and with ``code_versions`` the stale published versions (:meth:`stale_versions`)."""
-        found = []
-        for st in self._all_stages():
-            for d in _subdirs(self.stage_dir(st) / ".staging"):
-                size, newest = _usage(d)
-                if self.read_manifest(st, d.name) is not None:
-                    why = f"leftover staging of the published {st}/{d.name} (a run stopped before deleting it)"
-                else:
-                    why = (
-                        f"unfinished build of {st}/{d.name}, last written {newest}; a rerun with the "
-                        "same settings would resume from it"
-                    )
-                found.append(Garbage(d, st, d.name, size, why, self.is_locked(st, d.name)))
-            for d in _subdirs(self.stage_dir(st) / ".trash"):
-                found.append(Garbage(d, st, "", dir_bytes(d), "a discarded version whose deletion was interrupted"))
-            for f in sorted((self.stage_dir(st) / ".locks").glob("*.lock")):
-                version = f.name.removesuffix(".lock")
-                if not self.version_path(st, version).exists() and not self.staging_path(st, version).exists():
-                    why = f"the lock file of {st}/{version}, which is neither published nor being built"
-                    found.append(Garbage(f, st, version, 0, why, self.is_locked(st, version)))
+        """What no run needs: staging areas (unfinished builds, leftovers of published ones), interrupted
+        deletions in ``.trash``, lock files of nothing, and with ``code_versions`` the stale published versions
+        (:meth:`stale_versions`). For an object-store root, the local cache's copies and staging areas too."""
+        found: list[Garbage] = []
+        places = [(self.files, "")] if not self.remote else [(self.files, ""), (PosixFiles(self.files.local), "cache")]
+        for files, where in places:
+            for st in self._all_stages():
+                found.extend(self._garbage_of(files, where, st))
         if code_versions is not None:
             for (st, version), why in self.stale_versions(code_versions).items():
-                path = self.version_path(st, version)
+                key = self._version_key(st, version)
                 found.append(
                     Garbage(
-                        path, st, version, dir_bytes(path), f"stale: {why}", self.is_locked(st, version), published=True
+                        key,
+                        self.files.where(key),
+                        st,
+                        version,
+                        self.files.usage(key)[0],
+                        f"stale: {why}",
+                        self.is_locked(st, version),
+                        published=True,
                     )
                 )
         return found
 
+    def _garbage_of(self, files: PosixFiles | ObjectFiles, where: str, st: str) -> Iterator[Garbage]:
+        local = where == "cache"
+        suffix = " (in this machine's cache)" if local else ""
+        for name in files.subdirs(f"{st}/.staging"):
+            key = f"{st}/.staging/{name}"
+            size, newest = files.usage(key)
+            if self.read_manifest(st, name) is not None:
+                why = f"leftover staging of the published {st}/{name} (a run stopped before deleting it)"
+            else:
+                when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(newest))
+                why = f"unfinished build of {st}/{name}, last written {when}; a rerun with the same settings would "
+                why += "resume from it"
+            yield Garbage(key, files.where(key), st, name, size, why + suffix, self.is_locked(st, name), local=local)
+        for name in files.subdirs(f"{st}/.trash"):
+            key = f"{st}/.trash/{name}"
+            why = "a discarded version whose deletion was interrupted"
+            yield Garbage(key, files.where(key), st, "", files.usage(key)[0], why + suffix, local=local)
+        if local:  # cached copies of published versions: fetched again when needed
+            for name in files.subdirs(st):
+                if _VERSION_RE.fullmatch(name):
+                    key = f"{st}/{name}"
+                    why = f"this machine's copy of {st}/{name} (downloaded again when a build needs it)"
+                    in_use = self.is_locked(st, name)  # a build here may be reading it
+                    yield Garbage(key, files.where(key), st, name, files.usage(key)[0], why, in_use, local=True)
+            return
+        for name in files.names(f"{st}/.locks"):
+            version = name.removesuffix(".lock")
+            if not name.endswith(".lock") or not _VERSION_RE.fullmatch(version):
+                continue
+            if not files.exists(f"{st}/{version}") and not files.exists(f"{st}/.staging/{version}"):
+                key = f"{st}/.locks/{name}"
+                why = f"the lock file of {st}/{version}, which is neither published nor being built"
+                yield Garbage(key, files.where(key), st, version, 0, why, self.is_locked(st, version))
+
     def is_locked(self, stage: str, version: str) -> bool:
         """Whether a run holds the build lock of ``stage/version`` (or reads the version) right now."""
-        if not self.lock_path(stage, version).exists():
+        if not self.files.lock_exists(self._lock_key(stage, version)):
             return False
         with self.try_lock(stage, version) as taken:
             return not taken
@@ -348,18 +403,19 @@ class ArtifactStore:
     def collect(self, item: Garbage) -> bool:
         """Delete one :meth:`garbage` item under its version's lock, and the lock file with it; False (and nothing
         deleted) when a run builds or reads that version."""
+        files: PosixFiles | ObjectFiles = PosixFiles(self.files.local) if item.local else self.files
         if not item.version:
-            shutil.rmtree(item.path, ignore_errors=True)
+            files.delete(item.key)
             return True
         with self.try_lock(item.stage, item.version) as taken:
             if not taken:
                 return False
             if item.published:
                 self.discard(item.stage, item.version, item.reason)
-            elif item.path.is_dir():
-                shutil.rmtree(item.path, ignore_errors=True)
-            if not self.version_path(item.stage, item.version).exists():
-                self._unlink_lock(item.stage, item.version)  # under the lock: see _locked
+            else:
+                files.delete(item.key)
+            if not self.files.exists(self._version_key(item.stage, item.version)):
+                self._unlink_lock(item.stage, item.version)  # under the lock
             return True
 
 
@@ -367,13 +423,15 @@ class ArtifactStore:
 class Garbage:
     """Something under an artifact root that no run needs (see :meth:`ArtifactStore.garbage`)."""
 
-    path: Path
+    key: str  # relative to the root (or, with ``local``, to the root's local cache)
+    where: str  # the full path or URL, for messages
     stage: str
-    version: str  # the version whose build lock guards it ("" for .trash entries)
+    version: str  # the version whose build lock guards it ("" for .trash entries and cached copies)
     bytes: int
     reason: str
     in_use: bool = False  # a run held its lock when it was listed
     published: bool = False  # a stale published version (not a staging or trash dir)
+    local: bool = False  # in the local cache of an object-store root
 
 
 def _input_problem(name: str, ref: dict, manifests: dict, stale: dict) -> str | None:
@@ -388,38 +446,37 @@ def _input_problem(name: str, ref: dict, manifests: dict, stale: dict) -> str | 
     return None
 
 
-def _subdirs(path: Path) -> list[Path]:
-    return sorted(p for p in path.iterdir() if p.is_dir()) if path.is_dir() else []
-
-
 def dir_bytes(path: Path) -> int:
-    """Bytes of the files under ``path`` (0 when it is gone)."""
-    return _usage(path)[0]
-
-
-def _usage(path: Path) -> tuple[int, str]:
-    """Bytes of the files under ``path`` and when anything there was last written (UTC), in one walk."""
-    total, newest = 0, 0.0
-    for dirpath, dirs, names in os.walk(path):
-        for name in [*dirs, *names, ""]:  # "" = the directory itself
-            with contextlib.suppress(OSError):  # a file a running build just replaced
-                st = os.lstat(os.path.join(dirpath, name))
-                newest = max(newest, st.st_mtime)
-                if name in names:
-                    total += st.st_size
-    return total, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(newest))
+    """Bytes of the files under the local directory ``path`` (0 when it is gone)."""
+    return PosixFiles(path).usage("")[0]
 
 
 class Build:
-    """A version being built: ``out/`` becomes the version on publish; ``work/`` is scratch/resume state."""
+    """A version being built: ``out/`` becomes the version on publish; ``work/`` is scratch/resume state.
+
+    Both are local directories (under the root, or the local cache of an object-store root). For an object-store
+    root, :meth:`save` uploads the files a stage names as its resume state, and a build that finds no local
+    staging downloads what an earlier attempt (on any machine) saved."""
 
     def __init__(self, store: ArtifactStore, stage: str, version: str) -> None:
         self.store, self.stage, self.version = store, stage, version
         self.dir = store.staging_path(stage, version)
         self.out = self.dir / "out"
         self.work = self.dir / "work"
+        self._remote_key = store._staging_key(stage, version)
         # An earlier attempt that died leaves its staging dir: a stage may resume from it.
         self.resumed = self.dir.exists() and any(self.dir.rglob("*"))
+        if not self.resumed and isinstance(store.files, ObjectFiles):
+            fetched = store.files.download_tree(self._remote_key, self.dir)
+            self.resumed = fetched > 0
+            if fetched:
+                log.info(
+                    "%s/%s: fetched %d file(s) of an interrupted build from %s",
+                    stage,
+                    version,
+                    fetched,
+                    store.files.where(self._remote_key),
+                )
         for d in (self.out, self.work):
             d.mkdir(parents=True, exist_ok=True)
         self._sweep_temp_files()
@@ -433,9 +490,25 @@ class Build:
             if p.is_file() and _is_temp_name(p.name):
                 p.unlink(missing_ok=True)
 
+    def save(self, *paths: Path) -> None:
+        """Mark ``paths`` (files under ``out/`` or ``work/``) as resume state: for an object-store root, upload
+        them to the build's staging prefix, so a rerun on another machine resumes from them (a file that is gone
+        is deleted there). Nothing to do on a local root, where the staging area already is the resume state."""
+        files = self.store.files
+        if not isinstance(files, ObjectFiles):
+            return
+        for path in paths:
+            rel = Path(path).absolute().relative_to(self.dir.absolute()).as_posix()
+            if Path(path).is_file():
+                files.upload(Path(path), f"{self._remote_key}/{rel}")
+            else:
+                files.delete(f"{self._remote_key}/{rel}")
+
     def reset(self) -> None:
         """Throw away everything an earlier attempt left (for stages that cannot resume)."""
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.store.remote:
+            self.store.files.delete(self._remote_key)
         for d in (self.out, self.work):
             d.mkdir(parents=True, exist_ok=True)
         self.resumed = False
@@ -451,23 +524,21 @@ class Build:
         extra: dict | None = None,
         fault=None,
     ) -> dict:
-        """fsync every file of ``out/``, write the manifest last, rename into place, drop the staging dir.
+        """Write the manifest of ``out/`` last, publish it (:meth:`PosixFiles.place`: fsync and rename;
+        :meth:`ObjectFiles.place`: upload, manifest last), drop the staging area.
 
-        ``fault`` (test hook, see ``tasks.core.stage.fault_point``) is called with ``"publish"`` after the manifest is
-        written and with ``"published"`` after the rename, before the staging dir is deleted."""
+        ``fault`` (test hook, see ``tasks.core.stage.fault_point``) is called with ``"publish"`` when the version's
+        files are in place but its manifest is not yet visible, and with ``"published"`` once it is, before the
+        staging area is deleted."""
         self._sweep_temp_files()
         files: dict[str, dict] = {}
         for p in sorted(self.out.rglob("*")):
             if p.is_dir():
                 continue
-            rel = str(p.relative_to(self.out))
+            rel = p.relative_to(self.out).as_posix()
             if rel == MANIFEST:
                 raise RuntimeError(f"stage {self.stage} must not write its own {MANIFEST}")
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
             files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
-        for d in sorted({p.parent for p in self.out.rglob("*")} | {self.out}):
-            fsync_dir(d)
         manifest = {
             "format": MANIFEST_FORMAT,
             "stage": self.stage,
@@ -484,16 +555,15 @@ class Build:
             **(extra or {}),
         }
         atomic_write_text(self.out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
-        if fault:
-            fault("publish")
-        final = self.store.version_path(self.stage, self.version)
-        if final.exists():
-            self.store.discard(self.stage, self.version, "replaced by a rebuild")
-        os.rename(self.out, final)
-        fsync_dir(final.parent)
+        store = self.store
+        store.files.check_held(store._lock_key(self.stage, self.version))
+        key = store._version_key(self.stage, self.version)
+        if store.files.exists(key):
+            store.discard(self.stage, self.version, "replaced by a rebuild")
+        store.files.place(self.out, key, fault)
         if fault:
             fault("published")
-        shutil.rmtree(self.dir, ignore_errors=True)
+        store.drop_staging(self.stage, self.version)
         return manifest
 
 

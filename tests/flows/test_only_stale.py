@@ -23,8 +23,9 @@ def _publish(store: ArtifactStore, stage: str, version: str, **inputs: dict) -> 
     )
 
 
-def test_only_takes_the_latest_current_upstream_and_refuses_when_all_are_stale(tmp_path):
-    store = open_store(tmp_path)
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_only_takes_the_latest_current_upstream_and_refuses_when_all_are_stale(where, tmp_path, request):
+    store = open_store(tmp_path if where == "local" else request.getfixturevalue("s3_root"))
     corpus = _publish(store, "corpus", "c1")
     tok = _publish(store, "tokenizer", "t1", corpus=corpus)
     older = _publish(store, "shards", "s1", corpus=corpus, tokenizer=tok)
@@ -41,7 +42,7 @@ def test_only_takes_the_latest_current_upstream_and_refuses_when_all_are_stale(t
     with pytest.raises(UserError) as err:
         latest_upstream(store, "model")
     assert str(err.value) == (
-        f"only='model' needs a current shards version under {tmp_path}, and every published one is stale (the "
+        f"only='model' needs a current shards version under {store.root}, and every published one is stale (the "
         "latest, shards/s2: its input tokenizer/t2 was rebuilt since, so no run reuses it); run only='shards' "
         "first (or the whole pipeline) to build one from the current upstream versions"
     )

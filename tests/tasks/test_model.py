@@ -37,18 +37,18 @@ def test_train_publishes_checkpoint_history_and_metrics(upstream, trained):
     assert (m["nproc"], m["compiled"], p["nproc"], p["compile"]) == (1, False, 1, False)
     assert info.manifest["inputs"]["tokenizer"]["version"] == tokenizer["version"]
 
-    history = json.loads((info.path / "loss_history.json").read_text())
+    history = json.loads((Path(info.path) / "loss_history.json").read_text())
     assert [h["step"] for h in history] == [1, 10, 20, 30, 40]
     assert [h["step"] for h in history if "val_loss" in h] == [20, 40]
-    rows = list(csv.DictReader((info.path / "loss_history.csv").open()))
+    rows = list(csv.DictReader((Path(info.path) / "loss_history.csv").open()))
     assert [int(r["step"]) for r in rows] == [1, 10, 20, 30, 40] and rows[-1]["val_loss"] and rows[-1]["val_bpb"]
 
     from mygpt.checkpoint import load_checkpoint, load_checkpoint_payload
 
-    payload = load_checkpoint_payload(info.path / "model.ckpt")
+    payload = load_checkpoint_payload(Path(info.path) / "model.ckpt")
     assert "resume" not in payload, "the published checkpoint is the chapter's format, without optimizer state"
     assert payload["config"]["norm_type"] == "rms" and payload["config"]["position_type"] == "rope"
-    model, tok = load_checkpoint(info.path / "model.ckpt")
+    model, tok = load_checkpoint(Path(info.path) / "model.ckpt")
     assert model.embed_dim == TINY_MODEL.embed_dim and tok.state() == json.loads(
         (Path(tokenizer["path"]) / "tokenizer.json").read_text()
     )

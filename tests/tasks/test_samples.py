@@ -28,13 +28,13 @@ def test_sample_publishes_markdown_and_json(upstream, trained):
     ref = sample(root, trained, prompt=tuple(prompts))
     info = open_store(root).get("samples", ref["version"])
     assert sorted(info.manifest["files"]) == ["samples.json", "samples.md"]
-    samples = json.loads((info.path / "samples.json").read_text())
+    samples = json.loads((Path(info.path) / "samples.json").read_text())
     assert [s["prompt"] for s in samples] == prompts
     model_tok = load_tokenizer(upstream[2]["path"])
     for s in samples:
         assert s["continuation"], "something was generated"
         assert len(model_tok.encode(s["continuation"])) <= SAMPLE.max_new_tokens + 1
-    md = (info.path / "samples.md").read_text()
+    md = (Path(info.path) / "samples.md").read_text()
     assert "**The history of**" in md and "**In 1999 , the**" in md
     assert "temperature 1.0, top-k 40, seed 1337" in md
 

@@ -155,9 +155,9 @@ def test_kill_and_resume_keeps_finished_shards(inputs, baseline, tmp_path, monke
     starts = []
     real_chunks = E.encoded_chunks
 
-    def spy(client, key, state, path, chunk_bytes, unk_policy, start_chunk, **kwargs):
+    def spy(client, key, state, path, where, chunk_bytes, unk_policy, start_chunk, **kwargs):
         starts.append(start_chunk)
-        return real_chunks(client, key, state, path, chunk_bytes, unk_policy, start_chunk, **kwargs)
+        return real_chunks(client, key, state, path, where, chunk_bytes, unk_policy, start_chunk, **kwargs)
 
     monkeypatch.setattr(E, "encoded_chunks", spy)
     ref = stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})

@@ -1,0 +1,179 @@
+"""An artifact root on a local (or shared POSIX) filesystem: the files side of :class:`tasks.core.store.ArtifactStore`.
+
+Keys are ``/``-separated paths relative to the root (``shards/3f2a…/train-00000.parquet``). A version appears
+through one ``os.rename`` of a complete directory whose files were fsynced and whose manifest was written last;
+build locks are ``flock`` locks on files under ``<stage>/.locks/`` (freed by the kernel when their holder dies).
+The staging area of a build lives under the root itself, so a rerun on this machine resumes from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from mygpt.atomic import fsync_dir, sha256_file
+
+
+def _flock(fh, how: int) -> bool:
+    """``flock(fh, how)``; whether it was taken (False only when ``how`` has ``LOCK_NB`` and another holds it)."""
+    try:
+        fcntl.flock(fh, how)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        return False
+    return True
+
+
+class PosixFiles:
+    """The root directory ``root``: reading, placing and deleting versions, and the build locks."""
+
+    remote = False
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.local = root  # builds stage here, and inputs are read here
+        self.display = str(root)
+
+    def where(self, key: str) -> str:
+        return str(self.root / key)
+
+    def path(self, key: str) -> Path:
+        return self.root / key
+
+    # ---- reading ---------------------------------------------------------------------------------
+    def read_text(self, key: str) -> str | None:
+        try:
+            return (self.root / key).read_text(encoding="utf-8")
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, UnicodeDecodeError):
+            return None
+
+    def is_dir(self, key: str) -> bool:
+        return (self.root / key).is_dir()
+
+    def exists(self, key: str) -> bool:
+        return (self.root / key).exists()
+
+    def subdirs(self, key: str) -> list[str]:
+        d = self.root / key
+        return sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
+
+    def names(self, key: str) -> list[str]:
+        """The plain files directly under ``key``."""
+        d = self.root / key
+        return sorted(p.name for p in d.iterdir() if p.is_file()) if d.is_dir() else []
+
+    def files(self, key: str) -> dict[str, int]:
+        """``{relative path: size}`` of every file under ``key`` (empty when it is not there)."""
+        base = self.root / key
+        found = {}
+        for p in base.rglob("*"):
+            with contextlib.suppress(FileNotFoundError):
+                if p.is_file():
+                    found[p.relative_to(base).as_posix()] = p.stat().st_size
+        return found
+
+    def sha256(self, key: str) -> str:
+        return sha256_file(self.root / key)
+
+    def usage(self, key: str) -> tuple[int, float]:
+        """Bytes of the files under ``key`` and the newest modification time there (epoch seconds), in one walk."""
+        total, newest = 0, 0.0
+        for dirpath, dirs, names in os.walk(self.root / key):
+            for name in [*dirs, *names, ""]:  # "" = the directory itself
+                with contextlib.suppress(OSError):  # a file a running build just replaced
+                    st = os.lstat(os.path.join(dirpath, name))
+                    newest = max(newest, st.st_mtime)
+                    if name in names:
+                        total += st.st_size
+        return total, newest
+
+    # ---- writing ---------------------------------------------------------------------------------
+    def place(self, out: Path, key: str, fault: Callable[[str], None] | None = None) -> None:
+        """Publish the complete directory ``out`` (its manifest written last, already inside) as ``key``: fsync
+        its files, then one rename. The caller has discarded any earlier version at ``key``."""
+        for p in sorted(out.rglob("*")):
+            if p.is_file():
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+        for d in sorted({p.parent for p in out.rglob("*")} | {out}):
+            fsync_dir(d)
+        if fault:
+            fault("publish")
+        final = self.root / key
+        os.rename(out, final)
+        fsync_dir(final.parent)
+
+    def discard(self, key: str) -> bool:
+        """Move the version at ``key`` aside atomically (into its stage's ``.trash``), then delete it; whether it
+        was there."""
+        path = self.root / key
+        if not path.exists():
+            return False
+        trash = path.parent / ".trash"
+        trash.mkdir(parents=True, exist_ok=True)
+        target = trash / f"{path.name}.{uuid.uuid4().hex[:8]}"
+        os.rename(path, target)
+        fsync_dir(path.parent)
+        shutil.rmtree(target, ignore_errors=True)
+        return True
+
+    def delete(self, key: str) -> None:
+        path = self.root / key
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    # ---- locks -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def locked(
+        self, key: str, *, shared: bool = False, wait: bool = True, on_wait: Callable[[], None] | None = None
+    ) -> Iterator[bool]:
+        """``flock`` on the lock file ``key`` (exclusive, or ``shared``); yields whether it was taken (False only
+        when ``wait`` is False and another holds it).
+
+        Lock files are deleted by ``gc`` (under the exclusive lock), so after taking the lock we check that the
+        path still names the file we locked (same inode): if it was unlinked (or replaced) meanwhile, the lock
+        guards nothing and we start over on the file the path names now."""
+        path = self.root / key
+        how = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        while True:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a+") as fh:
+                if not _flock(fh, how | fcntl.LOCK_NB):
+                    if not wait:
+                        yield False
+                        return
+                    if on_wait:
+                        on_wait()
+                        on_wait = None
+                    fcntl.flock(fh, how)
+                try:
+                    current = os.stat(path).st_ino
+                except FileNotFoundError:
+                    current = None
+                if current != os.fstat(fh.fileno()).st_ino:
+                    fcntl.flock(fh, fcntl.LOCK_UN)
+                    continue  # gc deleted the file between our open and our lock: lock the new one
+                try:
+                    yield True
+                finally:
+                    fcntl.flock(fh, fcntl.LOCK_UN)
+                return
+
+    def check_held(self, key: str) -> None:
+        """A ``flock`` cannot be lost while its holder lives: nothing to check."""
+
+    def lock_exists(self, key: str) -> bool:
+        return (self.root / key).exists()
+
+    def unlink_lock(self, key: str) -> None:
+        """Delete a lock file; call only while holding it exclusively (see :meth:`locked`)."""
+        (self.root / key).unlink(missing_ok=True)

@@ -1,0 +1,534 @@
+"""An artifact root in object storage (``s3://bucket/prefix``): the files side of
+:class:`tasks.core.store.ArtifactStore` for any S3-compatible service (AWS, MinIO, R2, GCS's interoperability API).
+
+It speaks S3 through fsspec's ``s3fs``, the layer Dask, pyarrow, pandas and DuckDB already use. Credentials and the
+endpoint come from the standard AWS environment and files (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``~/.aws``), never from flow parameters; no message here names them.
+
+- **Publication.** A version is visible only when its ``manifest.json`` is: :meth:`ObjectFiles.place` uploads
+  every file of the finished local ``out/`` directory first and the manifest last; readers ignore a prefix without
+  one. :meth:`ObjectFiles.discard` deletes the manifest first, so a version disappears in one request too.
+- **Build locks** are leases (:class:`Lease`): an object created with a conditional write (``If-None-Match: *``),
+  which its holder renews (a compare-and-swap on its ETag, ``If-Match``) every third of the lease time. A waiter
+  that sees the same ETag for a whole lease time knows the holder stopped renewing (it was killed, or its machine
+  died) and takes the lease over with a compare-and-swap on that ETag, so two waiters never both win. Judging
+  expiry by "unchanged for a lease time on my own clock" needs no agreement between machines' clocks. Readers
+  (``pin``) write a pin object of their own beside the lease, then check the lease; a builder takes the lease,
+  then waits until no live pin is left: each side writes before it reads the other's mark, so they never both
+  proceed.
+- **The local side.** Builds stage on local disk, in a cache folder for this root (``$WIKI_PIPELINE_CACHE``, else
+  ``~/.cache/wiki-pipeline``); the files a stage marks as resume state (:meth:`tasks.core.store.Build.save`) are
+  uploaded to ``<stage>/.staging/<version>/`` as it goes, and a build that finds no local staging downloads that
+  prefix, so a rerun on another machine resumes there. Inputs are downloaded into the same cache, every file
+  checked against its sha256 in the manifest (:meth:`ObjectFiles.local_copy`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from mygpt.errors import UserError
+
+SCHEME = "s3://"
+ENV_CACHE = "WIKI_PIPELINE_CACHE"
+ENV_LEASE = "WIKI_PIPELINE_LEASE_SECONDS"
+DEFAULT_LEASE_SECONDS = 30.0
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
+_MANIFEST = "manifest.json"
+
+log = logging.getLogger("wiki_pipeline.store")
+
+
+def is_object_url(root: object) -> bool:
+    return isinstance(root, str) and root.strip().lower().startswith(SCHEME)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(bucket, prefix)`` of ``s3://bucket[/prefix]``; ``ValueError`` saying what is wrong with it otherwise."""
+    text = url.strip()
+    if not text.lower().startswith(SCHEME):
+        raise ValueError(f"{url!r} is not an s3:// URL")
+    rest = text[len(SCHEME) :]
+    bucket, _, prefix = rest.partition("/")
+    if "@" in bucket or ":" in bucket:
+        raise ValueError(
+            "an s3:// artifact root names a bucket and a prefix only (s3://bucket/prefix); credentials and the "
+            "endpoint come from the AWS environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, "
+            "AWS_PROFILE), never from the URL"
+        )
+    if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
+        raise ValueError(
+            f"s3:// artifact root: {bucket!r} is not a bucket name (3-63 characters: lower-case letters, digits, "
+            "dots and hyphens, starting and ending with a letter or digit)"
+        )
+    parts = [p for p in prefix.split("/") if p]
+    if any(p in (".", "..") or any(c.isspace() or not c.isprintable() or c == "\\" for c in p) for p in parts):
+        raise ValueError(f"s3:// artifact root: the prefix {prefix!r} has '.'/'..' segments, spaces or backslashes")
+    return bucket, "/".join(parts)
+
+
+def normal_url(url: str) -> str:
+    bucket, prefix = split_url(url)
+    return f"{SCHEME}{bucket}/{prefix}" if prefix else f"{SCHEME}{bucket}"
+
+
+def cache_root() -> Path:
+    env = os.environ.get(ENV_CACHE)
+    if env:
+        return Path(env).expanduser().absolute()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "wiki-pipeline"
+
+
+def lease_seconds() -> float:
+    raw = os.environ.get(ENV_LEASE, "").strip()
+    if not raw:
+        return DEFAULT_LEASE_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 1.0 <= value <= 3600.0:
+        raise UserError(f"{ENV_LEASE}={raw!r}: give the build-lock lease time in seconds, 1 to 3600 (default 30)")
+    return value
+
+
+def filesystem():
+    """A fresh s3fs filesystem: no listings cache (another machine may have just published), bounded retries."""
+    import s3fs
+
+    return s3fs.S3FileSystem(
+        use_listings_cache=False,
+        skip_instance_cache=True,
+        config_kwargs={"connect_timeout": 10, "read_timeout": 120, "retries": {"max_attempts": 4, "mode": "standard"}},
+    )
+
+
+class ObjectFiles:
+    """The root ``s3://bucket/prefix`` (see the module docstring)."""
+
+    remote = True
+
+    def __init__(self, url: str) -> None:
+        self.display = normal_url(url)
+        self.bucket, self.prefix = split_url(url)
+        self.fs = filesystem()
+        slug = re.sub(r"[^A-Za-z0-9.-]+", "-", f"{self.bucket}-{self.prefix}")[:60].strip("-")
+        digest = hashlib.sha256(self.display.encode()).hexdigest()[:8]
+        self.local = cache_root() / "roots" / f"{slug}-{digest}"
+        self.lease_seconds = lease_seconds()
+        self._held: dict[str, Lease] = {}
+
+    # ---- names -----------------------------------------------------------------------------------
+    def _path(self, key: str) -> str:
+        """``bucket/prefix/key``: s3fs's name for ``key``."""
+        return "/".join(p for p in (self.bucket, self.prefix, key.strip("/")) if p)
+
+    def where(self, key: str) -> str:
+        return f"{SCHEME}{self._path(key)}"
+
+    def path(self, key: str) -> Path:
+        """The local cache's path for ``key``."""
+        return self.local / key
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """Turn a failure of the object store into a ``UserError`` that names the bucket and what was being done
+        (never credentials: the AWS errors do not carry them). ``FileNotFoundError`` passes through."""
+        try:
+            yield
+        except (FileNotFoundError, UserError):
+            raise
+        except Exception as exc:
+            raise UserError(
+                f"the artifact store {self.display} failed while {what}: {type(exc).__name__}: {exc}. Check the "
+                "bucket exists and that AWS_ENDPOINT_URL and the credentials in the environment reach it; nothing "
+                "half-written is visible (a version appears only with its manifest), and a rerun resumes"
+            ) from exc
+
+    # ---- reading ---------------------------------------------------------------------------------
+    def read_text(self, key: str) -> str | None:
+        with self._errors(f"reading {key}"):
+            try:
+                data = self.fs.cat_file(self._path(key))
+            except (FileNotFoundError, IsADirectoryError):
+                return None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    def _listing(self, key: str) -> dict[str, dict]:
+        """``{relative key: info}`` of every object under ``key/``."""
+        base = self._path(key).rstrip("/") + "/"
+        with self._errors(f"listing {key}"):
+            try:
+                found = self.fs.find(base, detail=True, withdirs=False)
+            except FileNotFoundError:
+                return {}
+        return {name[len(base) :]: info for name, info in found.items() if name.startswith(base)}
+
+    def files(self, key: str) -> dict[str, int]:
+        return {rel: int(info.get("size") or 0) for rel, info in self._listing(key).items() if rel}
+
+    def is_dir(self, key: str) -> bool:
+        return bool(self.files(key))
+
+    exists = is_dir
+
+    def subdirs(self, key: str) -> list[str]:
+        return sorted({rel.split("/", 1)[0] for rel in self.files(key) if "/" in rel})
+
+    def names(self, key: str) -> list[str]:
+        return sorted(rel for rel in self.files(key) if "/" not in rel)
+
+    def sha256(self, key: str) -> str:
+        h = hashlib.sha256()
+        with self._errors(f"reading {key}"), self.fs.open(self._path(key), "rb", block_size=8 << 20) as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+
+    def usage(self, key: str) -> tuple[int, float]:
+        total, newest = 0, 0.0
+        for info in self._listing(key).values():
+            total += int(info.get("size") or 0)
+            modified = info.get("LastModified")
+            if modified is not None and hasattr(modified, "timestamp"):
+                newest = max(newest, modified.timestamp())
+        return total, newest
+
+    def local_copy(self, key: str, manifest: dict) -> Path:
+        """The published version ``key`` in the local cache, downloaded if the cache does not hold this build of
+        it (its ``build_id``), every file checked against its sha256 in ``manifest`` before the copy is used; the
+        copy appears by one rename, its manifest written last, so a killed download leaves nothing that looks
+        complete."""
+        from mygpt.atomic import atomic_write_text, sha256_file
+
+        final = self.local / key
+        try:
+            cached = json.loads((final / _MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            cached = None
+        files: dict[str, dict] = manifest.get("files") or {}
+        same_build = isinstance(cached, dict) and cached.get("build_id") == manifest.get("build_id")
+        if same_build and all(
+            (final / r).is_file() and (final / r).stat().st_size == m["size"] for r, m in files.items()
+        ):
+            return final
+        incoming = self.local / ".incoming" / f"{key.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
+        incoming.mkdir(parents=True)
+        try:
+            for rel, meta in sorted(files.items()):
+                target = incoming / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with self._errors(f"downloading {key}/{rel}"):
+                    self.fs.get_file(self._path(f"{key}/{rel}"), str(target))
+                if target.stat().st_size != meta["size"] or sha256_file(target) != meta["sha256"]:
+                    raise UserError(
+                        f"{self.where(key + '/' + rel)} does not match its sha256 in the manifest (it was changed "
+                        "after publication); rerun with force for that stage to rebuild it"
+                    )
+            atomic_write_text(incoming / _MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            if final.exists():
+                aside = self.local / ".incoming" / f"old-{uuid.uuid4().hex[:8]}"
+                with contextlib.suppress(OSError):
+                    os.rename(final, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(incoming, final)
+            except OSError:  # another process of this machine put the same copy there first
+                shutil.rmtree(incoming, ignore_errors=True)
+        finally:
+            shutil.rmtree(incoming, ignore_errors=True)
+        return final
+
+    def download_tree(self, key: str, dest: Path) -> int:
+        """Download every object under ``key`` into ``dest`` (a build's remote staging); how many files."""
+        listing = self.files(key)
+        for rel in sorted(listing):
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:6]}.tmp")
+            with self._errors(f"downloading {key}/{rel}"):
+                self.fs.get_file(self._path(f"{key}/{rel}"), str(tmp))
+            os.replace(tmp, target)
+        return len(listing)
+
+    # ---- writing ---------------------------------------------------------------------------------
+    def upload(self, local: Path, key: str) -> None:
+        with self._errors(f"uploading {key}"):
+            self.fs.put_file(str(local), self._path(key))
+
+    def place(self, out: Path, key: str, fault: Callable[[str], None] | None = None) -> None:
+        """Publish the finished local directory ``out`` as ``key``: every file but the manifest, then the
+        manifest (the version is visible from that request on). ``fault("publish")`` runs between the two."""
+        rels = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+        for rel in rels:
+            if rel != _MANIFEST:
+                self.upload(out / rel, f"{key}/{rel}")
+        if fault:
+            fault("publish")
+        self.upload(out / _MANIFEST, f"{key}/{_MANIFEST}")
+        shutil.rmtree(out, ignore_errors=True)
+
+    def discard(self, key: str) -> bool:
+        """Delete the version ``key``: its manifest first (it is gone for every reader from then on), then the
+        rest; whether it was there."""
+        listing = self.files(key)
+        if not listing:
+            return False
+        with self._errors(f"deleting {key}"):
+            if _MANIFEST in listing:
+                self.fs.rm_file(self._path(f"{key}/{_MANIFEST}"))
+            rest = [self._path(f"{key}/{rel}") for rel in listing if rel != _MANIFEST]
+            if rest:
+                self.fs.rm(rest)
+        return True
+
+    def delete(self, key: str) -> None:
+        listing = self.files(key)
+        with self._errors(f"deleting {key}"):
+            if listing:
+                self.fs.rm([self._path(f"{key}/{rel}") for rel in listing])
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(self._path(key))
+
+    # ---- locks -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def locked(
+        self, key: str, *, shared: bool = False, wait: bool = True, on_wait: Callable[[], None] | None = None
+    ) -> Iterator[bool]:
+        lease = Lease(self, key, self.lease_seconds)
+        with self._errors(f"taking the lock {key}"):
+            taken = lease.acquire_shared(wait, on_wait) if shared else lease.acquire(wait, on_wait)
+        if taken and not shared:
+            self._held[key] = lease
+        try:
+            yield taken
+        finally:
+            if taken:
+                self._held.pop(key, None)
+                lease.release()
+
+    def check_held(self, key: str) -> None:
+        """``UserError`` when this process took the lock ``key`` and has since lost it (it could not renew the
+        lease in time and another run took it over): that run builds the version now, this one must not publish."""
+        lease = self._held.get(key)
+        if lease is not None and lease.lost:
+            raise UserError(
+                f"lost the build lock {self.where(key)} (its lease was not renewed in time, and another run took it "
+                "over); that run builds this version, so this one stops without publishing"
+            )
+
+    def lock_exists(self, key: str) -> bool:
+        return self._get(key) is not None or bool(self.files(key + ".pins"))
+
+    def unlink_lock(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError), self._errors(f"deleting the lock {key}"):
+            self.fs.rm_file(self._path(key))
+
+    # ---- conditional requests --------------------------------------------------------------------
+    def _call(self, method: str, **kwargs: Any) -> Any:
+        return self.fs.call_s3(method, Bucket=self.bucket, **kwargs)
+
+    def _object_key(self, key: str) -> str:
+        return self._path(key)[len(self.bucket) + 1 :]
+
+    def _get(self, key: str) -> tuple[bytes, str] | None:
+        """The object ``key``'s body and ETag from one GET (so they belong together), or None."""
+        from fsspec.asyn import sync
+
+        async def get() -> tuple[bytes, str] | None:
+            try:
+                resp = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self._object_key(key))
+            except FileNotFoundError:
+                return None
+            body = resp["Body"]
+            try:
+                data = await body.read()
+            finally:
+                body.close()
+            return data, resp["ETag"]
+
+        return sync(self.fs.loop, get)
+
+    def _put(self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str | None:
+        """PUT ``key``; with a condition, None when it did not hold (HTTP 412) instead of raising. The new ETag."""
+        kwargs: dict[str, Any] = {"Key": self._object_key(key), "Body": body}
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        if if_match is not None:
+            kwargs["IfMatch"] = if_match
+        try:
+            return self._call("put_object", **kwargs)["ETag"]
+        except (FileExistsError, FileNotFoundError) as exc:
+            if if_none_match or if_match is not None:  # s3fs reads 412 Precondition Failed as FileExistsError
+                return None
+            raise exc
+
+    def _delete(self, key: str, if_match: str | None = None) -> bool:
+        kwargs: dict[str, Any] = {"Key": self._object_key(key)}
+        if if_match is not None:
+            kwargs["IfMatch"] = if_match
+        try:
+            self._call("delete_object", **kwargs)
+        except (FileExistsError, FileNotFoundError):
+            return False
+        return True
+
+
+class Lease:
+    """A build lock on an S3-compatible store (see the module docstring): ``acquire`` (exclusive, a builder) or
+    ``acquire_shared`` (a reader's pin), renewed by a thread of its own until ``release``."""
+
+    def __init__(self, files: ObjectFiles, key: str, seconds: float) -> None:
+        self.files, self.key, self.seconds = files, key, seconds
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.pin_key = f"{key}.pins/{self.holder.replace(':', '-')}"
+        self.etag: str | None = None
+        self.lost = False
+        self._renewals = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._shared = False
+
+    def _body(self) -> bytes:
+        self._renewals += 1
+        return json.dumps(
+            {"holder": self.holder, "renewal": self._renewals, "lease_seconds": self.seconds, "at": time.time()}
+        ).encode()
+
+    @property
+    def _poll(self) -> float:
+        return min(1.0, self.seconds / 4)
+
+    def acquire(self, wait: bool, on_wait: Callable[[], None] | None) -> bool:
+        seen: tuple[str, float] | None = None  # (ETag, when first seen) of the lease another holds
+        while True:
+            etag = self.files._put(self.key, self._body(), if_none_match=True)
+            if etag is None:
+                current = self.files._get(self.key)
+                if current is None:
+                    continue  # released between our PUT and our GET
+                _, other = current
+                if not wait:
+                    return False
+                now = time.monotonic()
+                if seen is None or seen[0] != other:
+                    if seen is None and on_wait:
+                        on_wait()
+                    seen = (other, now)
+                elif now - seen[1] > self.seconds:
+                    etag = self.files._put(self.key, self._body(), if_match=other)
+                    if etag is not None:
+                        log.warning(
+                            "lock %s: its holder stopped renewing it for %.0f s (killed, or its machine died); "
+                            "taking it over",
+                            self.files.where(self.key),
+                            now - seen[1],
+                        )
+                    seen = None
+                if etag is None:
+                    time.sleep(self._poll)
+                    continue
+            self.etag = etag
+            self._start_renewing()
+            if self._wait_for_pins(wait, on_wait):
+                return True
+            self.release()
+            return False
+
+    def _wait_for_pins(self, wait: bool, on_wait: Callable[[], None] | None) -> bool:
+        """Holding the lease: wait until no reader's pin is live (one unchanged for a lease time is dead)."""
+        seen: dict[str, tuple[str, float]] = {}
+        while True:
+            listing = self.files._listing(self.key + ".pins")
+            if not listing:
+                return True
+            if not wait:
+                return False
+            now = time.monotonic()
+            for rel, info in listing.items():
+                etag = str(info.get("ETag") or info.get("etag") or "")
+                first = seen.get(rel)
+                if first is None or first[0] != etag:
+                    seen[rel] = (etag, now)
+                elif now - first[1] > self.seconds:
+                    self.files._delete(f"{self.key}.pins/{rel}", if_match=etag)
+            if on_wait:
+                on_wait()
+                on_wait = None
+            time.sleep(self._poll)
+
+    def acquire_shared(self, wait: bool, on_wait: Callable[[], None] | None) -> bool:
+        self._shared = True
+        seen: tuple[str, float] | None = None
+        while True:
+            self.etag = self.files._put(self.pin_key, self._body())
+            current = self.files._get(self.key)
+            if current is None:
+                self._start_renewing()
+                return True
+            self.files._delete(self.pin_key)  # a builder holds the version: step back until it is done
+            if not wait:
+                return False
+            _, other = current
+            now = time.monotonic()
+            if seen is None or seen[0] != other:
+                if seen is None and on_wait:
+                    on_wait()
+                seen = (other, now)
+            elif now - seen[1] > self.seconds:
+                self.files._delete(self.key, if_match=other)  # its holder is gone
+                seen = None
+            time.sleep(self._poll)
+
+    def _start_renewing(self) -> None:
+        self._thread = threading.Thread(target=self._renew, name=f"lease {self.key}", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.seconds / 3):
+            try:
+                if self._shared:
+                    self.etag = self.files._put(self.pin_key, self._body())
+                    continue
+                etag = self.files._put(self.key, self._body(), if_match=self.etag)
+            except Exception as exc:  # an outage: keep trying while the lease lasts
+                log.warning("lock %s: renewing failed (%s); retrying", self.files.where(self.key), exc)
+                continue
+            if etag is None:
+                self.lost = True
+                log.error(
+                    "lock %s: another run took this lock over (this one did not renew it in time); this build "
+                    "will not publish",
+                    self.files.where(self.key),
+                )
+                return
+            self.etag = etag
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with contextlib.suppress(Exception):
+            if self._shared:
+                self.files._delete(self.pin_key)
+            elif not self.lost and self.etag is not None:
+                self.files._delete(self.key, if_match=self.etag)

@@ -1,0 +1,103 @@
+"""A real S3 API server for the tests: moto's standalone server (``moto_server``, the one s3fs's own test suite runs
+against) in a process of its own, bound to 127.0.0.1, and an ``s3://`` artifact root on it.
+
+The server is started once per test session (:func:`s3_server`); each test gets a fresh bucket and an environment
+that points the AWS clients there (:func:`s3_env`), with its own local cache folder, and a short build-lock lease
+so that a killed builder's lease is taken over within seconds."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+LEASE_SECONDS = "3"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """``http://127.0.0.1:<port>``: a moto S3 server process, stopped on exit."""
+    exe = Path(sys.executable).with_name("moto_server")
+    if not exe.exists():
+        pytest.skip("moto_server is not installed (pip install 'moto[server]')")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server did not start on {url}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def aws_env(endpoint: str) -> dict[str, str]:
+    """What a process needs to reach the test server (moto accepts any credentials)."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "wikitestkey",
+        "AWS_SECRET_ACCESS_KEY": "wikitestsecret-do-not-log",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "WIKI_PIPELINE_LEASE_SECONDS": LEASE_SECONDS,
+    }
+
+
+def make_bucket(endpoint: str, name: str | None = None) -> str:
+    import boto3
+
+    bucket = name or f"wiki-{uuid.uuid4().hex[:12]}"
+    env = aws_env(endpoint)
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
+    client.create_bucket(Bucket=bucket)
+    return bucket
+
+
+def use_cache(monkeypatch, path: Path) -> None:
+    """Point this process's local cache of object-store roots at ``path`` (another machine would have its own)."""
+    monkeypatch.setenv("WIKI_PIPELINE_CACHE", str(path))
+
+
+def fresh_cache(tmp: Path, name: str = "cache") -> Path:
+    path = tmp / name
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def environ_with(endpoint: str, **extra: str) -> dict[str, str]:
+    return {**os.environ, **aws_env(endpoint), **extra}

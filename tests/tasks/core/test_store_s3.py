@@ -1,0 +1,236 @@
+"""The artifact store on an s3:// root, against a real S3 API server (moto's, on 127.0.0.1: tests/support/s3.py):
+publication with the manifest last, verification, the local cache's checked copies, the build lock's lease (a
+conditional write) and its take-over when the holder is SIGKILLed, and what an unreachable store says."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mygpt.errors import UserError
+from tasks.core.stage import FaultInjected
+from tasks.core.store import ArtifactStore
+from tasks.registry import open_store
+
+
+def _publish(store: ArtifactStore, stage: str, version: str, files: dict[str, bytes], fault=None) -> dict:
+    with store.lock(stage, version):
+        build = store.open_build(stage, version)
+        for rel, data in files.items():
+            (build.out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (build.out / rel).write_bytes(data)
+        return build.publish(settings={"a": 1}, inputs={}, code_version="1", fault=fault)
+
+
+def test_publish_verify_copy_and_discard(s3_root, tmp_path):
+    store = open_store(s3_root)
+    assert store.remote and store.root == s3_root
+    manifest = _publish(store, "corpus", "v1", {"train.txt": b"hello world\n", "sub/b.bin": bytes(range(256))})
+    assert store.verify("corpus", "v1", full=True) == (True, "ok")
+    assert [v.version for v in store.versions()] == ["v1"]
+    assert store.versions()[0].path == f"{s3_root}/corpus/v1"
+    # the staging prefix and the local staging dir are gone once published
+    assert not store.files.files("corpus/.staging/v1") and not store.staging_path("corpus", "v1").exists()
+    copy = store.local_copy("corpus", "v1")
+    assert (copy / "train.txt").read_bytes() == b"hello world\n" and (copy / "sub/b.bin").read_bytes() == bytes(
+        range(256)
+    )
+    assert json.loads((copy / "manifest.json").read_text())["build_id"] == manifest["build_id"]
+
+    # a published object changed behind the store's back: the quick check sees the size, the copy the sha256
+    store.files.fs.pipe_file(f"{s3_root[5:]}/corpus/v1/train.txt", b"HELLO WORLD\n")
+    assert store.verify("corpus", "v1") == (True, "ok")  # same size: only the full check can tell
+    assert store.verify("corpus", "v1", full=True) == (False, "train.txt does not match its sha256 in the manifest")
+    import shutil
+
+    shutil.rmtree(copy)
+    with pytest.raises(UserError, match="does not match its sha256"):
+        store.local_copy("corpus", "v1")
+    store.files.fs.pipe_file(f"{s3_root[5:]}/corpus/v1/stray.txt", b"x")
+    assert store.verify("corpus", "v1") == (False, "unexpected file(s) not in the manifest: stray.txt")
+    store.discard("corpus", "v1", "test")
+    assert store.verify("corpus", "v1") == (False, "missing") and store.versions() == []
+
+
+def test_a_publish_killed_before_the_manifest_leaves_nothing_visible(s3_root):
+    store = open_store(s3_root)
+
+    def crash(where: str) -> None:
+        if where == "publish":
+            raise FaultInjected("killed between the files and the manifest")
+
+    with pytest.raises(FaultInjected):
+        _publish(store, "tokenizer", "t1", {"tokenizer.json": b"{}"}, fault=crash)
+    assert store.files.files("tokenizer/t1") == {"tokenizer.json": 2}  # the files are there, the manifest is not
+    assert (
+        store.verify("tokenizer", "t1")[1] == "manifest.json is missing or unreadable in " + f"{s3_root}/tokenizer/t1"
+    )
+    assert store.versions() == []
+    _publish(store, "tokenizer", "t1", {"tokenizer.json": b"{}"})
+    assert store.verify("tokenizer", "t1", full=True) == (True, "ok")
+
+
+def test_resume_state_saved_by_a_build_is_fetched_by_a_build_elsewhere(s3_root, tmp_path, monkeypatch):
+    store = open_store(s3_root)
+    with store.lock("shards", "s1"):
+        build = store.open_build("shards", "s1")
+        (build.out / "train-00000.parquet").write_bytes(b"shard zero")
+        (build.work / "progress.json").write_text('{"done": 1}')
+        (build.work / "scratch.bin").write_bytes(b"not saved")
+        build.save(build.out / "train-00000.parquet", build.work / "progress.json")
+    # another machine: another cache folder, nothing local
+    monkeypatch.setenv("WIKI_PIPELINE_CACHE", str(tmp_path / "elsewhere"))
+    other = open_store(s3_root)
+    with other.lock("shards", "s1"):
+        again = other.open_build("shards", "s1")
+        assert again.resumed and again.dir != build.dir
+        assert (again.out / "train-00000.parquet").read_bytes() == b"shard zero"
+        assert (again.work / "progress.json").read_text() == '{"done": 1}'
+        assert not (again.work / "scratch.bin").exists()
+        again.publish(settings={}, inputs={}, code_version="1")
+    assert other.files.files("shards/.staging/s1") == {}
+
+
+_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from tasks.registry import open_store
+    store = open_store(sys.argv[1])
+    with store.lock("model", "m1"):
+        print("holding", flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_a_killed_builders_lease_is_taken_over(s3_root, s3_endpoint, tmp_path):
+    from tests.support.s3 import LEASE_SECONDS, environ_with
+
+    env = environ_with(s3_endpoint, WIKI_PIPELINE_CACHE=str(tmp_path / "holder"))
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, s3_root], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        store = open_store(s3_root)
+        assert store.is_locked("model", "m1")
+        with store.try_lock("model", "m1") as taken:
+            assert not taken  # renewed: alive
+        time.sleep(2 * float(LEASE_SECONDS))
+        with store.try_lock("model", "m1") as taken:
+            assert not taken  # still renewed after two lease times: a live holder keeps its lock
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        waited: list[bool] = []
+        t0 = time.monotonic()
+        with store.lock("model", "m1", on_wait=lambda: waited.append(True)):
+            took = time.monotonic() - t0
+            assert waited == [True]
+            body = json.loads(store.files.fs.cat_file(f"{s3_root[5:]}/model/.locks/m1.lock"))
+            assert body["holder"].split(":")[1] == str(os.getpid())
+        assert float(LEASE_SECONDS) <= took < 6 * float(LEASE_SECONDS)
+        assert not store.is_locked("model", "m1")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_two_runs_never_hold_one_lock(s3_root):
+    store = open_store(s3_root)
+    inside, overlaps, done = [0], [0], []
+
+    def builder() -> None:
+        for _ in range(3):
+            with store.lock("shards", "x1"):
+                inside[0] += 1
+                overlaps[0] = max(overlaps[0], inside[0])
+                time.sleep(0.2)
+                inside[0] -= 1
+        done.append(True)
+
+    threads = [threading.Thread(target=builder) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert done == [True] * 3 and overlaps[0] == 1
+
+
+def test_a_pinned_input_holds_off_builders_and_gc(s3_root):
+    store = open_store(s3_root)
+    _publish(store, "corpus", "c1", {"a.txt": b"a"})
+    with store.pin("corpus", "c1"), store.pin("corpus", "c1"):  # readers share
+        with store.try_lock("corpus", "c1") as taken:
+            assert not taken
+        assert store.is_locked("corpus", "c1")
+    with store.try_lock("corpus", "c1") as taken:
+        assert taken
+    assert not store.is_locked("corpus", "c1")
+
+
+def test_an_unreachable_store_says_which_bucket_and_leaks_no_secret(tmp_path, monkeypatch):
+    from tests.support.s3 import _free_port, aws_env
+
+    dead = f"http://127.0.0.1:{_free_port()}"
+    for name, value in aws_env(dead).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WIKI_PIPELINE_CACHE", str(tmp_path / "cache"))
+    store = open_store("s3://no-such-place/art")
+    with pytest.raises(UserError) as err:
+        store.verify("corpus", "v1")
+    text = str(err.value)
+    assert "s3://no-such-place/art" in text and "rerun" in text
+    assert "wikitestsecret" not in text and "wikitestkey" not in text
+
+
+@pytest.mark.parametrize(
+    "root, why",
+    [
+        ("s3://AKIA:secret@bucket/x", "never from the URL"),
+        ("s3://Bad_Bucket/x", "is not a bucket name"),
+        ("s3://bucket/../x", "'.'/'..' segments"),
+        ("gs://bucket/x", "a local directory or an s3://bucket/prefix URL"),
+    ],
+)
+def test_bad_object_store_roots_are_refused_with_the_fix(root, why):
+    from pydantic import ValidationError
+
+    from tasks.core.settings import RunOptions
+
+    with pytest.raises(ValidationError) as err:
+        RunOptions(artifacts_dir=root)
+    assert why in str(err.value)
+
+
+def test_gc_on_s3_lists_and_deletes_what_no_run_needs_and_keeps_what_one_reads(s3_root, s3_endpoint, tmp_path):
+    from tests.support.s3 import environ_with
+
+    store = open_store(s3_root)
+    _publish(store, "corpus", "c1", {"a.txt": b"a"})
+    store.local_copy("corpus", "c1")
+    with store.lock("shards", "s1"):  # an unfinished build whose resume state is in the bucket
+        build = store.open_build("shards", "s1")
+        (build.work / "progress.json").write_text("{}")
+        build.save(build.work / "progress.json")
+    found = {(g.key, g.local) for g in store.garbage()}
+    assert ("shards/.staging/s1", False) in found  # the bucket's
+    assert ("shards/.staging/s1", True) in found and ("corpus/c1", True) in found  # this machine's cache
+    cli = [str(Path(sys.executable).with_name("wiki-pipeline")), "gc", "--artifacts-dir", s3_root]
+    env = environ_with(s3_endpoint, WIKI_PIPELINE_CACHE=os.environ["WIKI_PIPELINE_CACHE"])
+    with store.pin("corpus", "c1"):
+        dry = subprocess.run(cli, env=env, capture_output=True, text=True)
+        assert dry.returncode == 0 and "would delete" in dry.stdout and "shards/.staging/s1" in dry.stdout
+        assert s3_root in dry.stdout and "wikitestsecret" not in dry.stdout + dry.stderr
+        done = subprocess.run([*cli, "--yes"], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    assert store.files.files("shards/.staging") == {} and not store.staging_path("shards", "s1").exists()
+    assert store.verify("corpus", "c1", full=True) == (True, "ok")  # published versions stay
+    assert store.version_path("corpus", "c1").is_dir()  # a build here was reading it: kept
+    assert [g.key for g in store.garbage()] == ["corpus/c1"]

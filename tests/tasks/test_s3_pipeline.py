@@ -1,0 +1,167 @@
+"""The tiny pipeline on an s3:// artifact root (a real S3 API server on 127.0.0.1, tests/support/s3.py): every
+stage publishes the same bytes as on a local root; the shards and the model stages, SIGKILLed mid-build, resume
+from what they saved in the bucket when rerun as another machine would (another working directory, TMPDIR and
+local cache); and ``only=``, ``artifacts`` and ``gc`` work there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tasks.registry import NAMES, open_store
+from tests.support import stages
+from tests.support.s3 import environ_with
+from tests.support.tiny import TINY, tiny_zip_url
+
+_STAGE_IN_A_PROCESS = textwrap.dedent(
+    """
+    import json, sys
+    from tests.support import stages
+    from tests.support.tiny import TINY
+    name, root, inputs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    ref = getattr(stages, name)(root, *inputs, run={**TINY["run"], "chunk_bytes": 65536}, **TINY.get(name, {}))
+    print(json.dumps(ref))
+    """
+)
+
+
+def _run_killed(name: str, root: str, inputs: list, fault: str, env: dict, cwd: Path) -> str:
+    """Run stage ``name`` in a process of its own, SIGKILLed at the fault point ``fault``."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _STAGE_IN_A_PROCESS, name, root, json.dumps(inputs)],
+        env={**env, "WIKI_PIPELINE_FAULT": fault, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    return proc.stderr
+
+
+# The files that record how long something took (or, in the checkpoint's metadata, the version's own id, which
+# differs because version ids name their inputs' build ids): compared by :func:`_content`, the rest byte for byte.
+MEASURED = {
+    "tokenizer": {"stats.json"},
+    "model": {"loss_history.json", "loss_history.csv", "model.ckpt"},
+    "samples": {"samples.json"},
+}
+_TIMING = ("seconds", "tokens_per_sec")
+
+
+def _sv(ref) -> dict:
+    return {"stage": ref["stage"], "version": ref["version"]}
+
+
+def _content(path: Path):
+    """A file's content without durations: JSON without the timing keys, CSV without its tokens_per_sec column,
+    a checkpoint's weights."""
+    if path.suffix == ".ckpt":
+        import torch
+
+        from mygpt.checkpoint import load_checkpoint_payload
+
+        payload = load_checkpoint_payload(path)
+        weights = {k: v.tolist() for k, v in payload["model_state_dict"].items() if torch.is_tensor(v)}
+        return weights, payload["config"], payload["tokenizer_state"]
+    if path.suffix == ".csv":
+        rows = [line.split(",") for line in path.read_text().splitlines()]
+        keep = [i for i, name in enumerate(rows[0]) if name not in _TIMING]
+        return [[row[i] for i in keep] for row in rows]
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if not any(t in k for t in _TIMING)}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return strip(json.loads(path.read_text()))
+
+
+def _files(store, stage: str, version: str) -> dict[str, str]:
+    return {rel: meta["sha256"] for rel, meta in store.get(stage, version).manifest["files"].items()}
+
+
+def test_tiny_pipeline_on_s3_publishes_local_bytes_and_resumes_elsewhere(
+    upstream, trained, s3_root, s3_endpoint, tmp_path, monkeypatch, caplog
+):
+    local_root, l_corpus, l_tokenizer, l_shards = upstream
+    local = open_store(local_root)
+    l_samples = stages.samples(local_root, trained, run=TINY["run"], **TINY["samples"])
+    l_export = stages.export(local_root, trained, run=TINY["run"])
+
+    corpus = stages.corpus(s3_root, run=TINY["run"], source_url=tiny_zip_url(tmp_path))
+    tokenizer = stages.tokenizer(s3_root, corpus, run=TINY["run"], **TINY["tokenizer"])
+    assert corpus["path"] == f"{s3_root}/corpus/{corpus['version']}"
+
+    # machine A builds shards and is SIGKILLed after its second shard; machine B (another cache, cwd, TMPDIR)
+    # resumes from what A saved in the bucket
+    machine_a = environ_with(s3_endpoint, WIKI_PIPELINE_CACHE=str(tmp_path / "a-cache"), TMPDIR=str(tmp_path))
+    _run_killed("shards", s3_root, [corpus, tokenizer], "shards.progress@6", machine_a, tmp_path / "a")
+    store = open_store(s3_root)
+    assert store.versions("shards") == []
+    (building,) = store.files.subdirs("shards/.staging")
+    saved = store.files.files(f"shards/.staging/{building}")
+    assert "work/progress.json" in saved and any(rel.startswith("out/train-") for rel in saved), saved
+    b_tmp = tmp_path / "b-tmp"
+    b_tmp.mkdir()
+    monkeypatch.setenv("WIKI_PIPELINE_CACHE", str(tmp_path / "b-cache"))
+    monkeypatch.setenv("TMPDIR", str(b_tmp))
+    monkeypatch.chdir(b_tmp)
+    caplog.set_level("INFO")
+    shards = stages.shards(s3_root, corpus, tokenizer, run={**TINY["run"], "chunk_bytes": 65536}, **TINY["shards"])
+    assert "fetched" in caplog.text and "keeping" in caplog.text, caplog.text  # resumed, not started over
+
+    # the model, SIGKILLed after a checkpoint, resumes on machine C from the checkpoint in the bucket
+    machine_c = {**machine_a, "WIKI_PIPELINE_CACHE": str(tmp_path / "c-cache")}
+    log = _run_killed("model", s3_root, [shards, tokenizer], "model.progress@5", machine_c, tmp_path / "c")
+    staging = store.files.subdirs("model/.staging")
+    assert len(staging) == 1, (log[-3000:], sorted(str(p) for p in (tmp_path / "c-cache").rglob("*")))
+    training = staging[0]
+    assert store.files.files(f"model/.staging/{training}").keys() >= {"work/train.ckpt"}
+    model = stages.model(s3_root, shards, tokenizer, run=TINY["run"], **TINY["model"])
+    assert "resuming from step" in caplog.text
+    samples = stages.samples(s3_root, model, run=TINY["run"], **TINY["samples"])
+    export = stages.export(s3_root, model, run=TINY["run"])
+
+    # the same bytes as the local root's
+    for ref, lref in zip(
+        (corpus, tokenizer, shards, model, samples, export),
+        (l_corpus, l_tokenizer, l_shards, trained, l_samples, l_export),
+    ):
+        # a version id names its inputs' build ids, so only the corpus (no inputs) has the local one's id
+        assert (ref["version"] == lref["version"]) == (ref["stage"] == "corpus"), ref["stage"]
+        mine, theirs = _files(store, ref["stage"], ref["version"]), _files(local, lref["stage"], lref["version"])
+        differ = sorted(rel for rel in set(mine) | set(theirs) if mine.get(rel) != theirs.get(rel))
+        assert set(differ) <= MEASURED.get(ref["stage"], set()), (ref["stage"], differ)
+        for rel in differ:  # files holding a duration or the version's own id: the same once those are left out
+            mine_dir, theirs_dir = store.local_copy(ref["stage"], ref["version"]), Path(local.location(**_sv(lref)))
+            assert _content(mine_dir / rel) == _content(theirs_dir / rel), (ref["stage"], rel)
+        assert store.verify(ref["stage"], ref["version"], full=True) == (True, "ok")
+    assert [v.stage for v in store.versions()] == list(NAMES)
+    assert not any(store.files.files(f"{st}/.staging") for st in NAMES)  # no resume state left behind
+
+    # the CLI on the bucket: artifacts lists it, gc finds nothing but this machine's cached copies, pull copies
+    env = {**os.environ}
+    cli = [str(Path(sys.executable).with_name("wiki-pipeline"))]
+    listing = subprocess.run([*cli, "artifacts", "--artifacts-dir", s3_root], env=env, capture_output=True, text=True)
+    assert listing.returncode == 0 and export["version"] in listing.stdout and s3_root in listing.stdout
+    assert "wikitestsecret" not in listing.stdout + listing.stderr
+    pulled = tmp_path / "pulled"
+    got = subprocess.run(
+        [*cli, "pull", f"export/{export['version']}", str(pulled), "--artifacts-dir", s3_root],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert got.returncode == 0, got.stderr
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(pulled)
+    assert {p.name for p in pulled.iterdir()} >= set(_files(store, "export", export["version"]))
