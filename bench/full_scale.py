@@ -29,6 +29,7 @@ and after is printed and recorded.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import datetime as dt
 import json
@@ -41,6 +42,7 @@ import tempfile
 import threading
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from flows.mirror import REPO
@@ -197,7 +199,51 @@ def task_runs(flow_run_id) -> tuple[dict, dict]:
 
 
 def manifest(ref: dict) -> dict:
+    from tasks.core.store import ArtifactStore
+
+    if "://" in ref["path"]:  # an object-store root
+        root = ref["path"].removesuffix(f"/{ref['stage']}/{ref['version']}")
+        return ArtifactStore(root).get(ref["stage"], ref["version"]).manifest
     return json.loads((Path(ref["path"]) / "manifest.json").read_text())
+
+
+@contextlib.contextmanager
+def s3_root() -> Iterator[str]:
+    """``s3://<bucket>/art`` on a moto S3 server process on 127.0.0.1 (the tests' server; ``pip install
+    'moto[server]'``), with this process's AWS environment pointed there; the server stops on exit."""
+    import socket
+    import urllib.request
+
+    import boto3
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).with_name("moto_server")
+    proc = subprocess.Popen(
+        [str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(150):
+            try:
+                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        os.environ.update(
+            AWS_ENDPOINT_URL=endpoint,
+            AWS_ACCESS_KEY_ID="bench",
+            AWS_SECRET_ACCESS_KEY="bench",
+            AWS_DEFAULT_REGION="us-east-1",
+            WIKI_PIPELINE_CACHE=tempfile.mkdtemp(prefix="full-scale-cache-", dir=OUT),
+        )
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="wiki-bench")
+        yield "s3://wiki-bench/art"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        shutil.rmtree(os.environ.get("WIKI_PIPELINE_CACHE", ""), ignore_errors=True)
 
 
 def digests(refs: dict) -> dict:
@@ -249,6 +295,12 @@ def main(argv=None) -> int:
         help="a run option for the flow, e.g. --run workers=2 (how to run, not what)",
     )
     ap.add_argument("--no-rerun", action="store_true", help="skip the cached rerun")
+    ap.add_argument(
+        "--store",
+        choices=("local", "s3"),
+        default="local",
+        help="the artifact root: a local directory, or s3:// on a moto S3 server on 127.0.0.1 (issue 19)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the artifact root")
     args = ap.parse_args(argv)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -267,7 +319,12 @@ def main(argv=None) -> int:
         os.environ["PREFECT_API_URL"] = server.api_url
         os.environ["PREFECT_HOME"] = str(home)
     mirror = Mirror(zpath)
-    root = Path(tempfile.mkdtemp(prefix="full-scale-art-", dir=OUT))
+    bucket = contextlib.ExitStack()  # the S3 server outlives the runs: the manifests are read from it below
+    atexit.register(bucket.close)
+    root: Path | str = Path(tempfile.mkdtemp(prefix="full-scale-art-", dir=OUT))
+    if args.store == "s3":
+        shutil.rmtree(root)
+        root = bucket.enter_context(s3_root())
     sampler = TreeSampler([p.pid for p in ([server.proc] if server else []) + [mirror.proc]])
     try:
         from flows.wiki_pipeline import wiki_pipeline
@@ -361,6 +418,7 @@ def main(argv=None) -> int:
         "text_bytes": args.bytes,
         "zip_bytes": zpath.stat().st_size,
         "run_options": run_options,
+        "store": args.store,
         "to_first_step_s": round(to_first_step, 2),
         "flow_wall_s": round(wall, 2),
         "rows": rows,
@@ -387,7 +445,7 @@ def main(argv=None) -> int:
             + f" ({len(new)} files)"
         )
         status = 1 if diff else 0
-    if not args.keep:
+    if not args.keep and isinstance(root, Path):
         shutil.rmtree(root, ignore_errors=True)
     return status
 

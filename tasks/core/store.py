@@ -62,7 +62,7 @@ def absolute_root(root: str | os.PathLike) -> str:
     """An artifact root as the store names it: an absolute path, or ``s3://bucket/prefix`` as written."""
     if is_object_url(root):
         return normal_url(str(root))
-    return str(Path(root).expanduser().absolute())
+    return os.path.abspath(os.path.expanduser(os.fspath(root)))
 
 
 def canonical_json(obj: Any) -> str:

@@ -117,7 +117,7 @@ def test_prefect_deployment_run_runs_the_pipeline(runner, mirror):
     assert "**The history of**" in samples
     from mygpt.checkpoint import load_checkpoint
 
-    load_checkpoint(model.path / "model.ckpt")
+    load_checkpoint(Path(model.path) / "model.ckpt")
     check_the_ui_shows_every_stages_settings_by_name(flow_run_id)
 
 

@@ -365,7 +365,7 @@ def check_resume(kill: Kill, facts: dict, rerun: RunResult, root: Path, env: Env
             kill.problems.append("download did not reuse the complete zip")
     elif task == "shards" and facts.get("shards"):
         versions = open_store(root).versions("shards")
-        path = versions[-1].path if versions else None
+        path = Path(versions[-1].path) if versions else None
         kept = [
             name
             for name, mtime in facts["mtimes"].items()
