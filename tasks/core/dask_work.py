@@ -81,7 +81,8 @@ def encode_chunk(tokenizer_key: str, tokenizer_json: str, path: str, start: int,
     if tok is None:
         _TOKENIZERS.clear()
         tok = _TOKENIZERS[tokenizer_key] = BPETokenizer.from_state(json.loads(tokenizer_json))
-    ids, stats = encode(tok, path, start, end, unk_policy, opener=opener(path))
+    with _reading(path, start, end):
+        ids, stats = encode(tok, path, start, end, unk_policy, opener=opener(path))
     return ids, stats.to_dict()
 
 
@@ -92,12 +93,31 @@ def count_chunk(path: str, start: int, end: int) -> bytes:
     from mygpt.bpe_encode import read_chunk
     from mygpt.bpe_train import count_words
 
-    return pickle.dumps(count_words(read_chunk(path, start, end, opener(path))), protocol=5)
+    with _reading(path, start, end):
+        text = read_chunk(path, start, end, opener(path))
+    return pickle.dumps(count_words(text), protocol=5)
 
 
 def word_counts(result: bytes) -> dict[str, int]:
     """The table :func:`count_chunk` sent."""
     return pickle.loads(result)
+
+
+@contextlib.contextmanager
+def _reading(where: str, start: int, end: int) -> Iterator[None]:
+    """A worker's failure to read its range from the object store, as one line naming it (a ``UserError``)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:
+        if "://" not in where:
+            raise
+        raise UserError(
+            f"a Dask worker could not read bytes {start}-{end} of {where} from the artifact store "
+            f"({type(exc).__name__}: {exc}); check the store is up and the worker's AWS environment reaches it, "
+            "then rerun: the shards written so far are kept"
+        ) from None
 
 
 def opener(where: str):

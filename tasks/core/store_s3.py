@@ -107,13 +107,22 @@ def lease_seconds() -> float:
 
 
 def filesystem():
-    """A fresh s3fs filesystem: no listings cache (another machine may have just published), bounded retries."""
+    """A fresh s3fs filesystem: no listings cache (another machine may have just published), bounded retries
+    (botocore's standard mode; ``AWS_MAX_ATTEMPTS``, default 4 attempts per request)."""
     import s3fs
 
+    try:
+        attempts = max(1, min(int(os.environ.get("AWS_MAX_ATTEMPTS") or 4), 20))
+    except ValueError:
+        attempts = 4
     return s3fs.S3FileSystem(
         use_listings_cache=False,
         skip_instance_cache=True,
-        config_kwargs={"connect_timeout": 10, "read_timeout": 120, "retries": {"max_attempts": 4, "mode": "standard"}},
+        config_kwargs={
+            "connect_timeout": 10,
+            "read_timeout": 120,
+            "retries": {"max_attempts": attempts, "mode": "standard"},
+        },
     )
 
 

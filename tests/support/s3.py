@@ -16,7 +16,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -69,6 +69,7 @@ def aws_env(endpoint: str) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": "wikitestsecret-do-not-log",
         "AWS_DEFAULT_REGION": "us-east-1",
         "WIKI_PIPELINE_LEASE_SECONDS": LEASE_SECONDS,
+        "AWS_MAX_ATTEMPTS": "2",  # an outage test fails in seconds, not a minute of retries
     }
 
 
@@ -101,3 +102,74 @@ def fresh_cache(tmp: Path, name: str = "cache") -> Path:
 
 def environ_with(endpoint: str, **extra: str) -> dict[str, str]:
     return {**os.environ, **aws_env(endpoint), **extra}
+
+
+class Outage:
+    """A TCP relay on 127.0.0.1 in front of the S3 server that can be cut (every connection dropped, new ones
+    refused) and restored on the same port: an object-store outage mid-run, with the bucket's content kept."""
+
+    def __init__(self, upstream: str) -> None:
+        import threading
+
+        host, _, port = upstream.removeprefix("http://").partition(":")
+        self.upstream = (host, int(port))
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self.restore()
+
+    def restore(self) -> None:
+        import threading
+
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            conns, self._conns = self._conns, []
+        for s in [listener, *conns]:
+            if s is not None:
+                with suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    server.close()
+                    return
+                self._conns += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)

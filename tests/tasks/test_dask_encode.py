@@ -43,9 +43,18 @@ def loopback_only(pids) -> list[str]:
 class ExternalCluster:
     """``dask scheduler`` + ``dask worker`` processes (no nannies: a killed worker stays dead) on 127.0.0.1."""
 
-    def __init__(self, tmp: Path, workers: int = 2, tls: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        workers: int = 2,
+        tls: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
+        cwd: Path = REPO,
+    ) -> None:
         """``tls``: Dask's ``distributed.comm.tls.*`` settings (ca-file, client.cert, client.key); the scheduler and
-        workers then speak TLS with that CA and certificate, and accept only peers whose certificate it signed."""
+        workers then speak TLS with that CA and certificate, and accept only peers whose certificate it signed.
+        ``env``: added to the processes' environment; ``cwd``: their working directory."""
+        self.env, self.cwd = ({**os.environ, **env} if env else None), cwd
         bin_dir = Path(sys.executable).parent
         self.tls = tls
         secure = (
@@ -104,7 +113,9 @@ class ExternalCluster:
             c.wait_for_workers(workers, timeout=120)
 
     def _start(self, cmd) -> subprocess.Popen:
-        proc = subprocess.Popen([str(c) for c in cmd], cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(c) for c in cmd], cwd=self.cwd, env=self.env, stdout=self.log, stderr=subprocess.STDOUT
+        )
         self.procs.append(proc)
         return proc
 
@@ -437,5 +448,36 @@ def test_external_cluster_over_tls_gives_the_same_shards_and_refuses_plain_clien
             dask_work._connect(cluster.address)
         assert str(stranger.value).startswith(f"dask_address {cluster.address}: could not talk to a Dask scheduler")
         assert "TLS certificate" in str(stranger.value)
+    finally:
+        cluster.stop()
+
+
+def test_an_external_cluster_with_no_shared_disk_reads_its_chunks_from_the_bucket(
+    inputs, baseline, s3_root, s3_endpoint, tmp_path
+):
+    """Issue 19: with an s3:// root, the workers (started in a folder holding no artifacts, with only the AWS
+    environment) read their byte ranges from the bucket, and the shards are the local root's, byte for byte."""
+    from tasks.registry import open_store
+    from tests.support.s3 import aws_env
+
+    elsewhere = tmp_path / "worker-machine"
+    elsewhere.mkdir()
+    env = {**aws_env(s3_endpoint), "WIKI_PIPELINE_CACHE": str(elsewhere / "cache")}
+    (tmp_path / "cluster").mkdir()
+    cluster = ExternalCluster(tmp_path / "cluster", env=env, cwd=elsewhere)
+    try:
+        src = Path(inputs[0])
+        run = {"dask_address": cluster.address, "chunk_bytes": CHUNK}
+        corpus = stages.corpus(s3_root, source_url=(src / "w.zip").as_uri())
+        tokenizer = stages.tokenizer(s3_root, corpus, num_merges=64, bpe_train_bytes=60_000, run=run)
+        ref = stages.shards(s3_root, corpus, tokenizer, shard_tokens=SHARD, run=run)
+        store = open_store(s3_root)
+        tok_files = store.get("tokenizer", tokenizer["version"]).manifest["files"]
+        assert tok_files["tokenizer.json"] == manifest(inputs[2])["files"]["tokenizer.json"]  # stats.json has timings
+        m = store.get("shards", ref["version"]).manifest
+        assert m["files"] == manifest(baseline)["files"] and m["metrics"]["workers"] == 2
+        with cluster.client() as c:  # each worker opened the bucket and read chunks from it
+            assert list(c.run(lambda: sorted(dask_work._FILESYSTEMS)).values()) == [["s3"], ["s3"]]
+        assert not [p for p in elsewhere.rglob("*") if p.suffix in (".txt", ".parquet", ".json")]
     finally:
         cluster.stop()

@@ -165,3 +165,89 @@ def test_tiny_pipeline_on_s3_publishes_local_bytes_and_resumes_elsewhere(
 
     AutoModelForCausalLM.from_pretrained(pulled)
     assert {p.name for p in pulled.iterdir()} >= set(_files(store, "export", export["version"]))
+
+
+_DATA_STAGES = textwrap.dedent(
+    """
+    import json, sys
+    from tests.support import stages
+    from tests.support.tiny import TINY
+    root, url = sys.argv[1], sys.argv[2]
+    corpus = stages.corpus(root, run=TINY["run"], source_url=url)
+    tokenizer = stages.tokenizer(root, corpus, run=TINY["run"], **TINY["tokenizer"])
+    shards = stages.shards(root, corpus, tokenizer, run=TINY["run"], **TINY["shards"])
+    print(json.dumps([corpus, tokenizer, shards]))
+    """
+)
+
+
+def test_two_machines_at_once_build_each_version_once(s3_root, s3_endpoint, tmp_path):
+    """Two runs of the data stages at once on one bucket, from two "machines" (caches, working directories):
+    every version is built by one of them (one build id) and reused by the other."""
+    url = tiny_zip_url(tmp_path)
+    procs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        env = environ_with(s3_endpoint, WIKI_PIPELINE_CACHE=str(tmp_path / name / "cache"))
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _DATA_STAGES, s3_root, url],
+                env=env,
+                cwd=tmp_path / name,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert results[0] == results[1]  # the same versions with the same build ids: built once, reused once
+    store = open_store(s3_root)
+    assert [(v.stage, v.version) for v in store.versions()] == [(r["stage"], r["version"]) for r in results[0]]
+    for ref in results[0]:
+        assert store.verify(ref["stage"], ref["version"], full=True) == (True, "ok")
+
+
+def test_an_outage_mid_shards_names_the_store_publishes_nothing_and_a_rerun_resumes(
+    s3_root, s3_endpoint, tmp_path, monkeypatch, caplog
+):
+    import pytest
+
+    from mygpt.errors import UserError
+    from tasks.core import store as store_module
+    from tests.support.s3 import Outage
+
+    outage = Outage(s3_endpoint)  # the bucket's endpoint, through a relay that can be cut and restored
+    monkeypatch.setenv("AWS_ENDPOINT_URL", outage.url)
+    run = {**TINY["run"], "chunk_bytes": 65536}
+    corpus = stages.corpus(s3_root, run=run, source_url=tiny_zip_url(tmp_path))
+    tokenizer = stages.tokenizer(s3_root, corpus, run=run, **TINY["tokenizer"])
+    real_save = store_module.Build.save
+    saves: list = []
+
+    def save_then_cut(self, *paths):  # the store goes away right after the second shard reached it
+        real_save(self, *paths)
+        saves.append(paths)
+        if len(saves) == 2:
+            outage.cut()
+
+    monkeypatch.setattr(store_module.Build, "save", save_then_cut)
+    with pytest.raises(UserError) as err:
+        stages.shards(s3_root, corpus, tokenizer, run=run, **TINY["shards"])
+    message = str(err.value)
+    assert s3_root.removeprefix("s3://").split("/")[0] in message and "rerun" in message
+    assert "wikitestsecret" not in message and "wikitestkey" not in message
+    outage.restore()
+    monkeypatch.setattr(store_module.Build, "save", real_save)
+    store = open_store(s3_root)
+    assert store.versions("shards") == []  # nothing half-published
+
+    monkeypatch.setenv("WIKI_PIPELINE_CACHE", str(tmp_path / "another-machine"))
+    caplog.set_level("INFO")
+    ref = stages.shards(s3_root, corpus, tokenizer, run=run, **TINY["shards"])
+    assert "fetched" in caplog.text and "keeping" in caplog.text, caplog.text
+    assert store.verify("shards", ref["version"], full=True) == (True, "ok")
