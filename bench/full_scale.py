@@ -207,6 +207,9 @@ def manifest(ref: dict) -> dict:
     return json.loads((Path(ref["path"]) / "manifest.json").read_text())
 
 
+S3_SERVER_PIDS: list[int] = []  # not counted in the tree's memory (like the Prefect server and the mirror)
+
+
 @contextlib.contextmanager
 def s3_root() -> Iterator[str]:
     """``s3://<bucket>/art`` on a moto S3 server process on 127.0.0.1 (the tests' server; ``pip install
@@ -239,6 +242,7 @@ def s3_root() -> Iterator[str]:
             WIKI_PIPELINE_CACHE=tempfile.mkdtemp(prefix="full-scale-cache-", dir=OUT),
         )
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="wiki-bench")
+        S3_SERVER_PIDS.append(proc.pid)
         yield "s3://wiki-bench/art"
     finally:
         proc.terminate()
@@ -325,7 +329,7 @@ def main(argv=None) -> int:
     if args.store == "s3":
         shutil.rmtree(root)
         root = bucket.enter_context(s3_root())
-    sampler = TreeSampler([p.pid for p in ([server.proc] if server else []) + [mirror.proc]])
+    sampler = TreeSampler([p.pid for p in ([server.proc] if server else []) + [mirror.proc]] + S3_SERVER_PIDS)
     try:
         from flows.wiki_pipeline import wiki_pipeline
 

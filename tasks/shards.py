@@ -185,7 +185,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
     dtype = np.dtype(tok.id_dtype)
     chunk_bytes = ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES
     files = {s: corpus / SPLIT_FILES[s] for s in SPLITS}  # this process cuts the chunks from these
-    urls = {s: ctx.input_url("corpus", SPLIT_FILES[s]) for s in SPLITS}  # the workers read their ranges here
+    urls = {s: ctx.worker_path("corpus", SPLIT_FILES[s]) for s in SPLITS}  # the workers read their ranges here
     total_bytes = sum(p.stat().st_size for p in files.values()) or 1
 
     rec_path = ctx.work / PROGRESS_FILE

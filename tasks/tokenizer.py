@@ -111,7 +111,7 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
     ctx.log.info("tokenizer: counting the words of %s bytes of %s", f"{used:,}", train_path.name)
     t0 = time.monotonic()
     try:
-        where = ctx.input_url("corpus", train_path.name)
+        where = ctx.worker_path("corpus", train_path.name)
         counts = count_slice(ctx, train_path, used, ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES, where)
     except dask_work.ClusterError:
         raise  # the cluster's, not the corpus's: its message says what to do

@@ -128,9 +128,7 @@ def opener(where: str):
         return None
     from tasks.core.store_s3 import filesystem
 
-    fs = _FILESYSTEMS.get("s3")
-    if fs is None:
-        fs = _FILESYSTEMS["s3"] = filesystem()
+    fs = _FILESYSTEMS["s3"] = filesystem()
     return lambda url: fs.open(url, "rb", cache_type="none")
 
 

@@ -192,10 +192,15 @@ class BuildContext(Generic[S]):
         uploaded now, so a rerun on another machine resumes from them (see ``Build.save``)."""
         self.build.save(*paths)
 
-    def input_url(self, name: str, rel: str) -> str:
-        """Where the file ``rel`` of the input ``name`` is published (a path, or an ``s3://`` URL): what a Dask
-        worker reads its byte range from, so a cluster needs no shared disk."""
-        return f"{self.store.location(name, self.inputs[name]['version'])}/{rel}"
+    def worker_path(self, name: str, rel: str) -> str:
+        """Where a Dask worker reads the file ``rel`` of the input ``name`` from: on an external cluster
+        (``run.dask_address``), where it is published (a path, or an ``s3://`` URL read by range, so the cluster
+        needs no shared disk); on the local cluster this stage starts, its workers share this machine's disk, so
+        the local copy the build reads (the same bytes, checked against the manifest)."""
+        version = self.inputs[name]["version"]
+        if self.run.dask_address:
+            return f"{self.store.location(name, version)}/{rel}"
+        return str(self.store.local_copy(name, version) / rel)
 
     def progress(self, done: float, total: float, message: str = "", force: bool = False) -> None:
         """Report progress: a log line (every ~10 s or 10 %) and a Prefect progress artifact."""

@@ -55,7 +55,13 @@ log = logging.getLogger("wiki_pipeline.store")
 
 def default_root() -> str:
     """``$WIKI_PIPELINE_ARTIFACTS`` if set, else ``artifacts/`` in the repository."""
-    return os.environ.get(ENV_ROOT) or str(REPO_ROOT / "artifacts")
+    root = os.environ.get(ENV_ROOT, "").strip()
+    if is_object_url(root):
+        try:
+            normal_url(root)
+        except ValueError as exc:
+            raise UserError(f"{ENV_ROOT}: {exc}") from None
+    return root or str(REPO_ROOT / "artifacts")
 
 
 def absolute_root(root: str | os.PathLike) -> str:
@@ -342,6 +348,15 @@ class ArtifactStore:
         for files, where in places:
             for st in self._all_stages():
                 found.extend(self._garbage_of(files, where, st))
+        if self.remote:  # downloads a killed process left (not those of the last 10 minutes: one may be running)
+            cache = PosixFiles(self.files.local)
+            for name in cache.subdirs(".incoming"):
+                size, newest = cache.usage(f".incoming/{name}")
+                if time.time() - newest > 600:
+                    why = "an interrupted download into this machine's cache"
+                    found.append(
+                        Garbage(f".incoming/{name}", cache.where(f".incoming/{name}"), "", "", size, why, local=True)
+                    )
         if code_versions is not None:
             for (st, version), why in self.stale_versions(code_versions).items():
                 key = self._version_key(st, version)
