@@ -2,7 +2,10 @@
 server (its own, with the UI on) after two tiny runs with different steps, and the test reads the rendered pages
 (``--dump-dom``), not the API: the six stage artifacts, the run summary, the loss chart with both series, the
 model comparison with both versions, and the deployment's custom-run form with its seven groups. Screenshots
-are kept under the test's temp dir. Skipped where Debian's ``chromium`` is not installed."""
+are kept under the test's temp dir. Skipped where Debian's ``chromium`` is not installed.
+
+Marked slow (about 110 s on 2 cores: two runs and a dozen page renders): CI skips it to keep the suite under 12
+minutes; run it by hand with ``scripts/test -m slow tests/flows/test_ui_browser.py``."""
 
 from __future__ import annotations
 
@@ -18,7 +21,10 @@ from flows.settings import TINY
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (apt-get install -y chromium)")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (apt-get install -y chromium)"),
+]
 
 GROUPS = ("corpus", "tokenizer", "shards", "model", "samples", "export", "run")
 

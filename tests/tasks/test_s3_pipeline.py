@@ -6,7 +6,6 @@ local cache); and ``only=``, ``artifacts`` and ``gc`` work there."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -89,7 +88,7 @@ def _files(store, stage: str, version: str) -> dict[str, str]:
 
 
 def test_tiny_pipeline_on_s3_publishes_local_bytes_and_resumes_elsewhere(
-    upstream, trained, s3_root, s3_endpoint, tmp_path, monkeypatch, caplog
+    upstream, trained, s3_root, s3_endpoint, tmp_path, monkeypatch, caplog, capsys
 ):
     local_root, l_corpus, l_tokenizer, l_shards = upstream
     local = open_store(local_root)
@@ -147,20 +146,15 @@ def test_tiny_pipeline_on_s3_publishes_local_bytes_and_resumes_elsewhere(
     assert [v.stage for v in store.versions()] == list(NAMES)
     assert not any(store.files.files(f"{st}/.staging") for st in NAMES)  # no resume state left behind
 
-    # the CLI on the bucket: artifacts lists it, gc finds nothing but this machine's cached copies, pull copies
-    env = {**os.environ}
-    cli = [str(Path(sys.executable).with_name("wiki-pipeline"))]
-    listing = subprocess.run([*cli, "artifacts", "--artifacts-dir", s3_root], env=env, capture_output=True, text=True)
-    assert listing.returncode == 0 and export["version"] in listing.stdout and s3_root in listing.stdout
-    assert "wikitestsecret" not in listing.stdout + listing.stderr
+    # the CLI on the bucket: artifacts lists it, pull copies a version out, every file checked
+    from flows.cli import main
+
+    assert main(["artifacts", "--artifacts-dir", s3_root]) == 0
+    listing = capsys.readouterr()
+    assert export["version"] in listing.out and s3_root in listing.out
+    assert "wikitestsecret" not in listing.out + listing.err
     pulled = tmp_path / "pulled"
-    got = subprocess.run(
-        [*cli, "pull", f"export/{export['version']}", str(pulled), "--artifacts-dir", s3_root],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert got.returncode == 0, got.stderr
+    assert main(["pull", f"export/{export['version']}", str(pulled), "--artifacts-dir", s3_root]) == 0
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(pulled)
