@@ -29,7 +29,7 @@ _HOME = {
     "BPETokenizer": "bpe",
     "CharTokenizer": "char_tokenizer",
     "GPT": "model",
-    "GPTConfig": "model",
+    "GPTConfig": "gpt_config",
     "TrainConfig": "train",
     "TrainResult": "train",
     "UserError": "errors",
@@ -42,7 +42,8 @@ if TYPE_CHECKING:  # editors and type checkers see the real names
     from .char_tokenizer import CharTokenizer
     from .checkpoint import load_checkpoint, save_checkpoint
     from .errors import UserError
-    from .model import GPT, GPTConfig
+    from .gpt_config import GPTConfig
+    from .model import GPT
     from .train import TrainConfig, TrainResult
 
 

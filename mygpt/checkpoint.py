@@ -29,7 +29,8 @@ import torch
 
 from .atomic import atomic_open
 from .errors import UserError
-from .model import GPT, REQUIRED_CHECKPOINT_KEYS, GPTConfig
+from .gpt_config import REQUIRED_CHECKPOINT_KEYS
+from .model import GPT, GPTConfig
 from .tokenizer import tokenizer_from_state
 
 __all__ = [

@@ -15,6 +15,10 @@ or a backend that is not available here, raises ``UserError``.
 An explicit ``"bf16"`` on a CPU without native bf16 instructions (x86 without AVX512-BF16/AMX-BF16) is allowed
 but slow; ``bf16_cpu_warning`` words the one warning the trainer prints for it. ``compile_unavailable`` says why
 ``torch.compile`` cannot run here (or ``None``), and ``tf32_matmuls`` switches TF32 matmuls on for CUDA.
+
+Settings are checked without torch where the answer is the CPU (``cpu``, or ``auto`` on a machine that cannot hold
+an accelerator): :func:`mygpt.limits.resolves_to_cpu` and :func:`mygpt.limits.cpu_precision`, tested equal to the
+functions here.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import re
 import torch
 
 from .errors import UserError
+from .limits import PRECISIONS, precision_name
 
 __all__ = [
     "PRECISIONS",
@@ -40,8 +45,6 @@ __all__ = [
     "tf32_matmuls",
     "torch_threads",
 ]
-
-PRECISIONS = ("auto", "fp32", "bf16")
 
 
 def as_device(device: str | torch.device) -> torch.device:
@@ -94,9 +97,7 @@ def _bf16_supported(device: torch.device) -> bool:
 def resolve_precision(device: str | torch.device, precision: str = "auto") -> str:
     """``"auto"|"fp32"|"bf16"`` -> ``"fp32"`` or ``"bf16"`` for ``device``; ``UserError`` when unsupported."""
     device = as_device(device)
-    precision = (precision or "auto").strip().lower()
-    if precision not in PRECISIONS:
-        raise UserError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    precision = precision_name(precision)
     if precision == "fp32":
         return "fp32"
     if precision == "bf16":

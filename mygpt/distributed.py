@@ -202,7 +202,7 @@ class TrainJob:
     def gpt_config(self, tokenizer):
         """The model's :class:`~mygpt.model.GPTConfig`: ``model`` with ``vocab_size`` from the tokenizer
         (``UserError`` naming what is wrong)."""
-        from .model import GPTConfig
+        from .gpt_config import GPTConfig
 
         if not isinstance(self.model, dict):
             raise UserError(f"job 'model' must be an object of GPTConfig fields, got {type(self.model).__name__}")
@@ -227,7 +227,7 @@ class TrainJob:
     def check(self, nproc: int = 1) -> None:
         """Cheap checks before any process starts; ``UserError`` naming the field."""
         from .device import resolve_device, resolve_precision
-        from .train import check_memory, check_nproc, check_seq_len
+        from .limits import check_memory, check_nproc, check_seq_len
 
         if not self.checkpoint and not self.output:
             raise UserError("training job needs 'checkpoint' or 'output' (or both): where the trained weights go")
@@ -263,25 +263,32 @@ class TrainJob:
 
 # ---- how many processes -----------------------------------------------------------------------------------
 def resolve_nproc(nproc: int | str, device: str = "auto") -> int:
-    """``nproc`` as a number: ``"auto"`` = visible GPUs when ``device`` resolves to CUDA, else 1."""
-    from .device import resolve_device
+    """``nproc`` as a number: ``"auto"`` = visible GPUs when ``device`` resolves to CUDA, else 1. Torch-free where
+    ``device`` resolves to the CPU without it (:func:`mygpt.limits.resolves_to_cpu`)."""
+    from .limits import resolves_to_cpu
 
-    dev = resolve_device(device)
+    if resolves_to_cpu(device):
+        kind, index = "cpu", None
+    else:
+        from .device import resolve_device
+
+        dev = resolve_device(device)
+        kind, index = dev.type, dev.index
     if isinstance(nproc, str):
         text = nproc.strip().lower()
         if text == "auto":
-            return max(1, __import__("torch").cuda.device_count()) if dev.type == "cuda" else 1
+            return max(1, __import__("torch").cuda.device_count()) if kind == "cuda" else 1
         if not text.isdigit():
             raise UserError(f"nproc must be a positive integer or 'auto', got {nproc!r}")
         nproc = int(text)
     n = check_int("nproc", nproc, 1, "use 'auto' for one process per visible GPU")
     if n > 1:
-        if dev.type == "mps":
+        if kind == "mps":
             raise UserError("nproc > 1 is not supported on Apple MPS (no distributed backend); use nproc 1")
-        if dev.type == "cuda":
+        if kind == "cuda":
             import torch
 
-            if dev.index is not None:
+            if index is not None:
                 raise UserError(
                     f"device {device!r} pins one GPU, but nproc is {n}; use device 'cuda' (or 'auto') "
                     f"and each process takes its own GPU"

@@ -55,7 +55,8 @@ from .checkpoint import gpt_config_from_payload, load_checkpoint_payload, save_c
 from .data import get_batch, num_tokens
 from .device import as_device, bf16_cpu_warning, compile_unavailable, resolve_device, resolve_precision, tf32_matmuls
 from .errors import UserError, check_int
-from .metrics import flops_per_token, format_throughput, machine_memory, peak_tflops, throughput, training_memory
+from .limits import check_memory, check_nproc, check_seq_len  # torch-free; re-exported (their old home)
+from .metrics import flops_per_token, format_throughput, peak_tflops, throughput
 from .parallel import World, evaluate, forward_backward
 
 __all__ = [
@@ -138,77 +139,6 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> TrainConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
-
-
-def check_seq_len(
-    seq_len: int, max_seq_len: int, *, names: tuple[str, str] = ("seq_len", "max_seq_len"), hint: str = ""
-) -> None:
-    """The one check that a training window fits the model: ``seq_len <= max_seq_len``. ``names``: how the
-    caller's user spells the two (``--seq-len``, ...); ``hint``: what to do (default: lower one, raise the other)."""
-    if seq_len > max_seq_len:
-        seq, most = names
-        raise UserError(
-            f"{seq} ({seq_len}) must be <= {most} ({max_seq_len}); {hint or f'lower {seq} or raise {most}'}"
-        )
-
-
-def check_nproc(batch_size: int, nproc: int, *, names: tuple[str, str] = ("batch_size", "nproc")) -> None:
-    """The one check that every training process gets a row of the global batch: ``batch_size >= nproc``.
-    ``names``: how the caller's user spells the two."""
-    if batch_size < nproc:
-        rows, procs = names
-        raise UserError(
-            f"{procs} ({nproc}) is more than {rows} ({batch_size}); every process takes at least one "
-            f"row of the global batch: lower {procs} or raise {rows}"
-        )
-
-
-def check_memory(
-    model,
-    batch_size: int,
-    seq_len: int,
-    *,
-    device,
-    precision: str = "fp32",
-    nproc: int = 1,
-    micro_batch_size: int = 0,
-    names: dict[str, str] | None = None,
-) -> None:
-    """The one check that training fits this machine before anything is allocated: ``UserError`` when even
-    :func:`mygpt.metrics.training_memory`'s lower bound for ``model`` (a ``GPTConfig``) exceeds the GPU's memory
-    (CUDA: per process) or this machine's (CPU, MPS: all ``nproc`` processes together). ``names``: how the
-    caller's user spells the settings (``{"batch_size": "--batch-size", ...}``)."""
-    have, what = machine_memory(device)
-    if have is None:
-        return
-    share = -(-batch_size // nproc)
-    rows = min(micro_batch_size, share) if micro_batch_size > 0 else share
-    need = training_memory(model, rows, seq_len, precision)
-    processes = 1 if getattr(device, "type", str(device).split(":")[0]) == "cuda" else nproc
-    total = need.total * processes
-    if total <= have:
-        return
-    name = (names or {}).get
-    if need.positions >= max(need.state, need.activations):
-        culprit = f"{name('max_seq_len', 'max_seq_len')} ({model.max_seq_len:,})"
-        fix = f"lower {name('max_seq_len', 'max_seq_len')}"
-    elif need.activations >= need.state:
-        which = "batch_size" if rows >= seq_len else "seq_len"
-        culprit = f"{name(which, which)} ({batch_size if which == 'batch_size' else seq_len:,})"
-        fix = f"lower {name('batch_size', 'batch_size')} or {name('seq_len', 'seq_len')}"
-    else:
-        culprit = f"the model's size ({model.num_params():,} parameters)"
-        fix = f"lower {name('embed_dim', 'embed_dim')} or {name('num_layers', 'num_layers')}"
-    each = f" x {processes} processes" if processes > 1 else ""
-    raise UserError(
-        f"{culprit} makes training need at least {_gib(total)}, more than the {_gib(have)} {what} "
-        f"(weights, gradients and AdamW state {_gib(need.state)}, position tables {_gib(need.positions)}, "
-        f"activations of {rows:,} rows x {seq_len:,} tokens {_gib(need.activations)}{each}); {fix}"
-    )
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:,.1f} GiB"
 
 
 class _FiniteLoss:

@@ -114,7 +114,7 @@ class ModelSettings(DeviceSettings):
         """Device and precision (DeviceSettings), then ``nproc`` as a number this machine can run: the one place
         the pipeline resolves it (``mygpt.distributed.resolve_nproc``); the stage passes the number on."""
         from mygpt.distributed import resolve_nproc
-        from mygpt.train import check_nproc
+        from mygpt.limits import check_nproc
 
         s = super().resolved()
         try:
@@ -132,10 +132,10 @@ class ModelSettings(DeviceSettings):
         return s.model_copy(update={"nproc": nproc})
 
     def check_memory(self, device: str, precision: str, nproc: int, vocab_size: int = 1) -> None:
-        """``UserError`` when training this model cannot fit this machine (``mygpt.train.check_memory``). Before
+        """``UserError`` when training this model cannot fit this machine (``mygpt.limits.check_memory``). Before
         the tokenizer exists the vocabulary is unknown: 1 keeps the estimate a lower bound (the training run
         checks again with the real one)."""
-        from mygpt.train import check_memory
+        from mygpt.limits import check_memory
 
         try:
             check_memory(
@@ -152,7 +152,7 @@ class ModelSettings(DeviceSettings):
     def gpt_config(self, vocab_size: int):
         """The model these settings describe, as the library's ``GPTConfig`` (``norm``/``position`` are its
         ``norm_type``/``position_type``); ``vocab_size`` comes from the tokenizer."""
-        from mygpt.model import GPTConfig
+        from mygpt.gpt_config import GPTConfig
 
         return GPTConfig(
             vocab_size=vocab_size,
@@ -167,7 +167,7 @@ class ModelSettings(DeviceSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSettings:
-        from mygpt.train import check_seq_len  # the library's own rules, stated once
+        from mygpt.limits import check_seq_len  # the library's own rules, stated once (torch-free)
 
         self.gpt_config(vocab_size=2)  # the shape rules; vocab_size is not known before the tokenizer exists
         check_seq_len(self.seq_len, self.max_seq_len, hint="the chapter uses 256 for both")

@@ -285,7 +285,16 @@ class DeviceSettings(Settings):
         return value.strip().lower()
 
     def resolved(self) -> typing.Self:
-        """``device``/``precision`` as this machine runs them; ``UserError`` when one is not available here."""
+        """``device``/``precision`` as this machine runs them; ``UserError`` when one is not available here.
+        Where the device is the CPU without asking torch (``cpu``, or ``auto`` on a machine that cannot hold an
+        accelerator: :func:`mygpt.limits.resolves_to_cpu`), torch is not imported: a cached rerun never loads it."""
+        from mygpt.limits import cpu_precision, resolves_to_cpu
+
+        if resolves_to_cpu(self.device):
+            try:
+                return self.model_copy(update={"device": "cpu", "precision": cpu_precision(self.precision)})
+            except UserError as e:
+                raise UserError(f"precision: {e}") from None
         from mygpt.device import resolve_device, resolve_precision
 
         try:

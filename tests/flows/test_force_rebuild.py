@@ -20,10 +20,14 @@ def tiny_run(prefect_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("force")
     url = tiny_zip_url(tmp)
 
+    def parameters(**groups):
+        return tiny_flow_parameters(url, tmp / "art", **groups)
+
     def run(**groups):
-        state = wiki_pipeline(**tiny_flow_parameters(url, tmp / "art", **groups), return_state=True)
+        state = wiki_pipeline(**parameters(**groups), return_state=True)
         return state.result(), task_run_states(state.state_details.flow_run_id)
 
+    run.parameters = parameters  # type: ignore[attr-defined]  # for a run in another process
     return run, open_store(tmp / "art")
 
 
@@ -53,6 +57,49 @@ def test_force_bpe_rebuilds_bpe_and_everything_after_it(tiny_run):
         assert store.verify(stage, first[stage]["version"]) == (True, "ok"), f"{stage}: old version kept"
         inputs = store.get(stage, forced[stage]["version"]).manifest["inputs"]
         assert all(ref["build_id"] == forced[name]["build_id"] for name, ref in inputs.items())
+
+
+#: What a rerun whose stages are all Cached has no use for: torch and the Hugging Face stack (training, sampling,
+#: export), the Parquet and Dask machinery (encoding). Loading any of them costs its start seconds (torch: 2-3 s).
+HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "pyarrow", "dask", "distributed", "pandas")
+
+
+def test_a_cached_rerun_runs_in_a_process_that_loads_no_torch(tiny_run, prefect_server):
+    """The flow process of a rerun whose stages are all Cached (what a served deployment starts for each run)
+    imports none of :data:`HEAVY`: the settings are checked, the device resolved and every version reused
+    without them."""
+    import subprocess
+    import sys
+
+    from mygpt.limits import resolves_to_cpu
+    from tests.support import REPO
+
+    if not resolves_to_cpu("auto"):
+        pytest.skip("device auto may be an accelerator here: torch answers it")
+    run, _ = tiny_run
+    run()  # built here unless an earlier test built it
+    code = f"""
+import json, sys
+from flows.wiki_pipeline import wiki_pipeline
+state = wiki_pipeline(**json.loads(sys.argv[1]), return_state=True)
+state.result()
+loaded = sorted(m for m in {HEAVY!r} if m in sys.modules)
+print("RESULT " + json.dumps({{"flow_run_id": str(state.state_details.flow_run_id), "loaded": loaded}}))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(run.parameters())],
+        cwd=REPO,
+        env=prefect_server.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert task_run_states(result["flow_run_id"]) == dict.fromkeys(
+        ["corpus", "tokenizer", "shards", "model", "samples", "export"], "Cached"
+    )
+    assert result["loaded"] == [], f"a cached rerun loaded {result['loaded']}"
 
 
 def test_only_sample_runs_one_stage_against_the_latest_model(tiny_run):

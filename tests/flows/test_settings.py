@@ -227,3 +227,26 @@ def test_artifacts_dir_under_a_file_is_refused_up_front(tmp_path):
 def test_workers_beyond_the_cores_are_fine_with_a_dask_address():
     run = RunOptions.parse({"workers": CORES + 1, "dask_address": "tcp://127.0.0.1:8786"}, "run")
     assert run.workers == CORES + 1  # not used: the scheduler's workers do the chunk work
+
+
+def test_the_flow_imports_and_checks_its_parameters_without_torch():
+    """A cached rerun's flow process pays for no torch: importing the flow and checking its parameters (the
+    defaults with device auto, the tiny preset) never loads it where nothing but the CPU can run them."""
+    import subprocess
+    import sys
+
+    from mygpt.limits import resolves_to_cpu
+    from tests.support import REPO
+
+    if not resolves_to_cpu("auto"):
+        pytest.skip("device auto may be an accelerator here: torch answers it")
+    code = """
+import sys
+from flows.wiki_pipeline import wiki_pipeline
+from flows.settings import TINY, Pipeline
+Pipeline.parse(); Pipeline.parse(**TINY); Pipeline.from_flat({"steps": 5, "device": "cpu", "precision": "bf16"})
+print(sorted(m for m in ("torch", "transformers", "safetensors", "tokenizers") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

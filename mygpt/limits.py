@@ -1,0 +1,139 @@
+"""What a training run needs of this machine, checked before anything is built, and which device it runs on
+where that is known without torch: the settings-time rules of the CLI, ``TrainJob.check`` and the pipeline's
+``ModelSettings``. Nothing here imports torch (``check_memory`` asks it only for a CUDA device's memory), so
+checking settings for the CPU never pays for it; ``mygpt.train`` re-exports the checks (their old home) and calls
+them before training too.
+
+* :func:`check_seq_len`, :func:`check_nproc`, :func:`check_memory` -- the one home of each rule.
+* :func:`resolves_to_cpu` -- ``True`` where ``device`` (``"cpu"``, or ``"auto"`` on a machine that cannot hold an
+  accelerator torch would use) runs on the CPU, known without torch: then ``mygpt.device.resolve_device`` gives
+  ``cpu`` too. ``"auto"`` is answered only on Linux with none of :data:`ACCELERATOR_NODES` under ``/dev`` (no
+  NVIDIA driver, no ROCm, no WSL GPU); macOS (MPS) and every other case return ``False``: ask
+  ``mygpt.device``, which asks torch. :func:`cpu_precision` is ``resolve_precision`` on the CPU. The tests prove
+  both equal to torch's own answers (tests/mygpt/test_limits.py).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+
+from .errors import UserError
+from .metrics import machine_memory, training_memory
+
+__all__ = [
+    "ACCELERATOR_NODES",
+    "PRECISIONS",
+    "check_memory",
+    "check_nproc",
+    "check_seq_len",
+    "cpu_precision",
+    "precision_name",
+    "resolves_to_cpu",
+]
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+#: The device nodes (globs under ``/dev``) without which Linux has no accelerator torch could use: NVIDIA's
+#: driver (``nvidia0``, ``nvidiactl``, ...), AMD ROCm's (``kfd``; torch's ROCm build answers as CUDA), and WSL 2's
+#: GPU paravirtualisation (``dxg``, through which CUDA runs there).
+ACCELERATOR_NODES = ("nvidia*", "kfd", "dxg")
+
+
+def resolves_to_cpu(device: str, dev: str = "/dev") -> bool:
+    """Whether ``device`` runs on the CPU, known without torch (see the module docstring): ``"cpu"``, or
+    ``"auto"`` on Linux with none of :data:`ACCELERATOR_NODES` under ``dev``. ``False`` means: ask torch
+    (``mygpt.device.resolve_device``), not "not the CPU"."""
+    name = (device or "auto").strip().lower()
+    if name == "cpu":
+        return True
+    if name != "auto" or not sys.platform.startswith("linux"):
+        return False
+    return not any(glob.glob(os.path.join(dev, pattern)) for pattern in ACCELERATOR_NODES)
+
+
+def precision_name(precision: str) -> str:
+    """``precision`` checked and normalised (``"auto"``, ``"fp32"`` or ``"bf16"``); ``UserError`` when unknown."""
+    name = (precision or "auto").strip().lower()
+    if name not in PRECISIONS:
+        raise UserError(f"unknown precision {name!r}; expected one of {', '.join(PRECISIONS)}")
+    return name
+
+
+def cpu_precision(precision: str) -> str:
+    """What ``mygpt.device.resolve_precision("cpu", precision)`` gives: ``auto`` is fp32 on a CPU (bf16 is allowed
+    there when asked for, never chosen)."""
+    name = precision_name(precision)
+    return "fp32" if name == "auto" else name
+
+
+def check_seq_len(
+    seq_len: int, max_seq_len: int, *, names: tuple[str, str] = ("seq_len", "max_seq_len"), hint: str = ""
+) -> None:
+    """The one check that a training window fits the model: ``seq_len <= max_seq_len``. ``names``: how the
+    caller's user spells the two (``--seq-len``, ...); ``hint``: what to do (default: lower one, raise the other)."""
+    if seq_len > max_seq_len:
+        seq, most = names
+        raise UserError(
+            f"{seq} ({seq_len}) must be <= {most} ({max_seq_len}); {hint or f'lower {seq} or raise {most}'}"
+        )
+
+
+def check_nproc(batch_size: int, nproc: int, *, names: tuple[str, str] = ("batch_size", "nproc")) -> None:
+    """The one check that every training process gets a row of the global batch: ``batch_size >= nproc``.
+    ``names``: how the caller's user spells the two."""
+    if batch_size < nproc:
+        rows, procs = names
+        raise UserError(
+            f"{procs} ({nproc}) is more than {rows} ({batch_size}); every process takes at least one "
+            f"row of the global batch: lower {procs} or raise {rows}"
+        )
+
+
+def check_memory(
+    model,
+    batch_size: int,
+    seq_len: int,
+    *,
+    device,
+    precision: str = "fp32",
+    nproc: int = 1,
+    micro_batch_size: int = 0,
+    names: dict[str, str] | None = None,
+) -> None:
+    """The one check that training fits this machine before anything is allocated: ``UserError`` when even
+    :func:`mygpt.metrics.training_memory`'s lower bound for ``model`` (a ``GPTConfig``) exceeds the GPU's memory
+    (CUDA: per process) or this machine's (CPU, MPS: all ``nproc`` processes together). ``names``: how the
+    caller's user spells the settings (``{"batch_size": "--batch-size", ...}``)."""
+    have, what = machine_memory(device)
+    if have is None:
+        return
+    share = -(-batch_size // nproc)
+    rows = min(micro_batch_size, share) if micro_batch_size > 0 else share
+    need = training_memory(model, rows, seq_len, precision)
+    processes = 1 if getattr(device, "type", str(device).split(":")[0]) == "cuda" else nproc
+    total = need.total * processes
+    if total <= have:
+        return
+    name = (names or {}).get
+    if need.positions >= max(need.state, need.activations):
+        culprit = f"{name('max_seq_len', 'max_seq_len')} ({model.max_seq_len:,})"
+        fix = f"lower {name('max_seq_len', 'max_seq_len')}"
+    elif need.activations >= need.state:
+        which = "batch_size" if rows >= seq_len else "seq_len"
+        culprit = f"{name(which, which)} ({batch_size if which == 'batch_size' else seq_len:,})"
+        fix = f"lower {name('batch_size', 'batch_size')} or {name('seq_len', 'seq_len')}"
+    else:
+        culprit = f"the model's size ({model.num_params():,} parameters)"
+        fix = f"lower {name('embed_dim', 'embed_dim')} or {name('num_layers', 'num_layers')}"
+    each = f" x {processes} processes" if processes > 1 else ""
+    raise UserError(
+        f"{culprit} makes training need at least {_gib(total)}, more than the {_gib(have)} {what} "
+        f"(weights, gradients and AdamW state {_gib(need.state)}, position tables {_gib(need.positions)}, "
+        f"activations of {rows:,} rows x {seq_len:,} tokens {_gib(need.activations)}{each}); {fix}"
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
