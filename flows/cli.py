@@ -379,7 +379,7 @@ def cmd_artifacts(args) -> int:
         )
         return 0
     print(format_listing(store, rows, stale))
-    leftovers = store.garbage()
+    leftovers = [g for g in store.garbage() if not g.local]  # this machine's cached copies are no leftovers
     if leftovers or stale:
         size = sum(g.bytes for g in leftovers)
         print(
@@ -426,6 +426,8 @@ def cmd_pull(args) -> int:
     store = open_store(args.artifacts_dir)
     try:
         info = store.pull(stage, version, Path(args.dest))
+    except UserError:
+        raise
     except ValueError as exc:
         raise UserError(
             f"pull {args.version}: {exc}; name a version as STAGE/VERSION (`wiki-pipeline artifacts`)"

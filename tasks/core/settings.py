@@ -232,7 +232,7 @@ class RunOptions(Settings):
             from tasks.core.store_s3 import normal_url
 
             return normal_url(value)  # ValueError saying what is wrong with the URL
-        if "://" in value:
+        if "://" in value or value.strip().lower().startswith("s3:"):
             raise ValueError(
                 f"artifacts_dir {value.split('://')[0]}://...: the artifact root is a local directory or an "
                 "s3://bucket/prefix URL (any S3-compatible service, through AWS_ENDPOINT_URL)"

@@ -395,7 +395,7 @@ class Stage:
             if force:
                 staging.reset()  # a forced build starts from nothing, whatever an earlier attempt left
             for name, up in sorted(inputs.items()):  # local directories (for an object-store root: verified copies)
-                input_dirs[name] = store.local_copy(name, up["version"])
+                input_dirs[name] = store.local_copy(name, up["version"], full=run.full_check)
             logger.info(
                 "%s: building %s/%s%s",
                 self.name,

@@ -41,7 +41,7 @@ from typing import Any
 from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
 from tasks.core.store_posix import PosixFiles
-from tasks.core.store_s3 import ObjectFiles, is_object_url, normal_url
+from tasks.core.store_s3 import ObjectFiles, is_object_url, normal_url, safe_rel
 
 MANIFEST = "manifest.json"
 _STAGE_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")  # a stage's folder: a plain name, never a path
@@ -66,9 +66,15 @@ def default_root() -> str:
 
 def absolute_root(root: str | os.PathLike) -> str:
     """An artifact root as the store names it: an absolute path, or ``s3://bucket/prefix`` as written."""
-    if is_object_url(root):
-        return normal_url(str(root))
-    return os.path.abspath(os.path.expanduser(os.fspath(root)))
+    text = os.fspath(root)
+    if is_object_url(text):
+        try:
+            return normal_url(text)
+        except ValueError as exc:
+            raise UserError(f"artifact root {text}: {exc}") from None
+    if re.match(r"(?i)s3:(?!//)", text.strip()):
+        raise UserError(f"artifact root {text}: an object-store root is written s3://bucket/prefix")
+    return os.path.abspath(os.path.expanduser(text))
 
 
 def canonical_json(obj: Any) -> str:
@@ -111,6 +117,8 @@ class ArtifactStore:
         (:meth:`versions` of every stage, :meth:`garbage`, :meth:`stale_versions`) need them."""
         where = absolute_root(root if root is not None else default_root())
         self.files: PosixFiles | ObjectFiles = ObjectFiles(where) if is_object_url(where) else PosixFiles(Path(where))
+        if isinstance(self.files, ObjectFiles):
+            self.files.check_bucket()  # a misspelt bucket is one clear line, not an empty listing or a wait
         self.root: str = self.files.display  # what messages name: a directory or an s3:// URL
         self.remote = self.files.remote
         self.stages = tuple(stages)
@@ -162,16 +170,17 @@ class ArtifactStore:
     def lock_path(self, stage: str, version: str) -> Path:
         return self.files.local / self._lock_key(stage, version)
 
-    def local_copy(self, stage: str, version: str) -> Path:
+    def local_copy(self, stage: str, version: str, full: bool = False) -> Path:
         """A local directory holding the published ``stage/version`` (for a build to read): the version itself,
-        or a copy in the local cache, downloaded and checked against the manifest's sha256s."""
+        or a copy in the local cache, downloaded and checked against the manifest's sha256s (a cached copy is
+        checked by size, and with ``full`` by sha256 too: downloaded again when it does not match)."""
         key = self._version_key(stage, version)
         if isinstance(self.files, PosixFiles):
             return self.files.path(key)
         manifest = self.read_manifest(stage, version)
         if manifest is None:
             raise FileNotFoundError(f"no published version {stage}/{version} under {self.root}")
-        return self.files.local_copy(key, manifest)
+        return self.files.local_copy(key, manifest, full)
 
     def pull(self, stage: str, version: str, dest: Path) -> VersionInfo:
         """Copy the published ``stage/version`` into the new (or empty) local directory ``dest``: every file checked
@@ -182,7 +191,8 @@ class ArtifactStore:
             raise UserError(
                 f"{dest} exists and is not an empty directory; give a new directory to copy {stage}/{version} into"
             )
-        source = self.local_copy(stage, version)
+        source = self.local_copy(stage, version, full=True)  # a cached copy edited since is fetched again
+        dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             shutil.copytree(source, partial)
@@ -236,6 +246,8 @@ class ArtifactStore:
         if not isinstance(files, dict):
             return None, f"{MANIFEST} in {where} has no file list"
         for rel, meta in sorted(files.items()):
+            if not safe_rel(rel) or not isinstance(meta, dict):
+                return None, f"{MANIFEST} in {where} lists {rel!r}, which is not a file of the version"
             size = present.get(rel)
             if size is None:
                 return None, f"{rel} is missing"
@@ -571,11 +583,12 @@ class Build:
         }
         atomic_write_text(self.out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
         store = self.store
-        store.files.check_held(store._lock_key(self.stage, self.version))
+        lock_key = store._lock_key(self.stage, self.version)
+        store.files.check_held(lock_key)
         key = store._version_key(self.stage, self.version)
         if store.files.exists(key):
             store.discard(self.stage, self.version, "replaced by a rebuild")
-        store.files.place(self.out, key, fault)
+        store.files.place(self.out, key, fault, still_held=lambda: store.files.check_held(lock_key))
         if fault:
             fault("published")
         store.drop_staging(self.stage, self.version)

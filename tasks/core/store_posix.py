@@ -95,7 +95,13 @@ class PosixFiles:
         return total, newest
 
     # ---- writing ---------------------------------------------------------------------------------
-    def place(self, out: Path, key: str, fault: Callable[[str], None] | None = None) -> None:
+    def place(
+        self,
+        out: Path,
+        key: str,
+        fault: Callable[[str], None] | None = None,
+        still_held: Callable[[], None] | None = None,
+    ) -> None:
         """Publish the complete directory ``out`` (its manifest written last, already inside) as ``key``: fsync
         its files, then one rename. The caller has discarded any earlier version at ``key``."""
         for p in sorted(out.rglob("*")):
@@ -106,6 +112,8 @@ class PosixFiles:
             fsync_dir(d)
         if fault:
             fault("publish")
+        if still_held:
+            still_held()
         final = self.root / key
         os.rename(out, final)
         fsync_dir(final.parent)

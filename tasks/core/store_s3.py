@@ -49,6 +49,8 @@ ENV_LEASE = "WIKI_PIPELINE_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 30.0
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 _MANIFEST = "manifest.json"
+_UNSAFE = set("*?[]{}#\\")
+MAX_PREFIX_BYTES = 512
 
 log = logging.getLogger("wiki_pipeline.store")
 
@@ -75,15 +77,65 @@ def split_url(url: str) -> tuple[str, str]:
             f"s3:// artifact root: {bucket!r} is not a bucket name (3-63 characters: lower-case letters, digits, "
             "dots and hyphens, starting and ending with a letter or digit)"
         )
+    if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", bucket):
+        raise ValueError(f"s3:// artifact root: {bucket!r} is an IP address, not a bucket name")
     parts = [p for p in prefix.split("/") if p]
-    if any(p in (".", "..") or any(c.isspace() or not c.isprintable() or c == "\\" for c in p) for p in parts):
-        raise ValueError(f"s3:// artifact root: the prefix {prefix!r} has '.'/'..' segments, spaces or backslashes")
+    if any(p in (".", "..") or any(c.isspace() or not c.isprintable() or c in _UNSAFE for c in p) for p in parts):
+        raise ValueError(
+            f"s3:// artifact root: the prefix {prefix!r} has '.'/'..' segments, spaces, backslashes or one of "
+            f"{' '.join(sorted(_UNSAFE - {chr(92)}))} (glob and query characters, which fsspec would expand)"
+        )
+    if len("/".join(parts).encode()) > MAX_PREFIX_BYTES:
+        raise ValueError(f"s3:// artifact root: the prefix is over {MAX_PREFIX_BYTES} bytes (S3 keys hold 1024)")
     return bucket, "/".join(parts)
+
+
+def safe_rel(rel: object) -> bool:
+    """Whether ``rel`` (a file name from a manifest or a listing) names a file inside its version: relative, no
+    ``.``/``..`` or empty segments, no backslash. Anything else could write outside the local copy."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel:
+        return False
+    return all(part not in ("", ".", "..") for part in rel.split("/"))
 
 
 def normal_url(url: str) -> str:
     bucket, prefix = split_url(url)
     return f"{SCHEME}{bucket}/{prefix}" if prefix else f"{SCHEME}{bucket}"
+
+
+def _scrub(text: str) -> str:
+    """``text`` without user info or query strings of URLs in it (an endpoint URL may carry a token)."""
+    text = re.sub(r"//[^/@\s\"']+@", "//***@", text)
+    return re.sub(r"(https?://[^\s\"'?]*)\?[^\s\"']*", r"\1?***", text)
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (as s3fs raised it) is an HTTP 412 Precondition Failed or a 409 ConditionalRequestConflict
+    (a conditional write that lost a race): s3fs maps them to FileExistsError or to OSError(EINVAL) depending on
+    the request, so the botocore error behind it decides."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            break
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            code = str((response.get("Error") or {}).get("Code", ""))
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+        seen = seen.__cause__ or seen.__context__
+    return "pre-conditions you specified did not hold" in str(exc) or "ConditionalRequestConflict" in str(exc)
+
+
+def _no_bucket(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            break
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            return str((response.get("Error") or {}).get("Code", "")) == "NoSuchBucket"
+        seen = seen.__cause__ or seen.__context__
+    return "bucket does not exist" in str(exc)
 
 
 def cache_root() -> Path:
@@ -184,12 +236,12 @@ class ObjectFiles:
         except (FileNotFoundError, UserError):
             raise
         except Exception as exc:
-            why = re.sub(r"//[^/@\s]+@", "//***@", str(exc))  # an endpoint URL with user info: never shown
+            why = _scrub(str(exc))
             raise UserError(
                 f"the artifact store {self.display} failed while {what}: {type(exc).__name__}: {why}. Check the "
                 "bucket exists and that AWS_ENDPOINT_URL and the credentials in the environment reach it; nothing "
                 "half-written is visible (a version appears only with its manifest), and a rerun resumes"
-            ) from exc
+            ) from None  # the raw exception's text may carry an endpoint's query or user info
 
     # ---- reading ---------------------------------------------------------------------------------
     def read_text(self, key: str) -> str | None:
@@ -211,7 +263,12 @@ class ObjectFiles:
                 found = self.fs.find(base, detail=True, withdirs=False)
             except FileNotFoundError:
                 return {}
-        return {name[len(base) :]: info for name, info in found.items() if name.startswith(base)}
+        # a console's "folder" marker (a key ending in /) is no file
+        return {
+            name[len(base) :]: info
+            for name, info in found.items()
+            if name.startswith(base) and not name.endswith("/") and info.get("type") != "directory"
+        }
 
     def files(self, key: str) -> dict[str, int]:
         return {rel: int(info.get("size") or 0) for rel, info in self._listing(key).items() if rel}
@@ -243,7 +300,7 @@ class ObjectFiles:
                 newest = max(newest, modified.timestamp())
         return total, newest
 
-    def local_copy(self, key: str, manifest: dict) -> Path:
+    def local_copy(self, key: str, manifest: dict, full: bool = False) -> Path:
         """The published version ``key`` in the local cache, downloaded if the cache does not hold this build of
         it (its ``build_id``), every file checked against its sha256 in ``manifest`` before the copy is used; the
         copy appears by one rename, its manifest written last, so a killed download leaves nothing that looks
@@ -252,12 +309,17 @@ class ObjectFiles:
 
         final = self.local / key
         files: dict[str, dict] = manifest.get("files") or {}
-        if self._cached(final, manifest):
+        if self._cached(final, manifest, full):
             return final
         incoming = self.local / ".incoming" / f"{key.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
         incoming.mkdir(parents=True)
         try:
             for rel, meta in sorted(files.items()):
+                if not safe_rel(rel) or not isinstance(meta, dict):
+                    raise UserError(
+                        f"{self.where(key)}: its manifest names the file {rel!r}, which is not a plain relative path "
+                        "inside the version; refusing to download it (someone wrote the manifest by hand?)"
+                    )
                 target = incoming / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with self._errors(f"downloading {key}/{rel}"):
@@ -285,9 +347,11 @@ class ObjectFiles:
         return final
 
     @staticmethod
-    def _cached(final: Path, manifest: dict) -> bool:
+    def _cached(final: Path, manifest: dict, full: bool = False) -> bool:
         """Whether the local copy ``final`` holds this build of the version (its manifest's ``build_id``, every
-        file there with its size; the sha256s were checked when it was fetched)."""
+        file there with its size; the sha256s were checked when it was fetched, and with ``full`` again now)."""
+        from mygpt.atomic import sha256_file
+
         try:
             cached = json.loads((final / _MANIFEST).read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -295,11 +359,20 @@ class ObjectFiles:
         if not isinstance(cached, dict) or cached.get("build_id") != manifest.get("build_id"):
             return False
         files = manifest.get("files") or {}
-        return all((final / r).is_file() and (final / r).stat().st_size == m["size"] for r, m in files.items())
+        try:
+            return all(
+                safe_rel(r)
+                and (final / r).is_file()
+                and (final / r).stat().st_size == m["size"]
+                and (not full or sha256_file(final / r) == m["sha256"])
+                for r, m in files.items()
+            )
+        except (OSError, TypeError, KeyError):
+            return False
 
     def download_tree(self, key: str, dest: Path) -> int:
         """Download every object under ``key`` into ``dest`` (a build's remote staging); how many files."""
-        listing = self.files(key)
+        listing = {rel: size for rel, size in self.files(key).items() if safe_rel(rel)}
         for rel in sorted(listing):
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -316,7 +389,13 @@ class ObjectFiles:
         with self._errors(f"uploading {key}"):
             self.fs.put_file(str(local), self._path(key), chunksize=UPLOAD_PART_BYTES, max_concurrency=2)
 
-    def place(self, out: Path, key: str, fault: Callable[[str], None] | None = None) -> None:
+    def place(
+        self,
+        out: Path,
+        key: str,
+        fault: Callable[[str], None] | None = None,
+        still_held: Callable[[], None] | None = None,
+    ) -> None:
         """Publish the finished local directory ``out`` as ``key``: every file but the manifest, then the
         manifest (the version is visible from that request on). ``fault("publish")`` runs between the two.
         ``out`` then becomes this machine's cached copy of the version (the very bytes the manifest's sha256s
@@ -327,6 +406,8 @@ class ObjectFiles:
                 self.upload(out / rel, f"{key}/{rel}")
         if fault:
             fault("publish")
+        if still_held:
+            still_held()  # the lease, renewed right now: a run that lost it never makes its build visible
         self.upload(out / _MANIFEST, f"{key}/{_MANIFEST}")
         final = self.local / key
         if final.exists():  # an older build's copy (a forced rebuild): no build of this machine reads it now
@@ -349,20 +430,16 @@ class ObjectFiles:
             return False
         with self._errors(f"deleting {key}"):
             if _MANIFEST in listing:
-                self.fs.rm_file(self._path(f"{key}/{_MANIFEST}"))
-            rest = [self._path(f"{key}/{rel}") for rel in listing if rel != _MANIFEST]
+                self._delete_keys([f"{key}/{_MANIFEST}"])
+            rest = [f"{key}/{rel}" for rel in listing if rel != _MANIFEST]
             if rest:
-                self.fs.rm(rest)
+                self._delete_keys(rest)
         return True
 
     def delete(self, key: str) -> None:
         listing = self.files(key)
         with self._errors(f"deleting {key}"):
-            if listing:
-                self.fs.rm([self._path(f"{key}/{rel}") for rel in listing])
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm_file(self._path(key))
+            self._delete_keys([f"{key}/{rel}" for rel in listing] if listing else [key])
 
     # ---- locks -----------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -385,7 +462,7 @@ class ObjectFiles:
         """``UserError`` when this process took the lock ``key`` and has since lost it (it could not renew the
         lease in time and another run took it over): that run builds the version now, this one must not publish."""
         lease = self._held.get(key)
-        if lease is not None and lease.lost:
+        if lease is not None and not lease.confirm():
             raise UserError(
                 f"lost the build lock {self.where(key)} (its lease was not renewed in time, and another run took it "
                 "over); that run builds this version, so this one stops without publishing"
@@ -395,15 +472,30 @@ class ObjectFiles:
         return self._get(key) is not None or bool(self.files(key + ".pins"))
 
     def unlink_lock(self, key: str) -> None:
-        with contextlib.suppress(FileNotFoundError), self._errors(f"deleting the lock {key}"):
-            self.fs.rm_file(self._path(key))
+        with self._errors(f"deleting the lock {key}"):
+            self._delete_keys([key])
 
     # ---- conditional requests --------------------------------------------------------------------
     def _call(self, method: str, **kwargs: Any) -> Any:
         return self.fs.call_s3(method, Bucket=self.bucket, **kwargs)
 
+    def _delete_keys(self, keys: list[str]) -> None:
+        """Delete the objects ``keys`` (relative to the root) by name, never through fsspec's glob expansion."""
+        names = sorted({self._object_key(k) for k in keys})
+        for i in range(0, len(names), 1000):
+            self._call("delete_objects", Delete={"Objects": [{"Key": n} for n in names[i : i + 1000]], "Quiet": True})
+
     def _object_key(self, key: str) -> str:
         return self._path(key)[len(self.bucket) + 1 :]
+
+    def _modified(self, key: str) -> float | None:
+        """When the server last wrote the object ``key`` (its clock, epoch seconds), or None."""
+        try:
+            info = self.fs.info(self._path(key))
+        except FileNotFoundError:
+            return None
+        modified = info.get("LastModified")
+        return modified.timestamp() if hasattr(modified, "timestamp") else None
 
     def _get(self, key: str) -> tuple[bytes, str] | None:
         """The object ``key``'s body and ETag from one GET (so they belong together), or None."""
@@ -430,16 +522,16 @@ class ObjectFiles:
             kwargs["IfNoneMatch"] = "*"
         if if_match is not None:
             kwargs["IfMatch"] = if_match
+        conditional = if_none_match or if_match is not None
         try:
             return self._call("put_object", **kwargs)["ETag"]
-        except (FileExistsError, FileNotFoundError) as exc:
-            if if_none_match or if_match is not None:  # s3fs reads 412 Precondition Failed as FileExistsError
-                return None
-            raise exc
         except OSError as exc:
-            # AWS answers 409 ConditionalRequestConflict to a conditional write racing another: it did not win
-            if (if_none_match or if_match is not None) and "ConditionalRequestConflict" in str(exc):
-                return None
+            if _no_bucket(exc):
+                raise self._missing_bucket() from None
+            if conditional and _precondition_failed(exc):
+                return None  # the condition did not hold: another holds the lock, or took it over
+            if if_match is not None and isinstance(exc, FileNotFoundError):
+                return None  # If-Match on an object that is gone: the lease was deleted
             raise
 
     def _delete(self, key: str, if_match: str | None = None) -> bool:
@@ -448,14 +540,42 @@ class ObjectFiles:
             kwargs["IfMatch"] = if_match
         try:
             self._call("delete_object", **kwargs)
-        except (FileExistsError, FileNotFoundError):
-            return False
+        except OSError as exc:
+            if _no_bucket(exc):
+                raise self._missing_bucket() from None
+            if isinstance(exc, FileNotFoundError) or _precondition_failed(exc):
+                return False
+            raise
         return True
+
+    def _missing_bucket(self) -> UserError:
+        return UserError(
+            f"the artifact store {self.display}: the bucket {self.bucket!r} does not exist at this endpoint; create "
+            "it, or check the root's spelling and AWS_ENDPOINT_URL"
+        )
+
+    def check_bucket(self) -> None:
+        """``UserError`` naming the bucket when it does not exist (a listing of a missing bucket reads as empty)."""
+        with self._errors("looking for the bucket"):
+            try:
+                self._call("head_bucket")
+            except FileNotFoundError:
+                raise self._missing_bucket() from None
+            except OSError as exc:
+                if _no_bucket(exc):
+                    raise self._missing_bucket() from None
+                raise
 
 
 class Lease:
     """A build lock on an S3-compatible store (see the module docstring): ``acquire`` (exclusive, a builder) or
-    ``acquire_shared`` (a reader's pin), renewed by a thread of its own until ``release``."""
+    ``acquire_shared`` (a reader's pin), renewed by a thread of its own until ``release``.
+
+    A waiter judges another's lease dead when its ETag stayed the same for the longer of its own lease time and
+    the one the holder wrote into the lease (machines configured differently still agree). A holder counts its
+    lease lost when a renewal's compare-and-swap fails (another took it over) or when no renewal succeeded for a
+    lease time (an outage: a waiter may have taken it meanwhile); :meth:`confirm` renews synchronously, and the
+    store calls it before it makes a version visible."""
 
     def __init__(self, files: ObjectFiles, key: str, seconds: float) -> None:
         self.files, self.key, self.seconds = files, key, seconds
@@ -464,15 +584,25 @@ class Lease:
         self.etag: str | None = None
         self.lost = False
         self._renewals = 0
+        self._renewed_at = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._shared = False
+        self._mutex = threading.Lock()  # one renewal at a time (the thread's, or confirm's)
 
     def _body(self) -> bytes:
         self._renewals += 1
         return json.dumps(
             {"holder": self.holder, "renewal": self._renewals, "lease_seconds": self.seconds, "at": time.time()}
         ).encode()
+
+    def _expiry(self, body: bytes) -> float:
+        """How long another's lease must stay unchanged before it is dead: the longer of ours and the holder's."""
+        try:
+            theirs = float(json.loads(body).get("lease_seconds", 0))
+        except (ValueError, TypeError, AttributeError):
+            theirs = 0.0
+        return max(self.seconds, min(theirs, 3600.0)) if theirs == theirs else self.seconds
 
     @property
     def _poll(self) -> float:
@@ -485,8 +615,9 @@ class Lease:
             if etag is None:
                 current = self.files._get(self.key)
                 if current is None:
-                    continue  # released between our PUT and our GET
-                _, other = current
+                    time.sleep(min(0.05, self._poll))  # released between our PUT and our GET
+                    continue
+                body, other = current
                 if not wait:
                     return False
                 now = time.monotonic()
@@ -494,7 +625,7 @@ class Lease:
                     if seen is None and on_wait:
                         on_wait()
                     seen = (other, now)
-                elif now - seen[1] > self.seconds:
+                elif now - seen[1] > self._expiry(body):
                     etag = self.files._put(self.key, self._body(), if_match=other)
                     if etag is not None:
                         log.warning(
@@ -508,29 +639,43 @@ class Lease:
                     time.sleep(self._poll)
                     continue
             self.etag = etag
+            self._renewed_at = time.monotonic()
             self._start_renewing()
-            if self._wait_for_pins(wait, on_wait):
-                return True
+            try:
+                if self._wait_for_pins(wait, on_wait):
+                    return True
+            except BaseException:
+                self.release()
+                raise
             self.release()
             return False
 
     def _wait_for_pins(self, wait: bool, on_wait: Callable[[], None] | None) -> bool:
-        """Holding the lease: wait until no reader's pin is live (one unchanged for a lease time is dead)."""
+        """Holding the lease: wait until no reader's pin is live. A pin is dead when its ETag stayed the same for a
+        lease time while we watched, or when the server last wrote it more than two lease times before it wrote
+        our lease (both times the server's, so no clocks need to agree; its holder renews it every third of one)."""
         seen: dict[str, tuple[str, float]] = {}
+        ours = None
         while True:
             listing = self.files._listing(self.key + ".pins")
+            if listing and ours is None:
+                ours = self.files._modified(self.key)
+            now = time.monotonic()
+            for rel, info in list(listing.items()):
+                etag = str(info.get("ETag") or info.get("etag") or "")
+                modified = info.get("LastModified")
+                written = modified.timestamp() if modified is not None and hasattr(modified, "timestamp") else None
+                stale = ours is not None and written is not None and ours - written > 2 * self.seconds
+                first = seen.get(rel)
+                if first is None or first[0] != etag:
+                    seen[rel] = first = (etag, now)
+                if stale or now - first[1] > self.seconds:
+                    self.files._delete(f"{self.key}.pins/{rel}", if_match=etag)  # its reader is gone
+                    del listing[rel]
             if not listing:
                 return True
             if not wait:
                 return False
-            now = time.monotonic()
-            for rel, info in listing.items():
-                etag = str(info.get("ETag") or info.get("etag") or "")
-                first = seen.get(rel)
-                if first is None or first[0] != etag:
-                    seen[rel] = (etag, now)
-                elif now - first[1] > self.seconds:
-                    self.files._delete(f"{self.key}.pins/{rel}", if_match=etag)
             if on_wait:
                 on_wait()
                 on_wait = None
@@ -543,18 +688,19 @@ class Lease:
             self.etag = self.files._put(self.pin_key, self._body())
             current = self.files._get(self.key)
             if current is None:
+                self._renewed_at = time.monotonic()
                 self._start_renewing()
                 return True
             self.files._delete(self.pin_key)  # a builder holds the version: step back until it is done
             if not wait:
                 return False
-            _, other = current
+            body, other = current
             now = time.monotonic()
             if seen is None or seen[0] != other:
                 if seen is None and on_wait:
                     on_wait()
                 seen = (other, now)
-            elif now - seen[1] > self.seconds:
+            elif now - seen[1] > self._expiry(body):
                 self.files._delete(self.key, if_match=other)  # its holder is gone
                 seen = None
             time.sleep(self._poll)
@@ -563,16 +709,29 @@ class Lease:
         self._thread = threading.Thread(target=self._renew, name=f"lease {self.key}", daemon=True)
         self._thread.start()
 
-    def _renew(self) -> None:
-        while not self._stop.wait(self.seconds / 3):
+    def _renew_once(self) -> None:
+        """One renewal; sets :attr:`lost` when the lease is gone or has been unrenewed for a lease time."""
+        with self._mutex:
+            if self.lost:
+                return
             try:
                 if self._shared:
                     self.etag = self.files._put(self.pin_key, self._body())
-                    continue
+                    self._renewed_at = time.monotonic()
+                    return
                 etag = self.files._put(self.key, self._body(), if_match=self.etag)
             except Exception as exc:  # an outage: keep trying while the lease lasts
-                log.warning("lock %s: renewing failed (%s); retrying", self.files.where(self.key), exc)
-                continue
+                if time.monotonic() - self._renewed_at > self.seconds:
+                    self.lost = True
+                    log.error(
+                        "lock %s: not renewed for a lease time (%s); another run may have taken it, so this build "
+                        "will not publish",
+                        self.files.where(self.key),
+                        _scrub(str(exc)),
+                    )
+                else:
+                    log.warning("lock %s: renewing failed (%s); retrying", self.files.where(self.key), _scrub(str(exc)))
+                return
             if etag is None:
                 self.lost = True
                 log.error(
@@ -581,7 +740,16 @@ class Lease:
                     self.files.where(self.key),
                 )
                 return
-            self.etag = etag
+            self.etag, self._renewed_at = etag, time.monotonic()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.seconds / 3) and not self.lost:
+            self._renew_once()
+
+    def confirm(self) -> bool:
+        """Renew now (a compare-and-swap): whether this process still holds the lease."""
+        self._renew_once()
+        return not self.lost
 
     def release(self) -> None:
         self._stop.set()

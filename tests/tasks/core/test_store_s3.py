@@ -181,9 +181,8 @@ def test_an_unreachable_store_says_which_bucket_and_leaks_no_secret(tmp_path, mo
     for name, value in aws_env(dead).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("WIKI_PIPELINE_CACHE", str(tmp_path / "cache"))
-    store = open_store("s3://no-such-place/art")
     with pytest.raises(UserError) as err:
-        store.verify("corpus", "v1")
+        open_store("s3://no-such-place/art").verify("corpus", "v1")
     text = str(err.value)
     assert "s3://no-such-place/art" in text and "rerun" in text
     assert "wikitestsecret" not in text and "wikitestkey" not in text
@@ -196,6 +195,9 @@ def test_an_unreachable_store_says_which_bucket_and_leaks_no_secret(tmp_path, mo
         ("s3://Bad_Bucket/x", "is not a bucket name"),
         ("s3://bucket/../x", "'.'/'..' segments"),
         ("gs://bucket/x", "a local directory or an s3://bucket/prefix URL"),
+        ("s3://bucket/team?", "glob and query characters"),
+        ("s3://bucket/x?versionId=1", "glob and query characters"),
+        ("s3:/bucket/x", "a local directory or an s3://bucket/prefix URL"),
     ],
 )
 def test_bad_object_store_roots_are_refused_with_the_fix(root, why):
@@ -234,3 +236,53 @@ def test_gc_on_s3_lists_and_deletes_what_no_run_needs_and_keeps_what_one_reads(s
     assert store.verify("corpus", "c1", full=True) == (True, "ok")  # published versions stay
     assert store.version_path("corpus", "c1").is_dir()  # a build here was reading it: kept
     assert [g.key for g in store.garbage()] == ["corpus/c1"]
+
+
+def test_a_builder_whose_lease_was_taken_over_does_not_publish(s3_root):
+    store = open_store(s3_root)
+    with store.lock("corpus", "v9"):
+        build = store.open_build("corpus", "v9")
+        (build.out / "a.txt").write_text("mine")
+        # meanwhile another run judged this lease dead and took it over (a compare-and-swap on its ETag)
+        store.files.fs.pipe_file(f"{s3_root[5:]}/corpus/.locks/v9.lock", b'{"holder": "another run"}')
+        with pytest.raises(UserError, match="lost the build lock"):
+            build.publish(settings={}, inputs={}, code_version="1")
+    assert store.verify("corpus", "v9") == (False, "missing")
+
+
+def test_a_manifest_naming_files_outside_its_version_is_refused(s3_root, tmp_path):
+    store = open_store(s3_root)
+    _publish(store, "corpus", "v1", {"a.txt": b"a"})
+    key = f"{s3_root[5:]}/corpus/v1/manifest.json"
+    manifest = json.loads(store.files.fs.cat_file(key))
+    target = tmp_path / "outside.txt"
+    manifest["files"] = {
+        f"../../../../../../../..{target}": {"size": 1, "sha256": manifest["files"]["a.txt"]["sha256"]}
+    }
+    store.files.fs.pipe_file(key, json.dumps(manifest).encode())
+    assert "not a file of the version" in store.verify("corpus", "v1")[1]
+    import shutil
+
+    shutil.rmtree(store.version_path("corpus", "v1"), ignore_errors=True)  # no cached copy: it must download
+    with pytest.raises(UserError, match="not a plain relative path"):
+        store.local_copy("corpus", "v1")
+    assert not target.exists()
+
+
+def test_a_bucket_that_does_not_exist_is_one_line_naming_it(s3_root):
+    with pytest.raises(UserError, match="the bucket 'no-such-bucket-zz' does not exist"):
+        open_store("s3://no-such-bucket-zz/x")
+
+
+def test_a_dead_readers_pin_does_not_keep_gc_away(s3_root):
+    from tests.support.s3 import LEASE_SECONDS
+
+    store = open_store(s3_root)
+    _publish(store, "corpus", "c1", {"a.txt": b"a"})
+    store.files.fs.pipe_file(f"{s3_root[5:]}/corpus/.locks/c1.lock.pins/a-killed-reader", b"{}")
+    with store.try_lock("corpus", "c1") as taken:
+        assert not taken  # it might be alive
+    time.sleep(2 * float(LEASE_SECONDS) + 1.5)  # unrenewed for two lease times, by the server's clock
+    with store.try_lock("corpus", "c1") as taken:
+        assert taken
+    assert store.files.files("corpus/.locks/c1.lock.pins") == {}
