@@ -8,6 +8,12 @@ tasks three times into a fresh artifact root: the first run builds, the second m
 (that is the figure of interest), the third is a cached run with ``full_check=True`` (every published
 file's sha256 recomputed). Uses the Prefect server at ``PREFECT_API_URL`` when set, else starts a
 temporary one on 127.0.0.1 (``flows.server``). Results: ``bench/out/cached_rerun.json``.
+
+``--deployment N`` times what a user of the served deployment sees instead (``deployment_reruns``): each
+``prefect deployment run --watch`` from its start to its exit, split into :data:`PARTS` from the run's state
+history and the command's output lines, with the medians of the cached reruns; results in
+``bench/out/cached_rerun_deployment.json`` (each run's output lines, timed, included), the runner's log in
+``bench/out/cached_rerun_runner.log``.
 """
 
 from __future__ import annotations
@@ -35,6 +41,53 @@ def _drain_prefect_workers() -> None:
         EventsWorker.drain_all(timeout=10)
     except Exception as exc:  # pragma: no cover - best effort
         print(f"(could not drain Prefect workers: {exc})")
+
+
+#: The parts of a triggered run's wall time, in order (``breakdown``). Ours: what the runner and the flow's process
+#: spend (``created_to_completed_s``); the rest is the ``prefect`` command's own.
+PARTS = (
+    "cli_start_to_created",  # the prefect command starts (imports) and asks the server to create the run
+    "created_to_pending",  # the runner's next poll (every second) picks it up
+    "pending_to_running",  # the flow's process starts: spawn, imports (prefect, the flow), the engine
+    "running_to_completed",  # the flow: settings, six Cached stages, the reports
+    "completed_to_seen",  # the Completed event reaches the command's --watch
+    "seen_to_verdict",  # --watch waits for straggler logs (3 s in Prefect 3.8) and reads the run back
+    "verdict_to_exit",  # the command prints its verdict and exits
+)
+
+
+def breakdown(t0: float, created, history, lines: list[tuple[float, str]], t_end: float) -> dict[str, float]:
+    """Where one triggered run's wall time went (:data:`PARTS`, seconds; the server and this process share a
+    clock): the run's state history on the server, and each line the command printed, timed as it came."""
+    when = {}
+    for state in history:  # the first time the run entered each state
+        if state.timestamp and state.type.value not in when:
+            when[state.type.value] = state.timestamp.timestamp()
+    seen = next((t for t, line in lines if "prefect.flow-run.Completed" in line), None)
+    verdict = next((t for t, line in lines if "Flow run finished" in line), None)
+    marks = [created.timestamp(), when.get("PENDING"), when.get("RUNNING"), when.get("COMPLETED"), seen, verdict, t_end]
+    out, last = {}, t0
+    for name, t in zip(PARTS, marks, strict=True):
+        if t is None:
+            continue
+        out[name] = round(t - last, 2)
+        last = t
+    return out
+
+
+def summary(runs: list[dict]) -> dict:
+    """Medians over the cached reruns: the wall time, the server's trigger -> Completed, and each part."""
+    import statistics
+
+    cached = [r for r in runs if "cached" in r["run"]]
+    if not cached:
+        return {}
+    med = {
+        k: round(statistics.median(r[k] for r in cached), 2)
+        for k in ("trigger_to_completed_s", "created_to_completed_s")
+    }
+    parts = {p: round(statistics.median(r["breakdown_s"].get(p, 0.0) for r in cached), 2) for p in PARTS}
+    return {"cached_reruns": len(cached), **med, "breakdown_s": parts}
 
 
 def deployment_reruns(reruns: int, watch_interval: int | None = None) -> dict:
@@ -68,20 +121,30 @@ def deployment_reruns(reruns: int, watch_interval: int | None = None) -> dict:
                 time.sleep(0.2)
             for i in range(reruns + 1):
                 t0 = time.time()
-                done = subprocess.run(
-                    [prefect, "deployment", "run", "wiki-pipeline/wiki-pipeline", "--watch"]
-                    + (["--watch-interval", str(watch_interval)] if watch_interval else []),
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                )
-                wall = time.time() - t0
-                found = re.search(r"UUID: ([0-9a-f-]{36})", done.stdout)
-                if not found:
-                    raise RuntimeError(f"prefect deployment run failed:\n{done.stdout}\n{done.stderr}")
+                with tempfile.TemporaryFile("w+") as err:
+                    cli = subprocess.Popen(
+                        [prefect, "deployment", "run", "wiki-pipeline/wiki-pipeline", "--watch"]
+                        + (["--watch-interval", str(watch_interval)] if watch_interval else []),
+                        env={**env, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"},
+                        stdout=subprocess.PIPE,
+                        stderr=err,
+                        text=True,
+                    )
+                    assert cli.stdout is not None
+                    lines = [(time.time(), line) for line in cli.stdout]  # each line when the CLI printed it
+                    cli.wait()
+                    err.seek(0)
+                    stderr = err.read()
+                t_end = time.time()
+                wall = t_end - t0
+                stdout = "".join(line for _, line in lines)
+                found = re.search(r"UUID: ([0-9a-f-]{36})", stdout)
+                if not found or cli.returncode:
+                    raise RuntimeError(f"prefect deployment run failed:\n{stdout}\n{stderr}")
                 with get_client(sync_client=True) as client:
                     fr = client.read_flow_run(uuid.UUID(found.group(1)))
                     tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[fr.id])))
+                    history = client.read_flow_run_states(fr.id)
                 states = sorted({str(t.state.name) for t in tasks if t.state})
                 assert fr.start_time and fr.end_time, fr
                 run = {
@@ -89,16 +152,22 @@ def deployment_reruns(reruns: int, watch_interval: int | None = None) -> dict:
                     "trigger_to_completed_s": round(wall, 2),
                     "trigger_to_flow_start_s": round((fr.start_time - fr.created).total_seconds(), 2),
                     "flow_start_to_end_s": round((fr.end_time - fr.start_time).total_seconds(), 2),
+                    "created_to_completed_s": round((fr.end_time - fr.created).total_seconds(), 2),
+                    "breakdown_s": breakdown(t0, fr.created, history, lines, t_end),
                     "state": fr.state.name if fr.state else None,
                     "task_states": states,
                 }
-                runs.append(run)
+                runs.append({**run, "cli_output": [[round(t - t0, 2), line.rstrip()] for t, line in lines]})
                 print(json.dumps(run), flush=True)
         finally:
             runner.terminate()
             runner.wait(30)
+    OUT.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(root / "runner.log", OUT / "cached_rerun_runner.log")  # the runner's own timeline
     shutil.rmtree(root, ignore_errors=True)
-    return {"deployment_runs": runs, "watch_interval": watch_interval}
+    result = {"summary": summary(runs), "deployment_runs": runs, "watch_interval": watch_interval}
+    print("median of the cached reruns:", json.dumps(result["summary"]), flush=True)
+    return result
 
 
 def main(argv=None) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 
 from prefect import flow, get_run_logger
+from prefect.context import TagsContext
 
 from flows import reports
 from flows.reports import Outcome
@@ -35,21 +36,22 @@ def wiki_pipeline(**parameters) -> dict[str, StageRef]:
     ``Pipeline.parse`` checks them with the stages' own classes."""
     s = Pipeline.parse(**parameters)
     watch_for_crashes()
-    if s.run.only:
-        return run_only(s)
-    refs: dict[str, StageRef] = {}
-    outcomes: list[Outcome] = []
-    for stage in STAGES:  # corpus -> tokenizer -> shards -> model -> samples -> export
-        settings = getattr(s, stage.name)
-        if settings.skipped():
-            continue
-        inputs = {name: refs[name] for name in stage.inputs}
-        t0 = time.monotonic()
-        state = stage.task(**inputs, settings=settings, run=s.run, return_state=True)
-        refs[stage.name] = state.result()
-        outcomes.append(Outcome(stage.name, refs[stage.name]["version"], state.name, time.monotonic() - t0))
-        early_checks(s, stage, refs[stage.name])
-    publish_reports(s.run.root(), outcomes)
+    with untagged_task_runs():
+        if s.run.only:
+            return run_only(s)
+        refs: dict[str, StageRef] = {}
+        outcomes: list[Outcome] = []
+        for stage in STAGES:  # corpus -> tokenizer -> shards -> model -> samples -> export
+            settings = getattr(s, stage.name)
+            if settings.skipped():
+                continue
+            inputs = {name: refs[name] for name in stage.inputs}
+            t0 = time.monotonic()
+            state = stage.task(**inputs, settings=settings, run=s.run, return_state=True)
+            refs[stage.name] = state.result()
+            outcomes.append(Outcome(stage.name, refs[stage.name]["version"], state.name, time.monotonic() - t0))
+            early_checks(s, stage, refs[stage.name])
+        publish_reports(s.run.root(), outcomes)
     return refs
 
 
@@ -63,6 +65,17 @@ def watch_for_crashes() -> None:
 
     if HEARTBEAT_TAG in (flow_run.tags or []):
         ensure_crash_automation()
+
+
+def untagged_task_runs() -> TagsContext:
+    """The stages' task runs without the heartbeat tag (a user's own tags stay). The tag marks flow runs for the
+    crash automation (``flows.server``); a task run would inherit it from the tags around the flow, and Prefect
+    asks the server for a tag-concurrency slot for every tag of every task run before starting it: a request per
+    stage for a limit nobody set, and on these 2 cores about one cached rerun in four waited 2-2.5 s on the
+    first of them."""
+    from flows.server import HEARTBEAT_TAG
+
+    return TagsContext(current_tags=TagsContext.get().current_tags - {HEARTBEAT_TAG})
 
 
 def publish_reports(root, outcomes: list[Outcome]) -> None:

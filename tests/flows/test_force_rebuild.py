@@ -61,13 +61,15 @@ def test_force_bpe_rebuilds_bpe_and_everything_after_it(tiny_run):
 
 #: What a rerun whose stages are all Cached has no use for: torch and the Hugging Face stack (training, sampling,
 #: export), the Parquet and Dask machinery (encoding). Loading any of them costs its start seconds (torch: 2-3 s).
+STAGE_NAMES = ["corpus", "tokenizer", "shards", "model", "samples", "export"]
 HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "pyarrow", "dask", "distributed", "pandas")
 
 
 def test_a_cached_rerun_runs_in_a_process_that_loads_no_torch(tiny_run, prefect_server):
     """The flow process of a rerun whose stages are all Cached (what a served deployment starts for each run)
     imports none of :data:`HEAVY`: the settings are checked, the device resolved and every version reused
-    without them."""
+    without them. Run under the heartbeat tag (as ``serve`` and ``run`` do) and a tag of the user's: the flow run
+    carries both, its task runs only the user's (no tag-concurrency request for the heartbeat tag per stage)."""
     import subprocess
     import sys
 
@@ -80,8 +82,11 @@ def test_a_cached_rerun_runs_in_a_process_that_loads_no_torch(tiny_run, prefect_
     run()  # built here unless an earlier test built it
     code = f"""
 import json, sys
+from prefect import tags
+from flows.server import HEARTBEAT_TAG
 from flows.wiki_pipeline import wiki_pipeline
-state = wiki_pipeline(**json.loads(sys.argv[1]), return_state=True)
+with tags(HEARTBEAT_TAG, "mine"):
+    state = wiki_pipeline(**json.loads(sys.argv[1]), return_state=True)
 state.result()
 loaded = sorted(m for m in {HEAVY!r} if m in sys.modules)
 print("RESULT " + json.dumps({{"flow_run_id": str(state.state_details.flow_run_id), "loaded": loaded}}))
@@ -96,10 +101,18 @@ print("RESULT " + json.dumps({{"flow_run_id": str(state.state_details.flow_run_i
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    assert task_run_states(result["flow_run_id"]) == dict.fromkeys(
-        ["corpus", "tokenizer", "shards", "model", "samples", "export"], "Cached"
-    )
+    assert task_run_states(result["flow_run_id"]) == dict.fromkeys(STAGE_NAMES, "Cached")
     assert result["loaded"] == [], f"a cached rerun loaded {result['loaded']}"
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.server import HEARTBEAT_TAG
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(result["flow_run_id"])
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    assert {HEARTBEAT_TAG, "mine"} <= set(flow_run.tags)
+    assert {run.name: sorted(run.tags) for run in task_runs} == {name: ["mine"] for name in STAGE_NAMES}
 
 
 def test_only_sample_runs_one_stage_against_the_latest_model(tiny_run):
