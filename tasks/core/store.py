@@ -71,7 +71,8 @@ def absolute_root(root: str | os.PathLike) -> str:
         try:
             return normal_url(text)
         except ValueError as exc:
-            raise UserError(f"artifact root {text}: {exc}") from None
+            shown = re.sub(r"//[^/@]*@", "//***@", text).replace("\n", "\\n")  # never echo credentials
+            raise UserError(f"artifact root {shown}: {exc}") from None
     if re.match(r"(?i)s3:(?!//)", text.strip()):
         raise UserError(f"artifact root {text}: an object-store root is written s3://bucket/prefix")
     return os.path.abspath(os.path.expanduser(text))
@@ -390,6 +391,8 @@ class ArtifactStore:
         local = where == "cache"
         suffix = " (in this machine's cache)" if local else ""
         for name in files.subdirs(f"{st}/.staging"):
+            if not _VERSION_RE.fullmatch(name):
+                continue  # not a version's staging (a stray key): not ours to judge or delete
             key = f"{st}/.staging/{name}"
             size, newest = files.usage(key)
             if self.read_manifest(st, name) is not None:

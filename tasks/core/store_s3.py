@@ -330,7 +330,7 @@ class ObjectFiles:
                         "after publication); rerun with force for that stage to rebuild it"
                     )
             atomic_write_text(incoming / _MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-            if self._cached(final, manifest):  # another process here fetched it meanwhile: it may be reading it
+            if self._cached(final, manifest, full):  # another process here fetched it meanwhile: it may read it
                 return final
             if final.exists():
                 aside = self.local / ".incoming" / f"old-{uuid.uuid4().hex[:8]}"
@@ -403,6 +403,8 @@ class ObjectFiles:
         rels = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
         for rel in rels:
             if rel != _MANIFEST:
+                if still_held:
+                    still_held()  # narrows the window in which a run that lost its lease writes over another's
                 self.upload(out / rel, f"{key}/{rel}")
         if fault:
             fault("publish")
@@ -654,7 +656,7 @@ class Lease:
         """Holding the lease: wait until no reader's pin is live. A pin is dead when its ETag stayed the same for a
         lease time while we watched, or when the server last wrote it more than two lease times before it wrote
         our lease (both times the server's, so no clocks need to agree; its holder renews it every third of one)."""
-        seen: dict[str, tuple[str, float]] = {}
+        seen: dict[str, tuple[str, float, float]] = {}
         ours = None
         while True:
             listing = self.files._listing(self.key + ".pins")
@@ -665,11 +667,13 @@ class Lease:
                 etag = str(info.get("ETag") or info.get("etag") or "")
                 modified = info.get("LastModified")
                 written = modified.timestamp() if modified is not None and hasattr(modified, "timestamp") else None
-                stale = ours is not None and written is not None and ours - written > 2 * self.seconds
                 first = seen.get(rel)
                 if first is None or first[0] != etag:
-                    seen[rel] = first = (etag, now)
-                if stale or now - first[1] > self.seconds:
+                    pin = self.files._get(f"{self.key}.pins/{rel}")
+                    seen[rel] = first = (etag, now, self._expiry(pin[0]) if pin else self.seconds)
+                expiry = first[2]  # the longer of our lease time and the one its reader wrote into it
+                stale = ours is not None and written is not None and ours - written > 2 * expiry
+                if stale or now - first[1] > expiry:
                     self.files._delete(f"{self.key}.pins/{rel}", if_match=etag)  # its reader is gone
                     del listing[rel]
             if not listing:
