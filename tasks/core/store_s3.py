@@ -109,10 +109,9 @@ def _scrub(text: str) -> str:
     return re.sub(r"(https?://[^\s\"'?]*)\?[^\s\"']*", r"\1?***", text)
 
 
-def _precondition_failed(exc: BaseException) -> bool:
-    """Whether ``exc`` (as s3fs raised it) is an HTTP 412 Precondition Failed or a 409 ConditionalRequestConflict
-    (a conditional write that lost a race): s3fs maps them to FileExistsError or to OSError(EINVAL) depending on
-    the request, so the botocore error behind it decides."""
+def _s3_error(exc: BaseException) -> tuple[str, object] | None:
+    """``(error code, HTTP status)`` of the botocore error behind ``exc`` (s3fs re-raises it as an OSError of its
+    own choosing, with the botocore error as its cause), or None when there is none."""
     seen: BaseException | None = exc
     for _ in range(5):
         if seen is None:
@@ -120,22 +119,25 @@ def _precondition_failed(exc: BaseException) -> bool:
         response = getattr(seen, "response", None)
         if isinstance(response, dict):
             code = str((response.get("Error") or {}).get("Code", ""))
-            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-            return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+            return code, (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
         seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (as s3fs raised it) is an HTTP 412 Precondition Failed or a 409 ConditionalRequestConflict
+    (a conditional write that lost a race): s3fs maps them to FileExistsError or to OSError(EINVAL) depending on
+    the request, so the botocore error behind it decides."""
+    error = _s3_error(exc)
+    if error is not None:
+        code, status = error
+        return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
     return "pre-conditions you specified did not hold" in str(exc) or "ConditionalRequestConflict" in str(exc)
 
 
 def _no_bucket(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    for _ in range(5):
-        if seen is None:
-            break
-        response = getattr(seen, "response", None)
-        if isinstance(response, dict):
-            return str((response.get("Error") or {}).get("Code", "")) == "NoSuchBucket"
-        seen = seen.__cause__ or seen.__context__
-    return "bucket does not exist" in str(exc)
+    error = _s3_error(exc)
+    return error[0] == "NoSuchBucket" if error is not None else "bucket does not exist" in str(exc)
 
 
 def cache_root() -> Path:
@@ -332,19 +334,26 @@ class ObjectFiles:
             atomic_write_text(incoming / _MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
             if self._cached(final, manifest, full):  # another process here fetched it meanwhile: it may read it
                 return final
-            if final.exists():
-                aside = self.local / ".incoming" / f"old-{uuid.uuid4().hex[:8]}"
-                with contextlib.suppress(OSError):
-                    os.rename(final, aside)
-                shutil.rmtree(aside, ignore_errors=True)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.rename(incoming, final)
-            except OSError:  # another process of this machine put the same copy there first
-                shutil.rmtree(incoming, ignore_errors=True)
+            self._install(incoming, final)
         finally:
             shutil.rmtree(incoming, ignore_errors=True)
         return final
+
+    def _install(self, source: Path, final: Path) -> None:
+        """Make the complete local directory ``source`` the cached copy ``final``: whatever was there is moved
+        aside and deleted, then one rename (when another process of this machine got its copy there in between,
+        ``source`` is dropped instead)."""
+        if final.exists():
+            aside = self.local / ".incoming" / f"old-{uuid.uuid4().hex[:8]}"
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                os.rename(final, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(source, final)
+        except OSError:
+            shutil.rmtree(source, ignore_errors=True)
 
     @staticmethod
     def _cached(final: Path, manifest: dict, full: bool = False) -> bool:
@@ -411,18 +420,8 @@ class ObjectFiles:
         if still_held:
             still_held()  # the lease, renewed right now: a run that lost it never makes its build visible
         self.upload(out / _MANIFEST, f"{key}/{_MANIFEST}")
-        final = self.local / key
-        if final.exists():  # an older build's copy (a forced rebuild): no build of this machine reads it now
-            aside = self.local / ".incoming" / f"old-{uuid.uuid4().hex[:8]}"
-            aside.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(OSError):
-                os.rename(final, aside)
-            shutil.rmtree(aside, ignore_errors=True)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(out, final)
-        except OSError:
-            shutil.rmtree(out, ignore_errors=True)
+        # an older build's copy (a forced rebuild) goes: no build of this machine reads it now
+        self._install(out, self.local / key)
 
     def discard(self, key: str) -> bool:
         """Delete the version ``key``: its manifest first (it is gone for every reader from then on), then the
