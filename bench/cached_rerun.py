@@ -10,8 +10,9 @@ file's sha256 recomputed). Uses the Prefect server at ``PREFECT_API_URL`` when s
 temporary one on 127.0.0.1 (``flows.server``). Results: ``bench/out/cached_rerun.json``.
 
 ``--deployment N`` times what a user of the served deployment sees instead (``deployment_reruns``): each
-``prefect deployment run --watch`` from its start to its exit, split into :data:`PARTS` from the run's state
-history and the command's output lines, with the medians of the cached reruns; results in
+``prefect deployment run --watch``, from its start (the trigger) to the run Completed on the server (the
+target: within :data:`TARGET_S`) and to the command's exit, split into :data:`PARTS` from the run's state
+history and the command's output lines, with the median and slowest of the cached reruns; results in
 ``bench/out/cached_rerun_deployment.json`` (each run's output lines, timed, included), the runner's log in
 ``bench/out/cached_rerun_runner.log``.
 """
@@ -56,6 +57,16 @@ PARTS = (
 )
 
 
+#: Issue 20, item 7: an all-Cached run Completed within this many seconds of its trigger (the moment the user's
+#: `prefect deployment run` command starts) on 2 cores.
+TARGET_S = 5.0
+
+#: The figures of each run: the trigger (the command's start) -> the run Completed on the server; the run's
+#: creation on the server -> Completed (what the UI's Run button waits); the command's wall time, start -> exit
+#: (``--watch`` included: it waits 3 s for straggler logs after Completed, and exits).
+FIGURES = ("trigger_to_completed_s", "created_to_completed_s", "command_wall_s")
+
+
 def breakdown(t0: float, created, history, lines: list[tuple[float, str]], t_end: float) -> dict[str, float]:
     """Where one triggered run's wall time went (:data:`PARTS`, seconds; the server and this process share a
     clock): the run's state history on the server, and each line the command printed, timed as it came."""
@@ -76,25 +87,27 @@ def breakdown(t0: float, created, history, lines: list[tuple[float, str]], t_end
 
 
 def summary(runs: list[dict]) -> dict:
-    """Medians over the cached reruns: the wall time, the server's trigger -> Completed, and each part."""
+    """Over the cached reruns: the median and the slowest of each figure (``FIGURES``), and the median of each
+    part of the wall time; ``target_met``: every cached rerun Completed within :data:`TARGET_S` of its trigger."""
     import statistics
 
     cached = [r for r in runs if "cached" in r["run"]]
     if not cached:
         return {}
-    med = {
-        k: round(statistics.median(r[k] for r in cached), 2)
-        for k in ("trigger_to_completed_s", "created_to_completed_s")
+    figures = {
+        k: {"median": round(statistics.median(r[k] for r in cached), 2), "max": round(max(r[k] for r in cached), 2)}
+        for k in FIGURES
     }
     parts = {p: round(statistics.median(r["breakdown_s"].get(p, 0.0) for r in cached), 2) for p in PARTS}
-    return {"cached_reruns": len(cached), **med, "breakdown_s": parts}
+    met = all(r["trigger_to_completed_s"] <= TARGET_S for r in cached)
+    return {"cached_reruns": len(cached), **figures, "target_s": TARGET_S, "target_met": met, "breakdown_s": parts}
 
 
 def deployment_reruns(reruns: int, watch_interval: int | None = None) -> dict:
     """The user's view of a cached rerun (issue 20, item 7): `wiki-pipeline serve --tiny` against a loopback mirror,
     one `prefect deployment run wiki-pipeline/wiki-pipeline --watch` that builds, then ``reruns`` more that must be
-    all Cached, each timed from the trigger to `--watch` returning Completed (target: under 5 s on 2 cores), with
-    the server's own view of where the time went (trigger -> flow start, flow start -> end)."""
+    all Cached, each timed (:data:`FIGURES`) from the trigger to the run Completed on the server (target: within
+    :data:`TARGET_S` on 2 cores) and to `--watch` returning, with where the time went (:data:`PARTS`)."""
     import re
     import subprocess
     import uuid
@@ -149,7 +162,8 @@ def deployment_reruns(reruns: int, watch_interval: int | None = None) -> dict:
                 assert fr.start_time and fr.end_time, fr
                 run = {
                     "run": "first (builds)" if i == 0 else f"rerun {i} (cached)",
-                    "trigger_to_completed_s": round(wall, 2),
+                    "trigger_to_completed_s": round(fr.end_time.timestamp() - t0, 2),
+                    "command_wall_s": round(wall, 2),
                     "trigger_to_flow_start_s": round((fr.start_time - fr.created).total_seconds(), 2),
                     "flow_start_to_end_s": round((fr.end_time - fr.start_time).total_seconds(), 2),
                     "created_to_completed_s": round((fr.end_time - fr.created).total_seconds(), 2),
@@ -166,7 +180,7 @@ def deployment_reruns(reruns: int, watch_interval: int | None = None) -> dict:
     shutil.copyfile(root / "runner.log", OUT / "cached_rerun_runner.log")  # the runner's own timeline
     shutil.rmtree(root, ignore_errors=True)
     result = {"summary": summary(runs), "deployment_runs": runs, "watch_interval": watch_interval}
-    print("median of the cached reruns:", json.dumps(result["summary"]), flush=True)
+    print("the cached reruns (median, slowest):", json.dumps(result["summary"]), flush=True)
     return result
 
 

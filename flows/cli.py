@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from tasks.core.stage import StageRef
 
 DEPLOYMENT = "wiki-pipeline"
-POLL_SECONDS = 1  # how often `serve`'s runner asks the server for flow runs to start
+POLL_SECONDS = 0.5  # how often `serve`'s runner asks the server for flow runs to start
 
 
 def parse_param(text: str) -> tuple[str, object]:
@@ -173,12 +173,17 @@ def flow_parameters(settings) -> dict:
 
 
 def cmd_serve(args) -> int:
-    from prefect.settings import PREFECT_RUNNER_POLL_FREQUENCY, temporary_settings
+    import asyncio
+
+    from prefect.exceptions import TerminationSignal
+    from prefect.runner import Runner
+    from prefect.settings import PREFECT_UI_URL
     from prefect.types.entrypoint import EntrypointType
 
     from flows.allowed import allow_served
     from flows.server import HEARTBEAT_TAG, watched_runs
     from flows.settings import source_urls
+    from flows.warm_start import install as start_runs_warm
     from flows.wiki_pipeline import wiki_pipeline
     from tasks.core.download import DownloadKnobs
 
@@ -187,19 +192,32 @@ def cmd_serve(args) -> int:
     allow_served(settings.run.root(), source_urls(dict(settings).values()))  # the operator's own choices
     parameters = flow_parameters(settings)
     DownloadKnobs.from_env()  # the runner's environment is what its flow runs download with
-    # the runner asks the server for runs to start every POLL_SECONDS (Prefect's default, 10 s, is most of a
-    # cached rerun's wall time); the deployment's parameters are the chosen settings, so a bare
-    # `prefect deployment run wiki-pipeline/wiki-pipeline` and the UI's Run button run what `serve` was given;
-    # its flow runs beat, and carry the tag the crash automation watches
-    with watched_runs(), temporary_settings(updates={PREFECT_RUNNER_POLL_FREQUENCY: POLL_SECONDS}):
-        wiki_pipeline.serve(
+    print(start_runs_warm(), file=sys.stderr, flush=True)  # each run's process forks from a preloaded one
+    # Prefect's runner (what `flow.serve` starts), asking the server for runs to start every POLL_SECONDS
+    # (Prefect's default, 10 s, would be most of a cached rerun's time); the deployment's parameters are the
+    # chosen settings, so a bare `prefect deployment run wiki-pipeline/wiki-pipeline` and the UI's Run button
+    # run what `serve` was given; its flow runs beat, and carry the tag the crash automation watches
+    with watched_runs():
+        runner = Runner(name=DEPLOYMENT, query_seconds=POLL_SECONDS, limit=args.limit)
+        deployment_id = runner.add_flow(
+            wiki_pipeline,
             name=DEPLOYMENT,
             parameters=parameters or None,
-            limit=args.limit,
             entrypoint_type=EntrypointType.MODULE_PATH,
             description="Wikipedia -> BPE -> token shards -> mygpt -> samples (chapter 28)",
             tags=[HEARTBEAT_TAG],
         )
+        ui = PREFECT_UI_URL.value()
+        print(
+            f"wiki-pipeline/{DEPLOYMENT} is being served (asking for runs every {POLL_SECONDS} s): run it with "
+            f"`prefect deployment run wiki-pipeline/{DEPLOYMENT}`"
+            + (f" or the Run button at {ui}/deployments/deployment/{deployment_id}" if ui else ""),
+            flush=True,
+        )
+        try:
+            asyncio.run(runner.start())
+        except (KeyboardInterrupt, TerminationSignal) as e:
+            print(f"{type(e).__name__}: the runner stopped", file=sys.stderr, flush=True)
     return 0
 
 

@@ -16,6 +16,15 @@ from tests.support import REPO
 @contextlib.contextmanager
 def serving(env: dict, log_path: Path, *serve_args: str, start_timeout: float = 120) -> Iterator[Path]:
     """``wiki-pipeline serve SERVE_ARGS`` with ``env``, its output in ``log_path``, until the block ends."""
+    with serving_process(env, log_path, *serve_args, start_timeout=start_timeout) as (_, path):
+        yield path
+
+
+@contextlib.contextmanager
+def serving_process(
+    env: dict, log_path: Path, *serve_args: str, start_timeout: float = 120
+) -> Iterator[tuple[subprocess.Popen, Path]]:
+    """:func:`serving`, with the runner's process too."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "flows.cli", "serve", *serve_args],
@@ -31,7 +40,7 @@ def serving(env: dict, log_path: Path, *serve_args: str, start_timeout: float = 
             assert proc.poll() is None, f"the runner exited:\n{log_path.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"the runner did not start:\n{log_path.read_text()[-3000:]}"
             time.sleep(0.3)
-        yield log_path
+        yield proc, log_path
     finally:
         proc.terminate()
         try:
