@@ -6,7 +6,9 @@ real deployment runner (`wiki-pipeline serve --tiny --source-url <loopback mirro
   preset offline, because the deployment's defaults are what `serve` was given;
 - `wait` ends with one line per stage (built or Cached, version, size, duration) and, for a failed run, the
   reason on one line and where the full log is;
-- every run publishes `wiki-run-summary` (built vs Cached per stage) and the model/tokenizer comparisons.
+- every run publishes `wiki-run-summary` (built vs Cached per stage) and the model/tokenizer comparisons;
+- the runner's flow runs start warm, forked from its fork server (``flows.warm_start``), and one cancelled
+  through the API (what the UI's Cancel button does) ends Cancelled with its process gone.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import pytest
 
 from flows.settings import TINY
 from tests.support import REPO
-from tests.support.runner import serving
+from tests.support.runner import alive, fork_server_of, serving_process
+from tests.support.wait import wait_for
 
 STAGES = ("corpus", "tokenizer", "shards", "model", "samples", "export")
 LINE = re.compile(r"^  (\w+) +(built|Cached) +(\w+)/([0-9a-f]{12}) · [\d.]+ \w?B · [\d.]+ s$")
@@ -45,8 +48,8 @@ def served(prefect_server, mirror, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("served")
     root = tmp / "art"
     args = ["--tiny", "--source-url", mirror.url(), "--artifacts-dir", str(root)]
-    with serving(prefect_server.env, tmp / "runner.log", *args) as log_path:
-        yield prefect_server.env, root, log_path
+    with serving_process(prefect_server.env, tmp / "runner.log", *args) as (proc, log_path):
+        yield prefect_server.env, root, log_path, proc.pid
 
 
 def deployment_run(env: dict, runner_log: Path, *args: str, ok: bool = True) -> str:
@@ -103,7 +106,7 @@ def stage_lines(stdout: str) -> dict[str, tuple[str, str]]:
 
 
 def test_the_demo_deployment_runs_offline_and_reports_built_cached_and_comparisons(served):
-    env, _, runner_log = served
+    env, _, runner_log, _ = served
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
@@ -152,7 +155,7 @@ def test_the_demo_deployment_runs_offline_and_reports_built_cached_and_compariso
 
 
 def test_wait_names_the_reason_a_run_failed_and_where_the_log_is(served):
-    env, _, runner_log = served
+    env, _, runner_log, _ = served
     bad = {**TINY["model"], "num_heads": 5}
     run_id = deployment_run(env, runner_log, "--params", json.dumps({"model": bad}), ok=False)
     done = wait_output(env, run_id, "--log", str(runner_log))
@@ -160,3 +163,47 @@ def test_wait_names_the_reason_a_run_failed_and_where_the_log_is(served):
     errors = [line for line in done.stdout.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "num_heads (5) must divide embed_dim (32)" in errors[0], done.stdout
     assert f"full log: {runner_log}" in done.stdout.splitlines(), done.stdout
+
+
+def flow_run_state(flow_run_id: str) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run_id).state
+    return state.name if state else "?"
+
+
+def test_runs_fork_from_the_runners_fork_server_and_a_cancelled_one_ends_with_its_process(served):
+    """Last in this module: it leaves a cancelled model build behind."""
+    env, _, runner_log, runner_pid = served
+    fork_server = fork_server_of(runner_pid)
+    assert "flows.wiki_pipeline" in " ".join(fork_server.cmdline())
+    assert "flow runs start warm" in runner_log.read_text()
+
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    long_model = {**TINY["model"], "steps": 100_000}  # trains until cancelled
+    started = subprocess.run(
+        [prefect, "deployment", "run", "wiki-pipeline/wiki-pipeline", "--params", json.dumps({"model": long_model})],
+        env={**env, "DO_NOT_TRACK": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)
+    flow_process = wait_for(fork_server.children, "the flow run's process", every=0.2)[0]
+    after_start = lambda: runner_log.read_text().partition(run_id)[2]  # noqa: E731 - this run's log lines
+    wait_for(lambda: "step 10: loss" in after_start(), "the model's training loop", every=0.3)
+    assert flow_run_state(run_id) == "Running"
+
+    cancel = subprocess.run(
+        [prefect, "flow-run", "cancel", run_id],
+        env={**env, "DO_NOT_TRACK": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    wait_for(lambda: flow_run_state(run_id) == "Cancelled", "the run to end Cancelled", every=0.3)
+    wait_for(lambda: not alive(flow_process), "the cancelled run's process to end", timeout=60, every=0.2)
+    assert alive(fork_server), "the fork server outlives a cancelled run, for the next one"

@@ -10,7 +10,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
+
 from tests.support import REPO
+from tests.support.wait import wait_for
 
 
 @contextlib.contextmanager
@@ -48,3 +51,23 @@ def serving_process(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def alive(process: psutil.Process) -> bool:
+    """Whether ``process`` still runs (a zombie waiting for its parent to reap it does not)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def fork_server_of(runner_pid: int) -> psutil.Process:
+    """The fork server a runner started (``flows.warm_start``): its child running ``multiprocessing.forkserver``."""
+
+    def found():
+        for child in psutil.Process(runner_pid).children():
+            if "multiprocessing.forkserver" in " ".join(child.cmdline()):
+                return child
+        return None
+
+    return wait_for(found, f"the fork server of the runner {runner_pid}", timeout=60, every=0.2)

@@ -2,7 +2,8 @@
 served flow's run, once the stock way (a spawned process) and once warm (``flows.warm_start``: forked from the
 preloaded fork server), for tests/flows/test_warm_start.py.
 
-    python -m tests.support.warm_probe OUT_DIR     writes OUT_DIR/spawned.json and OUT_DIR/warm.json
+    python -m tests.support.warm_probe OUT_DIR     writes OUT_DIR/spawned.json and OUT_DIR/warm.json, prints
+                                                   the fork server's pid, then waits to be killed
 
 Between ``install`` and the runs this process drops one variable from its environment and adds another, as a
 runner's environment may change after its fork server started; both runs must see the environment as it is
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from prefect import flow
@@ -64,6 +66,7 @@ def main(out_dir: str) -> int:
         if process.exitcode != 0:
             return 1
     print("forkserver pid", multiprocessing.forkserver._forkserver._forkserver_pid, flush=True)
+    time.sleep(600)  # as a runner does, until it is killed
     return 0
 
 
