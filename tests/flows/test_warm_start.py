@@ -41,30 +41,48 @@ def test_a_warm_run_sees_what_a_spawned_run_sees_and_its_fork_server_dies_with_t
             if line.startswith("forkserver pid"):
                 break
         out = "".join(lines)
-        assert "spawned SpawnProcess 0" in out and "warm ForkServerProcess 0" in out, out
+        for run in ("spawned SpawnProcess 0", "warm ForkServerProcess 0", "edited ForkServerProcess 0"):
+            assert run + "\n" in out, out
+        assert "during SpawnProcess 0\n" in out and "held ForkServerProcess 0\n" in out, out
+        assert out.count("the project's code changed since the fork server started") == 2, out
         forkserver = psutil.Process(int(out.split("forkserver pid ")[1].split()[0]))
-        spawned = json.loads((tmp_path / "spawned.json").read_text())
-        warm = json.loads((tmp_path / "warm.json").read_text())
+        runs = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in RUNS}
 
-        # where each came from: the spawned run is the script's child, the warm one the preloaded fork server's
-        assert warm.pop("parent_pid") == forkserver.pid != spawned.pop("parent_pid") == probe.pid
-        warm_parent = warm.pop("parent_cmdline")
-        assert "multiprocessing.forkserver" in warm_parent and "flows.wiki_pipeline" in warm_parent, warm_parent
-        assert "tests.support.warm_probe" in spawned.pop("parent_cmdline")
+        # where each came from: a spawned run is the script's child, a warm one the preloaded fork server's
+        parents = {}
+        for name, run in runs.items():
+            parents[name], cmdline = run.pop("parent_pid"), run.pop("parent_cmdline")
+            if name in ("spawned", "during"):
+                assert parents[name] == probe.pid and "tests.support.warm_probe" in cmdline, (name, cmdline)
+            else:
+                assert "multiprocessing.forkserver" in cmdline and "flows.wiki_pipeline" in cmdline, (name, cmdline)
+        assert parents["warm"] != parents["edited"] == parents["held"] == forkserver.pid, "restarted after the edit"
 
-        # what each saw: the same
-        assert warm == spawned
-        env = warm["env"]
+        # what each saw: the same, but for the code on disk when it started
+        marks = {name: run.pop("mark") for name, run in runs.items()}
+        assert marks == {
+            "spawned": "first",
+            "warm": "first",
+            "edited": "second: edited",  # the fork server restarted
+            "held": "second: edited",
+            "during": "third: edited while a run goes",  # spawned: the fork server had a run going
+        }
+        assert all(run == runs["spawned"] for run in runs.values()), runs
+        env = runs["warm"]["env"]
         assert env["WARM_PROBE_DROPPED"] is None, "a variable the runner dropped after the fork server started"
         assert env["WARM_PROBE_ADDED"] == "set after the fork server started"
         assert env["WARM_PROBE_GIVEN"] == "given by the runner"
         assert env["PREFECT__DEPLOYMENT_NAME"] == "warm-probe/probe"
-        assert warm["api_url"] == prefect_server.api_url and warm["has_flow_run_id"]
+        assert runs["warm"]["api_url"] == prefect_server.api_url and runs["warm"]["has_flow_run_id"]
 
-        assert forkserver.is_running()
+        family = psutil.Process(probe.pid).children(recursive=True)  # the fork server, multiprocessing's tracker
+        assert forkserver in family and all(alive(p) for p in family), family
         probe.kill()  # the runner dies at an odd moment: SIGKILL, no clean-up of its own
         probe.wait(30)
-        wait_for(lambda: not alive(forkserver), "the fork server to exit after its runner", timeout=30, every=0.2)
+        wait_for(lambda: not any(alive(p) for p in family), "the runner's processes to exit after it", timeout=30)
     finally:
         probe.kill()
         probe.wait(30)
+
+
+RUNS = ("spawned", "warm", "edited", "held", "during")

@@ -1,13 +1,20 @@
 """A flow that writes down what its process sees, and a script that starts it the way Prefect's runner starts a
-served flow's run, once the stock way (a spawned process) and once warm (``flows.warm_start``: forked from the
-preloaded fork server), for tests/flows/test_warm_start.py.
+served flow's run: the stock way (a spawned process) and warm (``flows.warm_start``: forked from the preloaded
+fork server), for tests/flows/test_warm_start.py.
 
-    python -m tests.support.warm_probe OUT_DIR     writes OUT_DIR/spawned.json and OUT_DIR/warm.json, prints
-                                                   the fork server's pid, then waits to be killed
+    python -m tests.support.warm_probe OUT_DIR
 
-Between ``install`` and the runs this process drops one variable from its environment and adds another, as a
-runner's environment may change after its fork server started; both runs must see the environment as it is
-now.
+In order, each run writing OUT_DIR/<name>.json and the script printing ``<name> <process type> <exit code>``:
+
+1. ``spawned`` and ``warm``: the same flow both ways. Between ``install`` and the runs this process drops one
+   variable from its environment and adds another, as a runner's environment may change after its fork server
+   started; both runs must see the environment as it is now.
+2. ``edited``: warm again after the project's code changed (``OUT_DIR/code/probe_mark.py``, a module of this
+   project that the fork server preloads): the fork server restarts and the run sees the new code.
+3. ``held`` (warm, kept going until OUT_DIR/release exists) and, while it goes, ``during``: after another edit,
+   a run that must be spawned (the fork server cannot restart under a running child) and see the newest code.
+
+Then it prints the fork server's pid and waits to be killed.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ def _cmdline(pid: int) -> str:
 
 
 @flow(name="warm-probe")
-def probe(out: str) -> None:
+def probe(out: str, hold: str | None = None) -> None:
+    import probe_mark  # type: ignore[import-not-found]  # OUT_DIR/code, on the path of this script's processes
     from prefect.runtime import flow_run
     from prefect.settings import get_current_settings
 
@@ -36,13 +44,21 @@ def probe(out: str) -> None:
         "env": {key: os.environ.get(key) for key in ENV_KEYS},
         "api_url": get_current_settings().api.url,
         "cwd": os.getcwd(),
-        "sys_path_head": sys.path[:3],
+        "sys_path": sys.path,
         "has_flow_run_id": bool(flow_run.id),
+        "mark": probe_mark.MARK,
         # where the process came from (left out of the comparison)
         "parent_cmdline": _cmdline(os.getppid()),
         "parent_pid": os.getppid(),
     }
     Path(out).write_text(json.dumps(record))
+    deadline = time.monotonic() + 120
+    while hold and not Path(hold).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _mark(code: Path, value: str) -> None:
+    (code / "probe_mark.py").write_text(f"MARK = {value!r}\n")
 
 
 def main(out_dir: str) -> int:
@@ -50,21 +66,45 @@ def main(out_dir: str) -> int:
 
     import prefect.runner._starter_direct as starter
 
-    from flows.warm_start import install
+    from flows.warm_start import PRELOAD, install
+
+    out, code = Path(out_dir), Path(out_dir) / "code"
+    code.mkdir()
+    _mark(code, "first")
+    sys.path.insert(0, str(code))
+    import probe_mark  # noqa: F401  # loaded here as the runner loads the project
 
     stock = starter.run_flow_in_subprocess
     os.environ["WARM_PROBE_DROPPED"] = "set before the fork server started"
-    print(install(), flush=True)
+    print(install((*PRELOAD, "probe_mark")), flush=True)
     del os.environ["WARM_PROBE_DROPPED"]
     os.environ["WARM_PROBE_ADDED"] = "set after the fork server started"
     given = {"WARM_PROBE_GIVEN": "given by the runner", "PREFECT__DEPLOYMENT_NAME": "warm-probe/probe"}
-    for name, start in (("spawned", stock), ("warm", starter.run_flow_in_subprocess)):
-        out = str(Path(out_dir) / f"{name}.json")
-        process = start(probe, parameters={"out": out}, env=given)
+
+    def start(name: str, how, **params):
+        process = how(probe, parameters={"out": str(out / f"{name}.json"), **params}, env=given)
+        return process
+
+    def finish(name: str, process) -> bool:
         process.join(120)
         print(name, type(process).__name__, process.exitcode, flush=True)
-        if process.exitcode != 0:
+        return process.exitcode == 0
+
+    for name, how in (("spawned", stock), ("warm", starter.run_flow_in_subprocess)):
+        if not finish(name, start(name, how)):
             return 1
+    _mark(code, "second: edited")
+    if not finish("edited", start("edited", starter.run_flow_in_subprocess)):
+        return 1
+    held = start("held", starter.run_flow_in_subprocess, hold=str(out / "release"))
+    while not (out / "held.json").exists():
+        time.sleep(0.1)
+    _mark(code, "third: edited while a run goes")
+    during = start("during", starter.run_flow_in_subprocess)
+    ok = finish("during", during)
+    (out / "release").touch()
+    if not (finish("held", held) and ok):
+        return 1
     print("forkserver pid", multiprocessing.forkserver._forkserver._forkserver_pid, flush=True)
     time.sleep(600)  # as a runner does, until it is killed
     return 0
