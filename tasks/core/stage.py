@@ -87,8 +87,10 @@ def fault_point(name: str) -> None:
     (renamed into place, staging not yet deleted).
 
     ``WIKI_PIPELINE_FAULT=<point>@<n>`` SIGKILLs this process at the n-th call of ``<point>`` (counted per
-    process); ``<point>@<n>:raise`` raises :class:`FaultInjected` instead. ``WIKI_PIPELINE_FAULT_TRACE=<file>``
-    appends ``<point> <n>`` for every call (so a harness can pick random points that a run really reaches).
+    process); ``<point>@<n>:raise`` raises :class:`FaultInjected` instead; ``<point>@<n>:hold=<file>`` waits
+    there until ``<file>`` exists (at most 5 minutes: a harness holds a build at a known point while another run
+    meets it). ``WIKI_PIPELINE_FAULT_TRACE=<file>`` appends ``<point> <n>`` for every call (so a harness can pick
+    random points that a run really reaches).
     """
     spec = os.environ.get(FAULT_ENV)
     trace = os.environ.get(FAULT_TRACE_ENV)
@@ -104,6 +106,11 @@ def fault_point(name: str) -> None:
         if point == name and count.isdigit() and n == int(count):
             if mode == "raise":
                 raise FaultInjected(f"fault injected at {name}@{n}")
+            if mode.startswith("hold="):
+                deadline = time.monotonic() + 300
+                while not os.path.exists(mode[len("hold=") :]) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                return
             logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
 

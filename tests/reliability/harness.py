@@ -488,16 +488,32 @@ FAST_FAULTS = [
 
 
 # ---- two runs at once ----------------------------------------------------------------------------------
+WAITING = "another run is building this version; waiting for it"
+
+
 def concurrent_runs(env: Env, root: Path) -> dict:
-    """Start two pipeline runs on one root at the same moment; return what happened."""
+    """Start two pipeline runs on one root at the same moment; return what happened. Whichever builds the corpus
+    holds there (``corpus.start@1:hold=``) until the other says it waits for it, so the two meet on a lock however
+    far apart the two processes start on a loaded machine (the other then reuses the corpus, and the pair meets
+    again on whatever else they build at once)."""
     watcher = Watcher(root)
     watcher.start()
     results: list = [None, None]
+    logs_at = [env.workdir / f"concurrent-{i}.log" for i in (0, 1)]
+    go = env.workdir / "concurrent-go"
+    go.unlink(missing_ok=True)
 
-    def go(i):
-        results[i] = run_pipeline(env, root, watch=False, log_path=env.workdir / f"concurrent-{i}.log")
+    def run(i):
+        results[i] = run_pipeline(env, root, fault=f"corpus.start@1:hold={go}", watch=False, log_path=logs_at[i])
 
-    threads = [threading.Thread(target=go, args=(i,)) for i in (0, 1)]
+    def release():  # once a run waits on the other (or both have ended), let the held build go on
+        while not any(WAITING in p.read_text(errors="replace") for p in logs_at if p.exists()):
+            if all(r is not None for r in results):
+                break
+            time.sleep(0.1)
+        go.touch()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)] + [threading.Thread(target=release)]
     for t in threads:
         t.start()
     for t in threads:
@@ -508,7 +524,7 @@ def concurrent_runs(env: Env, root: Path) -> dict:
     for stage in NAMES:
         built[stage] = sum(len(re.findall(rf"{stage}: building {stage}/", log)) for log in logs)
     refs = [sorted(line for line in log.splitlines() if re.match(rf"^({'|'.join(NAMES)})\s+/", line)) for log in logs]
-    waited = sum(log.count("another run is building this version; waiting for it") for log in logs)
+    waited = sum(log.count(WAITING) for log in logs)
     store = open_store(root)
     versions = {stage: [v.version for v in store.versions(stage)] for stage in NAMES}
     full_ok = all(store.verify(st, v, full=True)[0] for st, vs in versions.items() for v in vs)
