@@ -58,7 +58,11 @@ ACCUMULATE = dict(
     seed=3,
 )
 WORKER_ENV = {"OMP_NUM_THREADS": "1"}  # 2 cores shared by every process of the suite
-TOL = 1e-5
+TOL = 1e-5  # losses: a mean over the batch, summed in another order by two processes
+#: Weights after 20 AdamW steps: a last-bit difference in a gradient can move a weight by a small part of one
+#: step (lr 1e-3 to 3e-3), and which bits differ depends on the CPU's kernels (1.04e-5 seen on one machine where
+#: another gave under 1e-5). Two ranks reading the same rows instead of their own moves weights by whole steps.
+WEIGHT_TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +114,7 @@ def assert_close_runs(one: Path, two: Path) -> None:
     w1, w2 = weights(one), weights(two)
     assert w1.keys() == w2.keys()
     worst = max((w1[k] - w2[k]).abs().max().item() for k in w1)
-    assert worst < TOL, worst
+    assert worst < WEIGHT_TOL, worst
 
 
 def assert_identical_runs(a: Path, b: Path) -> None:
