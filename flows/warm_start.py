@@ -11,7 +11,7 @@ imported modules (no thread, no connection, no event loop). So it starts as clea
 makes forkserver the default start method on Linux.
 
 The child's environment is the runner's, as with spawn: Prefect sends the runner's environment with each run.
-A variable the runner dropped after the fork server started is dropped in the child too.
+A variable the runner dropped after the fork server started (or restarted) is dropped in the child too.
 
 The child's code is what is on disk, as with spawn: a spawned run imports the project's modules afresh, a forked
 one has them from the fork server. So before each run the project's source files (every module this process
@@ -109,7 +109,7 @@ def install(preload: tuple[str, ...] = PRELOAD) -> str:
         forked_pids: list[int] = []  # its runs
 
         def run_flow_in_forkserver(*args: Any, env: dict[str, str | None] | None = None, **kwargs: Any) -> Any:
-            nonlocal forked_sources
+            nonlocal forked_sources, forked_env
             if project_sources() != forked_sources:
                 forked_pids[:] = [pid for pid in forked_pids if _running(pid)]
                 if forked_pids:  # its runs would lose their exit codes: this one starts the stock way
@@ -117,7 +117,7 @@ def install(preload: tuple[str, ...] = PRELOAD) -> str:
                     return stock(*args, env=env, **kwargs)
                 print(_CHANGED + ": restarting it (this run waits for its imports)", flush=True)
                 multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
-                forked_sources = project_sources()
+                forked_env, forked_sources = set(os.environ), project_sources()  # what the new one starts with
                 multiprocessing.forkserver.ensure_running()
             dropped: dict[str, str | None] = {key: None for key in forked_env - set(os.environ)}
             saved = engine.multiprocessing

@@ -4,7 +4,7 @@ real processes:
 
 - the fast path is the plain one's equal: a run started warm sees the same environment, settings, working
   directory and import path as one started the stock way (spawned), including a variable the runner dropped and
-  one it added after its fork server started;
+  one it added after its fork server started, and one it dropped after the fork server restarted;
 - when the runner is SIGKILLed its fork server goes too: nothing is left running.
 
 `wiki-pipeline serve`'s own runs (forked from its fork server, cancelled cleanly) are tested with the demo's
@@ -66,6 +66,14 @@ def test_a_warm_run_sees_what_a_spawned_run_sees_and_its_fork_server_dies_with_t
             "edited": "second: edited",  # the fork server restarted
             "held": "second: edited",
             "during": "third: edited while a run goes",  # spawned: the fork server had a run going
+        }
+        late = {name: run["env"].pop("WARM_PROBE_LATE") for name, run in runs.items()}
+        assert late == {
+            "spawned": None,
+            "warm": None,
+            "edited": "set when the fork server restarted",
+            "held": None,  # forked from the restarted fork server, which has it: dropped
+            "during": None,
         }
         assert all(run == runs["spawned"] for run in runs.values()), runs
         env = runs["warm"]["env"]

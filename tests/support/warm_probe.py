@@ -10,7 +10,8 @@ In order, each run writing OUT_DIR/<name>.json and the script printing ``<name> 
    variable from its environment and adds another, as a runner's environment may change after its fork server
    started; both runs must see the environment as it is now.
 2. ``edited``: warm again after the project's code changed (``OUT_DIR/code/probe_mark.py``, a module of this
-   project that the fork server preloads): the fork server restarts and the run sees the new code.
+   project that the fork server preloads): the fork server restarts and the run sees the new code. A variable
+   set just before (so the restarted fork server has it) is dropped after: the later runs must not see it.
 3. ``held`` (warm, kept going until OUT_DIR/release exists) and, while it goes, ``during``: after another edit,
    a run that must be spawned (the fork server cannot restart under a running child) and see the newest code.
 
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from prefect import flow
 
-ENV_KEYS = ("WARM_PROBE_ADDED", "WARM_PROBE_DROPPED", "WARM_PROBE_GIVEN", "PREFECT_API_URL", "PREFECT__DEPLOYMENT_NAME")
+ENV_KEYS = ("WARM_PROBE_ADDED", "WARM_PROBE_DROPPED", "WARM_PROBE_LATE", "WARM_PROBE_GIVEN", "PREFECT_API_URL", "PREFECT__DEPLOYMENT_NAME")
 
 
 def _cmdline(pid: int) -> str:
@@ -94,8 +95,10 @@ def main(out_dir: str) -> int:
         if not finish(name, start(name, how)):
             return 1
     _mark(code, "second: edited")
+    os.environ["WARM_PROBE_LATE"] = "set when the fork server restarted"  # the restarted one starts with it
     if not finish("edited", start("edited", starter.run_flow_in_subprocess)):
         return 1
+    del os.environ["WARM_PROBE_LATE"]  # and the runs after must not see it
     held = start("held", starter.run_flow_in_subprocess, hold=str(out / "release"))
     while not (out / "held.json").exists():
         time.sleep(0.1)
