@@ -28,7 +28,14 @@ from pathlib import Path
 
 from prefect import flow
 
-ENV_KEYS = ("WARM_PROBE_ADDED", "WARM_PROBE_DROPPED", "WARM_PROBE_LATE", "WARM_PROBE_GIVEN", "PREFECT_API_URL", "PREFECT__DEPLOYMENT_NAME")
+ENV_KEYS = (
+    "WARM_PROBE_ADDED",
+    "WARM_PROBE_DROPPED",
+    "WARM_PROBE_LATE",
+    "WARM_PROBE_GIVEN",
+    "PREFECT_API_URL",
+    "PREFECT__DEPLOYMENT_NAME",
+)
 
 
 def _cmdline(pid: int) -> str:
