@@ -53,6 +53,34 @@ def test_fault_point_is_off_by_default_and_counts_per_point(monkeypatch, tmp_pat
     ]
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "model.progress@3:hold",
+        "model.progress@3:hold=",
+        "model.progress@x",
+        "model.progress@0",
+        "model.progress@3:sigkill",
+        "@3",
+    ],
+)
+def test_fault_point_rejects_a_malformed_spec_instead_of_killing_or_holding(monkeypatch, spec):
+    monkeypatch.setenv(FAULT_ENV, spec)
+    reset_faults()
+    with pytest.raises(ValueError, match=r"WIKI_PIPELINE_FAULT=.*is not a fault spec.*<point>@<n>:hold=<file>"):
+        fault_point("model.progress")
+    reset_faults()
+
+
+def test_fault_point_hold_says_so_when_its_file_never_comes(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr("tasks.core.stage.FAULT_HOLD_SECONDS", 0.2)
+    monkeypatch.setenv(FAULT_ENV, f"model.progress@1:hold={tmp_path / 'never'}")
+    reset_faults()
+    fault_point("model.progress")
+    reset_faults()
+    assert "model.progress@1 held 0.2 s" in capsys.readouterr().err
+
+
 def test_fault_point_sigkills_a_real_process():
     code = "from tasks.core.stage import fault_point\nfor _ in range(3): fault_point('model.progress')\nprint('alive')"
     proc = subprocess.run(

@@ -14,18 +14,28 @@ In order, each run writing OUT_DIR/<name>.json and the script printing ``<name> 
    set just before (so the restarted fork server has it) is dropped after: the later runs must not see it.
 3. ``held`` (warm, kept going until OUT_DIR/release exists) and, while it goes, ``during``: after another edit,
    a run that must be spawned (the fork server cannot restart under a running child) and see the newest code.
+4. ``orphaned`` (warm, held): its fork server is SIGKILLed under it; the script prints whether the run's handle
+   still says it goes (``orphaned goes on True``) before releasing it. Then ``revived``: warm, from a new server.
+5. ``leaver``: a warm run that leaves a process behind (forked, sleeping; its pid in OUT_DIR/lingering); after an
+   edit, ``restarted`` (warm, from the restarted server) and ``lingering alive True`` if that restart did not
+   wait for the left-behind process.
+6. ``broken``: after an edit that breaks the preloaded module, the fork server cannot start (it dies importing):
+   the run is spawned and fails with the module's own error. ``mended``: fixed, warm again.
 
-Then it prints the fork server's pid and waits to be killed.
+Then it starts ``lasting`` (warm, held until OUT_DIR/release-lasting exists, never released here), prints
+``lasting pid <pid>``, ``forkserver pid <pid> address <socket path>``, and waits to be killed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
+import psutil
 from prefect import flow
 
 ENV_KEYS = (
@@ -43,7 +53,7 @@ def _cmdline(pid: int) -> str:
 
 
 @flow(name="warm-probe")
-def probe(out: str, hold: str | None = None) -> None:
+def probe(out: str, hold: str | None = None, linger: str | None = None) -> None:
     import probe_mark  # type: ignore[import-not-found]  # OUT_DIR/code, on the path of this script's processes
     from prefect.runtime import flow_run
     from prefect.settings import get_current_settings
@@ -60,6 +70,12 @@ def probe(out: str, hold: str | None = None) -> None:
         "parent_pid": os.getppid(),
     }
     Path(out).write_text(json.dumps(record))
+    if linger and os.fork() == 0:  # a process this run leaves behind (as a careless flow might)
+        try:
+            Path(linger).write_text(str(os.getpid()))
+            time.sleep(120)
+        finally:
+            os._exit(0)
     deadline = time.monotonic() + 120
     while hold and not Path(hold).exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -77,7 +93,7 @@ def main(out_dir: str) -> int:
     from flows.warm_start import PRELOAD, install
 
     out, code = Path(out_dir), Path(out_dir) / "code"
-    code.mkdir()
+    code.mkdir(exist_ok=True)  # the test makes it first, to put it on PYTHONPATH
     _mark(code, "first")
     sys.path.insert(0, str(code))
     import probe_mark  # noqa: F401  # loaded here as the runner loads the project
@@ -98,26 +114,61 @@ def main(out_dir: str) -> int:
         print(name, type(process).__name__, process.exitcode, flush=True)
         return process.exitcode == 0
 
-    for name, how in (("spawned", stock), ("warm", starter.run_flow_in_subprocess)):
+    warm = starter.run_flow_in_subprocess
+    for name, how in (("spawned", stock), ("warm", warm)):
         if not finish(name, start(name, how)):
             return 1
     _mark(code, "second: edited")
     os.environ["WARM_PROBE_LATE"] = "set when the fork server restarted"  # the restarted one starts with it
-    if not finish("edited", start("edited", starter.run_flow_in_subprocess)):
+    if not finish("edited", start("edited", warm)):
         return 1
     del os.environ["WARM_PROBE_LATE"]  # and the runs after must not see it
-    held = start("held", starter.run_flow_in_subprocess, hold=str(out / "release"))
-    while not (out / "held.json").exists():
-        time.sleep(0.1)
+    held = start("held", warm, hold=str(out / "release"))
+    wait_file(out / "held.json")
     _mark(code, "third: edited while a run goes")
-    during = start("during", starter.run_flow_in_subprocess)
+    during = start("during", warm)
     ok = finish("during", during)
     (out / "release").touch()
     if not (finish("held", held) and ok):
         return 1
-    print("forkserver pid", multiprocessing.forkserver._forkserver._forkserver_pid, flush=True)
+
+    orphaned = start("orphaned", warm, hold=str(out / "release-orphaned"))
+    wait_file(out / "orphaned.json")
+    os.kill(multiprocessing.forkserver._forkserver._forkserver_pid, signal.SIGKILL)
+    orphaned.join(1.5)
+    print("orphaned goes on", orphaned.exitcode is None and orphaned.is_alive(), flush=True)
+    (out / "release-orphaned").touch()
+    finish("orphaned", orphaned)  # its exit code went with its server: 255
+    if not finish("revived", start("revived", warm)):
+        return 1
+
+    if not finish("leaver", start("leaver", warm, linger=str(out / "lingering"))):
+        return 1
+    wait_file(out / "lingering")
+    _mark(code, "fourth: edited after a run left a process behind")
+    if not finish("restarted", start("restarted", warm)):
+        return 1
+    print("lingering alive", psutil.pid_exists(int((out / "lingering").read_text())), flush=True)
+
+    (code / "probe_mark.py").write_text("MARK = (\n")  # a syntax error: the fork server dies importing it
+    finish("broken", start("broken", warm))
+    _mark(code, "fifth: mended")
+    if not finish("mended", start("mended", warm)):
+        return 1
+
+    lasting = start("lasting", warm, hold=str(out / "release-lasting"))
+    wait_file(out / "lasting.json")
+    server = multiprocessing.forkserver._forkserver
+    print("lasting pid", lasting.pid, flush=True)
+    print("forkserver pid", server._forkserver_pid, "address", server._forkserver_address, flush=True)
     time.sleep(600)  # as a runner does, until it is killed
     return 0
+
+
+def wait_file(path: Path) -> None:
+    deadline = time.monotonic() + 120
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":
