@@ -298,7 +298,10 @@ def run_report(run, task_runs, log_path: str | None) -> list[str]:
     if run.state.is_completed():
         return lines
     failed = [t for t in ordered if t.state and t.state.is_final() and not t.state.is_completed()]
-    if failed:
+    if run.state.is_cancelled():  # its running stage's process was killed on purpose: no error of the stage's
+        during = f" during stage {failed[0].name}" if failed else ""
+        lines.append(f"cancelled: the flow run was cancelled{during}; rerun it to go on (finished stages are Cached)")
+    elif failed:
         message = _first_line(failed[0].state.message).removeprefix("Task run encountered an exception ")
         lines.append(f"error: stage {failed[0].name} {failed[0].state.name}: {message}")
     else:

@@ -18,6 +18,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import os
 import re
@@ -300,7 +301,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     except OSError as e:  # e.g. the port is taken
-        print(f"error: {e}", file=sys.stderr)
+        if e.errno == errno.EADDRINUSE:
+            print(
+                f"error: port {args.port} on 127.0.0.1 is in use by another program; give the mirror a free port "
+                "(scripts/pipeline --demo: WIKI_PIPELINE_MIRROR_PORT=8766; the corpus version follows the zip's "
+                "bytes, so the same zip on another port reuses every stage)",
+                file=sys.stderr,
+            )
+        else:
+            print(f"error: {e}", file=sys.stderr)
         return 2
 
 

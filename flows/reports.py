@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.core.markdown import md_code
+from tasks.core.markdown import md_code, md_text
 from tasks.core.store import VersionInfo, human_bytes
 from tasks.model import line_chart
 from tasks.registry import BY_NAME, open_store
@@ -28,12 +28,17 @@ SUMMARY_KEY = "wiki-run-summary"
 MODEL_COMPARISON_KEY = "wiki-model-comparison"
 TOKENIZER_COMPARISON_KEY = "wiki-tokenizer-comparison"
 CURVES = 5  # the validation-loss curves of this many latest model versions share the comparison's chart
+HOW_TO_READ = (
+    "Newest first; the settings columns are the ones that differ between versions, and so are the input columns "
+    "(the upstream versions a version was built from).\n\n"
+)
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """One stage of a finished run: ``state`` is the task run's final state name (``Cached`` when reused)."""
+    """One stage of a run: ``state`` is the task run's final state name (``Cached`` when reused, ``Completed`` when
+    built); ``version`` is empty for a stage that did not finish."""
 
     stage: str
     version: str
@@ -42,7 +47,8 @@ class Outcome:
 
     @property
     def verdict(self) -> str:
-        return "Cached" if self.state == "Cached" else "built"
+        """``built``, ``Cached``, or how the stage ended when it did not finish (``Failed``, ``Crashed``)."""
+        return {"Cached": "Cached", "Completed": "built"}.get(self.state, self.state)
 
 
 def _num(value: object, spec: str = ".4f") -> str:
@@ -63,20 +69,40 @@ def headline(stage: str, metrics: dict) -> str:
     return found[stage]() if stage in found else ""
 
 
+#: Artifacts read per request when looking for the versions' artifacts (the server's own upper bound is 200).
+PAGE = 200
+
+
 def artifact_links(keys_versions: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """{(stage, version): UI path of the artifact that describes that version} (``built <stage>/<version>``),
-    for the versions whose artifact this Prefect server has (a version built against another server has none)."""
+    """{(stage, version): UI path of the artifact that describes that version} (``built <stage>/<version>``; the
+    newest, after a forced rebuild), for the versions whose artifact this Prefect server has (a version built
+    against another server has none). The stages' artifacts are read newest first, a page at a time, until every
+    version is found or none is left: the server answers at most :data:`PAGE` a request."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
 
     wanted = {f"built {stage}/{version}": (stage, version) for stage, version in keys_versions}
     keys = sorted({BY_NAME[stage].artifact_key for stage, _ in keys_versions})
     found: dict[tuple[str, str], str] = {}
+    if not keys:
+        return found
     with get_client(sync_client=True) as client:
-        for art in client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys))):
-            which = wanted.get(art.description or "")
-            if which and which not in found:
-                found[which] = f"/artifacts/artifact/{art.id}"
+        offset = 0
+        while len(found) < len(set(wanted.values())):
+            page = client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)),
+                sort=ArtifactSort.CREATED_DESC,
+                limit=PAGE,
+                offset=offset,
+            )
+            for art in page:
+                which = wanted.get(art.description or "")
+                if which and which not in found:
+                    found[which] = f"/artifacts/artifact/{art.id}"
+            if len(page) < PAGE:
+                break
+            offset += len(page)
     return found
 
 
@@ -84,42 +110,65 @@ def _linked(version: str, link: str | None) -> str:
     return f"[{version}]({link})" if link else f"`{version}`"  # the UI shows no code inside a link's text
 
 
-def run_summary(root: str | Path, outcomes: list[Outcome], links: dict[tuple[str, str], str]) -> str:
-    store = open_store(root)
-    built = sum(o.verdict == "built" for o in outcomes)
+def one_line(error: BaseException, limit: int = 500) -> str:
+    """An error as literal markdown text on one line: its type and first line, at most ``limit`` characters (the
+    stages' errors name their inputs without credentials: ``redact_url``)."""
+    text = next((line.strip() for line in str(error).splitlines() if line.strip()), "no reason given")
+    text = f"{type(error).__name__}: {text}"
+    return md_text(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def run_summary(
+    root: str | Path | None, outcomes: list[Outcome], links: dict[tuple[str, str], str], failure: BaseException | None
+) -> str:
+    counts = {v: sum(o.verdict == v for o in outcomes) for v in ("built", "Cached")}
+    title = f"{counts['built']} built, {counts['Cached']} Cached"
     rows = []
+    store = open_store(root) if root is not None else None
     for o in outcomes:
-        info = store.get(o.stage, o.version)
-        rows.append(
-            f"| {o.stage} | {'**built**' if o.verdict == 'built' else 'Cached'} | "
-            f"{_linked(o.version, links.get((o.stage, o.version)))} | {o.seconds:.1f} s | "
-            f"{human_bytes(info.size_bytes)} | {headline(o.stage, info.manifest.get('metrics', {}))} |"
-        )
-    return "\n".join(
-        [
-            f"# wiki-pipeline run: {built} built, {len(outcomes) - built} Cached",
-            "",
+        if o.version and store is not None:
+            info = store.get(o.stage, o.version)
+            size, metric = human_bytes(info.size_bytes), headline(o.stage, info.manifest.get("metrics", {}))
+        else:
+            size, metric = "–", (one_line(failure) if failure is not None else "")
+        shown = {"built": "**built**", "Cached": "Cached"}.get(o.verdict, f"**{o.verdict}**")
+        version = _linked(o.version, links.get((o.stage, o.version))) if o.version else "–"
+        rows.append(f"| {o.stage} | {shown} | {version} | {o.seconds:.1f} s | {size} | {metric} |")
+    lines = [f"# wiki-pipeline run: {title}", ""]
+    if failure is not None:
+        where = f"in stage {outcomes[-1].stage}" if outcomes and not outcomes[-1].version else "between the stages"
+        if root is None:
+            where = "before any stage: its settings were refused"
+        lines = [f"# wiki-pipeline run failed: {title}", "", f"**Failed {where}**: {one_line(failure)}", ""]
+    if store is not None:
+        lines += [
             "Built: made by this run. Cached: the same version (settings, inputs, code) was already in the "
             f"artifact store under `{store.root}`, so it was reused.",
             "",
-            "| stage | | version | took | size | headline |",
-            "|---|---|---|---:|---:|---|",
-            *rows,
-            "",
         ]
-    )
+    if rows:
+        lines += ["| stage | | version | took | size | headline |", "|---|---|---|---:|---:|---|", *rows, ""]
+    return "\n".join(lines)
 
 
 def differing_settings(versions: list[VersionInfo]) -> list[str]:
     """The setting names whose values are not the same in every version (in the settings' own order)."""
+    return _differing([v.manifest.get("settings", {}) for v in versions])
+
+
+def differing_inputs(versions: list[VersionInfo]) -> list[str]:
+    """The input stages (``tokenizer``, ``shards``, ...) whose versions are not the same in every version: two
+    models with the same settings trained on other data differ there."""
+    return _differing(
+        [{k: (i or {}).get("version") for k, i in v.manifest.get("inputs", {}).items()} for v in versions]
+    )
+
+
+def _differing(rows: list[dict]) -> list[str]:
     names: list[str] = []
-    for v in versions:
-        names += [k for k in v.manifest.get("settings", {}) if k not in names]
-    return [
-        k
-        for k in names
-        if len({repr(v.manifest.get("settings", {}).get(k)) for v in versions}) > 1 and len(versions) > 1
-    ]
+    for row in rows:
+        names += [k for k in row if k not in names]
+    return [k for k in names if len(rows) > 1 and len({repr(row.get(k)) for row in rows}) > 1]
 
 
 def _comparison_table(
@@ -127,15 +176,19 @@ def _comparison_table(
 ) -> str:
     shown = {name for name, _ in columns}
     differ = [k for k in differing_settings(versions) if k not in shown]  # steps: a column already
+    inputs = differing_inputs(versions)
     head = ["version", "built", *(name for name, _ in columns), *(md_code(k) for k in differ)]
+    head += [f"{name} (input)" for name in inputs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in reversed(versions):  # newest first
         m, p = v.manifest.get("metrics", {}), v.manifest.get("settings", {})
+        used = v.manifest.get("inputs", {})
         cells = [
             _linked(v.version, links.get((v.stage, v.version))),
             (v.manifest.get("created_at") or "").replace("T", " ").removesuffix("Z"),
             *(value(m) for _, value in columns),
             *(md_code(p.get(k)) for k in differ),
+            *(md_code((used.get(name) or {}).get("version", "–")) for name in inputs),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -171,7 +224,7 @@ def model_comparison(versions: list[VersionInfo], links: dict[tuple[str, str], s
     )
     return (
         f"# Model versions compared ({len(versions)})\n\n{chart}"
-        "Newest first; the settings columns are the ones that differ between versions.\n\n"
+        + HOW_TO_READ
         + _comparison_table(versions, MODEL_COLUMNS, links)
         + "\n"
     )
@@ -180,27 +233,31 @@ def model_comparison(versions: list[VersionInfo], links: dict[tuple[str, str], s
 def tokenizer_comparison(versions: list[VersionInfo], links: dict[tuple[str, str], str]) -> str:
     return (
         f"# Tokenizer versions compared ({len(versions)})\n\n"
-        "Newest first; the settings columns are the ones that differ between versions.\n\n"
+        + HOW_TO_READ
         + _comparison_table(versions, TOKENIZER_COLUMNS, links)
         + "\n"
     )
 
 
-def publish(root: str | Path, outcomes: list[Outcome]) -> None:
-    """Post the run summary and the model and tokenizer comparisons (inside a flow run)."""
+def publish(root: str | Path | None, outcomes: list[Outcome], failure: BaseException | None = None) -> None:
+    """Post the run summary and the model and tokenizer comparisons (inside a flow run). ``failure``: why the run
+    stopped, when it did; ``root`` is None when the settings were refused (there is no store to compare)."""
     from prefect.artifacts import create_markdown_artifact
 
-    store = open_store(root)
-    models, tokenizers = store.versions("model"), store.versions("tokenizer")
+    store = open_store(root) if root is not None else None
+    models = store.versions("model") if store is not None else []
+    tokenizers = store.versions("tokenizer") if store is not None else []
     links = artifact_links(
-        [(o.stage, o.version) for o in outcomes] + [(v.stage, v.version) for v in models + tokenizers]
+        [(o.stage, o.version) for o in outcomes if o.version] + [(v.stage, v.version) for v in models + tokenizers]
     )
+    verdicts = ", ".join(f"{o.stage} {o.verdict}" for o in outcomes)
     built = sum(o.verdict == "built" for o in outcomes)
+    cached = sum(o.verdict == "Cached" for o in outcomes)
+    description = f"{built} built, {cached} Cached: {verdicts}" if outcomes else "no stage ran"
     create_markdown_artifact(
         key=SUMMARY_KEY,
-        markdown=run_summary(root, outcomes, links),
-        description=f"{built} built, {len(outcomes) - built} Cached: "
-        + ", ".join(f"{o.stage} {o.verdict}" for o in outcomes),
+        markdown=run_summary(root, outcomes, links, failure),
+        description=("Failed: " if failure is not None else "") + description,
     )
     if models:
         create_markdown_artifact(

@@ -33,26 +33,46 @@ from tasks.registry import BY_NAME, NAMES, STAGES, code_versions, open_store
 def wiki_pipeline(**parameters) -> dict[str, StageRef]:
     """The flow. Its parameters (``Pipeline.as_parameters``) are one per stage of ``tasks.registry.STAGES``, that
     stage's settings, plus ``run``; Prefect passes JSON objects for them (``validate_parameters=False``) and
-    ``Pipeline.parse`` checks them with the stages' own classes."""
-    s = Pipeline.parse(**parameters)
-    watch_for_crashes()
-    with untagged_task_runs():
-        if s.run.only:
-            return run_only(s)
-        refs: dict[str, StageRef] = {}
-        outcomes: list[Outcome] = []
-        for stage in STAGES:  # corpus -> tokenizer -> shards -> model -> samples -> export
-            settings = getattr(s, stage.name)
-            if settings.skipped():
-                continue
-            inputs = {name: refs[name] for name in stage.inputs}
-            t0 = time.monotonic()
-            state = stage.task(**inputs, settings=settings, run=s.run, return_state=True)
-            refs[stage.name] = state.result()
-            outcomes.append(Outcome(stage.name, refs[stage.name]["version"], state.name, time.monotonic() - t0))
-            early_checks(s, stage, refs[stage.name])
-        publish_reports(s.run.root(), outcomes)
+    ``Pipeline.parse`` checks them with the stages' own classes. Every run ends with its summary (and the
+    comparisons), a failed one too: the stages it got through, and why it stopped."""
+    outcomes: list[Outcome] = []
+    root = None
+    try:
+        s = Pipeline.parse(**parameters)
+        root = s.run.root()
+        watch_for_crashes()
+        with untagged_task_runs():
+            refs = run_only(s, outcomes) if s.run.only else run_stages(s, outcomes)
+    except Exception as e:
+        publish_reports(root, outcomes, failure=e)
+        raise
+    publish_reports(root, outcomes)
     return refs
+
+
+def run_stages(s: PipelineBase, outcomes: list[Outcome]) -> dict[str, StageRef]:
+    """Every stage in order (corpus -> tokenizer -> shards -> model -> samples -> export), each on its inputs."""
+    refs: dict[str, StageRef] = {}
+    for stage in STAGES:
+        if getattr(s, stage.name).skipped():
+            continue
+        refs[stage.name] = run_stage(s, stage, {name: refs[name] for name in stage.inputs}, outcomes)
+        early_checks(s, stage, refs[stage.name])
+    return refs
+
+
+def run_stage(s: PipelineBase, stage: Stage, inputs: dict[str, StageRef], outcomes: list[Outcome]) -> StageRef:
+    """One stage's task on ``inputs``; its outcome (built, Cached or how it failed, and how long it took) goes to
+    ``outcomes``."""
+    t0 = time.monotonic()
+    state = stage.task(**inputs, settings=getattr(s, stage.name), run=s.run, return_state=True)
+    try:
+        ref = state.result()
+    except BaseException:
+        outcomes.append(Outcome(stage.name, "", state.name, time.monotonic() - t0))
+        raise
+    outcomes.append(Outcome(stage.name, ref["version"], state.name, time.monotonic() - t0))
+    return ref
 
 
 def watch_for_crashes() -> None:
@@ -78,11 +98,11 @@ def untagged_task_runs() -> TagsContext:
     return TagsContext(current_tags=TagsContext.get().current_tags - {HEARTBEAT_TAG})
 
 
-def publish_reports(root, outcomes: list[Outcome]) -> None:
+def publish_reports(root, outcomes: list[Outcome], failure: BaseException | None = None) -> None:
     """The run summary and the version comparisons (``flows.reports``); a report that cannot be made is a
-    warning, never a failed run."""
+    warning, never a failed run (nor another reason for one)."""
     try:
-        reports.publish(root, outcomes)
+        reports.publish(root, outcomes, failure)
     except Exception as e:  # the versions are published; a report is an extra
         get_run_logger().warning("could not publish the run summary and comparisons: %s: %s", type(e).__name__, e)
 
@@ -143,7 +163,7 @@ def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
     return {name: refs[name] for name in needed}
 
 
-def run_only(s: PipelineBase) -> dict[str, StageRef]:
+def run_only(s: PipelineBase, outcomes: list[Outcome]) -> dict[str, StageRef]:
     """Run one stage against the latest upstream versions (``run.only``)."""
     only = s.run.only
     assert only is not None  # the flow calls it only with run.only set
@@ -152,8 +172,7 @@ def run_only(s: PipelineBase) -> dict[str, StageRef]:
     get_run_logger().info(
         "only %s: inputs %s", stage.name, ", ".join(f"{k}/{v['version']}" for k, v in inputs.items()) or "(none)"
     )
-    ref = stage.task(**inputs, settings=getattr(s, stage.name), run=s.run, return_state=True).result()
-    return {**inputs, stage.name: ref}
+    return {**inputs, stage.name: run_stage(s, stage, inputs, outcomes)}
 
 
 if __name__ == "__main__":

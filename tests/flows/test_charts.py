@@ -43,3 +43,11 @@ def test_the_checkpoint_row_stays_inside_the_table():
     rows = [line for line in md.splitlines() if line.startswith("| checkpoint |")]
     assert len(rows) == 1 and where not in rows[0], rows
     assert f"`{where}/model.ckpt`" in md
+
+
+def test_tick_labels_of_a_flat_curve_are_all_different():
+    """A near-constant curve (a tiny lr) has ticks 1e-6 apart: each label shows its tick, none repeats."""
+    for curve in ([[0, 3.4841, 3.4841], [10, 3.48411, 3.48411]], [[0, 2e-7, 2e-7], [10, 1e-7, 1e-7]]):
+        svg = loss_curve_svg(curve)
+        labels = re.findall(r'text-anchor="end">([\d.,]+)</text>', svg)
+        assert len(labels) >= 3 and len(set(labels)) == len(labels), labels

@@ -163,6 +163,37 @@ def test_wait_names_the_reason_a_run_failed_and_where_the_log_is(served):
     errors = [line for line in done.stdout.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "num_heads (5) must divide embed_dim (32)" in errors[0], done.stdout
     assert f"full log: {runner_log}" in done.stdout.splitlines(), done.stdout
+    summary = artifact(run_id, "wiki-run-summary")  # refused before any stage: the summary says why
+    assert summary.description.startswith("Failed: no stage ran"), summary.description
+    assert "before any stage: its settings were refused" in summary.data, summary.data
+    assert "num\\_heads (5) must divide embed\\_dim (32)" in summary.data, summary.data
+
+
+def test_a_run_that_fails_in_a_stage_summarises_what_it_got_through(served):
+    """The stages before the failing one are in the summary (Cached here), the failing one with its reason."""
+    env, _, runner_log, _ = served
+    run_id = deployment_run(
+        env, runner_log, "--params", json.dumps({"samples": {"prompt": ["\u2603\u2603"]}}), ok=False
+    )
+    done = wait_output(env, run_id)
+    assert done.returncode == 1, done.stdout
+    summary = artifact(run_id, "wiki-run-summary")
+    assert summary.description.startswith("Failed: "), summary.description
+    rows = {r.split(" | ")[0].strip("| "): r for r in summary.data.splitlines() if r.startswith("| ")}
+    assert "| Cached |" in rows["corpus"] and "| Cached |" in rows["tokenizer"], summary.data
+    assert "shards" not in rows and "model" not in rows, "the run stopped after the tokenizer's early check"
+    assert "Failed between the stages" in summary.data and "prompt" in summary.data, summary.data
+
+
+def test_only_runs_get_their_summary_too(served):
+    env, root, runner_log, _ = served
+    run_id = deployment_run(
+        env, runner_log, "--params", json.dumps({"run": {"artifacts_dir": str(root), "only": "samples"}})
+    )
+    summary = artifact(run_id, "wiki-run-summary")
+    rows = [r for r in summary.data.splitlines() if r.startswith("| samples |")]
+    assert len(rows) == 1 and "/artifacts/artifact/" in rows[0], summary.data
+    assert artifact(run_id, "wiki-model-comparison").data.count("| [") >= 1
 
 
 def flow_run_state(flow_run_id: str) -> str:
@@ -205,5 +236,8 @@ def test_runs_fork_from_the_runners_fork_server_and_a_cancelled_one_ends_with_it
     )
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     wait_for(lambda: flow_run_state(run_id) == "Cancelled", "the run to end Cancelled", every=0.3)
+    done = wait_output(env, run_id)
+    assert done.returncode == 1 and "error:" not in done.stdout, done.stdout
+    assert "cancelled: the flow run was cancelled during stage model" in done.stdout, done.stdout
     wait_for(lambda: not alive(flow_process), "the cancelled run's process to end", timeout=60, every=0.2)
     assert alive(fork_server), "the fork server outlives a cancelled run, for the next one"

@@ -1,7 +1,10 @@
-"""Small truths of issue 20 (item 8): `mygpt train` is never silent for long and says what clipping does."""
+"""Small truths of issue 20 (item 8): `mygpt train` is never silent for long and says what clipping does; the demo
+says which port is busy and how to move it."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 
@@ -27,3 +30,32 @@ def test_mygpt_train_help_names_print_every():
         [sys.executable, "-m", "mygpt.cli", "train", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert "--print-every" in done.stdout and "10%" in done.stdout, done.stdout
+
+
+def test_the_demo_names_a_busy_mirror_port_and_how_to_pick_another(tmp_path):
+    """`scripts/pipeline --demo` with its mirror's port taken by another program: one line naming the port and the
+    variable that moves it, before any server or runner starts, and no mirror left behind; a port that is no number
+    is refused at once."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {
+            **os.environ,
+            "WIKI_PIPELINE_MIRROR_PORT": str(port),
+            "PREFECT_HOME": str(tmp_path / "home"),
+            "PREFECT_API_URL": "http://127.0.0.1:9/api",  # never reached: the mirror comes first
+        }
+        done = subprocess.run(
+            [str(REPO / "scripts" / "pipeline"), "--demo"], env=env, capture_output=True, text=True, timeout=300
+        )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"error: port {port} on 127.0.0.1 is in use by another program" in done.stderr, done.stderr
+    assert "WIKI_PIPELINE_MIRROR_PORT=" in done.stderr and "Prefect server" not in done.stdout, done.stdout
+    assert not (tmp_path / "home" / "mirror.pid").exists()
+
+    env["WIKI_PIPELINE_MIRROR_PORT"] = "87x"
+    done = subprocess.run(
+        [str(REPO / "scripts" / "pipeline"), "--demo"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2 and "WIKI_PIPELINE_MIRROR_PORT=87x is not a port number" in done.stderr, done.stderr

@@ -1,0 +1,32 @@
+"""The run summary and the comparisons link every version to the artifact that describes it (issue 20, items 3-4),
+however many artifacts the Prefect server holds: it answers at most 200 a request, so the links are read a page at a
+time (``flows.reports.artifact_links``), through a real Prefect server on 127.0.0.1."""
+
+from __future__ import annotations
+
+from flows.reports import PAGE, artifact_links
+
+
+def test_every_version_is_linked_past_the_server_s_page_size(prefect_server):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
+
+    versions = [f"linktest{i:04d}" for i in range(PAGE + 30)]
+    made = {}
+    with get_client(sync_client=True) as client:
+        for version in versions:
+            art = client.create_artifact(
+                ArtifactCreate(
+                    key="wiki-tokenizer", type="markdown", data="x", description=f"built tokenizer/{version}"
+                )
+            )
+            made[("tokenizer", version)] = f"/artifacts/artifact/{art.id}"
+        rebuilt = client.create_artifact(  # a forced rebuild describes the same version again: the newest wins
+            ArtifactCreate(
+                key="wiki-tokenizer", type="markdown", data="y", description=f"built tokenizer/{versions[0]}"
+            )
+        )
+    made[("tokenizer", versions[0])] = f"/artifacts/artifact/{rebuilt.id}"
+
+    found = artifact_links([("tokenizer", v) for v in versions] + [("tokenizer", "nosuchversion")])
+    assert found == made
