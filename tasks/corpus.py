@@ -23,17 +23,21 @@ of its bytes (:func:`source_identity`, recorded as the manifest's ``source``) --
 ``expected_sha256`` and the code version; not ``source_url``, which says where the zip comes from, not what it
 is (:meth:`CorpusSettings.version_params`). The same bytes from another mirror or port, a file:// copy or a
 renewed signed URL give the same version, so every later stage is reused. A sha256 needs the bytes, so the
-stage keeps an index under ``<root>/corpus/.sources/`` (atomic JSON files, no credentials): what a server said
--- the URL without credentials, a strong ``ETag`` or ``Last-Modified``, the size; for a file:// zip its path,
-size and mtime -- to the sha256 of the bytes it served. When the probe (a one-byte ``Range`` request) matches
-an entry, that is the identity: no download. Otherwise the zip is downloaded first (resumable, bounded, into
-``corpus/.sources/downloads/``; the build moves it into its work folder, or it is deleted when those bytes are
-published already) and hashed; when the server's validators cannot name a content (none, only a size, a weak
-ETag, or ones that change between requests) a warning says the run cannot tell, every run downloads, and the
-answer is not recorded. The build hashes what it reads and stops if that differs from the version's sha256
-(the file changed meanwhile; the index entry is dropped). When the source cannot be reached at all, the newest
-version published from the same URL and settings is reused, with a warning (so a finished pipeline reruns
-offline).
+stage keeps an index under ``<root>/corpus/.sources/`` (atomic JSON files, no credentials, no query values):
+what a server said -- the address (a sha256 of the URL without its user info:
+:func:`tasks.core.urls.address_sha256`), a strong ``ETag`` (with the size and any ``Last-Modified``); for a
+file:// zip its path, size and mtime -- to the sha256 of the bytes it served. When the probe (a one-byte
+``Range`` request) matches an entry, that is the identity: no download. Otherwise the zip is downloaded first
+(resumable, bounded, into ``corpus/.sources/downloads/``; the build moves it into its work folder, or it is
+deleted when those bytes are published already) and hashed; when the server's validators cannot name a content
+(no strong ETag: none, only a size, a weak ETag, a ``Last-Modified`` alone -- one-second resolution, a weak
+validator -- or ETags that change between requests) a warning says the run cannot tell, every run downloads,
+and the answer is not recorded. The build hashes what it reads and stops if that differs from the version's
+sha256 (the file changed meanwhile; the index entry is dropped), and drops the entry too when the zip turns out
+damaged. When the source cannot be reached (network, 5xx, 401/403 -- an expired signed URL), the newest version
+published from the same address (``source_url_sha256`` in its metrics) and settings is reused, with a warning,
+after two tries of the probe (so a finished pipeline reruns offline, without a download's back-off); a 404 or
+410 is an answer, not unreachability: the run fails, naming the URL.
 
 **Credentials** in ``source_url`` (``https://user:password@host/...``, or a signed URL's query) are used to
 download and nowhere else: every URL the stage shows or stores -- logs, error messages, the manifest, the UI
@@ -59,6 +63,7 @@ threaded unzip), ``tasks/core/header_strip.py`` (the chapter's header strip, str
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -77,9 +82,9 @@ from tasks.core.markdown import md_code
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.source_index import SourceIndex, trusted
 from tasks.core.stage import BuildContext, Stage, StageRef, fault_point, stage_task, summary_table
-from tasks.core.store import ArtifactStore, human_bytes, sha256_file
+from tasks.core.store import ArtifactStore, VersionInfo, human_bytes, sha256_file
 from tasks.core.unzip import check_members
-from tasks.core.urls import file_path, redact_url, stored_url
+from tasks.core.urls import address_sha256, file_path, redact_url, stored_url
 
 DEFAULT_URL = "https://wikitext.smerity.com/wikitext-103-raw-v1.zip"
 PINNED_BYTES = 191_984_949  # the chapter's EXPECTED_BYTES for DEFAULT_URL
@@ -88,6 +93,9 @@ MEMBERS = {s: f"wikitext-103-raw/wiki.{s}.raw" for s in SPLITS}
 SPLIT_FILES = {s: f"wiki.{s}.txt" for s in SPLITS}
 CORPUS_FILE = "wikipedia.txt"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+#: Tries of the probe when a version published from the same address can stand in (one retry): an offline
+#: rerun should not wait out a download's back-off (2+4+8+16+32 s by default) before reusing it.
+FALLBACK_PROBE_ATTEMPTS = 2
 
 
 # ---- settings ----------------------------------------------------------------------------------------
@@ -194,6 +202,13 @@ class CorpusSettings(Settings):
         return redact_url(self.source_url)
 
     @property
+    def address(self) -> str:
+        """The sha256 of ``source_url`` without its user info (:func:`tasks.core.urls.address_sha256`): what
+        names the address in the source index, the download's file name and the fallback, where the redacted
+        form would confuse ``?f=A.zip`` with ``?f=B.zip``."""
+        return address_sha256(self.source_url)
+
+    @property
     def is_file(self) -> bool:
         return self.source_url.lower().startswith("file:")
 
@@ -215,13 +230,16 @@ def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict
     """The content identity of the zip at ``source_url``, for the version id (``Stage.source``; see the module
     docstring): ``{"sha256", "bytes"}`` of its bytes, whatever URL served them.
 
-    It comes from the index when what the server says now (a strong ``ETag`` or ``Last-Modified``, and the size;
-    for a file:// zip its path, size and mtime) was recorded with a sha256 before: one probe, no download.
-    Otherwise the zip is downloaded now (resumable, bounded, into ``corpus/.sources/downloads/``; the build
-    then uses it) and hashed, and the answer recorded when the server's validators can be trusted -- with a
-    warning when they cannot (none, only a size, or changing between requests). Unreachable: the identity of the
-    newest version published from the same URL (reused, with a warning), else ``UserError``. A size that
-    differs from ``expected_bytes``, or a sha256 that differs from ``expected_sha256``, is refused here."""
+    It comes from the index when what the server says now about the same address (a strong ``ETag``, with the
+    size and ``Last-Modified`` it sends; for a file:// zip its path, size and mtime) was recorded with a sha256
+    before: one probe, no download. Otherwise the zip is downloaded now (resumable, bounded, into
+    ``corpus/.sources/downloads/``; the build then uses it) and hashed, and the answer recorded when the server's
+    validators can be trusted -- with a warning when they cannot (no strong ETag: none, only a size, a weak
+    ETag, only a ``Last-Modified``; or ETags changing between requests). Unreachable (network, 5xx, 401/403):
+    the identity of the newest version published from the same address (reused, with a warning; the probe then
+    tries twice, not ``WIKI_PIPELINE_DOWNLOAD_ATTEMPTS`` times), else ``UserError``. A 404/410 is an answer, not
+    unreachability: ``UserError``, whatever was published before. A size that differs from ``expected_bytes``,
+    or a sha256 that differs from ``expected_sha256``, is refused here."""
     if settings.is_file:
         path = file_path(settings.source_url)
         if not path.is_file():
@@ -234,10 +252,24 @@ def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict
             identity = {"sha256": sha, "bytes": size}
             _index(store).remember(key, identity)
         return _checked(identity, settings)
+    fallback = _last_known_version(settings, store)
+    knobs = DownloadKnobs.from_env()
+    if fallback is not None:  # something to fall back to: ask twice (one retry), not like a first download
+        knobs = dataclasses.replace(knobs, attempts=min(knobs.attempts, FALLBACK_PROBE_ATTEMPTS))
     try:
-        validators = probe(settings.source_url, DownloadKnobs.from_env(), log)
-    except SourceUnreachable as e:
-        return _last_known_identity(settings, store, log, e)
+        validators = probe(settings.source_url, knobs, log)
+    except SourceUnreachable as e:  # not a 404/410 (SourceMissing): that is an answer, and it fails the run
+        if fallback is None:
+            raise
+        log.warning(
+            "corpus: cannot check %s now (%s); reusing corpus/%s, fetched from it on %s: the file there may "
+            "have changed since",
+            settings.shown_url,
+            e,
+            fallback.version,
+            fallback.manifest.get("created_at"),
+        )
+        return fallback.manifest["source"]
     announced = validators.get("bytes")
     if settings.expected_bytes and announced is not None and announced != settings.expected_bytes:
         raise UserError(
@@ -245,19 +277,19 @@ def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict
             f"the mirror may serve a different file: check source_url, or pass expected_bytes={announced} "
             "(0 = no size check) if you trust it"
         )
-    key = {"url": settings.shown_url, **validators}
+    key = {"address": settings.address, **validators}
     is_trusted = trusted(validators)
     identity = _index(store).recall(key) if is_trusted else None
     if identity is not None:
         return _checked(identity, settings)
     if not is_trusted:
         log.warning(
-            "corpus: %s sends no ETag or Last-Modified (%s), so this run cannot tell whether the file there "
-            "changed without downloading it: downloading it to hash it (every run does)",
+            "corpus: %s sends no strong ETag (%s), so this run cannot tell whether the file there changed "
+            "without downloading it: downloading it to hash it (every run does)",
             settings.shown_url,
             _source_line(validators),
         )
-    with _index(store).downloading(settings.shown_url) as dest:  # two runs of one URL: one downloads at a time
+    with _index(store).downloading(settings.address) as dest:  # two runs of one address: one downloads at a time
         return _download_and_hash(settings, store, key, validators, dest, log)
 
 
@@ -265,7 +297,7 @@ def _download_and_hash(
     settings: CorpusSettings, store: ArtifactStore, key: dict, validators: dict, dest: Path, log
 ) -> dict:
     """Download the zip to ``dest`` and hash it (see :func:`source_identity`); record the answer when the
-    server's validators name one content."""
+    server's validators name one content (the build forgets it again if the zip turns out damaged)."""
     announced = validators.get("bytes")
     is_trusted = trusted(validators)
     dest.unlink(missing_ok=True)  # a whole file left by a run that stopped before its build: not trusted
@@ -294,7 +326,7 @@ def _download_and_hash(
             sha,
         )
     elif is_trusted:
-        _index(store).remember(key, identity)
+        _index(store).remember(key, identity, shown=settings.shown_url)
     if store.read_manifest(STAGE.name, STAGE.version(settings, {}, identity)) is not None:
         dest.unlink(missing_ok=True)  # those bytes are published already: the version is reused
         SourceIndex.facts_path(dest).unlink(missing_ok=True)
@@ -328,28 +360,29 @@ def _checked(identity: dict, settings: CorpusSettings) -> dict:
     return identity
 
 
-def _last_known_identity(settings: CorpusSettings, store: ArtifactStore, log, error: SourceUnreachable) -> dict:
+def _last_known_version(settings: CorpusSettings, store: ArtifactStore) -> VersionInfo | None:
+    """The newest corpus version published from the same address (``source_url_sha256`` in its metrics: the URL
+    without its user info, query included) with the same settings and code version, which a run that cannot
+    reach the source reuses; None when there is none. A version published before the address was recorded
+    matches by its redacted ``source_url`` only when the URL has no query (``?f=***`` would match any file)."""
     params = settings.version_params()
+    legacy_ok = not urllib.parse.urlsplit(settings.source_url).query
+
+    def same_address(metrics: dict) -> bool:
+        if "source_url_sha256" in metrics:
+            return metrics["source_url_sha256"] == settings.address
+        return legacy_ok and metrics.get("source_url") == settings.shown_url
+
     known = [
         v
         for v in store.versions("corpus")
         if v.manifest.get("settings") == params
         and v.manifest.get("code_version") == STAGE.code_version
-        and v.manifest.get("metrics", {}).get("source_url") == settings.shown_url
+        and isinstance(v.manifest.get("metrics"), dict)
+        and same_address(v.manifest["metrics"])
         and isinstance(v.manifest.get("source"), dict)
     ]
-    if not known:
-        raise error
-    newest = known[-1]
-    log.warning(
-        "corpus: cannot check %s now (%s); reusing corpus/%s, fetched from it on %s: the file there may "
-        "have changed since",
-        settings.shown_url,
-        error,
-        newest.version,
-        newest.manifest.get("created_at"),
-    )
-    return newest.manifest["source"]
+    return known[-1] if known else None
 
 
 # ---- unzip + strip ----------------------------------------------------------------------------------------
@@ -399,7 +432,7 @@ def _downloaded_zip(ctx: BuildContext, settings: CorpusSettings) -> tuple[Path, 
     """The http(s) zip in the build's work/ folder: reused from an earlier attempt, moved from the download
     :func:`source_identity` made, or fetched."""
     zip_path = ctx.work / "source.zip"
-    cached = _index(ctx.store).download_path(settings.shown_url)
+    cached = _index(ctx.store).download_path(settings.address)
     if zip_path.exists():
         ctx.log.info("download: reusing %s downloaded by an earlier attempt", zip_path)
     elif cached.exists():
@@ -439,7 +472,7 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
     if ctx.source and sha != ctx.source.get("sha256"):
         if ours:
             zip_path.unlink(missing_ok=True)
-            _index(ctx.store).forget(shown, ctx.source.get("sha256", ""))
+            _index(ctx.store).forget(settings.address, ctx.source.get("sha256", ""))
         raise UserError(
             f"{shown} now holds other bytes (sha256 {sha}) than the ones this run's version names "
             f"({ctx.source.get('sha256')}): the file changed while this run was using it; rerun to use the new file"
@@ -452,11 +485,13 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
         corpus = extract_corpus(zip_path, ctx.out, source=shown, progress=lambda d, t, m: ctx.progress(d, t, m))
     except UserError:
         if ours:
-            zip_path.unlink(missing_ok=True)  # a rerun fetches again instead of reusing a bad archive
+            zip_path.unlink(missing_ok=True)  # a rerun fetches again instead of reusing a bad archive ...
+            _index(ctx.store).forget(settings.address, sha)  # ... and does not take its sha256 for the address's
         raise
     ctx.progress(1, 1, "done", force=True)
     return {
         "source_url": shown,
+        "source_url_sha256": settings.address,  # the address, told apart where the redacted URL cannot
         "zip_bytes": size,
         "zip_sha256": sha,
         "zip_published": False,

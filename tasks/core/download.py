@@ -9,7 +9,10 @@ it already has and reset its failure count whenever a try makes progress. It sto
 exceeds ``max_bytes`` (:data:`MAX_ZIP_BYTES` by default).
 
 :func:`probe` asks the server what is at an address (size, ``ETag``, ``Last-Modified``) with a one-byte
-``Range`` request, retried the same way; :class:`SourceUnreachable` when it will not say.
+``Range`` request, retried the same way (at most ``attempts`` tries: the caller may ask for fewer, as the corpus
+stage does when it has a version to fall back to); :class:`SourceUnreachable` when it will not say (the network
+or the server failing, or refusing: 401, 403 -- an expired signed URL); :class:`SourceMissing` when it says there
+is no file there (404, 410), a definitive answer that no fallback should hide.
 
 Knobs (:class:`DownloadKnobs`; environment, not part of any version; checked by :meth:`DownloadKnobs.from_env`
 before the pipeline starts): ``WIKI_PIPELINE_DOWNLOAD_ATTEMPTS`` (failed tries in a row before giving up, a
@@ -35,7 +38,7 @@ from pathlib import Path
 from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
 from tasks.core.store import human_bytes
-from tasks.core.urls import redact_text, redact_url
+from tasks.core.urls import address_sha256, redact_text, redact_url
 
 USER_AGENT = "Mozilla/5.0 (compatible; wiki-pipeline)"  # the chapter: smerity's CDN rejects library UAs
 CONNECT_TIMEOUT = 30.0
@@ -125,14 +128,20 @@ def _retryable() -> tuple[type[BaseException], ...]:
 
 class SourceUnreachable(UserError):
     """The source would not say what it holds: network down or server failing (retried, then given up), or
-    refusing (4xx)."""
+    refusing (a 4xx other than 404/410: e.g. 401, or 403 for an expired signed URL)."""
+
+
+class SourceMissing(UserError):
+    """The server answered that there is no file at the address (HTTP 404 or 410): not unreachable -- an answer,
+    so nothing published from that address earlier stands in for it."""
 
 
 # ---- what is at an address -----------------------------------------------------------------------------
 def probe(url: str, knobs: DownloadKnobs, log=None) -> dict:
     """Ask the server what is at ``url`` with a one-byte ``Range`` GET (HEAD is refused by signed URLs):
-    ``{"bytes", "etag", "last_modified"}``, each where the server says it. Retries like :func:`fetch`;
-    :class:`SourceUnreachable` when every try failed or the server refused (4xx: e.g. an expired signed URL)."""
+    ``{"bytes", "etag", "last_modified"}``, each where the server says it. Retries like :func:`fetch`, at most
+    ``knobs.attempts`` tries; :class:`SourceUnreachable` when every try failed or the server refused (401, 403:
+    e.g. an expired signed URL), :class:`SourceMissing` (at once) when it says there is no file there (404, 410)."""
     import requests
     import urllib3
 
@@ -148,7 +157,11 @@ def probe(url: str, knobs: DownloadKnobs, log=None) -> dict:
                         with contextlib.suppress(requests.RequestException, urllib3.exceptions.HTTPError, OSError):
                             r.raw.read(1024)
                     return identity
-            except UserError as e:  # a 4xx: the server will not say
+            except SourceMissing as e:  # 404/410: the server said there is nothing there
+                raise SourceMissing(
+                    f"{e} (the server answered, so no version fetched from this address before is reused)"
+                ) from None
+            except UserError as e:  # another 4xx: the server will not say
                 raise SourceUnreachable(str(e)) from None
             except _retryable() as exc:
                 failures += 1
@@ -173,17 +186,20 @@ def _identity_of(r) -> dict:
 
 
 def _raise_for_status(url: str, r) -> None:
-    """``_Transient`` for a status worth retrying, ``UserError`` for any other that is not 200/206."""
+    """``_Transient`` for a status worth retrying, :class:`SourceMissing` for 404/410, ``UserError`` for any other
+    that is not 200/206."""
     status = r.status_code
     if status >= 500 or status in _TRANSIENT_STATUS:
         raise _Transient(f"HTTP {status} {r.reason}")
-    if status not in (200, 206):
-        hint = (
-            "the file is not there: check source_url"
-            if status in (404, 410)
-            else "the server refused the request: check source_url or try another mirror"
+    if status in (404, 410):
+        raise SourceMissing(
+            f"downloading {redact_url(url)} failed: HTTP {status} {r.reason}; the file is not there: check source_url"
         )
-        raise UserError(f"downloading {redact_url(url)} failed: HTTP {status} {r.reason}; {hint}")
+    if status not in (200, 206):
+        raise UserError(
+            f"downloading {redact_url(url)} failed: HTTP {status} {r.reason}; the server refused the request: "
+            "check source_url or try another mirror"
+        )
 
 
 def _back_off(
@@ -227,9 +243,10 @@ def fetch(
             meta = json.loads(meta_path.read_text())
         except ValueError:
             meta = {}
-    if meta.get("url") != shown:  # the .part came from another address (credentials never stored)
+    address = address_sha256(url)
+    if meta.get("address") != address:  # the .part came from another address (named by a hash: no secrets stored)
         part.unlink(missing_ok=True)
-        meta = {"url": shown}
+        meta = {"address": address}
     resumed_bytes = part.stat().st_size if part.exists() else 0
     failures = tries = 0
     range_requests = 0

@@ -3,11 +3,14 @@
 A stage whose version follows the *content* it reads from outside the store (the corpus: the sha256 of the zip
 at ``source_url``) needs the bytes to know that content, and downloading them on every run to find out would
 make a cached rerun cost a download. :class:`SourceIndex` keeps, in a stage's folder of the store
-(``<root>/<stage>/.sources/``, one atomic JSON file an entry, never a credential), what a server said about an
-address -- the URL without credentials, a strong ``ETag`` or a ``Last-Modified``, the size; for a local file its
-path, size and mtime -- and the ``{"sha256", "bytes"}`` of what it served then. When a probe gets the same answer
-(and the answer can name one content: :func:`trusted`), that is the identity, with no download. Downloads made
-to learn an identity wait in ``.sources/downloads/`` for the build that uses them.
+(``<root>/<stage>/.sources/``, one atomic JSON file an entry, never a credential nor a query value), what a
+server said about an address -- the address as :func:`tasks.core.urls.address_sha256` names it (a sha256 of
+the URL without its user info), the server's strong ``ETag``, its ``Last-Modified`` and size when it sent
+them; for a local file its path, size and mtime -- and the ``{"sha256", "bytes"}`` of what it served then. When
+a probe gets the same answer, and the answer can name one content (:func:`trusted`: a strong ``ETag``; a
+``Last-Modified`` cannot -- one-second resolution, a weak validator), that is the identity, with no download.
+Downloads made to learn an identity wait in ``.sources/downloads/`` (named by the address's sha256) for the
+build that uses them.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 def trusted(validators: dict) -> bool:
-    """Whether a server's answer names one content: a strong ``ETag`` or a ``Last-Modified`` (a size alone does
-    not: the same size can hold other bytes)."""
+    """Whether a server's answer names one content: a strong ``ETag`` only. A size does not (the same size can
+    hold other bytes), nor a weak ``W/`` ETag, nor a ``Last-Modified``: it has a one-second resolution and is a
+    weak validator (RFC 9110 8.8.2.2) -- a file replaced by one of the same size with its mtime kept (``cp -p``,
+    ``rsync -t``, ``tar x``) gives the same answer."""
     etag = validators.get("etag") or ""
-    return bool((etag and not etag.startswith("W/")) or validators.get("last_modified"))
+    return bool(etag and not etag.startswith("W/"))
 
 
 class SourceIndex:
@@ -52,29 +57,32 @@ class SourceIndex:
             return None
         return {"sha256": entry["sha256"], "bytes": entry.get("bytes")}
 
-    def remember(self, key: dict, identity: dict) -> None:
-        """Record (atomically) that ``key`` named the bytes of ``identity``. ``key`` never holds credentials."""
+    def remember(self, key: dict, identity: dict, shown: str | None = None) -> None:
+        """Record (atomically) that ``key`` named the bytes of ``identity``. ``key`` never holds credentials or
+        query values (an address is its :func:`~tasks.core.urls.address_sha256`); ``shown``, the redacted URL,
+        is kept beside it for whoever reads the file."""
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({"key": key, **identity}, sort_keys=True))
+        entry = {"key": key, **identity, **({"shown_url": shown} if shown else {})}
+        atomic_write_text(path, json.dumps(entry, sort_keys=True))
 
-    def forget(self, shown_url: str, sha256: str) -> None:
-        """Drop every entry that says ``shown_url`` serves ``sha256`` (it no longer does)."""
+    def forget(self, address: str, sha256: str) -> None:
+        """Drop every entry that says the address ``address`` (its sha256) serves ``sha256`` (it no longer does,
+        or those bytes were damaged)."""
         for path in self.dir.glob("*.json"):
             try:
                 entry = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
-            if not isinstance(entry, dict):
+            if not isinstance(entry, dict) or not isinstance(entry.get("key"), dict):
                 continue
-            if entry.get("sha256") == sha256 and entry.get("key", {}).get("url") == shown_url:
+            if entry.get("sha256") == sha256 and entry["key"].get("address") == address:
                 path.unlink(missing_ok=True)
 
-    def download_path(self, shown_url: str) -> Path:
-        """Where a download made to learn ``shown_url``'s identity waits for its build (named by the URL without
-        credentials)."""
-        name = hashlib.sha256(shown_url.encode("utf-8")).hexdigest()[:16]
-        return self.dir / "downloads" / f"{name}.zip"
+    def download_path(self, address: str) -> Path:
+        """Where a download made to learn the identity of the address ``address`` (its sha256) waits for its
+        build."""
+        return self.dir / "downloads" / f"{address[:32]}.zip"
 
     @staticmethod
     def facts_path(download: Path) -> Path:
@@ -82,9 +90,10 @@ class SourceIndex:
         return download.with_name(download.name + ".facts.json")
 
     @contextlib.contextmanager
-    def downloading(self, shown_url: str) -> Iterator[Path]:
-        """The download path of ``shown_url``, held exclusively: two runs of the same URL download one at a time."""
-        dest = self.download_path(shown_url)
+    def downloading(self, address: str) -> Iterator[Path]:
+        """The download path of ``address``, held exclusively: two runs of the same address download one at a
+        time."""
+        dest = self.download_path(address)
         dest.parent.mkdir(parents=True, exist_ok=True)
         with open(dest.with_name(dest.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

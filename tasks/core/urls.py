@@ -5,12 +5,15 @@ fetch and nowhere else. :func:`redact_url` is the form every log line, message, 
 :func:`redact_text` takes them out of any text (an exception message may quote the URL or its query);
 :func:`stored_url` is the form a JSON dump of settings holds -- redacted, except inside
 :func:`credentials_revealed`, for the one output that must run with them (a deployment's parameters).
+:func:`address_sha256` tells addresses apart where the redacted form cannot (``?f=A.zip`` and ``?f=B.zip``
+both show as ``?f=***``) without storing the query: a sha256 of the URL without its user info.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import re
 import urllib.parse
 import urllib.request
@@ -32,6 +35,21 @@ def redact_url(url: str) -> str:
         netloc = "***@" + netloc.rpartition("@")[2]
     fragment = "***" if parts.fragment else ""
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=_redact_query(parts.query), fragment=fragment))
+
+
+def address_sha256(url: str) -> str:
+    """The sha256 (hex) of ``url`` without its user info and fragment, scheme and host in lower case: what names
+    the *address* (the file a server serves there) in what is stored -- the source index, a download's name, a
+    corpus version's metrics -- where :func:`redact_url`'s form would confuse ``?f=A.zip`` with ``?f=B.zip``. The
+    query is part of it (it selects the file); the credentials are not (they say who asks, not what is there),
+    and neither is a fragment (never sent to the server)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # refused by the settings before any use; nothing of it stored
+        return hashlib.sha256(redact_url(url).encode("utf-8")).hexdigest()
+    host = parts.netloc.rpartition("@")[2].lower()  # the user info ends at the last "@" (see redact_url)
+    whole = urllib.parse.urlunsplit(parts._replace(scheme=parts.scheme.lower(), netloc=host, fragment=""))
+    return hashlib.sha256(whole.encode("utf-8")).hexdigest()
 
 
 def _redact_query(query: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import zipfile
 from collections.abc import Callable
@@ -14,13 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.mirror import MEMBER, Mirror, build_wikitext_zip, make_zip
+from flows.mirror import MEMBER, Mirror, MirrorHandler, build_wikitext_zip, make_zip
 from mygpt.errors import UserError
 from tasks import corpus as D
 from tasks.core import unzip
 from tasks.core.download import ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT, DownloadKnobs, fetch
 from tasks.core.header_strip import HEADER_RE, strip_headers
-from tasks.core.urls import redact_text, redact_url
+from tasks.core.urls import address_sha256, redact_text, redact_url
 from tasks.registry import open_store
 from tests.support import zips
 from tests.support.mirror_faults import Faults, FaultyMirror
@@ -372,7 +373,8 @@ def test_the_same_bytes_from_another_mirror_are_the_same_version(tmp_path, caplo
 
 
 def test_a_server_without_validators_is_checked_by_its_bytes(tmp_path, caplog):
-    """Issue 21 item 4: a size but no ETag/Last-Modified, new bytes of the same size: reused silently before."""
+    """Issue 21 item 4: a size but no ETag/Last-Modified, new bytes of the same size: reused silently before. (A
+    Last-Modified alone is no better: test_last_modified_alone_does_not_name_a_content.)"""
     old, new = _tiny_zip("Aaaa"), _tiny_zip("Bbbb")
     assert len(old) == len(new)
     with (
@@ -384,7 +386,7 @@ def test_a_server_without_validators_is_checked_by_its_bytes(tmp_path, caplog):
         second = download(tmp_path / "art", source_url=m.url("/w.zip"))
     assert second["version"] != first["version"] and "Bbbb text" in _train_text(second)
     assert "Aaaa text" in _train_text(first)
-    assert caplog.text.count(f"sends no ETag or Last-Modified (size `{len(old)}`), so this run cannot tell") == 2
+    assert caplog.text.count(f"sends no strong ETag (size `{len(old)}`), so this run cannot tell") == 2
 
 
 def test_a_server_whose_etag_changes_on_every_request_completes(tmp_path, caplog):
@@ -403,13 +405,13 @@ def test_a_server_whose_etag_changes_on_every_request_completes(tmp_path, caplog
 
 
 def test_unreachable_source_reuses_the_newest_version_from_it(tmp_path, fast_retries, caplog):
-    with Mirror({"/w.zip": _tiny_zip("Kept")}) as m:
+    with FaultyMirror({"/w.zip": _tiny_zip("Kept")}) as m:
         url = m.url("/w.zip")
         ref = download(tmp_path / "art", source_url=url)
-        del m.files["/w.zip"]  # the server now refuses (404), as for an expired signed URL
+        m.set_faults(fail_first=1000, fail_status=403)  # the server now refuses, as for an expired signed URL
         with caplog.at_level("WARNING", logger="wiki_pipeline"):
             assert download(tmp_path / "art", source_url=url) == ref
-        assert "(downloading " + url + " failed: HTTP 404" in caplog.text
+        assert "(downloading " + url + " failed: HTTP 403 Forbidden" in caplog.text
     caplog.clear()
     # the mirror is gone: nothing answers at url now
     with caplog.at_level("WARNING", logger="wiki_pipeline"):
@@ -417,6 +419,235 @@ def test_unreachable_source_reuses_the_newest_version_from_it(tmp_path, fast_ret
     assert f"cannot check {url} now" in caplog.text and f"reusing corpus/{ref['version']}" in caplog.text
     with pytest.raises(UserError, match=re.escape(url) + " failed 4 times in a row"):
         download(tmp_path / "other", source_url=url)  # nothing published from it there: a clear error
+
+
+def _stored_zip(splits: dict[str, str]) -> bytes:
+    """A wikitext-103-shaped zip, members stored (not deflated): the same text with one letter's case changed is
+    a zip of the same size."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as z:
+        for s in ("train", "valid", "test"):
+            z.writestr(zipfile.ZipInfo(MEMBER.format(split=s), date_time=(2016, 9, 26, 0, 0, 0)), splits[s])
+    return buf.getvalue()
+
+
+class _DirServer:
+    """Python's own ``http.server`` (``SimpleHTTPRequestHandler``) serving a folder on 127.0.0.1: it names a file
+    by ``Last-Modified`` (the file's mtime, to the second) and its size only -- no ETag, no Range."""
+
+    def __init__(self, directory: Path) -> None:
+        import functools
+        import threading
+        from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+        class Quiet(SimpleHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(directory)))
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/{name}"
+
+    def __enter__(self) -> _DirServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_last_modified_alone_does_not_name_a_content(tmp_path, wikitext2_path, caplog):
+    """Reviewer item 1: a server that sends only Last-Modified (1-second resolution, a weak validator: RFC 9110
+    8.8.2.2) serving other bytes of the same size with the same mtime (``cp -p``, ``rsync -t``, ``tar x``) made the
+    next run reuse the old version silently."""
+    from flows.mirror import wikitext_splits
+
+    splits = wikitext_splits(wikitext2_path.parent)
+    changed = dict(splits, train=splits["train"].replace(" the ", " THE ", 1))
+    zip_a, zip_b = _stored_zip(splits), _stored_zip(changed)
+    assert len(zip_a) == len(zip_b) and zip_a != zip_b
+    want_a = chapter_wikipedia_txt(zip_a, tmp_path / "ch-a")
+    want_b = chapter_wikipedia_txt(zip_b, tmp_path / "ch-b")
+    assert want_a != want_b, "the changed word is in the text the corpus keeps"
+    served = tmp_path / "www"
+    served.mkdir()
+    zpath = served / "w.zip"
+    mtime = 1_600_000_000
+    zpath.write_bytes(zip_a)
+    os.utime(zpath, (mtime, mtime))
+    root = tmp_path / "art"
+    with _DirServer(served) as server, caplog.at_level("INFO", logger="wiki_pipeline"):
+        url = server.url("w.zip")
+        first = download(root, source_url=url)
+        zpath.write_bytes(zip_b)  # replaced in place, its mtime kept (as cp -p leaves it)
+        os.utime(zpath, (mtime, mtime))
+        second = download(root, source_url=url)
+        sha_b = hashlib.sha256(zip_b).hexdigest()
+        pinned = download(root, source_url=url, expected_sha256=sha_b)
+    assert (Path(first["path"]) / "wikipedia.txt").read_bytes() == want_a
+    assert second["version"] != first["version"], "other bytes: another version"
+    assert (Path(second["path"]) / "wikipedia.txt").read_bytes() == want_b
+    assert metrics(pinned)["zip_sha256"] == sha_b and (Path(pinned["path"]) / "wikipedia.txt").read_bytes() == want_b
+    assert "sends no strong ETag (size" in caplog.text and "so this run cannot tell" in caplog.text
+    assert not list((root / "corpus" / ".sources").glob("*.json")), "a Last-Modified alone is not recorded"
+
+
+class _QueryHandler(MirrorHandler):
+    """Serves ``/get?f=A.zip`` (the mirror's ``/get``) and answers any other ``f`` with the mirror's ``status``."""
+
+    def refusal(self) -> tuple[int, str] | None:
+        import urllib.parse
+
+        wanted = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("f")
+        return None if wanted == ["A.zip"] else (self.server.mirror.status, "no such file")
+
+
+class _QueryMirror(Mirror):
+    handler = _QueryHandler
+    status = 404
+
+
+@pytest.mark.parametrize("status, reason", [(404, "Not Found"), (410, "Gone")])
+def test_a_404_is_an_answer_not_an_unreachable_source(tmp_path, fast_retries, status, reason):
+    """Reviewer item 2: a 404/410 fell back to the last version published from the same *redacted* URL, and
+    ``?f=A.zip`` and ``?f=NOPE.zip`` redact alike: the run completed with A's corpus."""
+    with _QueryMirror({"/get": _tiny_zip("Alpha")}) as m:
+        m.status = status
+        root = tmp_path / "art"
+        ref = download(root, source_url=m.url("/get?f=A.zip"))
+        assert "Alpha text" in _train_text(ref)
+        m.clear_log()
+        with pytest.raises(
+            UserError,
+            match=re.escape(
+                f"downloading {m.url('/get?f=***')} failed: HTTP {status} {reason}; the file is not "
+                "there: check source_url"
+            ),
+        ) as e:
+            download(root, source_url=m.url("/get?f=NOPE.zip"))
+        assert "NOPE" not in str(e.value)
+        assert [r["status"] for r in m.requests] == [status], "a definitive answer: asked once, not retried"
+    m_ = metrics(ref)
+    assert m_["source_url"] == m.url("/get?f=***"), "shown redacted"
+    assert m_["source_url_sha256"] == hashlib.sha256(m.url("/get?f=A.zip").encode()).hexdigest()
+    assert "A.zip" not in _all_text_under(root), "no query value stored"
+
+
+def test_the_offline_fallback_matches_the_whole_address_not_its_redacted_form(tmp_path, fast_retries, caplog):
+    """Reviewer item 2: with the server down, ``?f=B.zip`` reused the version published from ``?f=A.zip``."""
+    root = tmp_path / "art"
+    with _QueryMirror({"/get": _tiny_zip("Alpha")}) as m:
+        url_a, url_b = m.url("/get?f=A.zip"), m.url("/get?f=B.zip")
+        ref = download(root, source_url=url_a)
+        legacy = download(tmp_path / "legacy", source_url=url_a)
+    # the server is gone: nothing answers there now
+    with pytest.raises(UserError, match=re.escape(m.url("/get?f=***")) + " failed 4 times in a row"):
+        download(root, source_url=url_b)
+    with caplog.at_level("WARNING", logger="wiki_pipeline"):
+        assert download(root, source_url=url_a) == ref, "the same address: the last version is reused"
+        with_user = url_a.replace("http://", "http://alice:S3CRET@")
+        assert download(root, source_url=with_user) == ref, "the same address with credentials: the same"
+    assert f"reusing corpus/{ref['version']}" in caplog.text
+    # a version published before the address was recorded (no source_url_sha256) and a URL with a query: its
+    # redacted form cannot tell ?f=A.zip from ?f=B.zip, so it is not reused
+    manifest_path = Path(legacy["path"]) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["metrics"]["source_url_sha256"]
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match=" failed 4 times in a row"):
+        download(tmp_path / "legacy", source_url=url_a)
+    assert "S3CRET" not in _all_text_under(root) + caplog.text
+
+
+def test_a_legacy_version_without_a_query_falls_back_by_its_redacted_url(tmp_path, fast_retries):
+    with Mirror({"/w.zip": _tiny_zip("Legacy")}) as m:
+        url = m.url("/w.zip")
+        ref = download(tmp_path / "art", source_url=url)
+    manifest_path = Path(ref["path"]) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["metrics"]["source_url_sha256"]
+    manifest_path.write_text(json.dumps(manifest))
+    assert download(tmp_path / "art", source_url=url) == ref
+
+
+class _FixedETagHandler(MirrorHandler):
+    """A lying server: whatever it serves, it calls it by one strong ETag."""
+
+    def response_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        headers["ETag"] = '"always-the-same"'
+        return headers
+
+
+class _FixedETagMirror(Mirror):
+    handler = _FixedETagHandler
+
+
+def test_a_damaged_download_is_not_remembered(tmp_path):
+    """Reviewer item 3: the damaged zip's sha256 stayed in the source index under the server's ETag, so the rerun
+    (the server now sends the good bytes under the same ETag) failed with "now holds other bytes"."""
+    good = _stored_zip({s: f" = Head {s} = \n Damage text of the {s} split .\n" for s in ("train", "valid", "test")})
+    at = good.index(b"Damage text of the train")
+    bad = good[:at] + b"d" + good[at + 1 :]  # the same size, one letter off: the member's CRC-32 fails
+    root = tmp_path / "art"
+    with _FixedETagMirror({"/w.zip": bad}) as m:
+        with pytest.raises(UserError, match=r"wiki.train.raw in .* is damaged \(Bad CRC-32"):
+            download(root, source_url=m.url("/w.zip"))
+        assert published(root) == []
+        m.add("/w.zip", good)
+        ref = download(root, source_url=m.url("/w.zip"))
+    assert "Damage text of the train split" in _train_text(ref)
+    assert metrics(ref)["zip_sha256"] == hashlib.sha256(good).hexdigest()
+
+
+class _AcceptAndClose:
+    """A listening socket on 127.0.0.1:``port`` that accepts each connection and closes it at once (a server
+    that is down behind a live port), counting the connections."""
+
+    def __init__(self, port: int) -> None:
+        import socketserver
+        import threading
+
+        owner = self
+        self.connections = 0
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                owner.connections += 1
+
+        class Server(socketserver.TCPServer):
+            allow_reuse_address = True
+
+        self.server = Server(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def __enter__(self) -> _AcceptAndClose:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_offline_rerun_asks_twice_before_falling_back(tmp_path, monkeypatch, caplog):
+    """Reviewer item 4: with the mirror down, an all-cached rerun retried the probe like a download (6 tries,
+    62 s of back-off by default) before reusing the last version."""
+    monkeypatch.setenv(ENV_ATTEMPTS, "6")
+    monkeypatch.setenv(ENV_BASE_DELAY, "0.01")
+    with Mirror({"/w.zip": _tiny_zip("Cached")}) as m:
+        url, port = m.url("/w.zip"), m.port
+        ref = download(tmp_path / "art", source_url=url)
+    with _AcceptAndClose(port) as down:
+        with caplog.at_level("WARNING", logger="wiki_pipeline"):
+            assert download(tmp_path / "art", source_url=url) == ref
+        assert down.connections == 2, "one try and one retry, then the fallback"
+        assert f"cannot check {url} now" in caplog.text and f"reusing corpus/{ref['version']}" in caplog.text
+        down.connections = 0
+        with pytest.raises(UserError, match=re.escape(url) + " failed 6 times in a row"):
+            download(tmp_path / "fresh", source_url=url)  # nothing to fall back to: every try
+        assert down.connections == 6
 
 
 # ---- credentials in the URL (item 5) -----------------------------------------------------------------------
@@ -474,6 +705,10 @@ def test_redact_url():
     )  # a fragment may hold a token
     assert redact_url("https://h/b.zip?tokenonly") == "https://h/b.zip?***"
     assert redact_url(D.DEFAULT_URL) == D.DEFAULT_URL
+    # what stored things name an address by: the whole URL but its user info (and fragment), hashed
+    plain = hashlib.sha256(b"https://h:8/a/b.zip?sig=x%2F&e=1").hexdigest()
+    assert address_sha256("https://u:p@H:8/a/b.zip?sig=x%2F&e=1#f") == plain
+    assert address_sha256("https://h:8/a/b.zip?sig=y&e=1") != plain, "another query: another address"
     assert (
         redact_text("GET /b.zip?sig=x%2F&e=1 failed", "https://h/b.zip?sig=x%2F&e=1")
         == "GET /b.zip?sig=***&e=*** failed"
