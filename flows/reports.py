@@ -69,15 +69,12 @@ def headline(stage: str, metrics: dict) -> str:
     return found[stage]() if stage in found else ""
 
 
-#: Artifacts read per request when looking for the versions' artifacts (the server's own upper bound is 200).
-PAGE = 200
-
-
 def artifact_links(keys_versions: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """{(stage, version): UI path of the artifact that describes that version} (``built <stage>/<version>``; the
     newest, after a forced rebuild), for the versions whose artifact this Prefect server has (a version built
-    against another server has none). The stages' artifacts are read newest first, a page at a time, until every
-    version is found or none is left: the server answers at most :data:`PAGE` a request."""
+    against another server has none). The stages' artifacts are read newest first, a page at a time (the server's
+    own page size, ``PREFECT_SERVER_API_DEFAULT_LIMIT``: 200 unless set lower), until every version is found or
+    none is left."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.client.schemas.sorting import ArtifactSort
@@ -85,23 +82,20 @@ def artifact_links(keys_versions: list[tuple[str, str]]) -> dict[tuple[str, str]
     wanted = {f"built {stage}/{version}": (stage, version) for stage, version in keys_versions}
     keys = sorted({BY_NAME[stage].artifact_key for stage, _ in keys_versions})
     found: dict[tuple[str, str], str] = {}
-    if not keys:
-        return found
     with get_client(sync_client=True) as client:
         offset = 0
-        while len(found) < len(set(wanted.values())):
+        while keys and len(found) < len(set(wanted.values())):
             page = client.read_artifacts(
                 artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)),
                 sort=ArtifactSort.CREATED_DESC,
-                limit=PAGE,
                 offset=offset,
             )
+            if not page:
+                break
             for art in page:
                 which = wanted.get(art.description or "")
                 if which and which not in found:
                     found[which] = f"/artifacts/artifact/{art.id}"
-            if len(page) < PAGE:
-                break
             offset += len(page)
     return found
 
@@ -136,11 +130,16 @@ def run_summary(
         rows.append(f"| {o.stage} | {shown} | {version} | {o.seconds:.1f} s | {size} | {metric} |")
     lines = [f"# wiki-pipeline run: {title}", ""]
     if failure is not None:
-        where = f"in stage {outcomes[-1].stage}" if outcomes and not outcomes[-1].version else "between the stages"
         if root is None:
             where = "before any stage: its settings were refused"
+        elif not outcomes:
+            where = "before any stage ran"
+        elif not outcomes[-1].version:
+            where = f"in stage {outcomes[-1].stage}"
+        else:
+            where = f"after stage {outcomes[-1].stage}"
         lines = [f"# wiki-pipeline run failed: {title}", "", f"**Failed {where}**: {one_line(failure)}", ""]
-    if store is not None:
+    if store is not None and rows:
         lines += [
             "Built: made by this run. Cached: the same version (settings, inputs, code) was already in the "
             f"artifact store under `{store.root}`, so it was reused.",
@@ -247,9 +246,15 @@ def publish(root: str | Path | None, outcomes: list[Outcome], failure: BaseExcep
     store = open_store(root) if root is not None else None
     models = store.versions("model") if store is not None else []
     tokenizers = store.versions("tokenizer") if store is not None else []
-    links = artifact_links(
-        [(o.stage, o.version) for o in outcomes if o.version] + [(v.stage, v.version) for v in models + tokenizers]
-    )
+    try:
+        links = artifact_links(
+            [(o.stage, o.version) for o in outcomes if o.version] + [(v.stage, v.version) for v in models + tokenizers]
+        )
+    except Exception as e:  # the reports without links rather than none
+        from prefect import get_run_logger
+
+        get_run_logger().warning("the reports link no artifacts: reading them failed: %s: %s", type(e).__name__, e)
+        links = {}
     verdicts = ", ".join(f"{o.stage} {o.verdict}" for o in outcomes)
     built = sum(o.verdict == "built" for o in outcomes)
     cached = sum(o.verdict == "Cached" for o in outcomes)

@@ -361,14 +361,20 @@ def _checked(identity: dict, settings: CorpusSettings) -> dict:
 
 
 def _last_known_version(settings: CorpusSettings, store: ArtifactStore) -> VersionInfo | None:
-    """The newest corpus version published from the same address (``source_url_sha256`` in its metrics: the URL
-    without its user info, query included) with the same settings and code version, which a run that cannot
-    reach the source reuses; None when there is none. A version published before the address was recorded
-    matches by its redacted ``source_url`` only when the URL has no query (``?f=***`` would match any file)."""
+    """The newest corpus version with the same settings and code version whose bytes came from the same address
+    (``source_url_sha256`` in its metrics: :func:`tasks.core.urls.address_sha256`), or that the source index
+    says this address served (the same zip first published from another mirror or port), which a run that
+    cannot reach the source reuses; None when there is none. A version published before the address was
+    recorded matches by its redacted ``source_url`` only when the URL has no query (``?f=***`` would match any
+    file)."""
     params = settings.version_params()
     legacy_ok = not urllib.parse.urlsplit(settings.source_url).query
+    served_here = _index(store).identities_of(settings.address)  # bytes this address served, published elsewhere
 
-    def same_address(metrics: dict) -> bool:
+    def same_address(v: VersionInfo) -> bool:
+        metrics = v.manifest["metrics"]
+        if v.manifest["source"].get("sha256") in served_here:
+            return True
         if "source_url_sha256" in metrics:
             return metrics["source_url_sha256"] == settings.address
         return legacy_ok and metrics.get("source_url") == settings.shown_url
@@ -379,8 +385,8 @@ def _last_known_version(settings: CorpusSettings, store: ArtifactStore) -> Versi
         if v.manifest.get("settings") == params
         and v.manifest.get("code_version") == STAGE.code_version
         and isinstance(v.manifest.get("metrics"), dict)
-        and same_address(v.manifest["metrics"])
         and isinstance(v.manifest.get("source"), dict)
+        and same_address(v)
     ]
     return known[-1] if known else None
 
@@ -429,13 +435,11 @@ def _check_zip(path: Path, settings: CorpusSettings, *, ours: bool) -> tuple[int
 
 
 def _downloaded_zip(ctx: BuildContext, settings: CorpusSettings) -> tuple[Path, dict]:
-    """The http(s) zip in the build's work/ folder: reused from an earlier attempt, moved from the download
-    :func:`source_identity` made, or fetched."""
+    """The http(s) zip in the build's work/ folder: moved from the download :func:`source_identity` made for
+    this run (replacing an earlier attempt's, which it supersedes), reused from an earlier attempt, or fetched."""
     zip_path = ctx.work / "source.zip"
     cached = _index(ctx.store).download_path(settings.address)
-    if zip_path.exists():
-        ctx.log.info("download: reusing %s downloaded by an earlier attempt", zip_path)
-    elif cached.exists():
+    if cached.exists():
         try:
             facts = json.loads(SourceIndex.facts_path(cached).read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -443,6 +447,8 @@ def _downloaded_zip(ctx: BuildContext, settings: CorpusSettings) -> tuple[Path, 
         os.replace(cached, zip_path)
         SourceIndex.facts_path(cached).unlink(missing_ok=True)
         return zip_path, facts or {"tries": 0, "range_requests": 0, "resumed_bytes": 0, "seconds": 0.0}
+    if zip_path.exists():
+        ctx.log.info("download: reusing %s downloaded by an earlier attempt", zip_path)
     else:
         ctx.log.info("download: fetching %s", settings.shown_url)
         facts = fetch(

@@ -369,7 +369,8 @@ def nice_ticks(lo: float, hi: float, log: bool = False, count: int = 5) -> list[
 
 def _tick_label(value: float, ticks: list[float]) -> str:
     """``value`` with as few decimals as show every one of ``ticks`` exactly (``2.5``, ``3``, ``3.5``), so that no
-    two labels read the same however flat the curve (``3.48410``, ``3.48411``: ticks 1e-5 apart)."""
+    two labels read the same on a flat curve (``3.4841000``, ``3.4841025``; at most 15 decimals, beyond any loss
+    the model stage records)."""
     step = min((b - a for a, b in zip(ticks, ticks[1:], strict=False) if b > a), default=1.0)
     decimals = next((d for d in range(16) if all(abs(round(t, d) - t) < 1e-6 * step for t in ticks)), 15)
     return f"{value:,.{decimals}f}"

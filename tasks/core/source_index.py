@@ -66,18 +66,31 @@ class SourceIndex:
         entry = {"key": key, **identity, **({"shown_url": shown} if shown else {})}
         atomic_write_text(path, json.dumps(entry, sort_keys=True))
 
-    def forget(self, address: str, sha256: str) -> None:
-        """Drop every entry that says the address ``address`` (its sha256) serves ``sha256`` (it no longer does,
-        or those bytes were damaged)."""
+    def identities_of(self, address: str) -> set[str]:
+        """The sha256s recorded as served at ``address`` (its :func:`~tasks.core.urls.address_sha256`), whichever
+        address first published them: what an offline run of ``address`` may fall back to."""
+        found = set()
+        for entry in self._entries():
+            if entry["key"].get("address") == address and _SHA256_RE.match(str(entry.get("sha256"))):
+                found.add(entry["sha256"])
+        return found
+
+    def _entries(self) -> Iterator[dict]:
         for path in self.dir.glob("*.json"):
             try:
                 entry = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
-            if not isinstance(entry, dict) or not isinstance(entry.get("key"), dict):
-                continue
+            if isinstance(entry, dict) and isinstance(entry.get("key"), dict):
+                entry["_path"] = path
+                yield entry
+
+    def forget(self, address: str, sha256: str) -> None:
+        """Drop every entry that says the address ``address`` (its sha256) serves ``sha256`` (it no longer does,
+        or those bytes were damaged)."""
+        for entry in self._entries():
             if entry.get("sha256") == sha256 and entry["key"].get("address") == address:
-                path.unlink(missing_ok=True)
+                entry["_path"].unlink(missing_ok=True)
 
     def download_path(self, address: str) -> Path:
         """Where a download made to learn the identity of the address ``address`` (its sha256) waits for its

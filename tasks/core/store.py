@@ -354,8 +354,9 @@ class ArtifactStore:
 
     def garbage(self, code_versions: dict[str, str] | None = None) -> list[Garbage]:
         """What no run needs: staging areas (unfinished builds, leftovers of published ones), interrupted
-        deletions in ``.trash``, lock files of nothing, and with ``code_versions`` the stale published versions
-        (:meth:`stale_versions`). For an object-store root, the local cache's copies and staging areas too."""
+        deletions in ``.trash``, lock files of nothing, downloads no build took, and with ``code_versions`` the
+        stale published versions (:meth:`stale_versions`). For an object-store root, the local cache's copies and
+        staging areas too."""
         found: list[Garbage] = []
         places = [(self.files, "")] if not self.remote else [(self.files, ""), (PosixFiles(self.files.local), "cache")]
         for files, where in places:
@@ -370,6 +371,7 @@ class ArtifactStore:
                     found.append(
                         Garbage(f".incoming/{name}", cache.where(f".incoming/{name}"), "", "", size, why, local=True)
                     )
+        found.extend(self._untaken_downloads())
         if code_versions is not None:
             for (st, version), why in self.stale_versions(code_versions).items():
                 key = self._version_key(st, version)
@@ -386,6 +388,25 @@ class ArtifactStore:
                     )
                 )
         return found
+
+    def _untaken_downloads(self) -> Iterator[Garbage]:
+        """Whole downloads a stage made to learn a source's content identity (``<stage>/.sources/downloads/``,
+        on this machine) that no build took, untouched for 10 minutes: a run stopped between the two, or a later
+        download superseded them. Partial ones (``.part``) are left: a rerun resumes them."""
+        local = PosixFiles(self.files.local)
+        for st in self._all_stages():
+            folder = f"{st}/.sources/downloads"
+            for name in local.names(folder):
+                if not name.endswith((".zip", ".zip.facts.json")):
+                    continue
+                key = f"{folder}/{name}"
+                try:
+                    info = local.path(key).stat()
+                except FileNotFoundError:  # taken by a build meanwhile
+                    continue
+                if time.time() - info.st_mtime > 600:
+                    why = "a download made to learn the source's sha256 that no build took"
+                    yield Garbage(key, local.where(key), st, "", info.st_size, why, local=self.remote)
 
     def _garbage_of(self, files: PosixFiles | ObjectFiles, where: str, st: str) -> Iterator[Garbage]:
         local = where == "cache"

@@ -6,7 +6,8 @@ fetch and nowhere else. :func:`redact_url` is the form every log line, message, 
 :func:`stored_url` is the form a JSON dump of settings holds -- redacted, except inside
 :func:`credentials_revealed`, for the one output that must run with them (a deployment's parameters).
 :func:`address_sha256` tells addresses apart where the redacted form cannot (``?f=A.zip`` and ``?f=B.zip``
-both show as ``?f=***``) without storing the query: a sha256 of the URL without its user info.
+both show as ``?f=***``) without storing the query: a sha256 of the URL without its user info and its signing
+parameters (a renewed signed URL is the same address).
 """
 
 from __future__ import annotations
@@ -37,18 +38,36 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=_redact_query(parts.query), fragment=fragment))
 
 
+#: Query parameters that sign or authorise a request rather than select a file: those of S3 (``X-Amz-*``,
+#: ``AWSAccessKeyId``, ``Signature``, ``Expires``), Google Cloud Storage (``X-Goog-*``, ``GoogleAccessId``), Azure
+#: SAS (``sv``, ``se``, ``sig``, ...), Alibaba OSS (``x-oss-*``, ``OSSAccessKeyId``), CloudFront (``Policy``,
+#: ``Key-Pair-Id``) and bearer tokens (``token``, ``access_token``, ``auth``). A renewed signature is the same
+#: address, and their values (secrets, often short) never enter a hash that is stored.
+_SIGNING_PARAMS = re.compile(
+    r"(x-amz-|x-goog-|x-ms-|x-oss-).*"
+    r"|awsaccesskeyid|googleaccessid|ossaccesskeyid|signature|expires|policy|key-pair-id"
+    r"|sv|ss|srt|sp|se|st|spr|sig|sr|si|sdd|skoid|sktid|skt|ske|sks|skv|token|access_token|auth",
+    re.IGNORECASE,
+)
+
+
 def address_sha256(url: str) -> str:
-    """The sha256 (hex) of ``url`` without its user info and fragment, scheme and host in lower case: what names
-    the *address* (the file a server serves there) in what is stored -- the source index, a download's name, a
-    corpus version's metrics -- where :func:`redact_url`'s form would confuse ``?f=A.zip`` with ``?f=B.zip``. The
-    query is part of it (it selects the file); the credentials are not (they say who asks, not what is there),
-    and neither is a fragment (never sent to the server)."""
+    """The sha256 (hex) of ``url`` as an *address* (the file a server serves there): what names it in what is
+    stored -- the source index, a download's name, a corpus version's metrics -- where :func:`redact_url`'s form
+    would confuse ``?f=A.zip`` with ``?f=B.zip``. The query's file-selecting parameters are part of it; the user
+    info, the signing and token parameters (:data:`_SIGNING_PARAMS`: a renewed signed URL is the same address)
+    and the fragment (never sent) are not; scheme and host in lower case."""
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:  # refused by the settings before any use; nothing of it stored
         return hashlib.sha256(redact_url(url).encode("utf-8")).hexdigest()
     host = parts.netloc.rpartition("@")[2].lower()  # the user info ends at the last "@" (see redact_url)
-    whole = urllib.parse.urlunsplit(parts._replace(scheme=parts.scheme.lower(), netloc=host, fragment=""))
+    query = "&".join(
+        item
+        for item in parts.query.split("&")
+        if item and not _SIGNING_PARAMS.fullmatch(urllib.parse.unquote_plus(item.partition("=")[0]))
+    )
+    whole = urllib.parse.urlunsplit(parts._replace(scheme=parts.scheme.lower(), netloc=host, query=query, fragment=""))
     return hashlib.sha256(whole.encode("utf-8")).hexdigest()
 
 
@@ -60,6 +79,9 @@ def _redact_query(query: str) -> str:
 
 #: A URL quoted in a message (``scheme://...`` up to whitespace, a quote or a bracket).
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]]+")
+#: A path with a query quoted in a message (``url: /target.zip?X-Amz-Signature=...``, as ``requests`` names the
+#: URL a redirect led to): its query, whose secrets :func:`redact_text` was not told, is redacted too.
+_PATH_QUERY_IN_TEXT = re.compile(r"(/[^\s'\"<>()\[\]?]*)\?([^\s'\"<>()\[\]]+)")
 #: Secrets shorter than this are taken out only where they stand next to their key (``token=1``) or ``@``:
 #: replacing every ``1`` of a message would make it unreadable, and would not hide anything.
 _MIN_BARE_SECRET = 4
@@ -117,9 +139,11 @@ def _secret_patterns(url: str) -> list[tuple[re.Pattern, str]]:
 def redact_text(text: str, url: str) -> str:
     """``text`` (e.g. an exception message, which may quote the URL, its path and query, in the form the HTTP
     library re-encoded them) without ``url``'s secrets: every URL quoted in ``text`` is redacted
-    (:func:`redact_url`), then each secret of ``url`` -- query values, user info, password -- is taken out in
-    whatever encoding it appears (raw, percent-encoded, or a mix)."""
+    (:func:`redact_url`), and so is every query after a path (a redirect's target, which ``url`` does not
+    name); then each secret of ``url`` -- query values, user info, password -- is taken out in whatever encoding
+    it appears (raw, percent-encoded, or a mix)."""
     text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+    text = _PATH_QUERY_IN_TEXT.sub(lambda m: f"{m.group(1)}?{_redact_query(m.group(2))}", text)
     for pattern, repl in _secret_patterns(url):
         text = pattern.sub(repl, text)
     return text

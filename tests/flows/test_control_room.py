@@ -182,7 +182,7 @@ def test_a_run_that_fails_in_a_stage_summarises_what_it_got_through(served):
     rows = {r.split(" | ")[0].strip("| "): r for r in summary.data.splitlines() if r.startswith("| ")}
     assert "| Cached |" in rows["corpus"] and "| Cached |" in rows["tokenizer"], summary.data
     assert "shards" not in rows and "model" not in rows, "the run stopped after the tokenizer's early check"
-    assert "Failed between the stages" in summary.data and "prompt" in summary.data, summary.data
+    assert "**Failed after stage tokenizer**: UserError: prompt" in summary.data, summary.data
 
 
 def test_only_runs_get_their_summary_too(served):
@@ -194,6 +194,13 @@ def test_only_runs_get_their_summary_too(served):
     rows = [r for r in summary.data.splitlines() if r.startswith("| samples |")]
     assert len(rows) == 1 and "/artifacts/artifact/" in rows[0], summary.data
     assert artifact(run_id, "wiki-model-comparison").data.count("| [") >= 1
+
+    empty = root / "empty-root"  # nothing published there: only=model cannot start
+    run = {"artifacts_dir": str(empty), "only": "model"}
+    failed = deployment_run(env, runner_log, "--params", json.dumps({"run": run}), ok=False)
+    summary = artifact(failed, "wiki-run-summary").data
+    assert "**Failed before any stage ran**: UserError: only='model' needs a published shards version" in summary
+    assert "| stage |" not in summary and "Built: made by this run" not in summary, summary
 
 
 def flow_run_state(flow_run_id: str) -> str:

@@ -122,3 +122,24 @@ def test_gc_lists_deletes_and_spares_a_locked_build(root, capsys):
 
 def test_gc_on_a_clean_root(tmp_path, capsys):
     assert _cli(capsys, "gc", "--artifacts-dir", str(tmp_path)) == f"nothing to collect under {tmp_path}\n"
+
+
+def test_gc_collects_downloads_no_build_took(tmp_path, capsys):
+    """A whole download made to learn the corpus zip's sha256 that no build took (a run stopped between the two)
+    is garbage once untouched for 10 minutes; a fresh one and a partial one (a rerun resumes it) are not."""
+    import os
+    import time
+
+    art = tmp_path / "art"
+    downloads = art / "corpus" / ".sources" / "downloads"
+    downloads.mkdir(parents=True)
+    names = ("a" * 32 + ".zip", "a" * 32 + ".zip.facts.json", "b" * 32 + ".zip", "c" * 32 + ".zip.part")
+    for name in names:
+        (downloads / name).write_bytes(b"z" * 1000)
+    hour_ago = time.time() - 3600
+    for name in (names[0], names[1], names[3]):
+        os.utime(downloads / name, (hour_ago, hour_ago))
+    listing = _cli(capsys, "gc", "--artifacts-dir", str(art))
+    assert listing.count("a download made to learn the source's sha256 that no build took") == 2, listing
+    _cli(capsys, "gc", "--artifacts-dir", str(art), "--yes")
+    assert sorted(p.name for p in downloads.iterdir()) == sorted(names[2:]), "the fresh and the partial one stay"

@@ -1,17 +1,19 @@
 """The run summary and the comparisons link every version to the artifact that describes it (issue 20, items 3-4),
-however many artifacts the Prefect server holds: it answers at most 200 a request, so the links are read a page at a
-time (``flows.reports.artifact_links``), through a real Prefect server on 127.0.0.1."""
+however many artifacts the Prefect server holds: it answers at most a page (200 by default) a request, so the links are
+read a page at a time (``flows.reports.artifact_links``), through a real Prefect server on 127.0.0.1."""
 
 from __future__ import annotations
 
-from flows.reports import PAGE, artifact_links
+from flows.reports import artifact_links
+
+SERVER_PAGE = 200  # what a Prefect server answers at most a request (PREFECT_SERVER_API_DEFAULT_LIMIT)
 
 
 def test_every_version_is_linked_past_the_server_s_page_size(prefect_server):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import ArtifactCreate
 
-    versions = [f"linktest{i:04d}" for i in range(PAGE + 30)]
+    versions = [f"linktest{i:04d}" for i in range(SERVER_PAGE + 30)]
     made = {}
     with get_client(sync_client=True) as client:
         for version in versions:

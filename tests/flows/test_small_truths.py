@@ -54,8 +54,12 @@ def test_the_demo_names_a_busy_mirror_port_and_how_to_pick_another(tmp_path):
     assert "WIKI_PIPELINE_MIRROR_PORT=" in done.stderr and "Prefect server" not in done.stdout, done.stdout
     assert not (tmp_path / "home" / "mirror.pid").exists()
 
-    env["WIKI_PIPELINE_MIRROR_PORT"] = "87x"
-    done = subprocess.run(
-        [str(REPO / "scripts" / "pipeline"), "--demo"], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 2 and "WIKI_PIPELINE_MIRROR_PORT=87x is not a port number" in done.stderr, done.stderr
+    for bad in ("87x", "", "08765", "99999999999999999999", "80", "4200"):
+        env |= {"WIKI_PIPELINE_MIRROR_PORT": bad, "WIKI_PIPELINE_PREFECT_PORT": "4200"}
+        done = subprocess.run(
+            [str(REPO / "scripts" / "pipeline"), "--demo"], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 2, (bad, done.stdout, done.stderr)
+        assert f"WIKI_PIPELINE_MIRROR_PORT='{bad}' is not a port the demo's mirror can use" in done.stderr, done.stderr
+    done = subprocess.run([str(REPO / "scripts" / "pipeline"), "--stop"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, "--stop runs whatever the mirror's port says"

@@ -355,8 +355,9 @@ def test_new_content_at_the_same_http_url_is_a_new_version(tmp_path):
         assert source == {"bytes": len(_tiny_zip("Newer")), "sha256": hashlib.sha256(_tiny_zip("Newer")).hexdigest()}
 
 
-def test_the_same_bytes_from_another_mirror_are_the_same_version(tmp_path, caplog):
-    """Issue 20 item 6: ``--mirror`` on another port gave new versions of every stage from the same zip."""
+def test_the_same_bytes_from_another_mirror_are_the_same_version(tmp_path, caplog, fast_retries):
+    """Issue 20 item 6: ``--mirror`` on another port gave new versions of every stage from the same zip; and once
+    the other mirror is known to serve those bytes, a run of it reuses that version offline too."""
     data = _tiny_zip("Same")
     with Mirror({"/w.zip": data}) as one, Mirror({"/copy.zip": data}) as two:
         first = download(tmp_path / "art", source_url=one.url("/w.zip"))
@@ -370,6 +371,26 @@ def test_the_same_bytes_from_another_mirror_are_the_same_version(tmp_path, caplo
         two.clear_log()
         assert download(tmp_path / "art", source_url=two.url("/copy.zip")) == first
         assert [r["range"] for r in two.requests] == ["bytes=0-0"], "now recorded: one probe, no download"
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="wiki_pipeline"):  # both mirrors gone
+        assert download(tmp_path / "art", source_url=two.url("/copy.zip")) == first
+    assert f"reusing corpus/{first['version']}" in caplog.text, "published from one, known to be served by two"
+
+
+def test_a_renewed_signed_url_is_the_same_address(tmp_path, fast_retries, caplog):
+    """Reviewer: with the query part of the address, every renewed signature downloaded the zip again and had no
+    offline fallback. The signing parameters (``X-Amz-*``, ``sig``, ``token``, ...) are not part of it."""
+    root = tmp_path / "art"
+    with Mirror({"/s.zip": _tiny_zip("Signed")}) as m:
+        signed = m.url("/s.zip") + "?X-Amz-Credential=AK%2F1&X-Amz-Signature={}&X-Amz-Expires=60"
+        first = download(root, source_url=signed.format("aaaa1111"))
+        m.clear_log()
+        assert download(root, source_url=signed.format("bbbb2222")) == first
+        assert [r["range"] for r in m.requests] == ["bytes=0-0"], "a renewed signature: one probe, no download"
+    with caplog.at_level("WARNING", logger="wiki_pipeline"):  # the server gone: the fallback holds too
+        assert download(root, source_url=signed.format("cccc3333")) == first
+    assert f"reusing corpus/{first['version']}" in caplog.text
+    assert not [s for s in ("aaaa1111", "bbbb2222", "cccc3333", "AK") if s in _all_text_under(root)]
 
 
 def test_a_server_without_validators_is_checked_by_its_bytes(tmp_path, caplog):
@@ -557,6 +578,8 @@ def test_the_offline_fallback_matches_the_whole_address_not_its_redacted_form(tm
     manifest = json.loads(manifest_path.read_text())
     del manifest["metrics"]["source_url_sha256"]
     manifest_path.write_text(json.dumps(manifest))
+    for entry in (tmp_path / "legacy" / "corpus" / ".sources").glob("*.json"):
+        entry.unlink()  # nor does its index name the address (an older index named the redacted URL)
     with pytest.raises(UserError, match=" failed 4 times in a row"):
         download(tmp_path / "legacy", source_url=url_a)
     assert "S3CRET" not in _all_text_under(root) + caplog.text
@@ -583,6 +606,24 @@ class _FixedETagHandler(MirrorHandler):
 
 class _FixedETagMirror(Mirror):
     handler = _FixedETagHandler
+
+
+def test_new_bytes_under_an_unchanged_etag_are_found_by_a_forced_rebuild(tmp_path):
+    """What the docs say of an ETag made of mtime and size (nginx, Apache) when a file is replaced keeping both: the
+    rerun reuses the old version (the server's word is taken); ``force`` rebuilds it, the build hashes what it reads
+    and stops naming the change, and the next run has the new bytes."""
+    old, new = _tiny_zip("Aaaa"), _tiny_zip("Bbbb")
+    assert len(old) == len(new)
+    root = tmp_path / "art"
+    with _FixedETagMirror({"/w.zip": old}) as m:
+        first = download(root, source_url=m.url("/w.zip"))
+        m.add("/w.zip", new)
+        assert download(root, source_url=m.url("/w.zip")) == first, "the server says nothing changed"
+        with pytest.raises(UserError, match=r"now holds other bytes \(sha256 " + hashlib.sha256(new).hexdigest()):
+            download(root, source_url=m.url("/w.zip"), run={"force": ["corpus"]})
+        second = download(root, source_url=m.url("/w.zip"))
+    assert second["version"] != first["version"] and "Bbbb text" in _train_text(second)
+    assert "Aaaa text" in _train_text(first), "the old version stays"
 
 
 def test_a_damaged_download_is_not_remembered(tmp_path):
@@ -705,13 +746,20 @@ def test_redact_url():
     )  # a fragment may hold a token
     assert redact_url("https://h/b.zip?tokenonly") == "https://h/b.zip?***"
     assert redact_url(D.DEFAULT_URL) == D.DEFAULT_URL
-    # what stored things name an address by: the whole URL but its user info (and fragment), hashed
-    plain = hashlib.sha256(b"https://h:8/a/b.zip?sig=x%2F&e=1").hexdigest()
+    # what stored things name an address by: the URL but its user info, fragment and signing parameters, hashed
+    plain = hashlib.sha256(b"https://h:8/a/b.zip?e=1").hexdigest()
     assert address_sha256("https://u:p@H:8/a/b.zip?sig=x%2F&e=1#f") == plain
-    assert address_sha256("https://h:8/a/b.zip?sig=y&e=1") != plain, "another query: another address"
+    assert address_sha256("https://h:8/a/b.zip?sig=y&e=1") == plain, "a renewed signature: the same address"
+    assert address_sha256("https://h:8/a/b.zip?X-Amz-Signature=s&X-Amz-Expires=9&e=1&token=1") == plain
+    assert address_sha256("https://h:8/a/b.zip?e=2") != plain, "another file-selecting value: another address"
     assert (
         redact_text("GET /b.zip?sig=x%2F&e=1 failed", "https://h/b.zip?sig=x%2F&e=1")
         == "GET /b.zip?sig=***&e=*** failed"
+    )
+    # a redirect's target, whose secrets the source URL does not name, as requests quotes it (the path only)
+    assert (
+        redact_text("Max retries exceeded with url: /t.zip?X-Amz-Signature=S3CR3T&X-Amz-Credential=K (x)", "http://h/r")
+        == "Max retries exceeded with url: /t.zip?X-Amz-Signature=***&X-Amz-Credential=*** (x)"
     )
 
 
