@@ -63,12 +63,14 @@ threaded unzip), ``tasks/core/header_strip.py`` (the chapter's header strip, str
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import time
 import urllib.parse
+from datetime import datetime
 from pathlib import Path
 
 from pydantic import Field, field_validator, model_serializer
@@ -262,8 +264,8 @@ def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict
         if fallback is None:
             raise
         log.warning(
-            "corpus: cannot check %s now (%s); reusing corpus/%s, fetched from it on %s: the file there may "
-            "have changed since",
+            "corpus: cannot check %s now (%s); reusing corpus/%s (published %s), the zip it served last as far as "
+            "this artifact root knows: the file there may have changed since",
             settings.shown_url,
             e,
             fallback.version,
@@ -313,7 +315,9 @@ def _download_and_hash(
     )
     got, sha = _check_zip(dest, settings, ours=True)
     identity = {"sha256": sha, "bytes": got}
-    atomic_write_text(SourceIndex.facts_path(dest), json.dumps(facts))  # the build's metrics report this download
+    os.utime(dest)  # finished now (a .part completed earlier keeps its old time): gc's age counts from here
+    # what the build reports of this download, and the sha256 it takes it for (a stray file at this path is not it)
+    atomic_write_text(SourceIndex.facts_path(dest), json.dumps({**facts, "sha256": sha}))
     changed = [k for k in ("etag", "last_modified") if validators.get(k) != facts.get(k)]
     if is_trusted and changed:
         log.warning(
@@ -361,34 +365,40 @@ def _checked(identity: dict, settings: CorpusSettings) -> dict:
 
 
 def _last_known_version(settings: CorpusSettings, store: ArtifactStore) -> VersionInfo | None:
-    """The newest corpus version with the same settings and code version whose bytes came from the same address
-    (``source_url_sha256`` in its metrics: :func:`tasks.core.urls.address_sha256`), or that the source index
-    says this address served (the same zip first published from another mirror or port), which a run that
-    cannot reach the source reuses; None when there is none. A version published before the address was
-    recorded matches by its redacted ``source_url`` only when the URL has no query (``?f=***`` would match any
-    file)."""
+    """The corpus version (same settings and code version) whose bytes the address served last, which a run that
+    cannot reach the source reuses; None when there is none. Candidates: the versions published from this address
+    (``source_url_sha256`` in their metrics: :func:`tasks.core.urls.address_sha256`; when published, the time it
+    served them) and the ones the source index says it served (the same zip first published from another mirror or
+    port; the last probe that recalled it). A version published before the address was recorded matches by its
+    redacted ``source_url`` only when the URL has no query (``?f=***`` would match any file)."""
     params = settings.version_params()
     legacy_ok = not urllib.parse.urlsplit(settings.source_url).query
-    served_here = _index(store).identities_of(settings.address)  # bytes this address served, published elsewhere
+    served_here = _index(store).identities_of(settings.address)  # sha256 -> when this address last served it
 
-    def same_address(v: VersionInfo) -> bool:
-        metrics = v.manifest["metrics"]
-        if v.manifest["source"].get("sha256") in served_here:
-            return True
+    def last_served(v: VersionInfo) -> float | None:
+        """When this address last served ``v``'s bytes, as far as the store and the index know; None: never."""
+        metrics, sha = v.manifest["metrics"], v.manifest["source"].get("sha256")
         if "source_url_sha256" in metrics:
-            return metrics["source_url_sha256"] == settings.address
-        return legacy_ok and metrics.get("source_url") == settings.shown_url
+            published_here = metrics["source_url_sha256"] == settings.address
+        else:
+            published_here = legacy_ok and metrics.get("source_url") == settings.shown_url
+        times = [served_here[sha]] if sha in served_here else []
+        if published_here:
+            with contextlib.suppress(ValueError, TypeError):
+                times.append(datetime.fromisoformat(str(v.manifest.get("created_at"))).timestamp())
+            times = times or [0.0]
+        return max(times) if times else None
 
-    known = [
-        v
-        for v in store.versions("corpus")
+    ranked = [
+        (when, n, v)
+        for n, v in enumerate(store.versions("corpus"))
         if v.manifest.get("settings") == params
         and v.manifest.get("code_version") == STAGE.code_version
         and isinstance(v.manifest.get("metrics"), dict)
         and isinstance(v.manifest.get("source"), dict)
-        and same_address(v)
+        and (when := last_served(v)) is not None
     ]
-    return known[-1] if known else None
+    return max(ranked, key=lambda r: (r[0], r[1]))[2] if ranked else None
 
 
 # ---- unzip + strip ----------------------------------------------------------------------------------------
@@ -435,18 +445,24 @@ def _check_zip(path: Path, settings: CorpusSettings, *, ours: bool) -> tuple[int
 
 
 def _downloaded_zip(ctx: BuildContext, settings: CorpusSettings) -> tuple[Path, dict]:
-    """The http(s) zip in the build's work/ folder: moved from the download :func:`source_identity` made for
-    this run (replacing an earlier attempt's, which it supersedes), reused from an earlier attempt, or fetched."""
+    """The http(s) zip in the build's work/ folder: moved from the download :func:`source_identity` made to learn
+    the sha256 this version names (its facts say so; it supersedes an earlier attempt's zip), reused from an
+    earlier attempt, or fetched."""
     zip_path = ctx.work / "source.zip"
     cached = _index(ctx.store).download_path(settings.address)
-    if cached.exists():
+    try:
+        facts = json.loads(SourceIndex.facts_path(cached).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        facts = {}
+    if isinstance(facts, dict) and ctx.source and facts.get("sha256") == ctx.source.get("sha256"):
         try:
-            facts = json.loads(SourceIndex.facts_path(cached).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            facts = {}
-        os.replace(cached, zip_path)
-        SourceIndex.facts_path(cached).unlink(missing_ok=True)
-        return zip_path, facts or {"tries": 0, "range_requests": 0, "resumed_bytes": 0, "seconds": 0.0}
+            os.replace(cached, zip_path)  # the bytes this run's version names, downloaded to learn their sha256
+        except FileNotFoundError:  # taken by another build, or collected by gc, since: fetched below
+            pass
+        else:
+            SourceIndex.facts_path(cached).unlink(missing_ok=True)
+            facts.pop("sha256")
+            return zip_path, facts
     if zip_path.exists():
         ctx.log.info("download: reusing %s downloaded by an earlier attempt", zip_path)
     else:

@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +56,8 @@ class SourceIndex:
             return None
         if not isinstance(entry, dict) or entry.get("key") != key or not _SHA256_RE.match(str(entry.get("sha256"))):
             return None
+        with contextlib.suppress(OSError):  # its time says when the address last served these bytes
+            os.utime(self._path(key))
         return {"sha256": entry["sha256"], "bytes": entry.get("bytes")}
 
     def remember(self, key: dict, identity: dict, shown: str | None = None) -> None:
@@ -66,13 +69,17 @@ class SourceIndex:
         entry = {"key": key, **identity, **({"shown_url": shown} if shown else {})}
         atomic_write_text(path, json.dumps(entry, sort_keys=True))
 
-    def identities_of(self, address: str) -> set[str]:
-        """The sha256s recorded as served at ``address`` (its :func:`~tasks.core.urls.address_sha256`), whichever
-        address first published them: what an offline run of ``address`` may fall back to."""
-        found = set()
+    def identities_of(self, address: str) -> dict[str, float]:
+        """{sha256: when ``address`` (its :func:`~tasks.core.urls.address_sha256`) last served it, epoch seconds}
+        for the bytes recorded as served there, whichever address first published them: what an offline run of
+        ``address`` may fall back to, the latest first. An entry's time is that of its file, written when the
+        answer was recorded and touched each time a probe recalls it."""
+        found: dict[str, float] = {}
         for entry in self._entries():
-            if entry["key"].get("address") == address and _SHA256_RE.match(str(entry.get("sha256"))):
-                found.add(entry["sha256"])
+            sha = str(entry.get("sha256"))
+            if entry["key"].get("address") == address and _SHA256_RE.match(sha):
+                with contextlib.suppress(OSError):
+                    found[sha] = max(found.get(sha, 0.0), entry["_path"].stat().st_mtime)
         return found
 
     def _entries(self) -> Iterator[dict]:

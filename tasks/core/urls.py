@@ -38,35 +38,52 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=_redact_query(parts.query), fragment=fragment))
 
 
-#: Query parameters that sign or authorise a request rather than select a file: those of S3 (``X-Amz-*``,
-#: ``AWSAccessKeyId``, ``Signature``, ``Expires``), Google Cloud Storage (``X-Goog-*``, ``GoogleAccessId``), Azure
-#: SAS (``sv``, ``se``, ``sig``, ...), Alibaba OSS (``x-oss-*``, ``OSSAccessKeyId``), CloudFront (``Policy``,
-#: ``Key-Pair-Id``) and bearer tokens (``token``, ``access_token``, ``auth``). A renewed signature is the same
-#: address, and their values (secrets, often short) never enter a hash that is stored.
-_SIGNING_PARAMS = re.compile(
-    r"(x-amz-|x-goog-|x-ms-|x-oss-).*"
-    r"|awsaccesskeyid|googleaccessid|ossaccesskeyid|signature|expires|policy|key-pair-id"
-    r"|sv|ss|srt|sp|se|st|spr|sig|sr|si|sdd|skoid|sktid|skt|ske|sks|skv|token|access_token|auth",
-    re.IGNORECASE,
+#: Query parameters that sign a request rather than select a file, by the scheme that signs (each family is left
+#: out of an address only when that scheme's own signature parameter is there, so a server of its own that picks
+#: files by, say, ``?sp=`` keeps them): S3 v4, Google Cloud Storage v4 and Alibaba OSS v4 (``X-Amz-*``,
+#: ``X-Goog-*``, ``x-oss-*``, with their ``...-Signature``); S3 v2, GCS v2, OSS v1 and CloudFront (``Signature``
+#: with ``AWSAccessKeyId``, ``GoogleAccessId``, ``OSSAccessKeyId`` or ``Key-Pair-Id``: those, ``Expires``,
+#: ``Policy``); Azure SAS (``sig`` with ``sv``: ``sv``, ``ss``, ``srt``, ``sp``, ``se``, ``st``, ``spr``, ``sr``,
+#: ``si``, ``sdd``, ``ses``, ``skoid``, ``sktid``, ``skt``, ``ske``, ``sks``, ``skv``, ``sig``).
+_SIGNING_FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("x-amz-signature", re.compile(r"x-amz-.*", re.IGNORECASE)),
+    ("x-goog-signature", re.compile(r"x-goog-.*", re.IGNORECASE)),
+    ("x-oss-signature", re.compile(r"x-oss-.*", re.IGNORECASE)),
+    (
+        "signature",
+        re.compile(r"signature|expires|policy|awsaccesskeyid|googleaccessid|ossaccesskeyid|key-pair-id", re.I),
+    ),
+    ("sig", re.compile(r"sv|ss|srt|sp|se|st|spr|sr|si|sdd|ses|skoid|sktid|skt|ske|sks|skv|sig", re.IGNORECASE)),
 )
+_SIGNED_BY = {"signature": ("awsaccesskeyid", "googleaccessid", "ossaccesskeyid", "key-pair-id"), "sig": ("sv",)}
+
+
+def _signing_params(names: list[str]) -> re.Pattern[str] | None:
+    """The parameters of ``names`` (a query's keys, lower case) that sign the request: one pattern, or None."""
+    found = []
+    for marker, pattern in _SIGNING_FAMILIES:
+        partners = _SIGNED_BY.get(marker)
+        if marker in names and (partners is None or any(p in names for p in partners)):
+            found.append(pattern)
+    return re.compile("|".join(f"(?:{p.pattern})" for p in found), re.IGNORECASE) if found else None
 
 
 def address_sha256(url: str) -> str:
     """The sha256 (hex) of ``url`` as an *address* (the file a server serves there): what names it in what is
     stored -- the source index, a download's name, a corpus version's metrics -- where :func:`redact_url`'s form
-    would confuse ``?f=A.zip`` with ``?f=B.zip``. The query's file-selecting parameters are part of it; the user
-    info, the signing and token parameters (:data:`_SIGNING_PARAMS`: a renewed signed URL is the same address)
-    and the fragment (never sent) are not; scheme and host in lower case."""
+    would confuse ``?f=A.zip`` with ``?f=B.zip``. The query is part of it, but for the parameters of a signature
+    scheme whose signature is there (:data:`_SIGNING_FAMILIES`: a renewed S3, GCS, OSS, CloudFront or Azure
+    signed URL is the same address); the user info and the fragment (never sent) are not; scheme and host in
+    lower case."""
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:  # refused by the settings before any use; nothing of it stored
         return hashlib.sha256(redact_url(url).encode("utf-8")).hexdigest()
     host = parts.netloc.rpartition("@")[2].lower()  # the user info ends at the last "@" (see redact_url)
-    query = "&".join(
-        item
-        for item in parts.query.split("&")
-        if item and not _SIGNING_PARAMS.fullmatch(urllib.parse.unquote_plus(item.partition("=")[0]))
-    )
+    items = [item for item in parts.query.split("&") if item]
+    keys = [urllib.parse.unquote_plus(item.partition("=")[0]) for item in items]
+    signing = _signing_params([k.lower() for k in keys])
+    query = "&".join(item for item, k in zip(items, keys, strict=True) if not (signing and signing.fullmatch(k)))
     whole = urllib.parse.urlunsplit(parts._replace(scheme=parts.scheme.lower(), netloc=host, query=query, fragment=""))
     return hashlib.sha256(whole.encode("utf-8")).hexdigest()
 
@@ -77,11 +94,13 @@ def _redact_query(query: str) -> str:
     )
 
 
-#: A URL quoted in a message (``scheme://...`` up to whitespace, a quote or a bracket).
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]]+")
+#: A URL quoted in a message (``scheme://...`` up to whitespace, a quote or a bracket; its query up to whitespace,
+#: ``"`` or ``<>``: ``requests`` leaves ``'``, ``(`` and ``)`` in a query unencoded, and a secret may hold them).
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]?]+(?:\?[^\s\"<>]*)?")
 #: A path with a query quoted in a message (``url: /target.zip?X-Amz-Signature=...``, as ``requests`` names the
-#: URL a redirect led to): its query, whose secrets :func:`redact_text` was not told, is redacted too.
-_PATH_QUERY_IN_TEXT = re.compile(r"(/[^\s'\"<>()\[\]?]*)\?([^\s'\"<>()\[\]]+)")
+#: URL a redirect led to): its query (up to whitespace, ``"`` or ``<>``), whose secrets :func:`redact_text` was
+#: not told, is redacted too.
+_PATH_QUERY_IN_TEXT = re.compile(r"(/[^\s'\"<>()\[\]?]*)\?([^\s\"<>]+)")
 #: Secrets shorter than this are taken out only where they stand next to their key (``token=1``) or ``@``:
 #: replacing every ``1`` of a message would make it unreadable, and would not hide anything.
 _MIN_BARE_SECRET = 4

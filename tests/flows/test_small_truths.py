@@ -3,6 +3,7 @@ says which port is busy and how to move it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -54,6 +55,7 @@ def test_the_demo_names_a_busy_mirror_port_and_how_to_pick_another(tmp_path):
     assert "WIKI_PIPELINE_MIRROR_PORT=" in done.stderr and "Prefect server" not in done.stdout, done.stdout
     assert not (tmp_path / "home" / "mirror.pid").exists()
 
+    del env["PREFECT_API_URL"]  # the script would start a server on 4200: these are refused before anything starts
     for bad in ("87x", "", "08765", "99999999999999999999", "80", "4200"):
         env |= {"WIKI_PIPELINE_MIRROR_PORT": bad, "WIKI_PIPELINE_PREFECT_PORT": "4200"}
         done = subprocess.run(
@@ -61,5 +63,58 @@ def test_the_demo_names_a_busy_mirror_port_and_how_to_pick_another(tmp_path):
         )
         assert done.returncode == 2, (bad, done.stdout, done.stderr)
         assert f"WIKI_PIPELINE_MIRROR_PORT='{bad}' is not a port the demo's mirror can use" in done.stderr, done.stderr
+    env["WIKI_PIPELINE_PREFECT_PORT"] = "0x"
+    done = subprocess.run(
+        [str(REPO / "scripts" / "pipeline"), "--demo"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2 and "WIKI_PIPELINE_PREFECT_PORT='0x' is not a port" in done.stderr, done.stderr
+    assert not (tmp_path / "home" / "server.pid").exists(), "no server started"
     done = subprocess.run([str(REPO / "scripts" / "pipeline"), "--stop"], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, "--stop runs whatever the mirror's port says"
+    assert done.returncode == 0, "--stop runs whatever the ports say"
+
+
+def test_stop_ends_the_runner_and_a_run_in_flight(prefect_server, tmp_path):
+    """`scripts/pipeline --stop` while a demo run trains: the runner, its fork server and the run's process all end
+    (a runner sent SIGTERM with a run going did not exit before, and the run went on with its server gone)."""
+    import psutil
+
+    from flows.server import free_port
+    from tests.support.wait import wait_for
+
+    home = tmp_path / "home"
+    env = {
+        **os.environ,
+        **prefect_server.env,
+        "PREFECT_HOME": str(home),
+        "WIKI_PIPELINE_MIRROR_PORT": str(free_port()),
+        "WIKI_PIPELINE_ARTIFACTS": str(tmp_path / "art"),
+    }
+    script = str(REPO / "scripts" / "pipeline")
+    started = subprocess.run(
+        [script, "--demo", "--no-wait", "--param", "steps=100000"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    runner = psutil.Process(int((home / "runner.pid").read_text()))
+    mirror = psutil.Process(int((home / "mirror.pid").read_text()))
+    log = home / "runner.log"
+    wait_for(lambda: "step 10: loss" in log.read_text(), "the demo run's training", timeout=180, every=0.5)
+    group = [p for p in psutil.process_iter() if _pgid(p.pid) == runner.pid]
+    assert len(group) >= 3, "the runner, its fork server and the run's process"
+
+    try:
+        stopped = subprocess.run([script, "--stop"], env=env, capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 0 and "stopped the runner" in stopped.stdout, stopped.stdout + stopped.stderr
+        _, alive = psutil.wait_procs([*group, mirror], timeout=30)
+        assert not alive, [p.cmdline() for p in alive]
+        assert not (home / "runner.pid").exists() and not (home / "mirror.pid").exists()
+    finally:  # nothing of it outlives the test, whatever happened
+        for p in [*group, mirror]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None

@@ -377,6 +377,36 @@ def test_the_same_bytes_from_another_mirror_are_the_same_version(tmp_path, caplo
     assert f"reusing corpus/{first['version']}" in caplog.text, "published from one, known to be served by two"
 
 
+def test_offline_the_bytes_the_address_served_last_are_reused(tmp_path, fast_retries, caplog):
+    """Reviewer: the fallback took the version *published* last from the address. Here /x.zip served A (published
+    from it), then B (published earlier from /y.zip, reused): offline, /x.zip's run reuses B, what it served last."""
+    a, b = _tiny_zip("Aaaa"), _tiny_zip("Bbbb")
+    root = tmp_path / "art"
+    with Mirror({"/x.zip": a, "/y.zip": b}) as m:
+        version_b = download(root, source_url=m.url("/y.zip"))
+        version_a = download(root, source_url=m.url("/x.zip"))
+        m.add("/x.zip", b)
+        assert download(root, source_url=m.url("/x.zip")) == version_b
+    with caplog.at_level("WARNING", logger="wiki_pipeline"):  # the mirror gone
+        assert download(root, source_url=m.url("/x.zip")) == version_b != version_a
+    assert f"reusing corpus/{version_b['version']}" in caplog.text
+
+
+def test_a_stray_download_at_the_address_s_path_is_not_taken_for_the_version_s_bytes(tmp_path):
+    """Reviewer: the build took whatever file lay at the address's download path (a killed run's download of other
+    bytes) and failed with a false "now holds other bytes"; it takes one only when its recorded sha256 is the
+    version's."""
+    root = tmp_path / "art"
+    with Mirror({"/x.zip": _tiny_zip("Aaaa")}) as m:
+        first = download(root, source_url=m.url("/x.zip"))
+        stray = D._index(open_store(root)).download_path(address_sha256(m.url("/x.zip")))
+        stray.parent.mkdir(parents=True, exist_ok=True)
+        stray.write_bytes(_tiny_zip("Bbbb"))
+        D.SourceIndex.facts_path(stray).write_text(json.dumps({"sha256": hashlib.sha256(b"other").hexdigest()}))
+        again = download(root, source_url=m.url("/x.zip"), run={"force": ["corpus"]})
+    assert again["version"] == first["version"] and "Aaaa text" in _train_text(again)
+
+
 def test_a_renewed_signed_url_is_the_same_address(tmp_path, fast_retries, caplog):
     """Reviewer: with the query part of the address, every renewed signature downloaded the zip again and had no
     offline fallback. The signing parameters (``X-Amz-*``, ``sig``, ``token``, ...) are not part of it."""
@@ -748,15 +778,23 @@ def test_redact_url():
     assert redact_url(D.DEFAULT_URL) == D.DEFAULT_URL
     # what stored things name an address by: the URL but its user info, fragment and signing parameters, hashed
     plain = hashlib.sha256(b"https://h:8/a/b.zip?e=1").hexdigest()
-    assert address_sha256("https://u:p@H:8/a/b.zip?sig=x%2F&e=1#f") == plain
-    assert address_sha256("https://h:8/a/b.zip?sig=y&e=1") == plain, "a renewed signature: the same address"
-    assert address_sha256("https://h:8/a/b.zip?X-Amz-Signature=s&X-Amz-Expires=9&e=1&token=1") == plain
+    assert address_sha256("https://u:p@H:8/a/b.zip?sv=2020&sig=x%2F&e=1#f") == plain
+    assert address_sha256("https://h:8/a/b.zip?sv=2021&sig=y&se=2030&e=1") == plain, "a renewed Azure signature"
+    assert address_sha256("https://h:8/a/b.zip?X-Amz-Signature=s&X-Amz-Expires=9&e=1") == plain, "S3 v4"
+    assert address_sha256("https://h:8/a/b.zip?e=1&Signature=s&AWSAccessKeyId=k&Expires=9") == plain, "S3 v2"
     assert address_sha256("https://h:8/a/b.zip?e=2") != plain, "another file-selecting value: another address"
+    for own in ("sig=y&e=1", "e=1&token=1", "e=1&Expires=9", "sp=r&e=1"):  # no signature scheme's marker there
+        assert address_sha256(f"https://h:8/a/b.zip?{own}") != plain, f"?{own}: a server's own parameters count"
     assert (
         redact_text("GET /b.zip?sig=x%2F&e=1 failed", "https://h/b.zip?sig=x%2F&e=1")
         == "GET /b.zip?sig=***&e=*** failed"
     )
-    # a redirect's target, whose secrets the source URL does not name, as requests quotes it (the path only)
+    # a redirect's target, whose secrets the source URL does not name, as requests quotes it (the path only; it
+    # leaves ' ( ) unencoded in a query)
+    assert (
+        redact_text("url: /x.zip?token=ab'S3CR3T (Caused by x)", "http://h/r") == "url: /x.zip?token=*** (Caused by x)"
+    )
+    assert redact_text("for 'ftp://h/x?token=ab(S3CR3T)'", "http://h/r") == "for 'ftp://h/x?token=***"
     assert (
         redact_text("Max retries exceeded with url: /t.zip?X-Amz-Signature=S3CR3T&X-Amz-Credential=K (x)", "http://h/r")
         == "Max retries exceeded with url: /t.zip?X-Amz-Signature=***&X-Amz-Credential=*** (x)"
