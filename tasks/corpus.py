@@ -283,7 +283,7 @@ def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict
     is_trusted = trusted(validators)
     identity = _index(store).recall(key) if is_trusted else None
     if identity is not None:
-        return _checked(identity, settings)
+        return _served(settings, store, _checked(identity, settings))
     if not is_trusted:
         log.warning(
             "corpus: %s sends no strong ETag (%s), so this run cannot tell whether the file there changed "
@@ -292,7 +292,13 @@ def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict
             _source_line(validators),
         )
     with _index(store).downloading(settings.address) as dest:  # two runs of one address: one downloads at a time
-        return _download_and_hash(settings, store, key, validators, dest, log)
+        return _served(settings, store, _download_and_hash(settings, store, key, validators, dest, log))
+
+
+def _served(settings: CorpusSettings, store: ArtifactStore, identity: dict) -> dict:
+    """``identity``, noted as what the address serves now (the offline fallback reuses what it served last)."""
+    _index(store).mark_served(settings.address, identity["sha256"])
+    return identity
 
 
 def _download_and_hash(
@@ -366,14 +372,15 @@ def _checked(identity: dict, settings: CorpusSettings) -> dict:
 
 def _last_known_version(settings: CorpusSettings, store: ArtifactStore) -> VersionInfo | None:
     """The corpus version (same settings and code version) whose bytes the address served last, which a run that
-    cannot reach the source reuses; None when there is none. Candidates: the versions published from this address
-    (``source_url_sha256`` in their metrics: :func:`tasks.core.urls.address_sha256`; when published, the time it
-    served them) and the ones the source index says it served (the same zip first published from another mirror or
-    port; the last probe that recalled it). A version published before the address was recorded matches by its
-    redacted ``source_url`` only when the URL has no query (``?f=***`` would match any file)."""
+    cannot reach the source reuses; None when there is none. When the address was last seen serving each zip comes
+    from the source index's marks (:meth:`SourceIndex.mark_served`: every run that learns what the address holds
+    notes it, whether or not its server's validators could be recorded), which also find a zip first published
+    from another mirror or port; a version published from this address (``source_url_sha256`` in its metrics) with
+    no mark counts from its creation. A version published before the address was recorded matches by its redacted
+    ``source_url`` only when the URL has no query (``?f=***`` would match any file)."""
     params = settings.version_params()
     legacy_ok = not urllib.parse.urlsplit(settings.source_url).query
-    served_here = _index(store).identities_of(settings.address)  # sha256 -> when this address last served it
+    served_here = _index(store).served_by(settings.address)  # sha256 -> when this address last served it
 
     def last_served(v: VersionInfo) -> float | None:
         """When this address last served ``v``'s bytes, as far as the store and the index know; None: never."""
@@ -382,12 +389,13 @@ def _last_known_version(settings: CorpusSettings, store: ArtifactStore) -> Versi
             published_here = metrics["source_url_sha256"] == settings.address
         else:
             published_here = legacy_ok and metrics.get("source_url") == settings.shown_url
-        times = [served_here[sha]] if sha in served_here else []
-        if published_here:
-            with contextlib.suppress(ValueError, TypeError):
-                times.append(datetime.fromisoformat(str(v.manifest.get("created_at"))).timestamp())
-            times = times or [0.0]
-        return max(times) if times else None
+        if sha in served_here:  # this machine saw the address serve those bytes: its own clock, its last look
+            return served_here[sha]
+        if not published_here:
+            return None
+        with contextlib.suppress(ValueError, TypeError):  # published from it (here or elsewhere), not seen since
+            return datetime.fromisoformat(str(v.manifest.get("created_at"))).timestamp()
+        return 0.0
 
     ranked = [
         (when, n, v)

@@ -3,14 +3,16 @@
 A stage whose version follows the *content* it reads from outside the store (the corpus: the sha256 of the zip
 at ``source_url``) needs the bytes to know that content, and downloading them on every run to find out would
 make a cached rerun cost a download. :class:`SourceIndex` keeps, in a stage's folder of the store
-(``<root>/<stage>/.sources/``, one atomic JSON file an entry, never a credential nor a query value), what a
-server said about an address -- the address as :func:`tasks.core.urls.address_sha256` names it (a sha256 of
-the URL without its user info), the server's strong ``ETag``, its ``Last-Modified`` and size when it sent
-them; for a local file its path, size and mtime -- and the ``{"sha256", "bytes"}`` of what it served then. When
-a probe gets the same answer, and the answer can name one content (:func:`trusted`: a strong ``ETag``; a
-``Last-Modified`` cannot -- one-second resolution, a weak validator), that is the identity, with no download.
+(``<root>/<stage>/.sources/``, one atomic JSON file an entry, never a credential; a query only inside the
+address's sha256), what a server said about an address -- the address as :func:`tasks.core.urls.address_sha256`
+names it (a sha256 of the URL without its user info and signing parameters), the server's strong ``ETag``, its
+``Last-Modified`` and size when it sent them; for a local file its path, size and mtime -- and the
+``{"sha256", "bytes"}`` of what it served then. When a probe gets the same answer, and the answer can name one
+content (:func:`trusted`: a strong ``ETag``; a ``Last-Modified`` cannot -- one-second resolution, a weak
+validator), that is the identity, with no download.
 Downloads made to learn an identity wait in ``.sources/downloads/`` (named by the address's sha256) for the
-build that uses them.
+build that uses them. ``.sources/served/`` notes, per address, when it was last seen serving each content
+(:meth:`SourceIndex.mark_served`), for the offline fallback.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,8 +58,6 @@ class SourceIndex:
             return None
         if not isinstance(entry, dict) or entry.get("key") != key or not _SHA256_RE.match(str(entry.get("sha256"))):
             return None
-        with contextlib.suppress(OSError):  # its time says when the address last served these bytes
-            os.utime(self._path(key))
         return {"sha256": entry["sha256"], "bytes": entry.get("bytes")}
 
     def remember(self, key: dict, identity: dict, shown: str | None = None) -> None:
@@ -69,18 +69,35 @@ class SourceIndex:
         entry = {"key": key, **identity, **({"shown_url": shown} if shown else {})}
         atomic_write_text(path, json.dumps(entry, sort_keys=True))
 
-    def identities_of(self, address: str) -> dict[str, float]:
+    def _served_path(self, address: str) -> Path:
+        return self.dir / "served" / f"{address[:32]}.json"
+
+    def served_by(self, address: str) -> dict[str, float]:
         """{sha256: when ``address`` (its :func:`~tasks.core.urls.address_sha256`) last served it, epoch seconds}
-        for the bytes recorded as served there, whichever address first published them: what an offline run of
-        ``address`` may fall back to, the latest first. An entry's time is that of its file, written when the
-        answer was recorded and touched each time a probe recalls it."""
-        found: dict[str, float] = {}
-        for entry in self._entries():
-            sha = str(entry.get("sha256"))
-            if entry["key"].get("address") == address and _SHA256_RE.match(sha):
-                with contextlib.suppress(OSError):
-                    found[sha] = max(found.get(sha, 0.0), entry["_path"].stat().st_mtime)
-        return found
+        (:meth:`mark_served`), whichever address first published those bytes: what an offline run of ``address``
+        may fall back to, the latest first."""
+        try:
+            found = json.loads(self._served_path(address).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(found, dict) or found.get("address") != address or not isinstance(found.get("served"), dict):
+            return {}
+        return {
+            sha: float(t)
+            for sha, t in found["served"].items()
+            if _SHA256_RE.match(str(sha)) and isinstance(t, int | float)
+        }
+
+    def mark_served(self, address: str, sha256: str, forget: bool = False) -> None:
+        """Note (atomically) that ``address`` serves ``sha256`` now -- every run that learns what an address holds
+        does, whether its server's validators could be recorded or not -- or, with ``forget``, that it does not."""
+        served = self.served_by(address)
+        served.pop(sha256, None)
+        if not forget:
+            served[sha256] = time.time()
+        path = self._served_path(address)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({"address": address, "served": served}, sort_keys=True))
 
     def _entries(self) -> Iterator[dict]:
         for path in self.dir.glob("*.json"):
@@ -98,6 +115,7 @@ class SourceIndex:
         for entry in self._entries():
             if entry.get("sha256") == sha256 and entry["key"].get("address") == address:
                 entry["_path"].unlink(missing_ok=True)
+        self.mark_served(address, sha256, forget=True)
 
     def download_path(self, address: str) -> Path:
         """Where a download made to learn the identity of the address ``address`` (its sha256) waits for its

@@ -46,6 +46,8 @@ from tasks.core.store_s3 import ObjectFiles, is_object_url, normal_url, safe_rel
 MANIFEST = "manifest.json"
 _STAGE_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")  # a stage's folder: a plain name, never a path
 _VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a version id (12 hex digits, see version_id)
+#: A whole download a stage made to learn a source's sha256 (``SourceIndex.download_path``) and its facts.
+_DOWNLOAD_RE = re.compile(r"[0-9a-f]{32}\.zip(?:\.facts\.json)?")
 MANIFEST_FORMAT = 1
 ENV_ROOT = "WIKI_PIPELINE_ARTIFACTS"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -396,9 +398,11 @@ class ArtifactStore:
         local = PosixFiles(self.files.local)
         for st in self._all_stages():
             folder = f"{st}/.sources/downloads"
+            if local.path(folder).is_symlink() or local.path(f"{st}/.sources").is_symlink():
+                continue  # not a folder the stage made: not ours to judge or delete
             for name in local.names(folder):
-                if not name.endswith((".zip", ".zip.facts.json")):
-                    continue
+                if not _DOWNLOAD_RE.fullmatch(name) or local.path(f"{folder}/{name}").is_symlink():
+                    continue  # a name the stage never writes (an address's sha256): not ours
                 key = f"{folder}/{name}"
                 try:
                     info = local.path(key).stat()

@@ -94,13 +94,16 @@ def _redact_query(query: str) -> str:
     )
 
 
-#: A URL quoted in a message (``scheme://...`` up to whitespace, a quote or a bracket; its query up to whitespace,
-#: ``"`` or ``<>``: ``requests`` leaves ``'``, ``(`` and ``)`` in a query unencoded, and a secret may hold them).
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]?]+(?:\?[^\s\"<>]*)?")
-#: A path with a query quoted in a message (``url: /target.zip?X-Amz-Signature=...``, as ``requests`` names the
-#: URL a redirect led to): its query (up to whitespace, ``"`` or ``<>``), whose secrets :func:`redact_text` was
-#: not told, is redacted too.
-_PATH_QUERY_IN_TEXT = re.compile(r"(/[^\s'\"<>()\[\]?]*)\?([^\s\"<>]+)")
+#: A query in a message: up to whitespace, ``"`` or ``<>``, and up to a ``'`` that closes a quote (one followed by
+#: ``,;:})]``, another quote, whitespace or the end). ``requests`` leaves ``'``, ``(``, ``)``, ``[`` and ``]``
+#: unencoded in a path and a query, and a secret may hold them; a query cut short would leave the rest of a
+#: secret readable, so a closing ``)`` or ``,`` is taken in with it.
+_QUERY = r"(?:[^\s\"<>']|'(?![\s,;:})\]'\"]|$))*"
+#: A URL quoted in a message (``scheme://...``, its path up to whitespace, ``"``, ``<>`` or ``?``; its query).
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"<>?]+(?:\?" + _QUERY + ")?")
+#: A path with a query quoted in a message (``url: /dl/wiki(1).zip?X-Amz-Signature=...``, as ``requests`` names
+#: the URL a redirect led to): its query, whose secrets :func:`redact_text` was not told, is redacted too.
+_PATH_QUERY_IN_TEXT = re.compile(r"(/[^\s\"<>?]*)\?(" + _QUERY + ")")
 #: Secrets shorter than this are taken out only where they stand next to their key (``token=1``) or ``@``:
 #: replacing every ``1`` of a message would make it unreadable, and would not hide anything.
 _MIN_BARE_SECRET = 4
@@ -162,7 +165,7 @@ def redact_text(text: str, url: str) -> str:
     name); then each secret of ``url`` -- query values, user info, password -- is taken out in whatever encoding
     it appears (raw, percent-encoded, or a mix)."""
     text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
-    text = _PATH_QUERY_IN_TEXT.sub(lambda m: f"{m.group(1)}?{_redact_query(m.group(2))}", text)
+    text = _PATH_QUERY_IN_TEXT.sub(lambda m: f"{m.group(1)}?{_redact_query(m.group(2))}" if m.group(2) else m[0], text)
     for pattern, repl in _secret_patterns(url):
         text = pattern.sub(repl, text)
     return text

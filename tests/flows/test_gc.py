@@ -134,12 +134,16 @@ def test_gc_collects_downloads_no_build_took(tmp_path, capsys):
     downloads = art / "corpus" / ".sources" / "downloads"
     downloads.mkdir(parents=True)
     names = ("a" * 32 + ".zip", "a" * 32 + ".zip.facts.json", "b" * 32 + ".zip", "c" * 32 + ".zip.part")
+    names += ("my-own-copy.zip",)  # a name the stage never writes: not gc's to judge
     for name in names:
         (downloads / name).write_bytes(b"z" * 1000)
+    (tmp_path / "elsewhere.zip").write_bytes(b"keep")
+    (downloads / ("d" * 32 + ".zip")).symlink_to(tmp_path / "elsewhere.zip")
     hour_ago = time.time() - 3600
-    for name in (names[0], names[1], names[3]):
+    for name in (names[0], names[1], names[3], names[4]):
         os.utime(downloads / name, (hour_ago, hour_ago))
     listing = _cli(capsys, "gc", "--artifacts-dir", str(art))
     assert listing.count("a download made to learn the source's sha256 that no build took") == 2, listing
     _cli(capsys, "gc", "--artifacts-dir", str(art), "--yes")
-    assert sorted(p.name for p in downloads.iterdir()) == sorted(names[2:]), "the fresh and the partial one stay"
+    assert sorted(p.name for p in downloads.iterdir()) == sorted([*names[2:], "d" * 32 + ".zip"]), "the rest stays"
+    assert (tmp_path / "elsewhere.zip").read_bytes() == b"keep"

@@ -94,8 +94,8 @@ def test_stop_ends_the_runner_and_a_run_in_flight(prefect_server, tmp_path):
         [script, "--demo", "--no-wait", "--param", "steps=100000"], env=env, capture_output=True, text=True, timeout=300
     )
     assert started.returncode == 0, started.stdout + started.stderr
-    runner = psutil.Process(int((home / "runner.pid").read_text()))
-    mirror = psutil.Process(int((home / "mirror.pid").read_text()))
+    runner = psutil.Process(int((home / "runner.pid").read_text().split()[0]))
+    mirror = psutil.Process(int((home / "mirror.pid").read_text().split()[0]))
     log = home / "runner.log"
     wait_for(lambda: "step 10: loss" in log.read_text(), "the demo run's training", timeout=180, every=0.5)
     group = [p for p in psutil.process_iter() if _pgid(p.pid) == runner.pid]
@@ -118,3 +118,29 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
+
+
+def test_stop_leaves_a_process_that_only_reuses_a_recorded_pid(tmp_path):
+    """A pid file outlives its process, and the pid may come back as someone else's: `--stop` signals a process
+    only when it started when the pid file says (and its command line holds the expected text); the very process
+    it names is stopped."""
+    import psutil
+
+    home = tmp_path / "home"
+    home.mkdir()
+    stranger = subprocess.Popen(["bash", "-c", 'exec -a "python -m flows.mirror --serve --port 1" sleep 300'])
+    try:
+        (home / "mirror.pid").write_text(f"{stranger.pid} Mon Jan 1 00:00:00 2024\n")  # another start time
+        env = {**os.environ, "PREFECT_HOME": str(home)}
+        done = subprocess.run([str(REPO / "scripts" / "pipeline"), "--stop"], env=env, capture_output=True, text=True)
+        assert done.returncode == 0 and "stopped" not in done.stdout, done.stdout
+        assert psutil.Process(stranger.pid).status() != psutil.STATUS_ZOMBIE and stranger.poll() is None
+        assert not (home / "mirror.pid").exists(), "the stale pid file is gone"
+        started = subprocess.run(["ps", "-o", "lstart=", "-p", str(stranger.pid)], capture_output=True, text=True)
+        (home / "mirror.pid").write_text(f"{stranger.pid} {' '.join(started.stdout.split())}\n")  # the very process
+        done = subprocess.run([str(REPO / "scripts" / "pipeline"), "--stop"], env=env, capture_output=True, text=True)
+        assert f"stopped the mirror (pid {stranger.pid})" in done.stdout, done.stdout + done.stderr
+        assert stranger.wait(timeout=30) is not None
+    finally:
+        stranger.kill()
+        stranger.wait()

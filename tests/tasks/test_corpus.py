@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -392,6 +393,23 @@ def test_offline_the_bytes_the_address_served_last_are_reused(tmp_path, fast_ret
     assert f"reusing corpus/{version_b['version']}" in caplog.text
 
 
+def test_offline_the_zip_served_last_is_reused_when_the_server_sends_no_etag(tmp_path, fast_retries, caplog):
+    """Reviewer: a server without a strong ETag leaves no index entry, and the fallback took the version published
+    last. Here it served A, B, then A again: offline, A is reused."""
+    a, b = _tiny_zip("Aaaa"), _tiny_zip("Bbbb")
+    root = tmp_path / "art"
+    with FaultyMirror({"/w.zip": a}, faults=Faults(no_validators=True)) as m:
+        version_a = download(root, source_url=m.url("/w.zip"))
+        time.sleep(1.1)  # B published in a later second than A (created_at has whole seconds): B is the newer
+        m.add("/w.zip", b)
+        version_b = download(root, source_url=m.url("/w.zip"))
+        m.add("/w.zip", a)
+        assert download(root, source_url=m.url("/w.zip")) == version_a != version_b
+    with caplog.at_level("WARNING", logger="wiki_pipeline"):  # the mirror gone
+        assert download(root, source_url=m.url("/w.zip")) == version_a
+    assert f"reusing corpus/{version_a['version']}" in caplog.text
+
+
 def test_a_stray_download_at_the_address_s_path_is_not_taken_for_the_version_s_bytes(tmp_path):
     """Reviewer: the build took whatever file lay at the address's download path (a killed run's download of other
     bytes) and failed with a false "now holds other bytes"; it takes one only when its recorded sha256 is the
@@ -608,7 +626,7 @@ def test_the_offline_fallback_matches_the_whole_address_not_its_redacted_form(tm
     manifest = json.loads(manifest_path.read_text())
     del manifest["metrics"]["source_url_sha256"]
     manifest_path.write_text(json.dumps(manifest))
-    for entry in (tmp_path / "legacy" / "corpus" / ".sources").glob("*.json"):
+    for entry in (tmp_path / "legacy" / "corpus" / ".sources").glob("**/*.json"):
         entry.unlink()  # nor does its index name the address (an older index named the redacted URL)
     with pytest.raises(UserError, match=" failed 4 times in a row"):
         download(tmp_path / "legacy", source_url=url_a)
@@ -794,7 +812,13 @@ def test_redact_url():
     assert (
         redact_text("url: /x.zip?token=ab'S3CR3T (Caused by x)", "http://h/r") == "url: /x.zip?token=*** (Caused by x)"
     )
-    assert redact_text("for 'ftp://h/x?token=ab(S3CR3T)'", "http://h/r") == "for 'ftp://h/x?token=***"
+    assert redact_text("for 'ftp://h/x?token=ab(S3CR3T)'", "http://h/r") == "for 'ftp://h/x?token=***'"
+    assert redact_text("url: /dl/wiki(1).zip?sig=S3CR3T (x)", "http://h/r") == "url: /dl/wiki(1).zip?sig=*** (x)"
+    assert redact_text("url: /dl/a[1].zip?sig=S3CR3T", "http://h/r") == "url: /dl/a[1].zip?sig=***"
+    assert (
+        redact_text("{'url':'http://h/f.zip?a=1','status':500,'detail':'disk full'}", "http://h/r")
+        == "{'url':'http://h/f.zip?a=***','status':500,'detail':'disk full'}"
+    )
     assert (
         redact_text("Max retries exceeded with url: /t.zip?X-Amz-Signature=S3CR3T&X-Amz-Credential=K (x)", "http://h/r")
         == "Max retries exceeded with url: /t.zip?X-Amz-Signature=***&X-Amz-Credential=*** (x)"
