@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tasks.core.markdown import md_code, md_text
 from tasks.core.store import VersionInfo, human_bytes
+from tasks.core.urls import redact_text
 from tasks.model import line_chart
 from tasks.registry import BY_NAME, open_store
 
@@ -105,9 +106,11 @@ def _linked(version: str, link: str | None) -> str:
 
 
 def one_line(error: BaseException, limit: int = 500) -> str:
-    """An error as literal markdown text on one line: its type and first line, at most ``limit`` characters (the
-    stages' errors name their inputs without credentials: ``redact_url``)."""
+    """An error as literal markdown text on one line: its type and first line, at most ``limit`` characters. The
+    stages' errors name their inputs without credentials already; any URL or query left in it is redacted here
+    too (``redact_text``), whatever raised it."""
     text = next((line.strip() for line in str(error).splitlines() if line.strip()), "no reason given")
+    text = redact_text(text, "")
     text = f"{type(error).__name__}: {text}"
     return md_text(text if len(text) <= limit else text[: limit - 1] + "…")
 
