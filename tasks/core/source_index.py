@@ -99,22 +99,17 @@ class SourceIndex:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps({"address": address, "served": served}, sort_keys=True))
 
-    def _entries(self) -> Iterator[dict]:
+    def forget(self, address: str, sha256: str) -> None:
+        """Drop every entry that says the address ``address`` (its sha256) serves ``sha256`` (it no longer does,
+        or those bytes were damaged), and its mark as served there."""
         for path in self.dir.glob("*.json"):
             try:
                 entry = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
-            if isinstance(entry, dict) and isinstance(entry.get("key"), dict):
-                entry["_path"] = path
-                yield entry
-
-    def forget(self, address: str, sha256: str) -> None:
-        """Drop every entry that says the address ``address`` (its sha256) serves ``sha256`` (it no longer does,
-        or those bytes were damaged)."""
-        for entry in self._entries():
-            if entry.get("sha256") == sha256 and entry["key"].get("address") == address:
-                entry["_path"].unlink(missing_ok=True)
+            key = entry.get("key") if isinstance(entry, dict) else None
+            if isinstance(key, dict) and entry.get("sha256") == sha256 and key.get("address") == address:
+                path.unlink(missing_ok=True)
         self.mark_served(address, sha256, forget=True)
 
     def download_path(self, address: str) -> Path:

@@ -45,27 +45,27 @@ def redact_url(url: str) -> str:
 #: with ``AWSAccessKeyId``, ``GoogleAccessId``, ``OSSAccessKeyId`` or ``Key-Pair-Id``: those, ``Expires``,
 #: ``Policy``); Azure SAS (``sig`` with ``sv``: ``sv``, ``ss``, ``srt``, ``sp``, ``se``, ``st``, ``spr``, ``sr``,
 #: ``si``, ``sdd``, ``ses``, ``skoid``, ``sktid``, ``skt``, ``ske``, ``sks``, ``skv``, ``sig``).
-_SIGNING_FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("x-amz-signature", re.compile(r"x-amz-.*", re.IGNORECASE)),
-    ("x-goog-signature", re.compile(r"x-goog-.*", re.IGNORECASE)),
-    ("x-oss-signature", re.compile(r"x-oss-.*", re.IGNORECASE)),
+_SIGNING_FAMILIES: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = (
+    # (the signature's own parameter, the key parameters one of which must be there too, the family's parameters)
+    ("x-amz-signature", (), re.compile(r"x-amz-.*", re.IGNORECASE)),
+    ("x-goog-signature", (), re.compile(r"x-goog-.*", re.IGNORECASE)),
+    ("x-oss-signature", (), re.compile(r"x-oss-.*", re.IGNORECASE)),
     (
         "signature",
+        ("awsaccesskeyid", "googleaccessid", "ossaccesskeyid", "key-pair-id"),
         re.compile(r"signature|expires|policy|awsaccesskeyid|googleaccessid|ossaccesskeyid|key-pair-id", re.I),
     ),
-    ("sig", re.compile(r"sv|ss|srt|sp|se|st|spr|sr|si|sdd|ses|skoid|sktid|skt|ske|sks|skv|sig", re.IGNORECASE)),
+    ("sig", ("sv",), re.compile(r"sv|ss|srt|sp|se|st|spr|sr|si|sdd|ses|skoid|sktid|skt|ske|sks|skv|sig", re.I)),
 )
-_SIGNED_BY = {"signature": ("awsaccesskeyid", "googleaccessid", "ossaccesskeyid", "key-pair-id"), "sig": ("sv",)}
 
 
-def _signing_params(names: list[str]) -> re.Pattern[str] | None:
-    """The parameters of ``names`` (a query's keys, lower case) that sign the request: one pattern, or None."""
-    found = []
-    for marker, pattern in _SIGNING_FAMILIES:
-        partners = _SIGNED_BY.get(marker)
-        if marker in names and (partners is None or any(p in names for p in partners)):
-            found.append(pattern)
-    return re.compile("|".join(f"(?:{p.pattern})" for p in found), re.IGNORECASE) if found else None
+def _signing_params(names: list[str]) -> list[re.Pattern[str]]:
+    """The families of :data:`_SIGNING_FAMILIES` whose signature is among ``names`` (a query's keys, lower case)."""
+    return [
+        pattern
+        for marker, keys, pattern in _SIGNING_FAMILIES
+        if marker in names and (not keys or any(k in names for k in keys))
+    ]
 
 
 def address_sha256(url: str) -> str:
@@ -83,7 +83,7 @@ def address_sha256(url: str) -> str:
     items = [item for item in parts.query.split("&") if item]
     keys = [urllib.parse.unquote_plus(item.partition("=")[0]) for item in items]
     signing = _signing_params([k.lower() for k in keys])
-    query = "&".join(item for item, k in zip(items, keys, strict=True) if not (signing and signing.fullmatch(k)))
+    query = "&".join(item for item, k in zip(items, keys, strict=True) if not any(p.fullmatch(k) for p in signing))
     whole = urllib.parse.urlunsplit(parts._replace(scheme=parts.scheme.lower(), netloc=host, query=query, fragment=""))
     return hashlib.sha256(whole.encode("utf-8")).hexdigest()
 
