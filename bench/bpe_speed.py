@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.bpe_speed --big-bytes 0   # only the 1.1 MB WikiText-2 part
 
 Part 1, real text (../shared/data/wikitext2-valid.txt, 1.1 MB), 1024 merges:
-  * train: the chapter's word-level algorithm (mygpt/bpe_reference.py, same tie-break), our
+  * train: the chapter's word-level algorithm (mygpt/tokenizers/bpe_reference.py, same tie-break), our
     ``BPETokenizer.from_corpus``, and HF ``tokenizers`` BpeTrainer (pre-tokeniser ``Split(\\s*\\S+|\\s+,
     "isolated")``, the same alphabet, no min_frequency, no special tokens, vocab = alphabet + 1024), fed
     the text as one string and as ~64 KB pieces cut at safe points (which lets HF use its threads);
@@ -36,9 +36,9 @@ import numpy as np
 
 from bench.memwatch import run_watched
 from flows.mirror import REPO, SHARED_DATA
-from mygpt import bpe_reference
-from mygpt.bpe import BPETokenizer
-from mygpt.bpe_encode import iter_encode_file
+from mygpt.tokenizers import bpe_reference
+from mygpt.tokenizers.bpe import BPETokenizer
+from mygpt.tokenizers.bpe_encode import iter_encode_file
 
 OUT = REPO / "bench" / "out"
 WIKITEXT = SHARED_DATA / "wikitext2-valid.txt"
@@ -179,7 +179,7 @@ def encode_child(path: str, tok_path: str, workers: int, chunk_bytes: int) -> No
     n_tokens = 0
     checksum = 0
     chunks = 0
-    from mygpt.bpe_encode import EncodeStats
+    from mygpt.tokenizers.bpe_encode import EncodeStats
 
     stats = EncodeStats()
     with contextlib.ExitStack() as stack:
@@ -188,7 +188,7 @@ def encode_child(path: str, tok_path: str, workers: int, chunk_bytes: int) -> No
         else:  # the chunks on a local Dask cluster of `workers` processes, as the shards stage runs them
             import logging
 
-            from mygpt.bpe_encode import chunk_bounds
+            from mygpt.tokenizers.bpe_encode import chunk_bounds
             from tasks.core import dask_work
             from tasks.core.settings import RunOptions
 

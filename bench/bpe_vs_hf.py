@@ -54,8 +54,8 @@ def _digest(merges) -> str:
 
 def child(trainer: str, path: str, end: int, merges: int) -> dict:
     """Runs in a fresh process: train, return timings and the merges' digest."""
-    from mygpt.bpe_encode import chunk_bounds, read_chunk
-    from mygpt.bpe_train import add_counts, count_words, gc_paused, train_and_count_tokens
+    from mygpt.tokenizers.bpe_encode import chunk_bounds, read_chunk
+    from mygpt.tokenizers.bpe_train import add_counts, count_words, gc_paused, train_and_count_tokens
 
     t0 = time.perf_counter()
     out: dict = {}
@@ -93,7 +93,7 @@ def child(trainer: str, path: str, end: int, merges: int) -> dict:
     elif trainer == "hf":
         from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
-        from mygpt.bpe_words import pieces
+        from mygpt.tokenizers.bpe_words import pieces
 
         def texts():
             for _, s, e in chunk_bounds(path, 8 << 20, end=end):
@@ -116,7 +116,7 @@ def child(trainer: str, path: str, end: int, merges: int) -> dict:
             for m in json.loads(tok.to_str())["model"]["merges"]
         ]
     else:
-        from mygpt.bpe import BPETokenizer
+        from mygpt.tokenizers.bpe import BPETokenizer
 
         got = BPETokenizer.from_corpus(read_chunk(path, 0, end), merges).merges
     out.update(

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the artifact roots under bench/out/")
     args = ap.parse_args(argv)
 
-    from mygpt.bpe import BPETokenizer
+    from mygpt.tokenizers.bpe import BPETokenizer
     from tasks.core.settings import RunOptions
     from tasks.core.stage import StageRef
     from tasks.registry import open_store

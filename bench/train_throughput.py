@@ -7,8 +7,9 @@ Two models from the chapter:
 * ``ch28``  -- the chapter-28 Wikipedia model: vocab 3046, embed 192, 4 layers, 6 heads, 2 kv heads,
   max_seq_len 256, RMSNorm, RoPE; seq_len 256, batch 16 (2,163,264 params).
 
-Each row runs ``mygpt.distributed.run_training`` -- ``mygpt.train.train`` in this process for ``nproc`` 1, data
-parallel under ``torch.distributed.run`` for more -- over random tokens in a flat token file, with grad clipping
+Each row runs ``mygpt.training.distributed.run_training`` -- ``mygpt.training.train.train`` in this process for
+``nproc`` 1, data parallel under ``torch.distributed.run`` for more -- over random tokens in a flat token file, with
+grad clipping
 at 1.0 and AdamW, for every combination of ``--precisions`` x ``--nproc`` x ``--compile``. ``batch_size`` is the
 global batch, so every row does the same work per step. The first ``--warmup-steps`` steps (compilation, caches)
 are not timed; the loop reports each later step's time (after a device sync) and a row shows the median step,
@@ -40,8 +41,8 @@ import numpy as np
 
 from mygpt import CharTokenizer, TrainConfig, UserError
 from mygpt.device import resolve_device, resolve_precision
-from mygpt.distributed import TrainJob, resolve_nproc, run_training
-from mygpt.tokenizer import save_tokenizer_file
+from mygpt.tokenizers.files import save_tokenizer_file
+from mygpt.training.distributed import TrainJob, resolve_nproc, run_training
 
 CONFIGS = {
     "part1": dict(

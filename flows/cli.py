@@ -31,9 +31,35 @@ if TYPE_CHECKING:
     from prefect.states import State
 
     from tasks.core.stage import StageRef
+    from tasks.store.artifacts import ArtifactStore, VersionInfo
 
 DEPLOYMENT = "wiki-pipeline"
 POLL_SECONDS = 0.5  # how often `serve`'s runner asks the server for flow runs to start
+
+
+def format_listing(
+    store: ArtifactStore, versions: list[VersionInfo] | None = None, stale: dict[tuple[str, str], str] | None = None
+) -> str:
+    """Published versions (all, or ``versions``): stage, version, creation time, size, and lineage; those in
+    ``stale`` (see :meth:`ArtifactStore.stale_versions`) are marked, with why."""
+    from tasks.core.report import human_bytes
+
+    versions = store.versions() if versions is None else versions
+    stale = stale or {}
+    if not versions:
+        return f"no published versions under {store.root}"
+    lines = [
+        f"artifacts under {store.root}",
+        f"{'stage':10s} {'version':12s} {'created (UTC)':20s} {'size':>9s}  inputs",
+    ]
+    for v in versions:
+        inputs = ", ".join(f"{k}/{i['version']}" for k, i in sorted((v.manifest.get("inputs") or {}).items()))
+        why = stale.get((v.stage, v.version))
+        lines.append(
+            f"{v.stage:10s} {v.version:12s} {v.manifest.get('created_at', ''):20s} "
+            f"{human_bytes(v.size_bytes):>9s}  {inputs or '-'}" + (f"  [stale: {why}]" if why else "")
+        )
+    return "\n".join(lines)
 
 
 def parse_param(text: str) -> tuple[str, object]:
@@ -111,7 +137,7 @@ def loopback_mirror():
 
 
 def cmd_run(args) -> int:
-    from tasks.core.download import DownloadKnobs
+    from tasks.wikitext.download import DownloadKnobs
 
     with contextlib.ExitStack() as stack:
         settings = checked(args)
@@ -185,7 +211,7 @@ def cmd_serve(args) -> int:
     from flows.settings import source_urls
     from flows.warm_start import install as start_runs_warm
     from flows.wiki_pipeline import wiki_pipeline
-    from tasks.core.download import DownloadKnobs
+    from tasks.wikitext.download import DownloadKnobs
 
     settings = checked(args)
     check_prefect_server()
@@ -370,7 +396,7 @@ def cmd_wait(args) -> int:
 
 
 def cmd_artifacts(args) -> int:
-    from tasks.core.store import format_listing, human_bytes
+    from tasks.core.report import human_bytes
     from tasks.registry import code_versions, open_store, stage_name
 
     store = open_store(args.artifacts_dir)
@@ -412,7 +438,7 @@ def cmd_artifacts(args) -> int:
 
 def cmd_gc(args) -> int:
     """List what no run needs -- how big, why -- and with ``--yes`` delete it, never what a running build locks."""
-    from tasks.core.store import human_bytes
+    from tasks.core.report import human_bytes
     from tasks.registry import code_versions, open_store
 
     store = open_store(args.artifacts_dir)
@@ -440,7 +466,7 @@ def cmd_pull(args) -> int:
     """Copy one published version into a local directory (for ``from_pretrained``, DuckDB, or a look by hand)."""
     from pathlib import Path
 
-    from tasks.core.store import human_bytes
+    from tasks.core.report import human_bytes
     from tasks.registry import open_store
 
     stage, _, version = args.version.strip().strip("/").partition("/")

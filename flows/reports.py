@@ -19,11 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.core.markdown import md_code, md_text
-from tasks.core.store import VersionInfo, human_bytes
+from tasks.core.report import human_bytes, line_chart, md_code, md_text
 from tasks.core.urls import redact_text
-from tasks.model import line_chart
 from tasks.registry import BY_NAME, open_store
+from tasks.store.artifacts import VersionInfo
 
 SUMMARY_KEY = "wiki-run-summary"
 MODEL_COMPARISON_KEY = "wiki-model-comparison"

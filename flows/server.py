@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from mygpt._orphan_guard import die_with_parent
+from mygpt.training.orphan_guard import die_with_parent
 
 START_TIMEOUT = 240.0  # seconds: a first start's migrations, on a busy machine
 SERVER_AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"  # Prefect's basic auth: ``user:password`` the server demands

@@ -2,9 +2,9 @@
 
 This package never imports Prefect; the pipeline layers (``tasks/``, ``flows/``) build on it. Importing it
 is cheap: the names below load their module (and torch, where that module needs it) on first use, so
-``import mygpt`` or ``from mygpt.bpe import BPETokenizer`` never pays for torch.
+``import mygpt`` or ``from mygpt.tokenizers.bpe import BPETokenizer`` never pays for torch.
 
-The training loop and text generation are the functions ``mygpt.train.train`` and
+The training loop and text generation are the functions ``mygpt.training.train.train`` and
 ``mygpt.generate.generate`` (their modules share their names, so they are not re-exported here).
 """
 
@@ -26,25 +26,25 @@ __all__ = [
 ]
 
 _HOME = {
-    "BPETokenizer": "bpe",
-    "CharTokenizer": "char_tokenizer",
+    "BPETokenizer": "tokenizers.bpe",
+    "CharTokenizer": "tokenizers.char_tokenizer",
     "GPT": "model",
     "GPTConfig": "gpt_config",
-    "TrainConfig": "train",
-    "TrainResult": "train",
+    "TrainConfig": "training.train",
+    "TrainResult": "training.train",
     "UserError": "errors",
     "load_checkpoint": "checkpoint",
     "save_checkpoint": "checkpoint",
 }
 
 if TYPE_CHECKING:  # editors and type checkers see the real names
-    from .bpe import BPETokenizer
-    from .char_tokenizer import CharTokenizer
-    from .checkpoint import load_checkpoint, save_checkpoint
-    from .errors import UserError
-    from .gpt_config import GPTConfig
-    from .model import GPT
-    from .train import TrainConfig, TrainResult
+    from mygpt.checkpoint import load_checkpoint, save_checkpoint
+    from mygpt.errors import UserError
+    from mygpt.gpt_config import GPTConfig
+    from mygpt.model import GPT
+    from mygpt.tokenizers.bpe import BPETokenizer
+    from mygpt.tokenizers.char_tokenizer import CharTokenizer
+    from mygpt.training.train import TrainConfig, TrainResult
 
 
 def __getattr__(name: str):

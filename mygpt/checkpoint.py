@@ -27,11 +27,11 @@ import os
 
 import torch
 
-from .atomic import atomic_open
-from .errors import UserError
-from .gpt_config import REQUIRED_CHECKPOINT_KEYS
-from .model import GPT, GPTConfig
-from .tokenizer import tokenizer_from_state
+from mygpt.atomic import atomic_open
+from mygpt.errors import UserError
+from mygpt.gpt_config import REQUIRED_CHECKPOINT_KEYS
+from mygpt.model import GPT, GPTConfig
+from mygpt.tokenizers.files import tokenizer_from_state
 
 __all__ = [
     "gpt_config_from_payload",

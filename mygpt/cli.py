@@ -12,11 +12,11 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from .errors import UserError
+from mygpt.errors import UserError
 
 if TYPE_CHECKING:
-    from .bpe import BPETokenizer
-    from .char_tokenizer import CharTokenizer
+    from mygpt.tokenizers.bpe import BPETokenizer
+    from mygpt.tokenizers.char_tokenizer import CharTokenizer
 
 __all__ = ["MODEL_FLAGS", "build_parser", "main", "model_config"]
 
@@ -202,7 +202,7 @@ def _utf8_prefix(raw: bytes, n: int) -> str:
 def model_config(args, vocab_size: int):
     """The ``GPTConfig`` that ``mygpt train``'s flags ask for: the one place the chapter's flags (``--norm``,
     ``--position``, ...) meet the config's fields; a flag left out takes ``GPTConfig``'s default."""
-    from .model import GPTConfig
+    from mygpt.model import GPTConfig
 
     given = {field: getattr(args, flag) for flag, field in MODEL_FLAGS.items() if getattr(args, flag) is not None}
     return GPTConfig(vocab_size, **given)
@@ -220,10 +220,10 @@ def _train_command(args) -> int:
 
     import torch
 
-    from .device import resolve_device, resolve_precision
-    from .distributed import resolve_nproc
-    from .model import GPT
-    from .train import TrainConfig, check_memory, check_nproc, check_seq_len, train
+    from mygpt.device import resolve_device, resolve_precision
+    from mygpt.model import GPT
+    from mygpt.training.distributed import resolve_nproc
+    from mygpt.training.train import TrainConfig, check_memory, check_nproc, check_seq_len, train
 
     # Validate everything cheap before reading or tokenising the corpus (vocab_size: any valid value till then).
     gpt_config = model_config(args, vocab_size=1)
@@ -272,7 +272,7 @@ def _train_command(args) -> int:
     text, raw = _read_text(args.text_file)
     tokenizer: BPETokenizer | CharTokenizer
     if args.tokenizer == "bpe":
-        from .bpe import BPETokenizer
+        from mygpt.tokenizers.bpe import BPETokenizer
 
         train_text = _utf8_prefix(raw, args.bpe_train_bytes)
         del raw
@@ -286,7 +286,7 @@ def _train_command(args) -> int:
         data = tokenizer.encode_corpus(text, unk_policy="skip")
         print(f"corpus encoded in {time.perf_counter() - t0:.1f}s", flush=True)
     else:
-        from .char_tokenizer import CharTokenizer
+        from mygpt.tokenizers.char_tokenizer import CharTokenizer
 
         del raw
         tokenizer = CharTokenizer.from_text(text)
@@ -351,8 +351,8 @@ def _train_processes(args, nproc, tokenizer, train_data, val_data, gpt_config, c
     import tempfile
     from dataclasses import asdict
 
-    from .distributed import TrainJob, run_training
-    from .tokenizer import save_tokenizer_file
+    from mygpt.tokenizers.files import save_tokenizer_file
+    from mygpt.training.distributed import TrainJob, run_training
 
     with tempfile.TemporaryDirectory(prefix="mygpt-train-data-") as tmp:
         save_tokenizer_file(tokenizer, os.path.join(tmp, "tokenizer.json"))
@@ -375,9 +375,9 @@ def _train_processes(args, nproc, tokenizer, train_data, val_data, gpt_config, c
 
 
 def _generate_command(args) -> int:
-    from .checkpoint import load_checkpoint
-    from .device import resolve_device, resolve_precision
-    from .generate import generate
+    from mygpt.checkpoint import load_checkpoint
+    from mygpt.device import resolve_device, resolve_precision
+    from mygpt.generate import generate
 
     device = resolve_device(args.device)
     precision = resolve_precision(device, args.precision)
@@ -400,7 +400,7 @@ def _generate_command(args) -> int:
 
 
 def _export_command(args) -> int:
-    from .hf_export import export_checkpoint
+    from mygpt.hf_export import export_checkpoint
 
     facts = export_checkpoint(args.checkpoint, args.out)
     check = facts["check"]

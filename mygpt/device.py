@@ -29,8 +29,8 @@ import re
 
 import torch
 
-from .errors import UserError
-from .limits import PRECISIONS, precision_name
+from mygpt.errors import UserError
+from mygpt.limits import PRECISIONS, precision_name
 
 __all__ = [
     "PRECISIONS",

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .device import autocast, resolve_device, resolve_precision
-from .errors import UserError, check_int, describe_chars
+from mygpt.device import autocast, resolve_device, resolve_precision
+from mygpt.errors import UserError, check_int, describe_chars
 
 __all__ = ["generate", "generate_ids"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .errors import UserError, check_int
+from mygpt.errors import UserError, check_int
 
 __all__ = [
     "CHECKPOINT_KEYS",

@@ -55,7 +55,7 @@ keeps counting positions past ``max_position_embeddings``. Within ``max_seq_len`
 
 The tokenizer
 -------------
-A :class:`~mygpt.bpe.BPETokenizer` becomes HF's ``BPE`` model with ``vocab`` = mygpt's ids and ``merges`` in
+A :class:`~mygpt.tokenizers.bpe.BPETokenizer` becomes HF's ``BPE`` model with ``vocab`` = mygpt's ids and ``merges`` in
 mygpt's order (rank = position), no normaliser, a ``Sequence`` of ``Split`` pre-tokenisers and a decoder
 that joins the tokens (``Fuse``; ``ByteFallback`` first for byte-fallback tokenizers). Ids are mygpt's ids.
 
@@ -93,8 +93,8 @@ import shutil
 import tempfile
 import time
 
-from .atomic import atomic_write_bytes, fsync_dir, sha256_file
-from .errors import UserError, describe_chars
+from mygpt.atomic import atomic_write_bytes, fsync_dir, sha256_file
+from mygpt.errors import UserError, describe_chars
 
 __all__ = [
     "ARCHITECTURE",
@@ -529,7 +529,7 @@ def _compare(directory: str, model, tokenizer, sample_text: str | None) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .model import GPT
+    from mygpt.model import GPT
 
     text = sample_text if sample_text else _probe_text(tokenizer)
     want = _mygpt_ids(tokenizer, text)
@@ -620,7 +620,12 @@ def export_checkpoint(checkpoint_path, out_dir, *, sample_text: str | None = Non
     sha256, training step, its own ``meta``). A checkpoint that cannot be exported exactly raises ``UserError``
     naming it, before anything is written.
     """
-    from .checkpoint import gpt_config_from_payload, load_checkpoint_payload, model_from_payload, tokenizer_from_payload
+    from mygpt.checkpoint import (
+        gpt_config_from_payload,
+        load_checkpoint_payload,
+        model_from_payload,
+        tokenizer_from_payload,
+    )
 
     path = os.path.abspath(os.fspath(checkpoint_path))
     payload = load_checkpoint_payload(path)  # read once: the config, the tokenizer and the weights come from it

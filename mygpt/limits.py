@@ -1,8 +1,8 @@
 """What a training run needs of this machine, checked before anything is built, and which device it runs on
 where that is known without torch: the settings-time rules of the CLI, ``TrainJob.check`` and the pipeline's
 ``ModelSettings``. Nothing here imports torch (``check_memory`` asks it only for a CUDA device's memory), so
-checking settings for the CPU never pays for it; ``mygpt.train`` re-exports the checks (their old home) and calls
-them before training too.
+checking settings for the CPU never pays for it; ``mygpt.training.train`` re-exports the checks (their old home) and
+calls them before training too.
 
 * :func:`check_seq_len`, :func:`check_nproc`, :func:`check_memory` -- the one home of each rule.
 * :func:`resolves_to_cpu` -- ``True`` where ``device`` (``"cpu"``, or ``"auto"`` on a machine that cannot hold an
@@ -19,8 +19,8 @@ import glob
 import os
 import sys
 
-from .errors import UserError
-from .metrics import machine_memory, training_memory
+from mygpt.errors import UserError
+from mygpt.metrics import machine_memory, training_memory
 
 __all__ = [
     "ACCELERATOR_NODES",
@@ -103,8 +103,8 @@ def check_memory(
     names: dict[str, str] | None = None,
 ) -> None:
     """The one check that training fits this machine before anything is allocated: ``UserError`` when even
-    :func:`mygpt.metrics.training_memory`'s lower bound for ``model`` (a ``GPTConfig``) exceeds the GPU's memory
-    (CUDA: per process) or this machine's (CPU, MPS: all ``nproc`` processes together). ``names``: how the
+    :func:`mygpt.metrics.training_memory`'s lower bound for ``model`` (a ``GPTConfig``) exceeds the GPU's
+    memory (CUDA: per process) or this machine's (CPU, MPS: all ``nproc`` processes together). ``names``: how the
     caller's user spells the settings (``{"batch_size": "--batch-size", ...}``)."""
     have, what = machine_memory(device)
     if have is None:

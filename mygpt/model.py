@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .gpt_config import NORM_TYPES, POSITION_TYPES, GPTConfig  # torch-free, re-exported (their old home)
+from mygpt.gpt_config import NORM_TYPES, POSITION_TYPES, GPTConfig  # torch-free, re-exported (their old home)
 
 __all__ = ["GPT", "NORM_TYPES", "POSITION_TYPES", "GPTConfig", "KVCache", "RMSNorm"]
 

@@ -10,7 +10,7 @@ from the same zip on Linux/macOS. The chapter reads each ``.raw`` member in text
 universal newlines: ``\\r\\n`` and a lone ``\\r`` both become ``\\n``), applies
 ``re.sub(r"^\\s*=+ [^=]+ =+\\s*$\\n?", "", text, flags=re.MULTILINE)`` and writes the result in text mode
 (``\\n`` stays ``\\n`` where ``os.linesep`` is ``\\n``). We do exactly that, streamed: see
-:func:`tasks.core.header_strip.strip_headers` for why cutting the text into blocks gives the same result as one
+:func:`tasks.wikitext.header_strip.strip_headers` for why cutting the text into blocks gives the same result as one
 ``re.sub`` over a whole split, so memory stays at a few blocks (~4 Mi characters each) instead of a whole 540 MB
 split.
 
@@ -46,18 +46,18 @@ by ``***`` (:func:`tasks.core.urls.redact_url`); messages that quote it in anoth
 errors quote the query percent-encoded) are redacted in that encoding too (:func:`tasks.core.urls.redact_text`).
 
 **Bounds.** The download stops as soon as it exceeds ``expected_bytes`` (or
-:data:`tasks.core.download.MAX_ZIP_BYTES` without one); before anything is unzipped,
-:func:`tasks.core.unzip.check_members` refuses encrypted members, compression methods Python cannot read,
+:data:`tasks.wikitext.download.MAX_ZIP_BYTES` without one); before anything is unzipped,
+:func:`tasks.wikitext.unzip.check_members` refuses encrypted members, compression methods Python cannot read,
 compressed sizes that run past the bytes really there, and zip bombs; while unzipping,
-:func:`tasks.core.unzip.member_bytes` counts the bytes each member really produces and stops, naming the member,
+:func:`tasks.wikitext.unzip.member_bytes` counts the bytes each member really produces and stops, naming the member,
 as soon as they pass its declared size (whatever the compression method), and the header strip keeps memory
-bounded whatever the line length (:func:`tasks.core.header_strip.strip_headers`).
+bounded whatever the line length (:func:`tasks.wikitext.header_strip.strip_headers`).
 
 **Where the work is done.** This module is the stage: its settings, where the zip comes from, the split files
-it writes, its report. The machinery it uses: ``tasks/core/download.py`` (the resumable download with
+it writes, its report. The machinery it uses: ``tasks/wikitext/download.py`` (the resumable download with
 retries, streamed into ``work/source.zip.part``, and its ``WIKI_PIPELINE_*`` knobs, checked by
-:meth:`DownloadKnobs.from_env` before the pipeline starts), ``tasks/core/unzip.py`` (the zip checks and the
-threaded unzip), ``tasks/core/header_strip.py`` (the chapter's header strip, streamed) and
+:meth:`DownloadKnobs.from_env` before the pipeline starts), ``tasks/wikitext/unzip.py`` (the zip checks and the
+threaded unzip), ``tasks/wikitext/header_strip.py`` (the chapter's header strip, streamed) and
 ``tasks/core/urls.py`` (credentials out of URLs).
 """
 
@@ -77,16 +77,17 @@ from pydantic import Field, field_validator, model_serializer
 
 from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
-from tasks.core.download import MAX_ZIP_BYTES, DownloadKnobs, SourceUnreachable, fetch, probe
-from tasks.core.extract import extract_text
-from tasks.core.header_strip import BLOCK_CHARS
-from tasks.core.markdown import md_code
+from tasks.core.faults import fault_point
+from tasks.core.report import human_bytes, md_code, summary_table
 from tasks.core.settings import RunOptions, Settings
-from tasks.core.source_index import SourceIndex, trusted
-from tasks.core.stage import BuildContext, Stage, StageRef, fault_point, stage_task, summary_table
-from tasks.core.store import ArtifactStore, VersionInfo, human_bytes, sha256_file
-from tasks.core.unzip import check_members
+from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 from tasks.core.urls import address_sha256, file_path, redact_url, stored_url
+from tasks.store.artifacts import ArtifactStore, VersionInfo, sha256_file
+from tasks.wikitext.download import MAX_ZIP_BYTES, DownloadKnobs, SourceUnreachable, fetch, probe
+from tasks.wikitext.extract import extract_text
+from tasks.wikitext.header_strip import BLOCK_CHARS
+from tasks.wikitext.source_index import SourceIndex, trusted
+from tasks.wikitext.unzip import check_members
 
 DEFAULT_URL = "https://wikitext.smerity.com/wikitext-103-raw-v1.zip"
 PINNED_BYTES = 191_984_949  # the chapter's EXPECTED_BYTES for DEFAULT_URL
@@ -217,7 +218,7 @@ class CorpusSettings(Settings):
     @property
     def max_zip_bytes(self) -> int:
         """The most the download may bring: ``expected_bytes`` when given, else
-        :data:`tasks.core.download.MAX_ZIP_BYTES`."""
+        :data:`tasks.wikitext.download.MAX_ZIP_BYTES`."""
         return self.expected_bytes or MAX_ZIP_BYTES
 
 

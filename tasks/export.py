@@ -17,8 +17,9 @@ from pathlib import Path
 from pydantic import Field
 
 from mygpt.errors import UserError
+from tasks.core.report import summary_table
 from tasks.core.settings import RunOptions, Settings
-from tasks.core.stage import BuildContext, Stage, StageRef, stage_task, summary_table
+from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 
 
 class ExportSettings(Settings):

@@ -1,10 +1,10 @@
 """Stage ``model`` (task ``train_model``): the shards + the tokenizer -> ``model/<version>/model.ckpt``.
 
 The token shards are materialised once into flat token files in the build's work directory and opened as
-read-only ``np.memmap``; ``mygpt.train`` draws random windows from them (the chapter's ``get_batch``), so the
+read-only ``np.memmap``; ``mygpt.training.train`` draws random windows from them (the chapter's ``get_batch``), so the
 corpus is never copied into Python objects. Checkpoints go to ``work/train.ckpt`` atomically every
 ``checkpoint_every`` steps; the work directory survives a crash (SIGKILL, OOM, Ctrl-C), so rerunning the flow
-builds the same version again and ``mygpt.train`` resumes from the last checkpoint (bit-identical on CPU/fp32).
+builds the same version again and ``mygpt.training.train`` resumes from the last checkpoint (bit-identical on CPU/fp32).
 
 Published files: ``model.ckpt`` (the chapter's checkpoint format, no optimizer state; loads with
 ``mygpt generate --checkpoint``), ``loss_history.json`` and ``loss_history.csv``.
@@ -16,12 +16,12 @@ silently reusing weights trained elsewhere. ``nproc`` (resolved: ``"auto"`` beco
 are part of it too: the global batch is the same for every world size, but gradients summed across processes
 (and compiled kernels) round differently, so the weights are equal only up to float rounding, not bit-identical.
 
-Training goes through :func:`mygpt.distributed.run_training`: ``nproc=1`` trains in this process (exactly
-``mygpt.train.train``); ``nproc > 1`` runs ``torch.distributed.run`` (torchrun) with one process per rank (NCCL
+Training goes through :func:`mygpt.training.distributed.run_training`: ``nproc=1`` trains in this process (exactly
+``mygpt.training.train.train``); ``nproc > 1`` runs ``torch.distributed.run`` (torchrun) with one process per rank (NCCL
 on CUDA, gloo on CPU), whose per-rank logs are in ``work/ranks/`` of the build's staging directory (kept when
 the stage fails, removed with the staging directory when it publishes). Either way the resume checkpoint is
 ``work/train.ckpt``, written by rank 0, and a rerun resumes from it; a rank that dies alone fails the stage with
-:class:`mygpt.distributed.TrainingProcessError` (which rank, how, the tail of its log), never a hang.
+:class:`mygpt.training.distributed.TrainingProcessError` (which rank, how, the tail of its log), never a hang.
 
 Metrics: tokens/s, FLOPs per token, achieved TFLOP/s, MFU (``None``, shown ``n/a``, on CPU) and validation bits
 per byte next to the validation loss (:mod:`mygpt.metrics`).
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import html
 import io
 import json
 import math
@@ -43,8 +42,10 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from mygpt.errors import UserError
+from tasks.core.report import line_chart, summary_table
 from tasks.core.settings import DeviceSettings, RunOptions, Seed
-from tasks.core.stage import BuildContext, Stage, StageRef, stage_task, summary_table
+from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
+from tasks.tokenizer import load_tokenizer
 
 CHECKPOINT = "train.ckpt"  # in ctx.work: the resume checkpoint
 SPLITS = {"train": ("train",), "all": ("train", "valid", "test")}
@@ -112,9 +113,9 @@ class ModelSettings(DeviceSettings):
 
     def resolved(self) -> ModelSettings:
         """Device and precision (DeviceSettings), then ``nproc`` as a number this machine can run: the one place
-        the pipeline resolves it (``mygpt.distributed.resolve_nproc``); the stage passes the number on."""
-        from mygpt.distributed import resolve_nproc
+        the pipeline resolves it (``mygpt.training.distributed.resolve_nproc``); the stage passes the number on."""
         from mygpt.limits import check_nproc
+        from mygpt.training.distributed import resolve_nproc
 
         s = super().resolved()
         try:
@@ -197,12 +198,6 @@ def token_files(shards_dir: Path, work: Path, splits: tuple[str, ...]) -> tuple[
     return paths, dtypes.pop(), total
 
 
-def load_tokenizer(tokenizer_dir: str | os.PathLike[str]):
-    from mygpt.bpe import BPETokenizer
-
-    return BPETokenizer.load(Path(tokenizer_dir) / "tokenizer.json")
-
-
 def _checkpoint_step(path: Path, log) -> int:
     """The step a resume checkpoint holds (0 when there is none; an unreadable one is deleted)."""
     if not path.exists():
@@ -227,8 +222,8 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wiki-pipeline" / "torchinductor"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
 
-    import mygpt.distributed as dist
-    from mygpt.train import TrainConfig
+    import mygpt.training.distributed as dist
+    from mygpt.training.train import TrainConfig
 
     s = settings
     vocab_size = load_tokenizer(tokenizer).vocab_size
@@ -348,97 +343,6 @@ def write_history(out: Path, history: list[dict]) -> None:
     writer.writeheader()
     writer.writerows(history)
     atomic_write_text(out / "loss_history.csv", buf.getvalue())
-
-
-# ---- the UI artifact: summary + loss curve -------------------------------------------------------------
-def nice_ticks(lo: float, hi: float, log: bool = False, count: int = 5) -> list[float]:
-    """Round axis ticks covering ``lo``..``hi``: multiples of 1, 2 or 5 x 10^k (on a log axis the 1-2-5 values in
-    range when there are at least three of them)."""
-    if log:
-        k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
-        ticks = [m * 10.0**k for k in range(k0, k1 + 1) for m in (1, 2, 5) if lo <= m * 10.0**k <= hi]
-        if len(ticks) >= 3:
-            return ticks
-    raw = (hi - lo) / max(count - 1, 1) or 1.0
-    magnitude = 10.0 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
-    ticks = [i * step for i in range(first, last + 1)]
-    return [t for t in ticks if t > 0] if log else ticks  # a log axis has no 0
-
-
-def _tick_label(value: float, ticks: list[float]) -> str:
-    """``value`` with as few decimals as show every one of ``ticks`` exactly (``2.5``, ``3``, ``3.5``), so that no
-    two labels read the same on a flat curve (``3.4841000``, ``3.4841025``; at most 15 decimals, beyond any loss
-    the model stage records)."""
-    step = min((b - a for a, b in zip(ticks, ticks[1:], strict=False) if b > a), default=1.0)
-    decimals = next((d for d in range(16) if all(abs(round(t, d) - t) < 1e-6 * step for t in ticks)), 15)
-    return f"{value:,.{decimals}f}"
-
-
-def line_chart(series: list[tuple[str, str, list]], x_title: str, y_title: str, height: int = 300) -> str:
-    """An SVG line chart of ``series`` (``(label, colour, [(x, y), ...])``) with round ticks, axis titles and a
-    legend; no fixed size, only a viewBox, so it takes the width of the page it is shown in. The y axis is
-    logarithmic when the values span more than 4x (a steep start would flatten everything else)."""
-    width = 640
-    clean = [
-        (label, colour, [(x, y) for x, y in pts if y is not None and math.isfinite(y) and y > 0])
-        for label, colour, pts in series
-    ]
-    clean = [c for c in clean if c[2]]
-    ys = [y for _, _, pts in clean for _, y in pts]
-    if not ys:
-        return ""
-    lo, hi = min(ys), max(ys)
-    log_y = hi / lo > 4
-    if hi == lo:
-        lo, hi = lo * 0.9, hi * 1.1
-    f = math.log if log_y else (lambda v: v)
-    y_ticks = nice_ticks(lo, hi, log=log_y)
-    lo, hi = min([lo, *y_ticks]), max([hi, *y_ticks])
-    y0, y1 = f(lo), f(hi)
-    x_max = max(max(x for _, _, pts in clean for x, _ in pts), 1)
-    x_ticks = nice_ticks(0, x_max)
-    x_max = max(x_max, x_ticks[-1])
-    left, right, top, bottom = 64, 16, 28, 44
-    pw, ph = width - left - right, height - top - bottom
-
-    def px(x, y):
-        return left + pw * x / x_max, top + ph * (1 - (f(y) - y0) / (y1 - y0))
-
-    parts = [f'<rect width="{width}" height="{height}" fill="white"/>']
-    for v in y_ticks:
-        _, y = px(0, v)
-        parts.append(
-            f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
-            f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{_tick_label(v, y_ticks)}</text>'
-        )
-    for v in x_ticks:
-        x, _ = px(v, lo)
-        parts.append(
-            f'<text x="{x:.1f}" y="{top + ph + 16}" font-size="11" text-anchor="middle">'
-            f"{_tick_label(v, x_ticks)}</text>"
-        )
-    parts.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>')
-    for _, colour, pts in clean:  # a line, and a dot at each point (a series of one point is a dot)
-        xy = [px(a, b) for a, b in pts]
-        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}"/>')
-        parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in xy]
-    x = left
-    for label, colour, _ in clean:  # the legend, left to right above the plot
-        parts.append(f'<text x="{x}" y="18" font-size="12" fill="{colour}">{html.escape(label)}</text>')
-        x += 14 + 7 * len(label)
-    parts.append(
-        f'<text x="{left + pw / 2:.1f}" y="{height - 8}" font-size="12" text-anchor="middle">{html.escape(x_title)}'
-        "</text>"
-        f'<text transform="translate(16 {top + ph / 2:.1f}) rotate(-90)" font-size="12" text-anchor="middle">'
-        f"{html.escape(y_title)}{' (log scale)' if log_y else ''}</text>"
-    )
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
-        f'preserveAspectRatio="xMidYMid meet" font-family="sans-serif">{"".join(parts)}</svg>'
-    )
 
 
 def loss_curve_svg(curve: list) -> str:

@@ -19,7 +19,7 @@ from mygpt.errors import UserError
 from tasks import corpus, export, model, samples, shards, tokenizer
 from tasks.core.settings import RunOptions
 from tasks.core.stage import Stage
-from tasks.core.store import ArtifactStore
+from tasks.store.artifacts import ArtifactStore
 
 STAGES: tuple[Stage, ...] = (
     corpus.STAGE,

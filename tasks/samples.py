@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from mygpt.errors import UserError
-from tasks.core.markdown import md_code, md_text
+from tasks.core.report import md_code, md_text
 from tasks.core.settings import DeviceSettings, RunOptions, Seed
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 
@@ -170,7 +170,7 @@ def check_prompt_early(settings: SamplesSettings, tokenizer: StageRef) -> list[s
     """The samples' early check (:attr:`Stage.early_check`): the prompt against the tokenizer, as soon as the
     tokenizer version exists, so a prompt it cannot encode stops the run before the shards and the model."""
     from tasks.core.stage import ref_dir
-    from tasks.model import load_tokenizer
+    from tasks.tokenizer import load_tokenizer
 
     return check_prompts(load_tokenizer(ref_dir(tokenizer)), settings.prompt)
 

@@ -9,8 +9,8 @@ the Dask cluster (``RunOptions.workers``, ``RunOptions.dask_address``) and the c
 changing them reuses the version.
 
 Parallelism (:mod:`tasks.core.dask_work`): each split is cut into chunks of about ``chunk_bytes`` at
-tokenisation-safe points (``mygpt.bpe_encode.chunk_bounds``); each chunk is encoded by a Dask worker that reads
-its byte range of the split file itself; the results come back in file order, a few chunks ahead at most.
+tokenisation-safe points (``mygpt.tokenizers.bpe_encode.chunk_bounds``); each chunk is encoded by a Dask worker that
+reads its byte range of the split file itself; the results come back in file order, a few chunks ahead at most.
 Their ids are copied into one shard buffer of ``shard_tokens`` ids, which is written out (pyarrow,
 atomically) whenever it fills. Peak memory: the buffer plus the chunks in flight; never the whole corpus.
 The same pass counts the characters outside the tokenizer's alphabet (``skipped_*`` per split, and
@@ -39,15 +39,15 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from mygpt.atomic import atomic_write_text
-from mygpt.bpe import BPETokenizer
-from mygpt.bpe_encode import EncodeStats, chunk_bounds
 from mygpt.errors import UserError
+from mygpt.tokenizers.bpe import BPETokenizer
+from mygpt.tokenizers.bpe_encode import EncodeStats, chunk_bounds
 from tasks.core import dask_work, shard_format
-from tasks.core.markdown import md_code
+from tasks.core.report import md_code
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
-from tasks.core.store import sha256_file
 from tasks.corpus import SPLIT_FILES, SPLITS
+from tasks.store.artifacts import sha256_file
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 PROGRESS_FILE = "progress.json"

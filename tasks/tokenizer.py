@@ -3,7 +3,8 @@
 The slice is the first ``bpe_train_bytes`` bytes of ``wiki.train.txt`` (0 = the whole split), cut back to a
 UTF-8 character boundary (the chapter slices 50,000,000 *characters* of ``wikipedia.txt``, which starts
 with the train split; bytes make the setting independent of the text's script). The algorithm is stated
-plainly in :mod:`mygpt.bpe_reference`; the merges are exactly ``BPETokenizer.from_corpus(slice, num_merges)``.
+plainly in :mod:`mygpt.tokenizers.bpe_reference`; the merges are exactly ``BPETokenizer.from_corpus(slice,
+num_merges)``.
 
 How, in two phases:
 
@@ -12,7 +13,7 @@ How, in two phases:
    counted by a Dask worker reading its byte range of the file (:mod:`tasks.core.dask_work`: a local cluster, or
    ``run.dask_address``), and this process adds the tables up as they arrive, in file order. Memory is a
    few chunks plus the table of distinct words -- it no longer grows with the slice;
-2. **train** -- ``mygpt.bpe_train.train_and_count_tokens`` on the table (the merges of ``from_corpus``).
+2. **train** -- ``mygpt.tokenizers.bpe_train.train_and_count_tokens`` on the table (the merges of ``from_corpus``).
 
 Published files::
 
@@ -30,20 +31,21 @@ encode pass reads every character anyway (its ``missing`` metrics and the ``wiki
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 from pydantic import Field
 
 from mygpt.atomic import atomic_write_text
-from mygpt.bpe import BPETokenizer
-from mygpt.bpe_encode import chunk_bounds
-from mygpt.bpe_train import add_counts, gc_paused, train_and_count_tokens
 from mygpt.errors import UserError
+from mygpt.tokenizers.bpe import BPETokenizer
+from mygpt.tokenizers.bpe_encode import chunk_bounds
+from mygpt.tokenizers.bpe_train import add_counts, gc_paused, train_and_count_tokens
 from tasks.core import dask_work
-from tasks.core.markdown import md_code
+from tasks.core.report import md_code, summary_table
 from tasks.core.settings import RunOptions, Settings
-from tasks.core.stage import BuildContext, Stage, StageRef, stage_task, summary_table
+from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 from tasks.corpus import SPLIT_FILES
 
 DEFAULT_CHUNK_BYTES = 8 << 20
@@ -59,6 +61,11 @@ class TokenizerSettings(Settings):
         ge=0,
         description="train on the first N bytes of wiki.train.txt; the chapter uses 50000000; 0 = the whole split",
     )
+
+
+def load_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> BPETokenizer:
+    """The tokenizer a version of this stage holds."""
+    return BPETokenizer.load(Path(tokenizer_dir) / "tokenizer.json")
 
 
 def slice_end(path: Path, max_bytes: int) -> int:

@@ -1,7 +1,7 @@
 """The data stages' chunk work on Dask (``dask.distributed``): the cluster, and the functions its workers run.
 
 The tokenizer stage (counting the words of the training slice) and the shards stage (encoding every split)
-cut their text into the same deterministic chunks (``mygpt.bpe_encode.chunk_bounds``: about ``chunk_bytes``
+cut their text into the same deterministic chunks (``mygpt.tokenizers.bpe_encode.chunk_bounds``: about ``chunk_bytes``
 each, cut where a word ends, so the words -- and the ids -- of the chunks put together are those of the whole
 text). Each chunk is one Dask task: :func:`count_chunk` or :func:`encode_chunk`, run by a worker that reads its
 byte range of the corpus file itself (only three numbers and a path travel to it) and sends back a word-count
@@ -74,8 +74,8 @@ def encode_chunk(tokenizer_key: str, tokenizer_json: str, path: str, start: int,
     built once per worker, keyed by ``tokenizer_key``, and keeps its word cache from chunk to chunk."""
     import json
 
-    from mygpt.bpe import BPETokenizer
-    from mygpt.bpe_encode import encode_chunk as encode
+    from mygpt.tokenizers.bpe import BPETokenizer
+    from mygpt.tokenizers.bpe_encode import encode_chunk as encode
 
     tok = _TOKENIZERS.get(tokenizer_key)
     if tok is None:
@@ -90,8 +90,8 @@ def count_chunk(path: str, start: int, end: int) -> bytes:
     """The word counts (``Counter(WORD_RE.findall(text))``) of bytes ``start..end`` of ``path``, pickled: Dask
     ships one opaque buffer instead of walking a dict of ~10**5 words entry by entry (measured: 16.5 s instead
     of 1.8 s for six 8 MB chunks). :func:`word_counts` unpickles it."""
-    from mygpt.bpe_encode import read_chunk
-    from mygpt.bpe_train import count_words
+    from mygpt.tokenizers.bpe_encode import read_chunk
+    from mygpt.tokenizers.bpe_train import count_words
 
     with _reading(path, start, end):
         text = read_chunk(path, start, end, opener(path))
@@ -126,7 +126,7 @@ def opener(where: str):
     credentials are the worker's own AWS environment, so a cluster needs no shared disk."""
     if "://" not in where:
         return None
-    from tasks.core.store_s3 import filesystem
+    from tasks.store.s3 import filesystem
 
     fs = _FILESYSTEMS["s3"] = filesystem()
     return lambda url: fs.open(url, "rb", cache_type="none")

@@ -32,11 +32,7 @@ reused); outside Prefect, ``task.fn(...)`` runs the same code and returns the re
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,9 +41,11 @@ from typing import Any, Generic, TypedDict, TypeVar, cast
 from uuid import UUID
 
 from mygpt.errors import UserError
-from tasks.core.markdown import md_code
+from tasks.core.faults import fault_point
+from tasks.core.progress import Pace
+from tasks.core.report import human_bytes, settings_table
 from tasks.core.settings import RunOptions, Settings
-from tasks.core.store import ArtifactStore, Build, human_bytes, version_id
+from tasks.store.artifacts import ArtifactStore, Build, version_id
 
 log = logging.getLogger("wiki_pipeline")
 
@@ -61,84 +59,6 @@ class StageRef(TypedDict):
     version: str
     build_id: str
     path: str
-
-
-# ---- fault injection (test hook, off by default) -------------------------------------------------------
-FAULT_ENV = "WIKI_PIPELINE_FAULT"
-FAULT_TRACE_ENV = "WIKI_PIPELINE_FAULT_TRACE"
-FAULT_HOLD_SECONDS = 300  #: the longest a ``hold=`` fault waits for its file
-_fault_calls: dict[str, int] = {}
-
-
-class FaultInjected(BaseException):
-    """Raised by :func:`fault_point` in ``raise`` mode: an in-process stand-in for a crash (BaseException, so
-    no ``except Exception`` swallows it)."""
-
-
-def reset_faults() -> None:
-    """Forget the per-point call counts (for in-process use)."""
-    _fault_calls.clear()
-
-
-def fault_point(name: str) -> None:
-    """A named point where the reliability harness can crash the pipeline. Does nothing unless the environment says so.
-
-    Points (``<stage>`` is any stage of ``tasks.registry``): ``<stage>.start`` (staging opened,
-    build not started), ``<stage>.progress`` (every :meth:`BuildContext.progress` call, before its throttling),
-    ``<stage>.publish`` (manifest written in staging, not yet renamed into place) and ``<stage>.published``
-    (renamed into place, staging not yet deleted).
-
-    ``WIKI_PIPELINE_FAULT=<point>@<n>`` SIGKILLs this process at the n-th call of ``<point>`` (counted per
-    process); ``<point>@<n>:raise`` raises :class:`FaultInjected` instead; ``<point>@<n>:hold=<file>`` waits
-    there until ``<file>`` exists (a harness holds a build at a known point while another run meets it; after
-    :data:`FAULT_HOLD_SECONDS` it says so and goes on). Any other spec is an error. ``WIKI_PIPELINE_FAULT_TRACE=<file>``
-    appends ``<point> <n>`` for every call (so a harness can pick random points that a run really reaches).
-    """
-    spec = os.environ.get(FAULT_ENV)
-    trace = os.environ.get(FAULT_TRACE_ENV)
-    if not spec and not trace:
-        return
-    n = _fault_calls[name] = _fault_calls.get(name, 0) + 1
-    if trace:
-        with open(trace, "a", encoding="utf-8") as f:
-            f.write(f"{name} {n}\n")
-    if spec:
-        point, count, mode = _parse_fault(spec)
-        if point == name and n == count:
-            if mode == "raise":
-                raise FaultInjected(f"fault injected at {name}@{n}")
-            if mode.startswith("hold="):
-                release = mode[len("hold=") :]
-                deadline = time.monotonic() + FAULT_HOLD_SECONDS
-                while not os.path.exists(release):
-                    if time.monotonic() > deadline:
-                        print(
-                            f"{FAULT_ENV}: {name}@{n} held {FAULT_HOLD_SECONDS} s, {release} never appeared; going on",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                        break
-                    time.sleep(0.05)
-                return
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _parse_fault(spec: str) -> tuple[str, int, str]:
-    """``<point>@<n>[:raise|:hold=<file>]`` as (point, n, mode); a clear error for anything else, so that a mistyped
-    spec neither kills the process nor holds it where the harness did not mean to."""
-    target, colon, mode = spec.partition(":")
-    point, _, count = target.rpartition("@")
-    if not point or not count.isdigit() or int(count) < 1 or (colon and mode != "raise" and not _is_hold(mode)):
-        raise ValueError(
-            f"{FAULT_ENV}={spec!r} is not a fault spec: write <point>@<n> (SIGKILL at the n-th call, n >= 1), "
-            "<point>@<n>:raise or <point>@<n>:hold=<file>; unset it to run without faults"
-        )
-    return point, int(count), mode
-
-
-def _is_hold(mode: str) -> bool:
-    return mode.startswith("hold=") and len(mode) > len("hold=")
 
 
 # ---- Prefect context, when there is one ------------------------------------------------------------------
@@ -256,68 +176,6 @@ class BuildContext(Generic[S]):
                 self._progress_id = cast(UUID, create_progress_artifact(progress=pct, description=description))
             else:
                 update_progress_artifact(self._progress_id, progress=pct, description=description)
-
-
-class Pace:
-    """How fast a build goes and when it will be done, from its progress calls: ``5.1k tokens/s · ETA 12m``.
-
-    Measured from the first call of the current phase (a phase restarts when ``total`` changes or ``done``
-    goes back, e.g. the corpus going from downloading to unzipping), so a resumed build's ETA counts only the
-    work left. ``unit`` = ``(name, units per progress unit)`` for the rate (``("B", 1)`` shows bytes/s); None =
-    no rate, only the ETA."""
-
-    def __init__(self, unit: tuple[str, float] | None = None) -> None:
-        self.unit = unit
-        self.start: tuple[float, float, float] | None = None  # (time, done, total) at the phase's first call
-        self.last_done = 0.0
-
-    def update(self, done: float, total: float, now: float) -> str:
-        if self.start is None or total != self.start[2] or done < self.last_done:
-            self.start = (now, done, total)
-        self.last_done = done
-        t0, done0, _ = self.start
-        if now <= t0 or done <= done0:
-            return ""
-        per_second = (done - done0) / (now - t0)
-        parts = [self._rate(per_second)] if self.unit else []
-        if total > done:
-            parts.append("ETA " + human_seconds((total - done) / per_second))
-        return " · ".join(parts)
-
-    def _rate(self, per_second: float) -> str:
-        assert self.unit is not None  # update() asks for a rate only with a unit
-        name, scale = self.unit
-        value = per_second * scale
-        if name == "B":
-            return f"{human_bytes(value)}/s"
-        for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-            if value >= factor:
-                return f"{value / factor:.1f}{suffix} {name}/s"
-        return f"{value:.1f} {name}/s"
-
-
-def human_seconds(seconds: float) -> str:
-    """``45s``, ``12m05s``, ``2h03m``."""
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def summary_table(rows: list[tuple[str, object]]) -> str:
-    """The two-column "what | value" markdown table at the top of every stage's UI artifact."""
-    return "\n".join(["| | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)])
-
-
-def settings_table(settings: dict) -> str:
-    """The settings a version was built with, one named row each (the end of every stage's UI artifact)."""
-
-    rows = "\n".join(
-        f"| {md_code(name)} | {md_code(json.dumps(value, ensure_ascii=False))} |" for name, value in settings.items()
-    )
-    return f"\n## Settings\n\n| setting | value |\n|---|---|\n{rows}\n"
 
 
 @dataclass(frozen=True)

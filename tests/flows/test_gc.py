@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from flows.cli import main
-from tasks.core.store import human_bytes
+from tasks.core.report import human_bytes
 from tasks.registry import open_store
 
 HOLD_LOCK = textwrap.dedent("""

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from mygpt import bpe_reference as ref
-from mygpt.bpe import BPETokenizer
-from mygpt.bpe_encode import EncodeStats
 from mygpt.errors import UserError
+from mygpt.tokenizers import bpe_reference as ref
+from mygpt.tokenizers.bpe import BPETokenizer
+from mygpt.tokenizers.bpe_encode import EncodeStats
 
 
 def reference_train(text, n):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mygpt.bpe import BPETokenizer
-from mygpt.bpe_encode import EncodeStats, chunk_bounds, encode_chunk, iter_encode_file
 from mygpt.errors import UserError
+from mygpt.tokenizers.bpe import BPETokenizer
+from mygpt.tokenizers.bpe_encode import EncodeStats, chunk_bounds, encode_chunk, iter_encode_file
 
 
 def _concat(parts, dtype=np.uint16):
@@ -160,8 +160,8 @@ def test_byte_fallback_file_round_trip(multibyte_file, wikitext2_text):
 def test_a_word_longer_than_the_bound_is_refused_not_read_whole(tmp_path):
     """One 2 MiB "word" (no whitespace after a non-space) used to become one 2 MiB chunk (40 MB: 40 MB, and a
     worker's memory grew with it): now the chunker refuses it, naming the file and where."""
-    from mygpt.bpe_encode import MAX_WORD_BYTES, chunk_bounds
     from mygpt.errors import UserError
+    from mygpt.tokenizers.bpe_encode import MAX_WORD_BYTES, chunk_bounds
 
     path = tmp_path / "oneword.txt"
     path.write_bytes(b"fine words here\n" + b"a" * (2 * MAX_WORD_BYTES) + b" end\n")

@@ -9,9 +9,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mygpt import bpe_reference as ref
-from mygpt.bpe import BPETokenizer
-from mygpt.bpe_encode import iter_encode_file
+from mygpt.tokenizers import bpe_reference as ref
+from mygpt.tokenizers.bpe import BPETokenizer
+from mygpt.tokenizers.bpe_encode import iter_encode_file
 
 
 def reference_train(text, n):

@@ -1,5 +1,5 @@
-"""The vectorised pre-tokeniser and word table (mygpt.bpe_words) and the trainer's token-count shortcut, each proved
-equal to the plain computation: ``WORD_RE.findall``, ``Counter``, a real ``encode_corpus``."""
+"""The vectorised pre-tokeniser and word table (mygpt.tokenizers.bpe_words) and the trainer's token-count shortcut,
+each proved equal to the plain computation: ``WORD_RE.findall``, ``Counter``, a real ``encode_corpus``."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mygpt import bpe_words
-from mygpt.bpe import BPETokenizer
-from mygpt.bpe_reference import WORD_RE
-from mygpt.bpe_train import count_words, train_and_count_tokens
-from mygpt.bpe_words import WS_LIMIT, WordTable, code_points, word_spans
+from mygpt.tokenizers import bpe_words
+from mygpt.tokenizers.bpe import BPETokenizer
+from mygpt.tokenizers.bpe_reference import WORD_RE
+from mygpt.tokenizers.bpe_train import count_words, train_and_count_tokens
+from mygpt.tokenizers.bpe_words import WS_LIMIT, WordTable, code_points, word_spans
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # whitespace of every kind, repeated words, non-BMP characters, lone surrogates

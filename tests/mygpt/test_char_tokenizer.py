@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mygpt import CharTokenizer, UserError
-from mygpt.tokenizer import tokenizer_from_state
+from mygpt.tokenizers.files import tokenizer_from_state
 
 
 def test_round_trip_on_tiny_shakespeare(shakespeare_text):

@@ -26,7 +26,8 @@ import torch
 
 from mygpt import CharTokenizer, TrainConfig, UserError
 from mygpt.checkpoint import load_checkpoint_payload
-from mygpt.distributed import (
+from mygpt.tokenizers.files import save_tokenizer_file
+from mygpt.training.distributed import (
     EXIT_RANK_ENV,
     STALL_ENV,
     TrainingProcessError,
@@ -35,7 +36,6 @@ from mygpt.distributed import (
     resolve_nproc,
     run_training,
 )
-from mygpt.tokenizer import save_tokenizer_file
 from tests.support import REPO
 
 MODEL = dict(
@@ -238,7 +238,7 @@ def test_sigkill_of_the_process_group_then_rerun_resumes_bit_identical(files, tm
         [
             sys.executable,
             "-c",
-            "import sys; from mygpt.distributed import TrainJob, run_training; "
+            "import sys; from mygpt.training.distributed import TrainJob, run_training; "
             "run_training(TrainJob.load(sys.argv[1]), 2, run_dir=sys.argv[2])",
             str(tmp_path / "job.json"),
             str(run_dir),
@@ -338,8 +338,8 @@ def test_job_and_nproc_are_checked_before_any_process_starts(files, tmp_path):
 def test_resume_restores_each_ranks_own_rng_state():
     """Dropout draws from each process's own torch generator: a resumed rank must get its own state back, not
     rank 0's (the quick check of what the slow dropout test below proves end to end)."""
-    from mygpt.parallel import World
-    from mygpt.train import _capture_rng, _rank_rng, _restore_rng
+    from mygpt.training.parallel import World
+    from mygpt.training.train import _capture_rng, _rank_rng, _restore_rng
 
     cpu = torch.device("cpu")
     ranks = []

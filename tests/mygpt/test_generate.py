@@ -7,7 +7,7 @@ import torch
 
 from mygpt import GPT, CharTokenizer, TrainConfig, UserError
 from mygpt.generate import generate, generate_ids
-from mygpt.train import train
+from mygpt.training.train import train
 
 
 @pytest.fixture(scope="module")

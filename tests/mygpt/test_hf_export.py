@@ -19,15 +19,15 @@ import pytest
 import torch
 
 from mygpt import hf_export
-from mygpt.bpe import BPETokenizer
-from mygpt.char_tokenizer import CharTokenizer
 from mygpt.checkpoint import load_checkpoint, save_checkpoint
 from mygpt.cli import main
 from mygpt.errors import UserError
 from mygpt.generate import generate_ids
 from mygpt.hf_export import EXPORT_FILES, check_exportable, export_checkpoint, export_hf, hf_tokenizer_json
 from mygpt.model import GPT, GPTConfig
-from mygpt.train import TrainConfig, train
+from mygpt.tokenizers.bpe import BPETokenizer
+from mygpt.tokenizers.char_tokenizer import CharTokenizer
+from mygpt.training.train import TrainConfig, train
 from tests.support import REPO
 
 TINY = dict(

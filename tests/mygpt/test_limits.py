@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from mygpt import device as torch_device
-from mygpt import limits, train
+from mygpt import limits
 from mygpt.errors import UserError
+from mygpt.training import train
 from tests.support import REPO
 
 DEVICE_NAMES = ["cpu", " CPU ", "auto", "AUTO", "", "mps", "cuda", "cuda:0", "tpu"]
@@ -93,7 +94,7 @@ def test_device_settings_resolve_as_torch_does(device, precision):
 @pytest.mark.parametrize("nproc", ["auto", 1, 2, "2", " AUTO "])
 @pytest.mark.parametrize("device", ["auto", "cpu"])
 def test_resolve_nproc_answers_as_with_torchs_device(nproc, device, monkeypatch):
-    from mygpt import distributed
+    from mygpt.training import distributed
 
     fast = distributed.resolve_nproc(nproc, device)
     monkeypatch.setattr(limits, "resolves_to_cpu", lambda device, dev="/dev": False)  # the plain path: torch
@@ -116,7 +117,7 @@ def test_checking_settings_loads_no_torch():
 import sys
 from mygpt.gpt_config import GPTConfig
 from mygpt.limits import check_memory, check_nproc, check_seq_len, cpu_precision, resolves_to_cpu
-from mygpt.distributed import resolve_nproc
+from mygpt.training.distributed import resolve_nproc
 config = GPTConfig(vocab_size=2, embed_dim=192, num_heads=6, num_kv_heads=2, max_seq_len=256, norm_type="rms",
                    position_type="rope")
 check_seq_len(256, 256); check_nproc(16, 1); check_memory(config, 16, 256, device="cpu")

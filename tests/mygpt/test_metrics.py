@@ -10,7 +10,7 @@ import torch
 
 from mygpt import GPT, BPETokenizer, CharTokenizer
 from mygpt.metrics import flops_per_token, format_throughput, peak_for_name, throughput
-from mygpt.parallel import World, evaluate
+from mygpt.training.parallel import World, evaluate
 
 
 class Uniform(torch.nn.Module):

@@ -10,8 +10,8 @@ import torch
 
 from mygpt import GPT, CharTokenizer, TrainConfig, UserError
 from mygpt.checkpoint import load_checkpoint_payload
-from mygpt.data import get_batch
-from mygpt.train import lr_at, train
+from mygpt.training.data import get_batch
+from mygpt.training.train import lr_at, train
 
 
 def test_lr_schedule_matches_chapter_figures():
@@ -318,7 +318,7 @@ def test_input_validation(shakespeare_text):
 
 
 def test_concat_tokens_slices_across_parts():
-    from mygpt.data import ConcatTokens
+    from mygpt.training.data import ConcatTokens
 
     c = ConcatTokens([np.arange(0, 5), np.arange(5, 5), np.arange(5, 12)])
     assert len(c) == 12 and c.shape == (12,)
@@ -349,7 +349,7 @@ def test_a_diverging_run_stops_at_the_first_non_finite_loss_and_saves_nothing_af
 
 def test_a_model_too_big_for_this_machine_is_refused_before_anything_is_allocated(shakespeare_text):
     from mygpt.model import GPTConfig
-    from mygpt.train import check_memory
+    from mygpt.training.train import check_memory
 
     tok = CharTokenizer.from_text(shakespeare_text[:5000])
     ids = tok.encode_array(shakespeare_text[:5000])
@@ -363,7 +363,7 @@ def test_a_model_too_big_for_this_machine_is_refused_before_anything_is_allocate
 
 
 def test_on_an_accelerator_the_first_bad_step_is_kept_on_the_device_and_named():
-    from mygpt.train import _FiniteLoss
+    from mygpt.training.train import _FiniteLoss
 
     watch = _FiniteLoss(TrainConfig(lr=1.0), torch.device("cpu"))
     watch.first = torch.zeros((), dtype=torch.long)  # the accelerator's path (no read per step), on the CPU

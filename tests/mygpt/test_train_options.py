@@ -10,7 +10,7 @@ import torch
 
 from mygpt import GPT, CharTokenizer, TrainConfig
 from mygpt.device import compile_unavailable
-from mygpt.train import train
+from mygpt.training.train import train
 
 TINY = dict(
     embed_dim=32, num_heads=4, num_kv_heads=2, num_layers=1, max_seq_len=32, norm_type="rms", position_type="rope"

@@ -53,9 +53,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flows.mirror import ZIP_NAME, Mirror, build_wikitext_zip, make_zip
-from tasks.core.stage import FAULT_ENV, FAULT_TRACE_ENV
-from tasks.core.store import MANIFEST, human_bytes, sha256_file
+from tasks.core.faults import FAULT_ENV, FAULT_TRACE_ENV
+from tasks.core.report import human_bytes
 from tasks.registry import NAMES, open_store
+from tasks.store.artifacts import MANIFEST, sha256_file
 from tests.support import REPO, zips
 from tests.support.mirror_faults import Faults, FaultyMirror
 
@@ -644,7 +645,7 @@ def _cached_zip_problem(root: Path, zip_bytes: bytes) -> str | None:
 def network_faults(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> list[dict]:
     """Each network case against a fresh root; then a healthy rerun on the same root must give the corpus."""
     from mygpt.errors import UserError
-    from tasks.core.download import ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT
+    from tasks.wikitext.download import ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT
     from tests.support.stages import corpus as download
 
     rows = []
@@ -847,7 +848,7 @@ def _edit_manifest(path: Path) -> None:
 
 def damage_cases(root: Path, url: str, reference: dict) -> list[dict]:
     """Damage a published (or in-progress) artifact, rerun, check detection, the logged reason and the rebuild."""
-    from tasks.core.stage import FaultInjected, reset_faults
+    from tasks.core.faults import FaultInjected, reset_faults
 
     params = tiny_stage_params(url)
     store = open_store(root)

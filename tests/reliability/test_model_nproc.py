@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mygpt.distributed import EXIT_RANK_ENV, TrainingProcessError
+from mygpt.training.distributed import EXIT_RANK_ENV, TrainingProcessError
 from tasks.model import CHECKPOINT, STALL_ENV, train_model
 from tests.support.tiny import SETTINGS, run_in
 

@@ -16,8 +16,9 @@ import sys
 
 import pytest
 
+from tasks.core.faults import FAULT_ENV, FAULT_TRACE_ENV, FaultInjected, fault_point, reset_faults
 from tasks.core.settings import RunOptions, Settings
-from tasks.core.stage import FAULT_ENV, FAULT_TRACE_ENV, FaultInjected, Stage, fault_point, reset_faults
+from tasks.core.stage import Stage
 from tasks.registry import open_store
 from tests.reliability import harness as R
 

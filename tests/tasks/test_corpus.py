@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from flows.mirror import MEMBER, Mirror, MirrorHandler, build_wikitext_zip, make_zip
 from mygpt.errors import UserError
 from tasks import corpus as D
-from tasks.core import unzip
-from tasks.core.download import ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT, DownloadKnobs, fetch
-from tasks.core.header_strip import HEADER_RE, strip_headers
 from tasks.core.urls import address_sha256, redact_text, redact_url
 from tasks.registry import open_store
+from tasks.wikitext import unzip
+from tasks.wikitext.download import ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT, DownloadKnobs, fetch
+from tasks.wikitext.header_strip import HEADER_RE, strip_headers
 from tests.support import zips
 from tests.support.mirror_faults import Faults, FaultyMirror
 from tests.support.stages import corpus as download
@@ -748,7 +748,7 @@ def _all_text_under(root: Path) -> str:
 
 
 def test_credentials_in_the_url_are_used_but_never_shown_or_stored(tmp_path, caplog, fast_retries):
-    from tasks.core.stage import settings_table
+    from tasks.core.report import settings_table
 
     with Mirror({"/w.zip": _tiny_zip("Secret")}) as m:
         url = f"http://alice:S3CRET@127.0.0.1:{m.port}/w.zip?token=T0KEN-abc&x=1"

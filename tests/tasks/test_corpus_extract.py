@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from flows.mirror import MEMBER, make_zip
 from mygpt.errors import UserError
-from tasks.core.header_strip import strip_block
 from tasks.corpus import extract_corpus
+from tasks.wikitext.header_strip import strip_block
 
 CHAPTER_RE = re.compile(r"^\s*=+ [^=]+ =+\s*$\n?", flags=re.MULTILINE)  # the chapter's regex, verbatim
 
@@ -110,7 +110,7 @@ def _one_line(total_mib: int, head: str = ""):
 def test_a_line_with_no_newline_is_stripped_in_bounded_memory(head):
     import tracemalloc
 
-    from tasks.core.header_strip import strip_headers
+    from tasks.wikitext.header_strip import strip_headers
 
     total = 48  # MiB: without the bound the whole line is buffered (and copied) at once
     tracemalloc.start()
@@ -130,7 +130,7 @@ def test_a_line_with_no_newline_is_stripped_in_bounded_memory(head):
 
 
 def test_a_header_candidate_that_never_ends_is_refused():
-    from tasks.core.header_strip import strip_headers
+    from tasks.wikitext.header_strip import strip_headers
 
     pieces = ["= Title that never closes "] + ["word " * 1000] * 50
     with pytest.raises(UserError, match=r"wiki.train.raw has a line that starts like a `= Header =` line and runs on"):

@@ -99,7 +99,7 @@ def test_report_has_a_readable_loss_curve_and_summary(upstream, trained):
 
 
 def test_train_reads_memory_mapped_tokens_and_all_splits(upstream, tmp_path):
-    from mygpt.data import open_token_files
+    from mygpt.training.data import open_token_files
 
     _, _, _, shards = upstream
     paths, dtype, n = train_stage.token_files(Path(shards["path"]), tmp_path, ("train",))

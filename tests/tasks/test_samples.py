@@ -10,8 +10,8 @@ import pytest
 from mygpt.errors import UserError
 from tasks import samples as sample_stage
 from tasks.core.settings import RunOptions
-from tasks.model import load_tokenizer
 from tasks.registry import open_store
+from tasks.tokenizer import load_tokenizer
 from tests.support.tiny import SETTINGS, run_in
 
 SAMPLE = SETTINGS.samples

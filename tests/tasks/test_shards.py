@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from flows.mirror import MEMBER, build_wikitext_zip, make_zip
-from mygpt.bpe import BPETokenizer
 from mygpt.errors import UserError
+from mygpt.tokenizers.bpe import BPETokenizer
 from tasks import shards as E
 from tasks.core import shard_format as SF
 from tasks.core.settings import RunOptions

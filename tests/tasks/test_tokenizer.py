@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from flows.mirror import MEMBER, build_wikitext_zip, make_zip
-from mygpt.bpe import BPETokenizer
 from mygpt.errors import UserError
+from mygpt.tokenizers.bpe import BPETokenizer
 from tasks import tokenizer as B
 from tests.support import stages
 

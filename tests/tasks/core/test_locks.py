@@ -17,8 +17,8 @@ import pytest
 from flows.cli import main
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.stage import Stage
-from tasks.core.store import ArtifactStore
 from tasks.registry import code_versions, open_store
+from tasks.store.artifacts import ArtifactStore
 from tests.support import REPO
 from tests.support.wait import wait_for
 
@@ -33,7 +33,7 @@ def _flock_waiters(path: Path) -> int:
 _SECOND_BUILDER = textwrap.dedent(
     """
     import os, sys
-    from tasks.core.store import ArtifactStore
+    from tasks.store.artifacts import ArtifactStore
     store = ArtifactStore(sys.argv[1])
     with store.lock("corpus", "v1", on_wait=lambda: print("waiting", flush=True)):
         # the first holder deletes this file just before it releases the lock

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.core.markdown import md_code, md_text
-from tasks.core.stage import settings_table
+from tasks.core.report import md_code, md_text, settings_table
 from tasks.corpus import report as corpus_report
 from tasks.samples import samples_markdown
 

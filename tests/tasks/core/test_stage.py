@@ -139,7 +139,7 @@ def test_a_manifest_records_its_inputs_lineage_but_no_path(tmp_path):
 
 
 def test_pace_shows_rate_and_eta_of_the_current_phase():
-    from tasks.core.stage import Pace, human_seconds
+    from tasks.core.progress import Pace, human_seconds
 
     tokens = Pace(("tokens", 4096))
     assert tokens.update(100, 1000, now=10.0) == ""  # a resumed build: the pace counts from here

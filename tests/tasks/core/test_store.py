@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 
-from tasks.core.store import MANIFEST, ArtifactStore, version_id
 from tasks.registry import open_store
+from tasks.store.artifacts import MANIFEST, ArtifactStore, version_id
 from tests.support import REPO
 
 
@@ -102,7 +102,7 @@ def test_rebuild_replaces_a_discarded_version(tmp_path):
 _KILLED_BUILDER = textwrap.dedent(
     """
     import sys, time
-    from tasks.core.store import ArtifactStore
+    from tasks.store.artifacts import ArtifactStore
     store = ArtifactStore(sys.argv[1])
     with store.lock("corpus", "v1"):
         build = store.open_build("corpus", "v1")
@@ -137,7 +137,7 @@ def test_sigkill_mid_build_leaves_no_version_and_frees_the_lock(tmp_path):
 
 
 def test_listing_shows_lineage(tmp_path):
-    from tasks.core.store import format_listing
+    from flows.cli import format_listing
     from tasks.registry import open_store
 
     store = open_store(tmp_path)

@@ -16,9 +16,9 @@ import time
 import pytest
 
 from mygpt.errors import UserError
-from tasks.core.stage import FaultInjected
-from tasks.core.store import ArtifactStore
+from tasks.core.faults import FaultInjected
 from tasks.registry import open_store
+from tasks.store.artifacts import ArtifactStore
 
 
 def _publish(store: ArtifactStore, stage: str, version: str, files: dict[str, bytes], fault=None) -> dict:

@@ -1,9 +1,9 @@
 """Fast BPE encoding: a memoised per-word encoder and a chunked file encoder.
 
-``WordEncoder`` (behind :meth:`mygpt.bpe.BPETokenizer.encode_corpus`)
+``WordEncoder`` (behind :meth:`mygpt.tokenizers.bpe.BPETokenizer.encode_corpus`)
     Cuts text into the words of the chapter's pre-tokeniser ``\\s*\\S+|\\s+`` and finds each one in a table of the
-    distinct words seen so far (:class:`mygpt.bpe_words.WordTable`: vectorised with numpy, by hash, every word
-    checked character by character), so no Python string is made for a word already seen. Each *new* word is
+    distinct words seen so far (:class:`mygpt.tokenizers.bpe_words.WordTable`: vectorised with numpy, by hash, every
+    word checked character by character), so no Python string is made for a word already seen. Each *new* word is
     encoded once with the chapter's ``_encode_word`` rule (repeatedly merge the adjacent pair of lowest merge
     rank; the merge is applied left to right without overlap from its first occurrence), in batches with numpy
     (``batch_symbol_ids``: all new words of a piece advance one merge round at a time), a few short ones with
@@ -41,8 +41,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from .bpe_words import PIECE_CHARS, SAFE_CUT_RE, WordTable, pieces
-from .errors import UserError, check_int, describe_chars
+from mygpt.errors import UserError, check_int, describe_chars
+from mygpt.tokenizers.bpe_words import PIECE_CHARS, SAFE_CUT_RE, WordTable, pieces
 
 __all__ = [
     "PIECE_CHARS",
@@ -140,8 +140,8 @@ class WordEncoder:
         self._reset_cache()
 
     def _reset_cache(self) -> None:
-        # The distinct words seen so far (slot -> word, found by hash: mygpt.bpe_words.WordTable), and for each
-        # slot its ids at store[start[slot] : start[slot] + length[slot]].
+        # The distinct words seen so far (slot -> word, found by hash: mygpt.tokenizers.bpe_words.WordTable), and for
+        # each slot its ids at store[start[slot] : start[slot] + length[slot]].
         self.table = WordTable()
         self._start = np.zeros(1024, dtype=np.int64)
         self._length = np.zeros(1024, dtype=np.int64)
@@ -331,7 +331,7 @@ class WordEncoder:
     # -- text -------------------------------------------------------------------------------------
     def encode_text(self, text: str, unk_policy: str = "skip") -> tuple[np.ndarray, EncodeStats]:
         """Encode ``text`` -> (ids array, stats); processes pieces of ~``PIECE_CHARS`` characters."""
-        from .bpe_train import gc_paused
+        from mygpt.tokenizers.bpe_train import gc_paused
 
         with gc_paused():
             return self._encode_text(text, unk_policy)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 
-from .atomic import atomic_write_text
-from .bpe import BPETokenizer
-from .char_tokenizer import CharTokenizer
-from .errors import UserError
+from mygpt.atomic import atomic_write_text
+from mygpt.errors import UserError
+from mygpt.tokenizers.bpe import BPETokenizer
+from mygpt.tokenizers.char_tokenizer import CharTokenizer
 
 __all__ = [
     "TOKENIZER_KINDS",

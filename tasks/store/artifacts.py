@@ -10,8 +10,8 @@ Layout under the root (``artifacts/`` by default, ``WIKI_PIPELINE_ARTIFACTS`` or
     <root>/<stage>/.trash/                 damaged or replaced versions, moved aside before deletion (local)
 
 This module holds the rules (version ids, manifests, verification, what is stale, what is garbage, the build
-and its publication), once for both kinds of root; the files side is :class:`tasks.core.store_posix.PosixFiles`
-(a directory: ``os.rename`` publication, ``flock`` locks) or :class:`tasks.core.store_s3.ObjectFiles` (object
+and its publication), once for both kinds of root; the files side is :class:`tasks.store.posix.PosixFiles`
+(a directory: ``os.rename`` publication, ``flock`` locks) or :class:`tasks.store.s3.ObjectFiles` (object
 storage: manifest uploaded last, leases taken with conditional writes, a local cache for builds and inputs).
 
 A version id is a short hash of the stage name, its settings, its inputs (each upstream version plus
@@ -40,8 +40,8 @@ from typing import Any
 
 from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
-from tasks.core.store_posix import PosixFiles
-from tasks.core.store_s3 import ObjectFiles, is_object_url, normal_url, safe_rel
+from tasks.store.posix import PosixFiles
+from tasks.store.s3 import ObjectFiles, is_object_url, normal_url, safe_rel
 
 MANIFEST = "manifest.json"
 _STAGE_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")  # a stage's folder: a plain name, never a path
@@ -621,34 +621,3 @@ class Build:
             fault("published")
         store.drop_staging(self.stage, self.version)
         return manifest
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
-
-
-def format_listing(
-    store: ArtifactStore, versions: list[VersionInfo] | None = None, stale: dict[tuple[str, str], str] | None = None
-) -> str:
-    """Published versions (all, or ``versions``): stage, version, creation time, size, and lineage; those in
-    ``stale`` (see :meth:`ArtifactStore.stale_versions`) are marked, with why."""
-    versions = store.versions() if versions is None else versions
-    stale = stale or {}
-    if not versions:
-        return f"no published versions under {store.root}"
-    lines = [
-        f"artifacts under {store.root}",
-        f"{'stage':10s} {'version':12s} {'created (UTC)':20s} {'size':>9s}  inputs",
-    ]
-    for v in versions:
-        inputs = ", ".join(f"{k}/{i['version']}" for k, i in sorted((v.manifest.get("inputs") or {}).items()))
-        why = stale.get((v.stage, v.version))
-        lines.append(
-            f"{v.stage:10s} {v.version:12s} {v.manifest.get('created_at', ''):20s} "
-            f"{human_bytes(v.size_bytes):>9s}  {inputs or '-'}" + (f"  [stale: {why}]" if why else "")
-        )
-    return "\n".join(lines)

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from mygpt.errors import UserError
-from tasks.core.store import human_bytes
+from tasks.core.report import human_bytes
 
 PIECE_BYTES = 4 << 20
 #: Bounds (item 6 of issue 10). The real zip unzips to ~520 MiB (2.8x): these are ~10x that.

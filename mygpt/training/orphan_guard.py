@@ -1,6 +1,6 @@
 """Processes that die with their parent (so a killed launcher leaves no training processes behind).
 
-``python -m mygpt._orphan_guard PARENT_PID -- COMMAND...`` asks the kernel to SIGKILL this process when its
+``python -m mygpt.training.orphan_guard PARENT_PID -- COMMAND...`` asks the kernel to SIGKILL this process when its
 parent dies (Linux ``PR_SET_PDEATHSIG``), checks that the parent is still ``PARENT_PID`` (it may have died before
 the request), then ``exec``\\ s ``COMMAND`` (same pid, recorded in ``MYGPT_GUARDED_PID``); the death signal
 survives the ``exec``. The training launcher starts ``torch.distributed.run`` this way, and every worker calls
@@ -73,7 +73,7 @@ def watch_process(pid: int, parent: int | None = None, interval: float = 1.0) ->
 
 def main(argv: list[str]) -> None:
     if len(argv) < 3 or argv[1] != "--":
-        sys.exit("usage: python -m mygpt._orphan_guard PARENT_PID -- COMMAND...")
+        sys.exit("usage: python -m mygpt.training.orphan_guard PARENT_PID -- COMMAND...")
     die_with_parent(int(argv[0]))
     os.environ[GUARDED_PID_ENV] = str(os.getpid())
     os.execvp(argv[2], argv[2:])

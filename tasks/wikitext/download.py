@@ -37,7 +37,7 @@ from pathlib import Path
 
 from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
-from tasks.core.store import human_bytes
+from tasks.core.report import human_bytes
 from tasks.core.urls import address_sha256, redact_text, redact_url
 
 USER_AGENT = "Mozilla/5.0 (compatible; wiki-pipeline)"  # the chapter: smerity's CDN rejects library UAs

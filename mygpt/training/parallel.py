@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .data import get_batch
-from .device import autocast
-from .metrics import bits_per_byte
+from mygpt.device import autocast
+from mygpt.metrics import bits_per_byte
+from mygpt.training.data import get_batch
 
 __all__ = ["World", "evaluate", "forward_backward"]
 

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import torch
 
-from .errors import UserError
+from mygpt.errors import UserError
 
 __all__ = ["ConcatTokens", "get_batch", "num_tokens", "open_token_files"]
 

@@ -1,5 +1,5 @@
 """Text members of a zip into files: unzipped in a reader thread, ``= Header =`` lines stripped (the chapter's
-cleaning, :mod:`tasks.core.header_strip`), written in a writer thread -- each member to its own file and all of
+cleaning, :mod:`tasks.wikitext.header_strip`), written in a writer thread -- each member to its own file and all of
 them, in order, to one joined file -- with per-member metrics. Memory stays at a few blocks whatever the sizes;
 every file appears only complete (``atomic_open``). The corpus stage runs it on the wikitext zip's three splits.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 from mygpt.atomic import atomic_open
 from mygpt.errors import UserError
-from tasks.core.header_strip import BLOCK_CHARS, strip_headers
-from tasks.core.unzip import BlockWriter, member_text, open_zip
+from tasks.wikitext.header_strip import BLOCK_CHARS, strip_headers
+from tasks.wikitext.unzip import BlockWriter, member_text, open_zip
 
 
 def extract_text(

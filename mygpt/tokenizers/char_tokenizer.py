@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import UserError, describe_chars
+from mygpt.errors import UserError, describe_chars
 
 __all__ = ["CharTokenizer"]
 

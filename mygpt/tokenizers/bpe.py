@@ -26,13 +26,13 @@ deterministically: **highest count wins; among equal counts the lexicographicall
   (a whitespace run plus the following non-whitespace run is one word), pairs are counted inside words
   weighted by word frequency (every adjacent position counts, so ``'aaa'`` gives ``('a','a')`` count 2),
   the winning pair is replaced left to right without overlap in every word, and training stops early when
-  no pairs remain. :mod:`mygpt.bpe_train` produces exactly those merges, incrementally.
+  no pairs remain. :mod:`mygpt.tokenizers.bpe_train` produces exactly those merges, incrementally.
 
 Encoding
 --------
 * ``encode`` -- the chapter-23 teaching encoder: applies the merges one after the other over the whole
   text; returns a ``torch.long`` tensor.
-* ``encode_corpus`` -- the chapter-28 fast encoder (:mod:`mygpt.bpe_encode`): pre-tokenises, applies merges
+* ``encode_corpus`` -- the chapter-28 fast encoder (:mod:`mygpt.tokenizers.bpe_encode`): pre-tokenises, applies merges
   inside each word lowest rank first (the chapter's ``_encode_word``), memoises per unique word and returns
   a numpy array (``uint16`` when ``vocab_size <= 65536``, else ``uint32``).
 """
@@ -47,10 +47,10 @@ from typing import Any
 
 import numpy as np
 
-from . import bpe_reference
-from .atomic import atomic_write_text
-from .bpe_encode import WordEncoder, unknown_chars_error
-from .errors import UserError, check_int, describe_chars
+from mygpt.atomic import atomic_write_text
+from mygpt.errors import UserError, check_int, describe_chars
+from mygpt.tokenizers import bpe_reference
+from mygpt.tokenizers.bpe_encode import WordEncoder, unknown_chars_error
 
 __all__ = ["NUM_BYTE_TOKENS", "BPETokenizer"]
 
@@ -104,7 +104,7 @@ class BPETokenizer:
         # the chapter's dict comprehension.
         self.merge_ranks: dict[tuple[str, str], int] = {m: i for i, m in enumerate(merges)}
         self._charset = frozenset(chars)
-        self._fast: WordEncoder | None = None  # lazily built mygpt.bpe_encode.WordEncoder
+        self._fast: WordEncoder | None = None  # lazily built mygpt.tokenizers.bpe_encode.WordEncoder
 
     @staticmethod
     def _validate(chars: Any, merges: Any, byte_fallback: Any) -> tuple[list[str], list[tuple[str, str]]]:
@@ -201,12 +201,12 @@ class BPETokenizer:
 
     @classmethod
     def from_corpus(cls, text: str, num_merges: int, byte_fallback: bool = False) -> BPETokenizer:
-        """Chapter 28's word-level trainer, implemented incrementally (see :mod:`mygpt.bpe_train`).
+        """Chapter 28's word-level trainer, implemented incrementally (see :mod:`mygpt.tokenizers.bpe_train`).
 
         Produces exactly the merges of the chapter's ``from_corpus`` with the tie-break above.
         """
         text = _check_training_text(text)
-        from .bpe_train import train_bpe
+        from mygpt.tokenizers.bpe_train import train_bpe
 
         chars, merges = train_bpe(text, check_int("num_merges", num_merges, 0))
         return cls(chars, merges, byte_fallback=byte_fallback)
@@ -283,8 +283,8 @@ class BPETokenizer:
 
     def count_tokens(self, word_counts: dict[str, int], unk_policy: str = "skip") -> int:
         """How many ids :meth:`encode_corpus` gives for a text with these word counts (``{word: count}`` of the
-        chapter's pre-tokeniser, as ``mygpt.bpe_train.count_words`` makes them): each distinct word is encoded
-        once and counted as often as it occurs."""
+        chapter's pre-tokeniser, as ``mygpt.tokenizers.bpe_train.count_words`` makes them): each distinct word is
+        encoded once and counted as often as it occurs."""
         words = list(word_counts)
         if not words:
             return 0

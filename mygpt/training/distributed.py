@@ -13,24 +13,24 @@ The API a caller (the pipeline's train stage, ``mygpt train --nproc``) uses::
 The job (:class:`TrainJob`, JSON-able: ``job.to_dict()`` / ``TrainJob.from_dict``) names everything by file:
 
 * ``tokenizer`` -- a tokenizer file (``BPETokenizer.save``'s JSON, or ``{"kind", "state"}``; see
-  :mod:`mygpt.tokenizer`); ``model`` -- :class:`mygpt.model.GPTConfig` fields (``vocab_size`` comes from the
+  :mod:`mygpt.tokenizers.files`); ``model`` -- :class:`mygpt.model.GPTConfig` fields (``vocab_size`` comes from the
   tokenizer; ``GPTConfig``'s defaults fill the rest);
   ``train`` -- ``TrainConfig`` fields (``batch_size`` is the global batch).
 * ``train_tokens`` -- flat binary token files (``token_dtype``, native byte order, no header), memory-mapped
   with numpy and read as one concatenated sequence; ``val_tokens`` -- one such file (or none).
 * ``checkpoint`` -- the resume checkpoint: resumed from when it exists and ``resume`` is true, rewritten every
-  ``checkpoint_every`` steps and at the end (by rank 0; the format of ``mygpt.train``).
+  ``checkpoint_every`` steps and at the end (by rank 0; the format of ``mygpt.training.train``).
 * ``output`` -- the final model without optimizer or resume state (what ``mygpt generate`` loads), written at
   the end; ``meta`` goes into both files. At least one of ``checkpoint``/``output`` is needed.
 * ``threads`` -- torch intra-op threads per process (0: leave the default; torchrun makes it 1 per process).
 
 ``nproc`` (processes on this node, a number: :func:`resolve_nproc` turns ``"auto"`` or a string into one and
 checks it against the machine, once, before ``run_training``): ``1`` trains in this process, exactly as calling
-``mygpt.train.train`` (the model is built after ``torch.manual_seed(seed)``). With ``nproc > 1`` the launcher
+``mygpt.training.train.train`` (the model is built after ``torch.manual_seed(seed)``). With ``nproc > 1`` the launcher
 runs::
 
     python -m torch.distributed.run --standalone --nproc-per-node N --max-restarts 0 \\
-        -m mygpt.distributed worker RUN_DIR/job.json
+        -m mygpt.training.distributed worker RUN_DIR/job.json
 
 as a child in its own process group (NCCL on CUDA, one GPU per process; gloo on CPU) and waits for it.
 
@@ -38,7 +38,7 @@ What comes back while it runs: rank 0 appends JSON lines to ``RUN_DIR/events.jso
 (``{"event": "log", "message": ...}``, ``{"event": "progress", "point": {...}}``,
 ``{"event": "checkpoint", "step": ..., "path": ...}``) and the launcher calls ``log(message)``,
 ``on_progress(point)`` and ``on_checkpoint(step, path)`` in the calling thread with exactly what
-``mygpt.train.train`` would pass in-process, plus one first ``log`` line naming the processes and the run
+``mygpt.training.train.train`` would pass in-process, plus one first ``log`` line naming the processes and the run
 directory. Progress points carry ``step``, ``steps``, ``loss``, ``lr``, ``tokens_per_sec``, ``tflops``, ``mfu``
 and, at evaluations, ``val_loss`` and ``val_bpb``. Each rank's stdout/stderr is in ``RUN_DIR/rank-R.log``,
 torchrun's own output in ``RUN_DIR/launcher.log`` and its files in ``RUN_DIR/torchelastic`` (its ``--log-dir``:
@@ -53,7 +53,7 @@ Failures:
   tail of its log. torchrun notices a dead worker within its monitor interval (0.1 s) and stops the others, so
   a rank dying alone never hangs the run. The checkpoint stays: rerunning the same job resumes from it.
 * The launcher kills its child process group when it is interrupted or a callback raises; the torchrun agent
-  and every worker are also set to die with their parent (``mygpt._orphan_guard``), so SIGKILL of the caller
+  and every worker are also set to die with their parent (``mygpt.training.orphan_guard``), so SIGKILL of the caller
   (or of its whole process group) leaves no training process behind.
 
 Resume: every rank loads the checkpoint and restores the same weights, optimizer, batch-generator, numpy and
@@ -87,8 +87,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TextIO, cast
 
-from .atomic import atomic_write_text
-from .errors import UserError, check_int
+from mygpt.atomic import atomic_write_text
+from mygpt.errors import UserError, check_int
 
 __all__ = ["EXIT_RANK_ENV", "STALL_ENV", "TrainJob", "TrainingProcessError", "resolve_nproc", "run_training"]
 
@@ -179,7 +179,7 @@ class TrainJob:
 
     # -- what the processes build from it ----------------------------------------------------------------
     def config(self):
-        from .train import TrainConfig
+        from mygpt.training.train import TrainConfig
 
         if not isinstance(self.train, dict):
             raise UserError(f"job 'train' must be an object of TrainConfig fields, got {type(self.train).__name__}")
@@ -191,8 +191,8 @@ class TrainJob:
 
     def open_data(self):
         """``(tokenizer, train tokens, validation tokens or None)``, the token files memory-mapped."""
-        from .data import open_token_files
-        from .tokenizer import load_tokenizer_file
+        from mygpt.tokenizers.files import load_tokenizer_file
+        from mygpt.training.data import open_token_files
 
         tokenizer = load_tokenizer_file(self.tokenizer)
         train_tokens = open_token_files(self.train_tokens, self.token_dtype)
@@ -202,7 +202,7 @@ class TrainJob:
     def gpt_config(self, tokenizer):
         """The model's :class:`~mygpt.model.GPTConfig`: ``model`` with ``vocab_size`` from the tokenizer
         (``UserError`` naming what is wrong)."""
-        from .gpt_config import GPTConfig
+        from mygpt.gpt_config import GPTConfig
 
         if not isinstance(self.model, dict):
             raise UserError(f"job 'model' must be an object of GPTConfig fields, got {type(self.model).__name__}")
@@ -218,7 +218,7 @@ class TrainJob:
         """The initial model: ``torch.manual_seed(seed)`` then ``GPT(config)`` (as ``mygpt train`` does)."""
         import torch
 
-        from .model import GPT
+        from mygpt.model import GPT
 
         config = self.gpt_config(tokenizer)
         torch.manual_seed(self.config().seed)
@@ -226,8 +226,8 @@ class TrainJob:
 
     def check(self, nproc: int = 1) -> None:
         """Cheap checks before any process starts; ``UserError`` naming the field."""
-        from .device import resolve_device, resolve_precision
-        from .limits import check_memory, check_nproc, check_seq_len
+        from mygpt.device import resolve_device, resolve_precision
+        from mygpt.limits import check_memory, check_nproc, check_seq_len
 
         if not self.checkpoint and not self.output:
             raise UserError("training job needs 'checkpoint' or 'output' (or both): where the trained weights go")
@@ -265,12 +265,12 @@ class TrainJob:
 def resolve_nproc(nproc: int | str, device: str = "auto") -> int:
     """``nproc`` as a number: ``"auto"`` = visible GPUs when ``device`` resolves to CUDA, else 1. Torch-free where
     ``device`` resolves to the CPU without it (:func:`mygpt.limits.resolves_to_cpu`)."""
-    from .limits import resolves_to_cpu
+    from mygpt.limits import resolves_to_cpu
 
     if resolves_to_cpu(device):
         kind, index = "cpu", None
     else:
-        from .device import resolve_device
+        from mygpt.device import resolve_device
 
         dev = resolve_device(device)
         kind, index = dev.type, dev.index
@@ -324,7 +324,7 @@ def run_training(
     if isinstance(job, dict):
         job = TrainJob.from_dict(job)
     log = log or (lambda _msg: None)
-    check_int("nproc", nproc, 1, "resolve 'auto' with mygpt.distributed.resolve_nproc")
+    check_int("nproc", nproc, 1, "resolve 'auto' with mygpt.training.distributed.resolve_nproc")
     job.check(nproc)
     if nproc == 1:
         return _train_here(job, log, on_progress, on_checkpoint)
@@ -332,8 +332,8 @@ def run_training(
 
 
 def _train_here(job: TrainJob, log, on_progress, on_checkpoint):
-    from .device import torch_threads
-    from .parallel import World
+    from mygpt.device import torch_threads
+    from mygpt.training.parallel import World
 
     with torch_threads(job.threads):
         return _train_job(job, job.config(), job.device, World(), log, on_progress, on_checkpoint)
@@ -341,8 +341,8 @@ def _train_here(job: TrainJob, log, on_progress, on_checkpoint):
 
 def _train_job(job: TrainJob, config, device, world, log, on_progress, on_checkpoint):
     """This process's part of the job: open the data, build the model, train; rank 0 writes ``output``."""
-    from .checkpoint import save_checkpoint
-    from .train import train
+    from mygpt.checkpoint import save_checkpoint
+    from mygpt.training.train import train
 
     tokenizer, train_tokens, val_tokens = job.open_data()
     model = job.build_model(tokenizer)
@@ -411,7 +411,7 @@ def _prepare_run_dir(run_dir) -> tuple[Path, bool]:
 
 
 def _launch(job, nproc, log, on_progress, on_checkpoint, env, run_dir):
-    from .train import TrainResult
+    from mygpt.training.train import TrainResult
 
     run_path, temporary = _prepare_run_dir(run_dir)
     job_path = run_path / "job.json"
@@ -425,11 +425,11 @@ def _launch(job, nproc, log, on_progress, on_checkpoint, env, run_dir):
         "--max-restarts=0",
         f"--log-dir={run_path / ELASTIC_DIR}",  # torch elastic's own files: here, not a torchelastic_* in TMPDIR
         "-m",
-        "mygpt.distributed",
+        "mygpt.training.distributed",
         "worker",
         str(job_path),
     ]
-    cmd = [sys.executable, "-m", "mygpt._orphan_guard", str(os.getpid()), "--", *torchrun]
+    cmd = [sys.executable, "-m", "mygpt.training.orphan_guard", str(os.getpid()), "--", *torchrun]
     child_env = {
         **os.environ,
         **{k: str(v) for k, v in env.items()},
@@ -692,7 +692,7 @@ def _worker(job_path: str) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     run_path = Path(os.environ[RUN_DIR_ENV])
     _redirect_output(run_path / f"rank-{rank}.log")
-    from ._orphan_guard import GUARDED_PID_ENV, die_with_parent, watch_process
+    from mygpt.training.orphan_guard import GUARDED_PID_ENV, die_with_parent, watch_process
 
     agent = int(os.environ.get(GUARDED_PID_ENV, os.getppid()))  # the torchrun agent
     die_with_parent(agent)
@@ -721,8 +721,8 @@ def _work(job: TrainJob, rank: int, local_rank: int, run_path: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from .device import resolve_device
-    from .parallel import World
+    from mygpt.device import resolve_device
+    from mygpt.training.parallel import World
 
     dev = resolve_device(job.device)
     if dev.type == "cuda":
@@ -766,8 +766,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] != "worker":
         print(
-            "usage: python -m torch.distributed.run ... -m mygpt.distributed worker JOB.json "
-            "(started by mygpt.distributed.run_training)",
+            "usage: python -m torch.distributed.run ... -m mygpt.training.distributed worker JOB.json "
+            "(started by mygpt.training.distributed.run_training)",
             file=sys.stderr,
         )
         return 2
@@ -787,7 +787,7 @@ def _leave(code: int) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover - runs in the worker processes
-    from mygpt.distributed import _leave as _end
-    from mygpt.distributed import main as _main  # the package's copy of this module, not __main__'s
+    from mygpt.training.distributed import _leave as _end
+    from mygpt.training.distributed import main as _main  # the package's copy of this module, not __main__'s
 
     _end(_main())

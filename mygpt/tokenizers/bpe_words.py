@@ -1,7 +1,7 @@
 """The chapter's pre-tokeniser, vectorised: the words of a text as spans of a code-point array, and a table
 of distinct words found by hash and checked character by character.
 
-``WORD_RE`` (``\\s*\\S+|\\s+``, :mod:`mygpt.bpe_reference`) cuts a text into words that end exactly where a
+``WORD_RE`` (``\\s*\\S+|\\s+``, :mod:`mygpt.tokenizers.bpe_reference`) cuts a text into words that end exactly where a
 non-whitespace character is followed by a whitespace character, or at the end of the text. So with the text
 as an array of code points and ``ws`` marking whitespace (Python's definition, the one ``\\s`` uses), the
 words start at 0 and at every ``p`` with ``ws[p] and not ws[p - 1]`` (:func:`word_spans`): a few numpy

@@ -1,4 +1,5 @@
-"""An artifact root on a local (or shared POSIX) filesystem: the files side of :class:`tasks.core.store.ArtifactStore`.
+"""An artifact root on a local (or shared POSIX) filesystem: the files side of
+:class:`tasks.store.artifacts.ArtifactStore`.
 
 Keys are ``/``-separated paths relative to the root (``shards/3f2a…/train-00000.parquet``). A version appears
 through one ``os.rename`` of a complete directory whose files were fsynced and whose manifest was written last;

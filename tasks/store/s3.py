@@ -1,5 +1,5 @@
 """An artifact root in object storage (``s3://bucket/prefix``): the files side of
-:class:`tasks.core.store.ArtifactStore` for any S3-compatible service (AWS, MinIO, R2, GCS's interoperability API).
+:class:`tasks.store.artifacts.ArtifactStore` for any S3-compatible service (AWS, MinIO, R2, GCS's interoperability API).
 
 It speaks S3 through fsspec's ``s3fs``, the layer Dask, pyarrow, pandas and DuckDB already use. Credentials and the
 endpoint come from the standard AWS environment and files (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
@@ -17,7 +17,7 @@ endpoint come from the standard AWS environment and files (``AWS_ACCESS_KEY_ID``
   then waits until no live pin is left: each side writes before it reads the other's mark, so they never both
   proceed.
 - **The local side.** Builds stage on local disk, in a cache folder for this root (``$WIKI_PIPELINE_CACHE``, else
-  ``~/.cache/wiki-pipeline``); the files a stage marks as resume state (:meth:`tasks.core.store.Build.save`) are
+  ``~/.cache/wiki-pipeline``); the files a stage marks as resume state (:meth:`tasks.store.artifacts.Build.save`) are
   uploaded to ``<stage>/.staging/<version>/`` as it goes, and a build that finds no local staging downloads that
   prefix, so a rerun on another machine resumes there. Inputs are downloaded into the same cache, every file
   checked against its sha256 in the manifest (:meth:`ObjectFiles.local_copy`).

@@ -21,15 +21,15 @@ uninterrupted run. Validation batches come from their own generator re-seeded at
 never shifts the training batch stream.
 
 Several processes (data parallel, ``torch.distributed`` + ``DistributedDataParallel``): call ``train`` in every
-process of an initialised process group (``mygpt.distributed.run_training`` launches them) and it trains on the
+process of an initialised process group (``mygpt.training.distributed.run_training`` launches them) and it trains on the
 GLOBAL ``batch_size``: each rank takes its slice of the same drawn batch (micro-batches with
 ``micro_batch_size``), so losses, validation and weights equal a single process's up to float rounding (see
-:mod:`mygpt.parallel`). Every rank reads the resume checkpoint; only rank 0 logs, reports progress and writes
+:mod:`mygpt.training.parallel`). Every rank reads the resume checkpoint; only rank 0 logs, reports progress and writes
 checkpoints (same format; the resume state also records ``world_size`` and each rank's torch RNG state).
 
 Safety: before anything is allocated, :func:`check_memory` refuses a model and batch whose lower-bound memory
-(:func:`mygpt.metrics.training_memory`) exceeds this machine or GPU. Training stops with a ``UserError`` naming the
-step and ``lr`` at the first non-finite loss, and never saves non-finite weights (on CPU every step's loss is
+(:func:`mygpt.metrics.training_memory`) exceeds this machine or GPU. Training stops with a ``UserError``
+naming the step and ``lr`` at the first non-finite loss, and never saves non-finite weights (on CPU every step's loss is
 checked at once; on an accelerator where training synchronises anyway, before any checkpoint and at the end).
 
 Speed options: ``compile`` (``torch.compile`` of the model; a warning and eager training where it is unavailable),
@@ -51,13 +51,20 @@ from typing import cast
 import numpy as np
 import torch
 
-from .checkpoint import gpt_config_from_payload, load_checkpoint_payload, save_checkpoint
-from .data import get_batch, num_tokens
-from .device import as_device, bf16_cpu_warning, compile_unavailable, resolve_device, resolve_precision, tf32_matmuls
-from .errors import UserError, check_int
-from .limits import check_memory, check_nproc, check_seq_len  # torch-free; re-exported (their old home)
-from .metrics import flops_per_token, format_throughput, peak_tflops, throughput
-from .parallel import World, evaluate, forward_backward
+from mygpt.checkpoint import gpt_config_from_payload, load_checkpoint_payload, save_checkpoint
+from mygpt.device import (
+    as_device,
+    bf16_cpu_warning,
+    compile_unavailable,
+    resolve_device,
+    resolve_precision,
+    tf32_matmuls,
+)
+from mygpt.errors import UserError, check_int
+from mygpt.limits import check_memory, check_nproc, check_seq_len  # torch-free; re-exported (their old home)
+from mygpt.metrics import flops_per_token, format_throughput, peak_tflops, throughput
+from mygpt.training.data import get_batch, num_tokens
+from mygpt.training.parallel import World, evaluate, forward_backward
 
 __all__ = [
     "TrainConfig",
@@ -187,8 +194,9 @@ class _FiniteLoss:
 @dataclass
 class TrainResult:
     """What a run did. ``tokens_per_sec`` counts the global batch over the training time of this call (without
-    validation and checkpoints); ``tflops``/``mfu`` follow from it and ``flops_per_token`` (:mod:`mygpt.metrics`);
-    ``mfu`` is ``None`` where no peak is known (CPU). ``warnings``: the warnings the run logged."""
+    validation and checkpoints); ``tflops``/``mfu`` follow from it and ``flops_per_token``
+    (:mod:`mygpt.metrics`); ``mfu`` is ``None`` where no peak is known (CPU). ``warnings``: the warnings the
+    run logged."""
 
     steps: int
     start_step: int
@@ -231,7 +239,7 @@ def lr_at(config: TrainConfig, step: int) -> float:
 
 def estimate_loss(model, tokens, config: TrainConfig, device, precision: str) -> float:
     """Mean loss over ``config.eval_batches`` windows drawn from a generator seeded with ``seed + 1`` (one
-    process; :func:`mygpt.parallel.evaluate` also gives bits per byte and runs across processes)."""
+    process; :func:`mygpt.training.parallel.evaluate` also gives bits per byte and runs across processes)."""
     device = as_device(device)
     return evaluate(
         model,

@@ -1,6 +1,6 @@
-"""The fast word-level BPE trainer behind :meth:`mygpt.bpe.BPETokenizer.from_corpus`.
+"""The fast word-level BPE trainer behind :meth:`mygpt.tokenizers.bpe.BPETokenizer.from_corpus`.
 
-It returns exactly the merges of :func:`mygpt.bpe_reference.train` (the plain statement of the chapter's
+It returns exactly the merges of :func:`mygpt.tokenizers.bpe_reference.train` (the plain statement of the chapter's
 word-level algorithm: pre-tokenise, count adjacent pairs inside words weighted by word frequency, merge the
 winner left to right without overlap in every word, stop when no pairs remain; tie-break: highest count,
 then the lexicographically greatest pair ``(a, b)``); the tests prove it on real text and generated cases.
@@ -8,7 +8,7 @@ then the lexicographically greatest pair ``(a, b)``); the tests prove it on real
 Instead of recounting every pair of every word per merge it keeps the counts up to date incrementally:
 
 * the text becomes a table of *unique* words with frequencies (:func:`count_words`: ``Counter(WORD_RE.findall(...))``,
-  vectorised by :func:`mygpt.bpe_words.count_words`; a big text is counted chunk by chunk and the tables
+  vectorised by :func:`mygpt.tokenizers.bpe_words.count_words`; a big text is counted chunk by chunk and the tables
   added up, which is how the pipeline spreads the counting over Dask workers); words of a single character
   have no pairs and are dropped;
 * symbols are small ints (one per distinct symbol *string*, so two merges that produce the same string
@@ -41,7 +41,7 @@ import heapq
 
 import numpy as np
 
-from . import bpe_words
+from mygpt.tokenizers import bpe_words
 
 __all__ = ["add_counts", "count_words", "gc_paused", "train_and_count_tokens", "train_bpe", "train_from_word_counts"]
 
@@ -65,7 +65,7 @@ def add_counts(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
 
 
 def train_bpe(text: str, num_merges: int) -> tuple[list[str], list[tuple[str, str]]]:
-    """Return ``(chars, merges)`` for ``text``: :func:`mygpt.bpe_reference.train`, fast."""
+    """Return ``(chars, merges)`` for ``text``: :func:`mygpt.tokenizers.bpe_reference.train`, fast."""
     with gc_paused():
         return train_from_word_counts(count_words(text), num_merges)
 

@@ -1,0 +1,148 @@
+"""Text a user chose (a prompt, a URL, a setting's value) inside the markdown of a Prefect UI artifact, shown as
+text and never read as markup: the one home of the escaping every report uses.
+
+The UI renders artifact markdown, raw HTML included, so a prompt holding ``<img onerror=...>``, ``[a](http://x)``
+or a ``|`` would otherwise inject a tag, a link or a table column. :func:`md_code` makes an inline code span (HTML
+and markdown inside it are literal) safe in a table cell; :func:`md_text` escapes plain text.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~])")
+
+
+def md_text(text: object, one_line: bool = True) -> str:
+    """``text`` as literal markdown text: markup characters (and so HTML's ``<``) backslash-escaped; on one line
+    (newlines as ``\\n``) unless ``one_line`` is false (a caller that quotes each line itself)."""
+    s = str(text)
+    if one_line:
+        s = s.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
+    return _MD_SPECIAL.sub(r"\\\1", s)
+
+
+def md_code(text: object) -> str:
+    """``text`` as an inline code span that is safe in a table cell: a fence longer than any run of backticks
+    inside it, ``|`` escaped (GitHub's tables split cells on it even in code), newlines and tabs shown as
+    ``\\n``/``\\t``."""
+    s = str(text).replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t").replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", s)), default=0) + 1)
+    pad = " " if s.startswith("`") or s.endswith("`") or not s.strip() else ""
+    return f"{fence}{pad}{s}{pad}{fence}"
+
+
+def summary_table(rows: list[tuple[str, object]]) -> str:
+    """The two-column "what | value" markdown table at the top of every stage's UI artifact."""
+    return "\n".join(["| | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)])
+
+
+def settings_table(settings: dict) -> str:
+    """The settings a version was built with, one named row each (the end of every stage's UI artifact)."""
+
+    rows = "\n".join(
+        f"| {md_code(name)} | {md_code(json.dumps(value, ensure_ascii=False))} |" for name, value in settings.items()
+    )
+    return f"\n## Settings\n\n| setting | value |\n|---|---|\n{rows}\n"
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+# ---- the UI artifact: summary + loss curve -------------------------------------------------------------
+def nice_ticks(lo: float, hi: float, log: bool = False, count: int = 5) -> list[float]:
+    """Round axis ticks covering ``lo``..``hi``: multiples of 1, 2 or 5 x 10^k (on a log axis the 1-2-5 values in
+    range when there are at least three of them)."""
+    if log:
+        k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+        ticks = [m * 10.0**k for k in range(k0, k1 + 1) for m in (1, 2, 5) if lo <= m * 10.0**k <= hi]
+        if len(ticks) >= 3:
+            return ticks
+    raw = (hi - lo) / max(count - 1, 1) or 1.0
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    ticks = [i * step for i in range(first, last + 1)]
+    return [t for t in ticks if t > 0] if log else ticks  # a log axis has no 0
+
+
+def _tick_label(value: float, ticks: list[float]) -> str:
+    """``value`` with as few decimals as show every one of ``ticks`` exactly (``2.5``, ``3``, ``3.5``), so that no
+    two labels read the same on a flat curve (``3.4841000``, ``3.4841025``; at most 15 decimals, beyond any loss
+    the model stage records)."""
+    step = min((b - a for a, b in zip(ticks, ticks[1:], strict=False) if b > a), default=1.0)
+    decimals = next((d for d in range(16) if all(abs(round(t, d) - t) < 1e-6 * step for t in ticks)), 15)
+    return f"{value:,.{decimals}f}"
+
+
+def line_chart(series: list[tuple[str, str, list]], x_title: str, y_title: str, height: int = 300) -> str:
+    """An SVG line chart of ``series`` (``(label, colour, [(x, y), ...])``) with round ticks, axis titles and a
+    legend; no fixed size, only a viewBox, so it takes the width of the page it is shown in. The y axis is
+    logarithmic when the values span more than 4x (a steep start would flatten everything else)."""
+    width = 640
+    clean = [
+        (label, colour, [(x, y) for x, y in pts if y is not None and math.isfinite(y) and y > 0])
+        for label, colour, pts in series
+    ]
+    clean = [c for c in clean if c[2]]
+    ys = [y for _, _, pts in clean for _, y in pts]
+    if not ys:
+        return ""
+    lo, hi = min(ys), max(ys)
+    log_y = hi / lo > 4
+    if hi == lo:
+        lo, hi = lo * 0.9, hi * 1.1
+    f = math.log if log_y else (lambda v: v)
+    y_ticks = nice_ticks(lo, hi, log=log_y)
+    lo, hi = min([lo, *y_ticks]), max([hi, *y_ticks])
+    y0, y1 = f(lo), f(hi)
+    x_max = max(max(x for _, _, pts in clean for x, _ in pts), 1)
+    x_ticks = nice_ticks(0, x_max)
+    x_max = max(x_max, x_ticks[-1])
+    left, right, top, bottom = 64, 16, 28, 44
+    pw, ph = width - left - right, height - top - bottom
+
+    def px(x, y):
+        return left + pw * x / x_max, top + ph * (1 - (f(y) - y0) / (y1 - y0))
+
+    parts = [f'<rect width="{width}" height="{height}" fill="white"/>']
+    for v in y_ticks:
+        _, y = px(0, v)
+        parts.append(
+            f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{_tick_label(v, y_ticks)}</text>'
+        )
+    for v in x_ticks:
+        x, _ = px(v, lo)
+        parts.append(
+            f'<text x="{x:.1f}" y="{top + ph + 16}" font-size="11" text-anchor="middle">'
+            f"{_tick_label(v, x_ticks)}</text>"
+        )
+    parts.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>')
+    for _, colour, pts in clean:  # a line, and a dot at each point (a series of one point is a dot)
+        xy = [px(a, b) for a, b in pts]
+        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}"/>')
+        parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in xy]
+    x = left
+    for label, colour, _ in clean:  # the legend, left to right above the plot
+        parts.append(f'<text x="{x}" y="18" font-size="12" fill="{colour}">{html.escape(label)}</text>')
+        x += 14 + 7 * len(label)
+    parts.append(
+        f'<text x="{left + pw / 2:.1f}" y="{height - 8}" font-size="12" text-anchor="middle">{html.escape(x_title)}'
+        "</text>"
+        f'<text transform="translate(16 {top + ph / 2:.1f}) rotate(-90)" font-size="12" text-anchor="middle">'
+        f"{html.escape(y_title)}{' (log scale)' if log_y else ''}</text>"
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'preserveAspectRatio="xMidYMid meet" font-family="sans-serif">{"".join(parts)}</svg>'
+    )
