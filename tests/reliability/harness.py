@@ -4,7 +4,7 @@ Everything runs on this machine: a real Prefect server and the wikitext mirror (
 127.0.0.1, and ``python -m flows.cli run --tiny`` as real subprocesses.
 
 * **Kills.** A run with ``WIKI_PIPELINE_FAULT=<point>@<n>`` SIGKILLs itself at the n-th call of a named point
-  (``tasks.core.stage.fault_point``: ``<stage>.start``, ``<stage>.progress``, ``<stage>.publish``, ``<stage>.published``).
+  (``tasks.core.faults.fault_point``: ``<stage>.start``, ``<stage>.progress``, ``<stage>.publish``, ``<stage>.published``).
   The points are drawn (seeded) from the trace of an uninterrupted reference run, so every kill lands inside
   the stage it names. Kills are chained: the run that carries the kill for stage k+1 is the rerun that must
   recover stage k; a last run without faults finishes. After every rerun: each published version verifies
@@ -1318,7 +1318,7 @@ def scorecard(results: dict) -> str:
         "## Kills (SIGKILL inside each stage, then rerun)",
         "",
         "Each kill is a real `python -m flows.cli run --tiny` process SIGKILLing itself at a seeded random "
-        "point that the reference run reached (`WIKI_PIPELINE_FAULT=<point>@<n>`, `tasks/core/stage.py` "
+        "point that the reference run reached (`WIKI_PIPELINE_FAULT=<point>@<n>`, `tasks/core/faults.py` "
         "`fault_point`). Recovered = the rerun completed, every published version verifies with sha256, "
         "its data files equal the uninterrupted run's (timing fields aside; see `file_digest`), training "
         "resumed from the checkpoint the kill left, no staging dir is left for a published version, and "

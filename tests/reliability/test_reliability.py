@@ -74,7 +74,7 @@ def test_fault_point_rejects_a_malformed_spec_instead_of_killing_or_holding(monk
 
 
 def test_fault_point_hold_says_so_when_its_file_never_comes(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr("tasks.core.stage.FAULT_HOLD_SECONDS", 0.2)
+    monkeypatch.setattr("tasks.core.faults.FAULT_HOLD_SECONDS", 0.2)
     monkeypatch.setenv(FAULT_ENV, f"model.progress@1:hold={tmp_path / 'never'}")
     reset_faults()
     fault_point("model.progress")
