@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.store.files import Files
+from tasks.store.layout import VERSION_RE
 from tasks.store.posix import PosixFiles
 from tasks.store.s3 import INCOMING
-from tasks.store.versions import VERSION_RE, VersionInfo, Versions
+from tasks.store.versions import VersionInfo, Versions
 
 #: A stage's own finder of leftovers in its local folder: ``(path, bytes, why)`` for each.
 Leftovers = Callable[[Path], Iterable[tuple[Path, int, str]]]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mygpt.errors import UserError
 from tasks.store.files import Files
+from tasks.store.layout import enclosing_root
 from tasks.store.posix import PosixFiles
 from tasks.store.s3 import ObjectFiles
 from tasks.store.s3_urls import is_object_url, normal_url
@@ -42,8 +43,15 @@ def absolute_root(root: str | os.PathLike) -> str:
 
 
 def open_files(root: str) -> Files:
-    """The files of the root ``root`` (as :func:`absolute_root` names it); a missing bucket is one clear error."""
+    """The files of the root ``root`` (as :func:`absolute_root` names it); ``UserError`` for a missing bucket or
+    a directory inside another root's stage folder or version."""
     if not is_object_url(root):
+        inside = enclosing_root(Path(root))
+        if inside is not None:
+            raise UserError(
+                f"artifact root {root} is inside {inside}: a root there would write into that root's versions; "
+                "choose a directory outside it"
+            )
         return PosixFiles(Path(root))
     files = ObjectFiles(root)
     files.check_bucket()  # not an empty listing or a wait

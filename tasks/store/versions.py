@@ -7,7 +7,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import uuid
 from collections.abc import Iterator, Sequence
@@ -18,10 +17,8 @@ from typing import Any
 from mygpt.atomic import sha256_file
 from mygpt.errors import UserError
 from tasks.store.files import MANIFEST, parse_manifest, safe_rel
+from tasks.store.layout import STAGE_NAME_RE, VERSION_RE
 from tasks.store.roots import absolute_root, default_root, open_files
-
-STAGE_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")  # a stage's folder: a plain name, never a path
-VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a version id (12 hex digits, see version_id)
 
 log = logging.getLogger("wiki_pipeline.store")
 
