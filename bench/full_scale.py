@@ -199,7 +199,7 @@ def task_runs(flow_run_id) -> tuple[dict, dict]:
 
 
 def manifest(ref: dict) -> dict:
-    from tasks.store.artifacts import ArtifactStore
+    from tasks.store import ArtifactStore
 
     if "://" in ref["path"]:  # an object-store root
         root = ref["path"].removesuffix(f"/{ref['stage']}/{ref['version']}")

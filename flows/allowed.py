@@ -35,7 +35,7 @@ from collections.abc import Iterable
 
 from mygpt.errors import UserError
 from tasks.core.urls import redact_url
-from tasks.store.s3 import normal_url
+from tasks.store import normal_url
 
 ENV_ROOTS = "WIKI_PIPELINE_ALLOWED_ROOTS"
 ENV_SOURCES = "WIKI_PIPELINE_ALLOWED_SOURCES"
@@ -43,7 +43,7 @@ DEFAULT = "default"  # in either list: the defaults
 
 
 def default_roots() -> list[str]:
-    from tasks.store.artifacts import default_root
+    from tasks.store import default_root
 
     return [str(default_root())]
 

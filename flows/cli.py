@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from prefect.states import State
 
     from tasks.core.stage import StageRef
-    from tasks.store.artifacts import ArtifactStore, VersionInfo
+    from tasks.store import ArtifactStore, VersionInfo
 
 DEPLOYMENT = "wiki-pipeline"
 POLL_SECONDS = 0.5  # how often `serve`'s runner asks the server for flow runs to start

@@ -22,7 +22,7 @@ from pathlib import Path
 from tasks.core.report import human_bytes, line_chart, md_code, md_text
 from tasks.core.urls import redact_text
 from tasks.registry import BY_NAME, open_store
-from tasks.store.artifacts import VersionInfo
+from tasks.store import VersionInfo
 
 SUMMARY_KEY = "wiki-run-summary"
 MODEL_COMPARISON_KEY = "wiki-model-comparison"

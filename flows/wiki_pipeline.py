@@ -25,7 +25,7 @@ from flows.settings import Pipeline, PipelineBase
 from mygpt.errors import UserError
 from tasks.core.stage import Stage, StageRef
 from tasks.registry import BY_NAME, NAMES, STAGES, code_versions, open_store
-from tasks.store.artifacts import ArtifactStore
+from tasks.store import ArtifactStore
 
 
 @flow(name="wiki-pipeline", description=__doc__.split("\n\n")[0], log_prints=True, validate_parameters=False)

@@ -75,14 +75,14 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_serializer
 
-from mygpt.atomic import atomic_write_text
+from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
 from tasks.core.faults import fault_point
 from tasks.core.report import human_bytes, md_code, summary_table
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 from tasks.core.urls import address_sha256, file_path, redact_url, stored_url
-from tasks.store.artifacts import ArtifactStore, VersionInfo, sha256_file
+from tasks.store import ArtifactStore, VersionInfo
 from tasks.wikitext.download import MAX_ZIP_BYTES, DownloadKnobs, SourceUnreachable, fetch, probe
 from tasks.wikitext.extract import extract_text
 from tasks.wikitext.header_strip import BLOCK_CHARS

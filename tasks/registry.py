@@ -19,7 +19,8 @@ from mygpt.errors import UserError
 from tasks import corpus, export, model, samples, shards, tokenizer
 from tasks.core.settings import RunOptions
 from tasks.core.stage import Stage
-from tasks.store.artifacts import ArtifactStore
+from tasks.store import ArtifactStore
+from tasks.wikitext.downloads_gc import untaken_downloads
 
 STAGES: tuple[Stage, ...] = (
     corpus.STAGE,
@@ -64,4 +65,4 @@ def code_versions() -> dict[str, str]:
 
 def open_store(root: Any = None) -> ArtifactStore:
     """The artifact store at ``root`` (default: the configured one), knowing the stages it holds, in order."""
-    return ArtifactStore(root, stages=NAMES)
+    return ArtifactStore(root, stages=NAMES, leftovers={corpus.STAGE.name: untaken_downloads})

@@ -38,7 +38,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from mygpt.atomic import atomic_write_text
+from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
 from mygpt.tokenizers.bpe_encode import EncodeStats, chunk_bounds
@@ -47,7 +47,6 @@ from tasks.core.report import md_code
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 from tasks.corpus import SPLIT_FILES, SPLITS
-from tasks.store.artifacts import sha256_file
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 PROGRESS_FILE = "progress.json"

@@ -126,7 +126,7 @@ def opener(where: str):
     credentials are the worker's own AWS environment, so a cluster needs no shared disk."""
     if "://" not in where:
         return None
-    from tasks.store.s3 import filesystem
+    from tasks.store import filesystem
 
     fs = _FILESYSTEMS["s3"] = filesystem()
     return lambda url: fs.open(url, "rb", cache_type="none")

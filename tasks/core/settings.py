@@ -229,7 +229,7 @@ class RunOptions(Settings):
         if not value:
             return value
         if value.strip().lower().startswith("s3://"):
-            from tasks.store.s3 import normal_url
+            from tasks.store import normal_url
 
             return normal_url(value)  # ValueError saying what is wrong with the URL
         if "://" in value or value.strip().lower().startswith("s3:"):
@@ -261,7 +261,7 @@ class RunOptions(Settings):
     def root(self) -> str:
         """The artifact root as an absolute path or an ``s3://bucket/prefix`` URL (``artifacts_dir``, else the
         store's default)."""
-        from tasks.store.artifacts import absolute_root, default_root
+        from tasks.store import absolute_root, default_root
 
         return absolute_root(self.artifacts_dir or default_root())
 

@@ -45,7 +45,7 @@ from tasks.core.faults import fault_point
 from tasks.core.progress import Pace
 from tasks.core.report import human_bytes, settings_table
 from tasks.core.settings import RunOptions, Settings
-from tasks.store.artifacts import ArtifactStore, Build, version_id
+from tasks.store import ArtifactStore, Build, version_id
 
 log = logging.getLogger("wiki_pipeline")
 
@@ -272,7 +272,7 @@ class Stage:
             logger.info("%s %s: another run is building this version; waiting for it", self.name, version)
 
         with store.lock(self.name, version, on_wait=waiting):
-            published, reason = store.verified(self.name, version, full=run.full_check)
+            published, reason = store.intact_manifest(self.name, version, full=run.full_check)
             if published is not None and not force:
                 logger.info("%s: reusing %s/%s", self.name, self.name, version)
                 store.drop_staging(self.name, version)  # left by a run killed between publish and clean-up

@@ -1,11 +1,4 @@
-"""An artifact root on a local (or shared POSIX) filesystem: the files side of
-:class:`tasks.store.artifacts.ArtifactStore`.
-
-Keys are ``/``-separated paths relative to the root (``shards/3f2a…/train-00000.parquet``). A version appears
-through one ``os.rename`` of a complete directory whose files were fsynced and whose manifest was written last;
-build locks are ``flock`` locks on files under ``<stage>/.locks/`` (freed by the kernel when their holder dies).
-The staging area of a build lives under the root itself, so a rerun on this machine resumes from it.
-"""
+"""An artifact root on a local (or shared POSIX) filesystem: ``os.rename`` publication, ``flock`` locks."""
 
 from __future__ import annotations
 
@@ -33,13 +26,13 @@ def _flock(fh, how: int) -> bool:
 
 
 class PosixFiles:
-    """The root directory ``root``: reading, placing and deleting versions, and the build locks."""
+    """The root directory ``root`` (a :class:`tasks.store.files.Files`); builds stage under it."""
 
     remote = False
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.local = root  # builds stage here, and inputs are read here
+        self.local = root
         self.display = str(root)
 
     def where(self, key: str) -> str:
@@ -55,9 +48,6 @@ class PosixFiles:
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError, UnicodeDecodeError):
             return None
 
-    def is_dir(self, key: str) -> bool:
-        return (self.root / key).is_dir()
-
     def exists(self, key: str) -> bool:
         return (self.root / key).exists()
 
@@ -66,12 +56,10 @@ class PosixFiles:
         return sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
 
     def names(self, key: str) -> list[str]:
-        """The plain files directly under ``key``."""
         d = self.root / key
         return sorted(p.name for p in d.iterdir() if p.is_file()) if d.is_dir() else []
 
     def files(self, key: str) -> dict[str, int]:
-        """``{relative path: size}`` of every file under ``key`` (empty when it is not there)."""
         base = self.root / key
         found = {}
         for p in base.rglob("*"):
@@ -84,7 +72,6 @@ class PosixFiles:
         return sha256_file(self.root / key)
 
     def usage(self, key: str) -> tuple[int, float]:
-        """Bytes of the files under ``key`` and the newest modification time there (epoch seconds), in one walk."""
         total, newest = 0, 0.0
         for dirpath, dirs, names in os.walk(self.root / key):
             for name in [*dirs, *names, ""]:  # "" = the directory itself
@@ -95,6 +82,16 @@ class PosixFiles:
                         total += st.st_size
         return total, newest
 
+    def local_copy(self, key: str, full: bool = False) -> Path:
+        return self.root / key  # the version itself
+
+    # ---- resume state: the staging area under the root already is it ----------------------------
+    def save_state(self, local: Path, key: str) -> None:
+        pass
+
+    def restore_state(self, key: str, dest: Path) -> int:
+        return 0
+
     # ---- writing ---------------------------------------------------------------------------------
     def place(
         self,
@@ -103,8 +100,7 @@ class PosixFiles:
         fault: Callable[[str], None] | None = None,
         still_held: Callable[[], None] | None = None,
     ) -> None:
-        """Publish the complete directory ``out`` (its manifest written last, already inside) as ``key``: fsync
-        its files, then one rename. The caller has discarded any earlier version at ``key``."""
+        """Fsync every file of ``out``, then one rename to ``key`` (the caller discarded any earlier version)."""
         for p in sorted(out.rglob("*")):
             if p.is_file():
                 with open(p, "rb") as f:
@@ -120,8 +116,7 @@ class PosixFiles:
         fsync_dir(final.parent)
 
     def discard(self, key: str) -> bool:
-        """Move the version at ``key`` aside atomically (into its stage's ``.trash``), then delete it; whether it
-        was there."""
+        """Rename the version ``key`` into its stage's ``.trash``, then delete it; whether it was there."""
         path = self.root / key
         if not path.exists():
             return False
@@ -145,12 +140,10 @@ class PosixFiles:
     def locked(
         self, key: str, *, shared: bool = False, wait: bool = True, on_wait: Callable[[], None] | None = None
     ) -> Iterator[bool]:
-        """``flock`` on the lock file ``key`` (exclusive, or ``shared``); yields whether it was taken (False only
-        when ``wait`` is False and another holds it).
+        """``flock`` on the lock file ``key``; freed by the kernel when its holder dies.
 
-        Lock files are deleted by ``gc`` (under the exclusive lock), so after taking the lock we check that the
-        path still names the file we locked (same inode): if it was unlinked (or replaced) meanwhile, the lock
-        guards nothing and we start over on the file the path names now."""
+        gc deletes lock files it holds, so a lock taken on a file the path no longer names (another inode) guards
+        nothing: start over on the file it names now."""
         path = self.root / key
         how = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         while True:
@@ -184,5 +177,4 @@ class PosixFiles:
         return (self.root / key).exists()
 
     def unlink_lock(self, key: str) -> None:
-        """Delete a lock file; call only while holding it exclusively (see :meth:`locked`)."""
         (self.root / key).unlink(missing_ok=True)

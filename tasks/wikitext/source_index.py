@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mygpt.atomic import atomic_write_text
-from tasks.store.artifacts import canonical_json
+from tasks.store import canonical_json
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 

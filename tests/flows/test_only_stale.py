@@ -8,7 +8,7 @@ import pytest
 from flows.wiki_pipeline import latest_upstream
 from mygpt.errors import UserError
 from tasks.registry import code_versions, open_store
-from tasks.store.artifacts import ArtifactStore
+from tasks.store import ArtifactStore
 
 _CLOCK = iter(range(10, 60))  # created_at has whole seconds: give each version its own, in order
 

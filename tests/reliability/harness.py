@@ -53,10 +53,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flows.mirror import ZIP_NAME, Mirror, build_wikitext_zip, make_zip
+from mygpt.atomic import sha256_file
 from tasks.core.faults import FAULT_ENV, FAULT_TRACE_ENV
 from tasks.core.report import human_bytes
 from tasks.registry import NAMES, open_store
-from tasks.store.artifacts import MANIFEST, sha256_file
+from tasks.store import MANIFEST
 from tests.support import REPO, zips
 from tests.support.mirror_faults import Faults, FaultyMirror
 

@@ -212,7 +212,7 @@ def test_an_outage_mid_shards_names_the_store_publishes_nothing_and_a_rerun_resu
     import pytest
 
     from mygpt.errors import UserError
-    from tasks.store import artifacts as store_module
+    from tasks.store import build as store_module
     from tests.support.s3 import Outage
 
     outage = Outage(s3_endpoint)  # the bucket's endpoint, through a relay that can be cut and restored

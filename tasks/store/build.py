@@ -1,0 +1,119 @@
+"""A version being built: its staging area (``out/`` to publish, ``work/`` to resume from) and its publication."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+import time
+import uuid
+from pathlib import Path
+
+from mygpt.atomic import atomic_write_text, sha256_file
+from tasks.store.files import MANIFEST
+from tasks.store.versions import Versions
+
+MANIFEST_FORMAT = 1
+
+log = logging.getLogger("wiki_pipeline.store")
+
+
+def _is_temp_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+class Build:
+    """The staging area of ``stage/version``, local (under the root, or an object-store root's cache); it survives
+    a crash, and an object-store root keeps what :meth:`save` marks so another machine resumes from it."""
+
+    def __init__(self, store: Versions, stage: str, version: str) -> None:
+        self.store, self.stage, self.version = store, stage, version
+        self.dir = store.staging_path(stage, version)
+        self.out = self.dir / "out"
+        self.work = self.dir / "work"
+        self._kept_key = store._staging_key(stage, version)
+        # An earlier attempt that died leaves its staging dir: a stage may resume from it.
+        self.resumed = self.dir.exists() and any(self.dir.rglob("*"))
+        if not self.resumed:
+            fetched = store.files.restore_state(self._kept_key, self.dir)
+            self.resumed = fetched > 0
+            if fetched:
+                where = store.files.where(self._kept_key)
+                log.info("%s/%s: fetched %d file(s) of an interrupted build from %s", stage, version, fetched, where)
+        for d in (self.out, self.work):
+            d.mkdir(parents=True, exist_ok=True)
+        self._sweep_temp_files()
+        # a publish killed between writing the manifest and the rename left one; publish refuses it
+        (self.out / MANIFEST).unlink(missing_ok=True)
+
+    def _sweep_temp_files(self) -> None:
+        """Remove half-written temp files that a killed writer left (their real targets are intact)."""
+        for p in self.dir.rglob("*"):
+            if p.is_file() and _is_temp_name(p.name):
+                p.unlink(missing_ok=True)
+
+    def save(self, *paths: Path) -> None:
+        """Mark ``paths`` (files under ``out/`` or ``work/``; one that is gone is dropped) as resume state."""
+        for path in paths:
+            rel = Path(path).absolute().relative_to(self.dir.absolute()).as_posix()
+            self.store.files.save_state(Path(path), f"{self._kept_key}/{rel}")
+
+    def reset(self) -> None:
+        """Throw away everything an earlier attempt left (for stages that cannot resume)."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.store.files.delete(self._kept_key)
+        for d in (self.out, self.work):
+            d.mkdir(parents=True, exist_ok=True)
+        self.resumed = False
+
+    def publish(
+        self,
+        *,
+        settings: dict,
+        inputs: dict[str, dict],
+        code_version: str,
+        metrics: dict | None = None,
+        timings: dict | None = None,
+        extra: dict | None = None,
+        fault=None,
+    ) -> dict:
+        """Write the manifest of ``out/``, publish ``out/`` as the version (the manifest last), drop the staging
+        area; the manifest. ``fault`` (a test hook) is called with ``"publish"`` before the manifest is visible
+        and ``"published"`` after."""
+        self._sweep_temp_files()
+        files: dict[str, dict] = {}
+        for p in sorted(self.out.rglob("*")):
+            if p.is_dir():
+                continue
+            rel = p.relative_to(self.out).as_posix()
+            if rel == MANIFEST:
+                raise RuntimeError(f"stage {self.stage} must not write its own {MANIFEST}")
+            files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "stage": self.stage,
+            "version": self.version,
+            "build_id": uuid.uuid4().hex[:12],
+            "code_version": code_version,
+            "settings": settings,
+            "inputs": inputs,
+            "files": files,
+            "metrics": metrics or {},
+            "timings": timings or {},
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": socket.gethostname(),
+            **(extra or {}),
+        }
+        atomic_write_text(self.out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+        store = self.store
+        lock_key = store._lock_key(self.stage, self.version)
+        store.files.check_held(lock_key)
+        key = store._version_key(self.stage, self.version)
+        if store.files.exists(key):
+            store.discard(self.stage, self.version, "replaced by a rebuild")
+        store.files.place(self.out, key, fault, still_held=lambda: store.files.check_held(lock_key))
+        if fault:
+            fault("published")
+        store.drop_staging(self.stage, self.version)
+        return manifest

@@ -1,0 +1,97 @@
+"""The files side of an artifact root: what the store asks of a directory (``posix``) or an object store (``s3``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Protocol
+
+MANIFEST = "manifest.json"
+
+
+def safe_rel(rel: object) -> bool:
+    """Whether ``rel`` (a name from a manifest or a listing) is a file inside its version: relative, no
+    ``.``/``..``/empty segments, no backslash; anything else could write outside a local copy."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel:
+        return False
+    return all(part not in ("", ".", "..") for part in rel.split("/"))
+
+
+def parse_manifest(text: str | None) -> dict | None:
+    """The manifest in ``text``, or None when there is none or it is not a JSON object."""
+    if text is None:
+        return None
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+class Files(Protocol):
+    """An artifact root's files, named by ``/``-separated keys relative to the root (``shards/3f2a…/x.parquet``)."""
+
+    remote: bool  # an object store, read and written through a local cache
+    local: Path  # where builds stage and inputs are read: the root, or its local cache
+    display: str  # what messages name: a directory or an s3:// URL
+
+    def where(self, key: str) -> str: ...  # the full path or URL, for messages
+
+    def path(self, key: str) -> Path: ...  # under :attr:`local`
+
+    def read_text(self, key: str) -> str | None: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def subdirs(self, key: str) -> list[str]: ...
+
+    def names(self, key: str) -> list[str]: ...  # the plain files directly under ``key``
+
+    def files(self, key: str) -> dict[str, int]: ...  # ``{relative path: size}`` of every file under ``key``
+
+    def sha256(self, key: str) -> str: ...
+
+    def usage(self, key: str) -> tuple[int, float]: ...  # bytes under ``key``, its newest mtime
+
+    def local_copy(self, key: str, full: bool = False) -> Path:
+        """A local directory holding the published version ``key`` (checked by size, with ``full`` by sha256)."""
+        ...
+
+    def save_state(self, local: Path, key: str) -> None:
+        """Keep the local file ``local`` of a build as resume state at ``key`` (gone: deleted there)."""
+        ...
+
+    def restore_state(self, key: str, dest: Path) -> int:
+        """Bring the resume state kept at ``key`` into the local directory ``dest``; how many files."""
+        ...
+
+    def place(
+        self,
+        out: Path,
+        key: str,
+        fault: Callable[[str], None] | None = None,
+        still_held: Callable[[], None] | None = None,
+    ) -> None:
+        """Publish the complete local directory ``out`` (its manifest inside) as ``key``, the manifest last."""
+        ...
+
+    def discard(self, key: str) -> bool:
+        """Take the version ``key`` away for every reader at once, then delete it; whether it was there."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+    def locked(
+        self, key: str, *, shared: bool = False, wait: bool = True, on_wait: Callable[[], None] | None = None
+    ) -> AbstractContextManager[bool]:
+        """Hold the lock ``key`` (exclusive, or ``shared``); yields whether it was taken (only ``wait=False``
+        gives up)."""
+        ...
+
+    def check_held(self, key: str) -> None: ...  # UserError when this process took the lock and lost it since
+
+    def lock_exists(self, key: str) -> bool: ...
+
+    def unlink_lock(self, key: str) -> None: ...  # only while holding it exclusively

@@ -1,0 +1,237 @@
+"""An artifact root's published versions: their ids and keys, manifests and checks, listing, locks, copies."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mygpt.atomic import sha256_file
+from mygpt.errors import UserError
+from tasks.store.files import MANIFEST, parse_manifest, safe_rel
+from tasks.store.layout import STAGE_NAME_RE, VERSION_RE
+from tasks.store.roots import absolute_root, default_root, open_files
+
+log = logging.getLogger("wiki_pipeline.store")
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def version_id(
+    stage: str, settings: dict, inputs: dict[str, str], code_version: str, source: dict | None = None
+) -> str:
+    """12 hex digits of sha256 over the stage, its settings, its inputs' ids, its code version and, for a stage
+    that reads from outside the store, the identity of what it reads (``source``)."""
+    ingredients = {"stage": stage, "settings": settings, "inputs": inputs, "code": code_version}
+    if source is not None:
+        ingredients["source"] = source
+    return hashlib.sha256(canonical_json(ingredients).encode("utf-8")).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    stage: str
+    version: str
+    path: str  # where it is published: a directory, or an s3:// URL
+    manifest: dict
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f["size"] for f in self.manifest.get("files", {}).values())
+
+
+class Versions:
+    """The published versions under one artifact root (see :class:`tasks.store.artifacts.ArtifactStore`)."""
+
+    def __init__(self, root: str | os.PathLike | None = None, stages: Sequence[str] = ()) -> None:
+        """``stages``: the stages the root holds, in the order they run; only whole-root listings need them."""
+        self.files = open_files(absolute_root(root if root is not None else default_root()))
+        self.root: str = self.files.display  # what messages name: a directory or an s3:// URL
+        self.remote = self.files.remote
+        self.stages = tuple(stages)
+
+    # ---- names -------------------------------------------------------------------------------
+    def _stage_key(self, stage: str) -> str:
+        if not STAGE_NAME_RE.fullmatch(stage) or (self.stages and stage not in self.stages):
+            known = f"; stages are {', '.join(self.stages)}" if self.stages else ""
+            raise ValueError(f"unknown stage {stage!r}{known}")
+        return stage
+
+    def _version_key(self, stage: str, version: str) -> str:
+        if not VERSION_RE.fullmatch(version):
+            raise ValueError(
+                f"{version!r} is not a version id (12 hex digits, as `wiki-pipeline artifacts` lists them)"
+            )
+        return f"{self._stage_key(stage)}/{version}"
+
+    def _lock_key(self, stage: str, version: str) -> str:
+        return f"{self._stage_key(stage)}/.locks/{version}.lock"
+
+    def _staging_key(self, stage: str, version: str) -> str:
+        return f"{self._stage_key(stage)}/.staging/{version}"
+
+    def _all_stages(self) -> tuple[str, ...]:
+        if not self.stages:
+            raise ValueError(
+                "this ArtifactStore was opened without its stages; open it with "
+                "tasks.registry.open_store to list the whole root"
+            )
+        return self.stages
+
+    def stage_dir(self, stage: str) -> Path:
+        """The stage's local folder: under the root, or under an object-store root's local cache."""
+        return self.files.local / self._stage_key(stage)
+
+    def location(self, stage: str, version: str) -> str:
+        """Where ``stage/version`` is published: its directory, or its ``s3://`` URL."""
+        return self.files.where(self._version_key(stage, version))
+
+    def version_path(self, stage: str, version: str) -> Path:
+        return self.files.path(self._version_key(stage, version))
+
+    def staging_path(self, stage: str, version: str) -> Path:
+        return self.files.local / self._staging_key(stage, version)
+
+    def lock_path(self, stage: str, version: str) -> Path:
+        return self.files.local / self._lock_key(stage, version)
+
+    # ---- reading -----------------------------------------------------------------------------
+    def read_manifest(self, stage: str, version: str) -> dict | None:
+        return parse_manifest(self.files.read_text(f"{self._version_key(stage, version)}/{MANIFEST}"))
+
+    def verify(self, stage: str, version: str, full: bool = False) -> tuple[bool, str]:
+        """``(ok, reason)`` of :meth:`intact_manifest`."""
+        manifest, reason = self.intact_manifest(stage, version, full)
+        return manifest is not None, reason
+
+    def intact_manifest(self, stage: str, version: str, full: bool = False) -> tuple[dict | None, str]:
+        """``(manifest, "ok")`` when every file the manifest lists is there with its size (``full``: its sha256)
+        and no other is; else ``(None, "missing")`` or ``(None, what is wrong)``."""
+        key = self._version_key(stage, version)
+        where = self.files.where(key)
+        present = self.files.files(key)
+        if not present:
+            return None, "missing"
+        manifest = self.read_manifest(stage, version)
+        if manifest is None:
+            return None, f"{MANIFEST} is missing or unreadable in {where}"
+        if manifest.get("stage") != stage or manifest.get("version") != version:
+            return None, f"{MANIFEST} in {where} names {manifest.get('stage')}/{manifest.get('version')}"
+        files = manifest.get("files")
+        if not isinstance(files, dict):
+            return None, f"{MANIFEST} in {where} has no file list"
+        for rel, meta in sorted(files.items()):
+            if not safe_rel(rel) or not isinstance(meta, dict):
+                return None, f"{MANIFEST} in {where} lists {rel!r}, which is not a file of the version"
+            size = present.get(rel)
+            if size is None:
+                return None, f"{rel} is missing"
+            if size != meta.get("size"):
+                return None, f"{rel} is {size} bytes, manifest says {meta.get('size')}"
+            if full and self.files.sha256(f"{key}/{rel}") != meta.get("sha256"):
+                return None, f"{rel} does not match its sha256 in the manifest"
+        stray = sorted(set(present) - set(files) - {MANIFEST})
+        if stray:
+            return None, f"unexpected file(s) not in the manifest: {', '.join(stray[:5])}"
+        return manifest, "ok"
+
+    def get(self, stage: str, version: str) -> VersionInfo:
+        manifest = self.read_manifest(stage, version)
+        if manifest is None:
+            raise FileNotFoundError(f"no published version {stage}/{version} under {self.root}")
+        return VersionInfo(stage, version, self.location(stage, version), manifest)
+
+    def versions(self, stage: str | None = None) -> list[VersionInfo]:
+        """Published versions (those with a manifest), oldest first."""
+        found = []
+        order = self._all_stages() if stage is None else (stage,)
+        for st in order:
+            for name in self.files.subdirs(self._stage_key(st)):
+                if name.startswith(".") or not VERSION_RE.fullmatch(name):
+                    continue
+                manifest = self.read_manifest(st, name)
+                if manifest is not None:
+                    found.append(VersionInfo(st, name, self.location(st, name), manifest))
+        return sorted(found, key=lambda v: (order.index(v.stage), v.manifest.get("created_at", "")))
+
+    def local_copy(self, stage: str, version: str, full: bool = False) -> Path:
+        """A local directory holding ``stage/version`` for a build to read (see :meth:`Files.local_copy`)."""
+        return self.files.local_copy(self._version_key(stage, version), full)
+
+    def pull(self, stage: str, version: str, dest: Path) -> VersionInfo:
+        """Copy ``stage/version`` into the new (or empty) directory ``dest``, checked, appearing by one rename."""
+        info = self.get(stage, version)
+        dest = Path(dest).expanduser().absolute()
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise UserError(
+                f"{dest} exists and is not an empty directory; give a new directory to copy {stage}/{version} into"
+            )
+        source = self.local_copy(stage, version, full=True)  # a cached copy edited since is fetched again
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        partial = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            shutil.copytree(source, partial)
+            for rel, meta in info.manifest.get("files", {}).items():
+                if sha256_file(partial / rel) != meta.get("sha256"):
+                    raise UserError(
+                        f"{stage}/{version}: {rel} does not match its sha256 in the manifest; rerun with force"
+                    )
+            if dest.exists():
+                dest.rmdir()
+            os.rename(partial, dest)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+        return info
+
+    # ---- locks -------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, stage: str, version: str, on_wait=None) -> Iterator[None]:
+        """Hold the version's build lock; waits (calling ``on_wait`` once) while another builds or reads it."""
+        with self.files.locked(self._lock_key(stage, version), on_wait=on_wait) as taken:
+            assert taken
+            yield
+
+    @contextlib.contextmanager
+    def pin(self, stage: str, version: str, on_wait=None) -> Iterator[None]:
+        """Hold the version's lock shared while a build reads it: no builder replaces it and gc keeps it."""
+        with self.files.locked(self._lock_key(stage, version), shared=True, on_wait=on_wait) as taken:
+            assert taken
+            yield
+
+    @contextlib.contextmanager
+    def try_lock(self, stage: str, version: str) -> Iterator[bool]:
+        """Take the version's build lock unless another holds or reads it; yields whether it was taken."""
+        with self.files.locked(self._lock_key(stage, version), wait=False) as taken:
+            yield taken
+
+    def is_locked(self, stage: str, version: str) -> bool:
+        """Whether a run builds or reads ``stage/version`` right now."""
+        if not self.files.lock_exists(self._lock_key(stage, version)):
+            return False
+        with self.try_lock(stage, version) as taken:
+            return not taken
+
+    def _unlink_lock(self, stage: str, version: str) -> None:
+        """Delete the version's lock file; only while holding it exclusively."""
+        self.files.unlink_lock(self._lock_key(stage, version))
+
+    # ---- taking away -------------------------------------------------------------------------
+    def discard(self, stage: str, version: str, reason: str) -> None:
+        """Take a published (damaged or replaced) version away for every reader at once, then delete it."""
+        if self.files.discard(self._version_key(stage, version)):
+            log.info("discarded %s/%s (%s)", stage, version, reason)
+
+    def drop_staging(self, stage: str, version: str) -> None:
+        """Delete the staging area of ``stage/version``, local and kept (call under ``lock``, once published)."""
+        shutil.rmtree(self.staging_path(stage, version), ignore_errors=True)
+        self.files.delete(self._staging_key(stage, version))  # an object store's copy (a directory's: gone now)

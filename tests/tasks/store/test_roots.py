@@ -1,0 +1,34 @@
+"""Artifact roots: one inside another root's stage folder or published version is refused, naming both."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.cli import main
+from mygpt.errors import UserError
+from tasks.registry import open_store
+from tests.tasks.store.builds import publish_locked
+
+
+def test_a_root_inside_another_roots_version_or_stage_folder_is_refused(tmp_path, capsys):
+    art = tmp_path / "art"
+    store = open_store(art)
+    publish_locked(store, "model", "m1", {"model.pt": b"weights"})
+    version = f"the published version model/m1 of the artifact root {art}"
+    stage = f"the stage folder model of the artifact root {art}"
+    for inner, inside in [
+        (art / "model" / "m1", version),
+        (art / "model" / "m1" / "deeper", version),
+        (art / "model", stage),
+        (art / "model" / ".staging" / "m2", stage),
+    ]:
+        with pytest.raises(UserError) as err:
+            open_store(inner)
+        assert str(err.value).startswith(f"artifact root {inner} is inside {inside}: "), str(err.value)
+    assert main(["artifacts", "--artifacts-dir", str(art / "model" / "m1")]) == 2
+    assert f"is inside {version}" in capsys.readouterr().err
+    assert sorted(p.name for p in (art / "model" / "m1").iterdir()) == ["manifest.json", "model.pt"]
+    # the root itself, and a root beside it or holding it, are fine
+    assert [v.version for v in open_store(art).versions()] == ["m1"]
+    assert open_store(tmp_path / "other").versions() == []
+    assert open_store(tmp_path).versions() == []

@@ -1,0 +1,136 @@
+"""An s3:// root against a real S3 API server (moto's, tests/support/s3.py): publication with the manifest
+last, the local cache's checked copies, resume state, and what an unreachable store says."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from flows.cli import main
+from mygpt.errors import UserError
+from tasks.core.faults import FaultInjected
+from tasks.registry import open_store
+from tests.tasks.store.builds import publish_locked
+
+
+def test_publish_verify_copy_and_discard(s3_root, tmp_path):
+    store = open_store(s3_root)
+    assert store.remote and store.root == s3_root
+    manifest = publish_locked(store, "corpus", "v1", {"train.txt": b"hello world\n", "sub/b.bin": bytes(range(256))})
+    assert store.verify("corpus", "v1", full=True) == (True, "ok")
+    assert [v.version for v in store.versions()] == ["v1"]
+    assert store.versions()[0].path == f"{s3_root}/corpus/v1"
+    # the staging prefix and the local staging dir are gone once published
+    assert not store.files.files("corpus/.staging/v1") and not store.staging_path("corpus", "v1").exists()
+    copy = store.local_copy("corpus", "v1")
+    assert (copy / "train.txt").read_bytes() == b"hello world\n" and (copy / "sub/b.bin").read_bytes() == bytes(
+        range(256)
+    )
+    assert json.loads((copy / "manifest.json").read_text())["build_id"] == manifest["build_id"]
+
+    # a published object changed behind the store's back: the quick check sees the size, the copy the sha256
+    store.files.fs.pipe_file(f"{s3_root[5:]}/corpus/v1/train.txt", b"HELLO WORLD\n")
+    assert store.verify("corpus", "v1") == (True, "ok")  # same size: only the full check can tell
+    assert store.verify("corpus", "v1", full=True) == (False, "train.txt does not match its sha256 in the manifest")
+
+    shutil.rmtree(copy)
+    with pytest.raises(UserError, match="does not match its sha256"):
+        store.local_copy("corpus", "v1")
+    store.files.fs.pipe_file(f"{s3_root[5:]}/corpus/v1/stray.txt", b"x")
+    assert store.verify("corpus", "v1") == (False, "unexpected file(s) not in the manifest: stray.txt")
+    store.discard("corpus", "v1", "test")
+    assert store.verify("corpus", "v1") == (False, "missing") and store.versions() == []
+
+
+def test_a_publish_killed_before_the_manifest_leaves_nothing_visible(s3_root):
+    store = open_store(s3_root)
+
+    def crash(where: str) -> None:
+        if where == "publish":
+            raise FaultInjected("killed between the files and the manifest")
+
+    with pytest.raises(FaultInjected):
+        publish_locked(store, "tokenizer", "t1", {"tokenizer.json": b"{}"}, fault=crash)
+    assert store.files.files("tokenizer/t1") == {"tokenizer.json": 2}  # the files are there, the manifest is not
+    assert (
+        store.verify("tokenizer", "t1")[1] == "manifest.json is missing or unreadable in " + f"{s3_root}/tokenizer/t1"
+    )
+    assert store.versions() == []
+    publish_locked(store, "tokenizer", "t1", {"tokenizer.json": b"{}"})
+    assert store.verify("tokenizer", "t1", full=True) == (True, "ok")
+
+
+def test_resume_state_saved_by_a_build_is_fetched_by_a_build_elsewhere(s3_root, tmp_path, monkeypatch):
+    store = open_store(s3_root)
+    with store.lock("shards", "s1"):
+        build = store.open_build("shards", "s1")
+        (build.out / "train-00000.parquet").write_bytes(b"shard zero")
+        (build.work / "progress.json").write_text('{"done": 1}')
+        (build.work / "scratch.bin").write_bytes(b"not saved")
+        build.save(build.out / "train-00000.parquet", build.work / "progress.json")
+    # another machine: another cache folder, nothing local
+    monkeypatch.setenv("WIKI_PIPELINE_CACHE", str(tmp_path / "elsewhere"))
+    other = open_store(s3_root)
+    with other.lock("shards", "s1"):
+        again = other.open_build("shards", "s1")
+        assert again.resumed and again.dir != build.dir
+        assert (again.out / "train-00000.parquet").read_bytes() == b"shard zero"
+        assert (again.work / "progress.json").read_text() == '{"done": 1}'
+        assert not (again.work / "scratch.bin").exists()
+        again.publish(settings={}, inputs={}, code_version="1")
+    assert other.files.files("shards/.staging/s1") == {}
+
+
+def test_an_unreachable_store_says_which_bucket_and_leaks_no_secret(tmp_path, monkeypatch):
+    from tests.support.s3 import _free_port, aws_env
+
+    dead = f"http://127.0.0.1:{_free_port()}"
+    for name, value in aws_env(dead).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WIKI_PIPELINE_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(UserError) as err:
+        open_store("s3://no-such-place/art").verify("corpus", "v1")
+    text = str(err.value)
+    assert "s3://no-such-place/art" in text and "rerun" in text
+    assert "wikitestsecret" not in text and "wikitestkey" not in text
+
+
+def test_a_manifest_naming_files_outside_its_version_is_refused(s3_root, tmp_path):
+    store = open_store(s3_root)
+    publish_locked(store, "corpus", "v1", {"a.txt": b"a"})
+    key = f"{s3_root[5:]}/corpus/v1/manifest.json"
+    manifest = json.loads(store.files.fs.cat_file(key))
+    target = tmp_path / "outside.txt"
+    manifest["files"] = {
+        f"../../../../../../../..{target}": {"size": 1, "sha256": manifest["files"]["a.txt"]["sha256"]}
+    }
+    store.files.fs.pipe_file(key, json.dumps(manifest).encode())
+    assert "not a file of the version" in store.verify("corpus", "v1")[1]
+
+    shutil.rmtree(store.version_path("corpus", "v1"), ignore_errors=True)  # no cached copy: it must download
+    with pytest.raises(UserError, match="not a plain relative path"):
+        store.local_copy("corpus", "v1")
+    assert not target.exists()
+
+
+def test_a_bucket_that_does_not_exist_is_one_line_naming_it(s3_root):
+    with pytest.raises(UserError, match="the bucket 'no-such-bucket-zz' does not exist"):
+        open_store("s3://no-such-bucket-zz/x")
+
+
+def test_a_cached_copy_edited_since_is_fetched_again_by_full_check_and_pull(s3_root, tmp_path, capsys):
+
+    store = open_store(s3_root)
+    publish_locked(store, "corpus", "c1", {"a.txt": b"right"})
+    copy = store.local_copy("corpus", "c1")
+    (copy / "a.txt").write_bytes(b"WRONG")  # same size: the quick check trusts it, as on a local root
+    assert (store.local_copy("corpus", "c1", full=True) / "a.txt").read_bytes() == b"right"
+    (copy / "a.txt").write_bytes(b"WRONG")
+    assert main(["pull", "corpus/c1", str(tmp_path / "out"), "--artifacts-dir", s3_root]) == 0
+    assert (tmp_path / "out" / "a.txt").read_bytes() == b"right"
+    # a stray key under a stage's staging is not gc's to judge: listed nothing, no crash
+    store.files.fs.pipe_file(f"{s3_root[5:]}/corpus/.staging/../x", b"x")
+    assert main(["gc", "--artifacts-dir", s3_root]) == 0
+    capsys.readouterr()

@@ -1,0 +1,88 @@
+"""Version ids, the check of a published version, the listing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tasks.core.settings import RunOptions
+from tasks.registry import open_store
+from tasks.store import MANIFEST, version_id
+from tests.tasks.store.builds import SOURCE, Word, publish_local, write_word
+
+
+def test_version_id_depends_on_every_ingredient():
+    base = version_id("tokenizer", {"num_merges": 1024}, {"corpus": "abc.1"}, "1")
+    assert base == version_id("tokenizer", {"num_merges": 1024}, {"corpus": "abc.1"}, "1")
+    assert len(base) == 12 and int(base, 16) >= 0
+    others = {
+        version_id("shards", {"num_merges": 1024}, {"corpus": "abc.1"}, "1"),
+        version_id("tokenizer", {"num_merges": 512}, {"corpus": "abc.1"}, "1"),
+        version_id("tokenizer", {"num_merges": 1024}, {"corpus": "abc.2"}, "1"),
+        version_id("tokenizer", {"num_merges": 1024}, {"corpus": "abc.1"}, "2"),
+    }
+    assert base not in others and len(others) == 4
+    # Parameter order does not matter.
+    assert version_id("corpus", {"a": 1, "b": 2}, {}, "1") == version_id("corpus", {"b": 2, "a": 1}, {}, "1")
+
+
+@pytest.mark.parametrize(
+    "damage, full, expected",
+    [
+        (lambda d: (d / "a.txt").unlink(), False, "a.txt is missing"),
+        (lambda d: (d / "a.txt").write_bytes(b"alp"), False, "a.txt is 3 bytes, manifest says 6"),
+        (lambda d: (d / "a.txt").write_bytes(b"alphA\n"), False, "ok"),  # same size: only the full check sees it
+        (lambda d: (d / "a.txt").write_bytes(b"alphA\n"), True, "a.txt does not match its sha256"),
+        (lambda d: (d / MANIFEST).unlink(), False, "manifest.json is missing or unreadable"),
+        (lambda d: (d / MANIFEST).write_text("{not json"), False, "manifest.json is missing or unreadable"),
+        (lambda d: (d / "extra.txt").write_text("x"), False, "unexpected file(s) not in the manifest: extra.txt"),
+    ],
+)
+def test_verify_detects_damage(tmp_path, damage, full, expected):
+    store = open_store(tmp_path)
+    publish_local(store)
+    damage(tmp_path / "corpus" / "v1")
+    ok, reason = store.verify("corpus", "v1", full=full)
+    assert reason.startswith(expected), reason
+    assert ok == (expected == "ok")
+
+
+def test_listing_shows_lineage(tmp_path):
+    from flows.cli import format_listing
+    from tasks.registry import open_store
+
+    store = open_store(tmp_path)
+    corpus = publish_local(store)
+    build = store.open_build("tokenizer", "t1")
+    (build.out / "tokenizer.json").write_text("{}")
+    build.publish(
+        settings={"num_merges": 8},
+        inputs={"corpus": {"version": "v1", "build_id": corpus["build_id"]}},
+        code_version="1",
+    )
+    text = format_listing(store)
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[2:]}
+    assert rows["corpus"][1] == "v1" and rows["corpus"][-1] == "-"
+    assert rows["tokenizer"][1] == "t1" and rows["tokenizer"][-1] == "corpus/v1"
+    assert format_listing(open_store(tmp_path / "empty")).startswith("no published versions under")
+
+
+@pytest.mark.parametrize("full_check", [False, True])
+def test_reuse_checks_every_sha256_under_full_check(tmp_path, full_check):
+    """A file changed in place at the same size passes the quick check (sizes) but not ``full_check``."""
+    builds = []
+
+    def build(ctx, settings: Word) -> dict:
+        builds.append(1)
+        return write_word(ctx, settings)
+
+    run = RunOptions(artifacts_dir=str(tmp_path), full_check=full_check)
+    first = SOURCE.run(build, Word(), run)
+    (Path(first["path"]) / "a.txt").write_text("HELLO x")  # same size, other bytes
+    again = SOURCE.run(build, Word(), run)
+    if full_check:
+        assert len(builds) == 2 and again["build_id"] != first["build_id"]
+        assert (Path(again["path"]) / "a.txt").read_text() == "hello x"
+    else:
+        assert len(builds) == 1 and again["build_id"] == first["build_id"]
