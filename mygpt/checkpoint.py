@@ -29,8 +29,8 @@ import torch
 
 from mygpt.atomic import atomic_open
 from mygpt.errors import UserError
-from mygpt.gpt_config import REQUIRED_CHECKPOINT_KEYS
-from mygpt.model import GPT, GPTConfig
+from mygpt.gpt_config import REQUIRED_CHECKPOINT_KEYS, GPTConfig
+from mygpt.model import GPT
 from mygpt.tokenizers.files import tokenizer_from_state
 
 __all__ = [

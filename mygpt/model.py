@@ -1,28 +1,9 @@
-"""GPT: a small decoder-only transformer in one readable file (nanoGPT style).
+"""GPT: a small decoder-only transformer in one readable file (nanoGPT style), built from a ``GPTConfig``.
 
-Architecture (pre-norm):
-
-    idx -> token embedding (+ learned position embedding when position_type="learned")
-        -> num_layers x [ x + Attention(Norm(x)) ; x + MLP(Norm(x)) ]
-        -> final Norm -> logits = x @ token_embedding.weight.T      (tied LM head)
-
-* Norm is ``LayerNorm`` (weight + bias, ``norm_type="layer"``) or ``RMSNorm`` (weight only, ``"rms"``).
-* Attention has bias-free q/k/v/o projections and grouped-query attention: ``num_kv_heads`` key/value heads
-  are shared by ``num_heads // num_kv_heads`` query heads each (``num_kv_heads == num_heads`` is plain MHA).
-* Positions are a learned ``nn.Embedding(max_seq_len, embed_dim)`` or rotary embeddings (RoPE, applied to q
-  and k inside attention, so they add no parameters).
-* The MLP is ``Linear(E, 4E) -> GELU -> Linear(4E, E)``, both with biases.
-
-The model's shape is one :class:`GPTConfig` (its defaults are the Part I model); ``GPT(config)`` builds it.
-
-Parameter counts (checked in tests): the Part I config (vocab 65, embed 64, 4 heads, 4 layers, max_seq_len 64,
-layer norm, learned positions) has 207,296; the chapter-28 config (vocab 3046, embed 192, 6 heads, 2 kv heads,
-4 layers, max_seq_len 256, rms, rope) has 2,163,264.
-
-KV cache: pass a ``KVCache`` (``model.new_kv_cache()``) to ``forward``; each call appends the new tokens' keys
-and values and attends over everything cached so far. The absolute position of the first new token is
-``kv_cache.length`` -- used for the learned position embedding and for RoPE -- so the cached path computes the
-same function as running the whole sequence at once.
+Pre-norm blocks ``x + Attention(Norm(x)); x + MLP(Norm(x))``, then a final norm and the tied LM head. Norm is
+LayerNorm or RMSNorm; attention is bias-free grouped-query attention (``num_kv_heads`` key/value heads); positions
+are a learned table or RoPE (no parameters). A ``KVCache`` passed to ``forward`` makes the cached path compute the
+same function as the whole sequence at once.
 """
 
 from __future__ import annotations
@@ -35,9 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mygpt.gpt_config import NORM_TYPES, POSITION_TYPES, GPTConfig  # torch-free, re-exported (their old home)
+from mygpt.gpt_config import GPTConfig
 
-__all__ = ["GPT", "NORM_TYPES", "POSITION_TYPES", "GPTConfig", "KVCache", "RMSNorm"]
+__all__ = ["GPT", "KVCache", "RMSNorm"]
 
 
 class RMSNorm(nn.Module):

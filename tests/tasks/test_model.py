@@ -106,7 +106,7 @@ def test_train_reads_memory_mapped_tokens_and_all_splits(upstream, tmp_path):
     assert dtype == "uint16" and len(paths) == 1
     train_only = open_token_files(paths, dtype)
     assert isinstance(train_only, np.memmap) and len(train_only) == n
-    all_paths, _, n_all = train_stage.token_files(Path(shards["path"]), tmp_path, train_stage.SPLITS["all"])
+    all_paths, _, n_all = train_stage.token_files(Path(shards["path"]), tmp_path, train_stage.TRAIN_SPLITS["all"])
     everything = open_token_files(all_paths, dtype)
     valid = open_token_files(train_stage.token_files(Path(shards["path"]), tmp_path, ("valid",))[0], dtype)
     test = open_token_files(train_stage.token_files(Path(shards["path"]), tmp_path, ("test",))[0], dtype)
