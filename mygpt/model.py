@@ -40,10 +40,8 @@ def make_norm(norm_type: str, dim: int) -> nn.Module:
 
 
 def rope_tables(head_dim: int, max_seq_len: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables of shape (max_seq_len, head_dim // 2) for rotary position embeddings.
-
-    Computed in fp32 the way Hugging Face transformers computes them (``inv_freq``, then position x inv_freq),
-    so a model exported with :mod:`mygpt.hf_export` gives bit-identical angles there."""
+    """RoPE's cos/sin tables, (max_seq_len, head_dim // 2), computed in fp32 as transformers does (so an export
+    gives bit-identical angles)."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
     angles = torch.arange(max_seq_len, dtype=torch.float)[:, None] * inv_freq[None, :]
     return angles.cos(), angles.sin()
@@ -141,9 +139,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """The model of a :class:`GPTConfig`: ``GPT(config)``. ``GPT(vocab_size, **fields)`` and ``GPT(**fields)``
-    are shorthand for ``GPT(GPTConfig(...))``. The config is ``model.gpt_config``; its fields are also
-    attributes (``model.max_seq_len``, ...)."""
+    """``GPT(config)``, or ``GPT(vocab_size, **fields)``; the config is ``model.gpt_config``, its fields attributes."""
 
     # The config's fields, set from it in __init__ (declared here for the type checker).
     vocab_size: int
@@ -217,11 +213,8 @@ class GPT(nn.Module):
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None):
-        """``idx`` (B, T) token ids -> ``(logits (B, T, vocab), loss or None)``.
-
-        With ``kv_cache``, ``idx`` holds only the new tokens; they sit at absolute positions
-        ``kv_cache.length ..`` and the cache is extended in place.
-        """
+        """``idx`` (B, T) -> ``(logits, loss or None)``; with ``kv_cache``, ``idx`` is only the new tokens (at
+        positions ``kv_cache.length ..``) and the cache grows in place."""
         _B, T = idx.shape
         start = kv_cache.length if kv_cache is not None else 0
         if start + T > self.max_seq_len:

@@ -225,11 +225,8 @@ def train(
     meta: dict | None = None,
     world: World | None = None,
 ) -> TrainResult:
-    """Train ``model`` in place on ``train_tokens``; see the module docstring. Returns a ``TrainResult``.
-
-    ``world``: this process's rank among data-parallel processes (default: the initialised ``torch.distributed``
-    default group, else one process). Off rank 0, ``log``, ``on_progress`` and ``on_checkpoint`` are not called.
-    """
+    """Train ``model`` in place on ``train_tokens``. ``world`` defaults to the initialised process group (else one
+    process); off rank 0 the callbacks are not called."""
     world = world or World.current()
     if not world.is_main:
         log, on_progress, on_checkpoint = None, None, None

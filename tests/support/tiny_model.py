@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-#: A tiny modern model (GQA, RMSNorm, RoPE) a CPU trains in seconds; add ``vocab_size``.
+#: A tiny modern model (GQA, RMSNorm, RoPE) a CPU trains quickly; add ``vocab_size``.
 TINY_MODEL = dict(
     embed_dim=32, num_heads=4, num_kv_heads=2, num_layers=1, max_seq_len=32, norm_type="rms", position_type="rope"
 )

@@ -250,7 +250,7 @@ def test_a_model_that_cannot_fit_this_machine_is_refused_when_resolved(settings,
 
 
 def test_a_diverging_run_publishes_nothing(upstream, tmp_path):
-    """lr=1e30 used to publish a model with final_loss nan (and later runs reused it)."""
+    """lr=1e30 publishes nothing (no NaN model for later runs to reuse)."""
     import shutil
 
     root, _, tokenizer, shards = upstream
@@ -273,8 +273,8 @@ train_model.fn(shards, tokenizer, settings, run_in(sys.argv[1]))
 
 
 def test_a_model_build_leaves_nothing_in_tmpdir(upstream, tmp_path):
-    """torch's TorchInductor cache (``torchinductor_<user>``) used to appear in TMPDIR on every build: the stage
-    keeps it in the user's cache folder instead (a process of its own, so torch's cache path is not yet set)."""
+    """The stage keeps torch's TorchInductor cache in the user's cache folder, not TMPDIR (in a fresh process, so
+    torch's cache path is not yet set)."""
     import json
     import subprocess
     import sys

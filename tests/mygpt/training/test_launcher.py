@@ -1,13 +1,5 @@
-"""Data-parallel training with real processes (torch.distributed.run, gloo, 2 ranks on CPU).
-
-* 2 processes equal 1 process (same seed, same global batch, fp32): loss and validation at every logged step
-  and the final weights within 1e-5 -- with a batch that divides by 2 (through ``mygpt train --nproc``) and one
-  that does not (5 rows as 3 + 2, micro-batches of 2: gradient accumulation).
-* SIGKILL of the whole process group of a launching process right after a checkpoint: no training process
-  survives, and the rerun resumes and ends bit-identical to the uninterrupted 2-process run.
-* One rank dying alone: a clear error naming it (exit code, log tail), no hang, nothing left running; the
-  rerun resumes.
-"""
+"""run_training with real processes (torchrun, gloo, 2 ranks on CPU): 2 processes equal 1; a killed launcher or
+rank leaves nothing running, fails clearly, and the rerun resumes bit-identical."""
 
 from __future__ import annotations
 
@@ -48,7 +40,7 @@ ACCUMULATE = dict(
     checkpoint_every=10,
     seed=3,
 )
-WORKER_ENV = {"OMP_NUM_THREADS": "1"}  # 2 cores shared by every process of the suite
+WORKER_ENV = {"OMP_NUM_THREADS": "1"}  # the suite's processes share the cores
 TOL = 1e-5  # losses: a mean over the batch, summed in another order by two processes
 #: Weights after 20 AdamW steps: a last-bit difference in a gradient can move a weight by a small part of one
 #: step (lr 1e-3 to 3e-3), and which bits differ depends on the CPU's kernels (1.04e-5 seen on one machine where
@@ -141,8 +133,7 @@ def two_process_run(files, tmp_path_factory):
 
 
 def test_a_run_leaves_nothing_in_tmpdir(two_process_run):
-    """torchrun used to leave a torchelastic_* directory in TMPDIR after every run. (torch's per-user compile
-    cache, torchinductor_<user>, is one directory reused by every run, not a leftover of this one.)"""
+    """A run leaves no torchelastic_* directory in TMPDIR (torch's per-user compile cache is reused, not a leftover)."""
     tmpdir = two_process_run[4]
     assert [p.name for p in tmpdir.iterdir() if not p.name.startswith("torchinductor_")] == []
 

@@ -294,7 +294,7 @@ def test_concat_tokens_slices_across_parts():
 
 
 def test_a_diverging_run_stops_at_the_first_non_finite_loss_and_saves_nothing_after(shakespeare_text, tmp_path):
-    """lr=1e30 used to train to the end and save a NaN model (final_loss nan)."""
+    """lr=1e30 stops at the first NaN loss and saves no NaN model."""
     text = shakespeare_text[:5000]
     tok = CharTokenizer.from_text(text)
     ids = tok.encode_array(text)
@@ -342,8 +342,7 @@ def test_on_an_accelerator_the_first_bad_step_is_kept_on_the_device_and_named():
 
 
 def test_resume_restores_each_ranks_own_rng_state():
-    """Dropout draws from each process's own torch generator: a resumed rank must get its own state back, not
-    rank 0's (the quick check of what the slow dropout test in test_launcher.py proves end to end)."""
+    """A resumed rank gets its own torch RNG state back (dropout draws from it), not rank 0's."""
     from mygpt.training.parallel import World
     from mygpt.training.train import _capture_rng, _rank_rng, _restore_rng
 
