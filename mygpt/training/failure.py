@@ -106,29 +106,22 @@ def diagnose(rc: int, nproc: int, run_path: Path, checkpoint_step: int | None, c
     else:
         resume = "no checkpoint was written; a rerun starts over"
     if rank is None:
+        code: int | None = rc
         tail = _tail(run_path / "launcher.log")
         message = (
             f"training with {nproc} processes failed: torch.distributed.run exited with code {rc} before "
             f"naming a failed rank. Last lines of {run_path / 'launcher.log'}:\n{_indent(tail)}\n{resume}"
         )
-        return TrainingProcessError(
-            message,
-            rank=None,
-            exit_code=rc,
-            world_size=nproc,
-            log_tail=tail,
-            run_dir=str(run_path),
-            checkpoint_step=checkpoint_step,
+    else:
+        code = failures.get(rank)
+        status = statuses.get(rank, {})
+        log_path = run_path / f"rank-{rank}.log"
+        tail = _tail(log_path)
+        what = f" ({status['message']})" if status.get("message") else ""
+        message = (
+            f"training process rank {rank} of {nproc} {_describe_exit(code)}{what}; the other processes were "
+            f"stopped. Last lines of its log {log_path}:\n{_indent(tail) or '    (empty)'}\n{resume}"
         )
-    code = failures.get(rank)
-    status = statuses.get(rank, {})
-    log_path = run_path / f"rank-{rank}.log"
-    tail = _tail(log_path)
-    what = f" ({status['message']})" if status.get("message") else ""
-    message = (
-        f"training process rank {rank} of {nproc} {_describe_exit(code)}{what}; the other processes were "
-        f"stopped. Last lines of its log {log_path}:\n{_indent(tail) or '    (empty)'}\n{resume}"
-    )
     return TrainingProcessError(
         message,
         rank=rank,

@@ -23,3 +23,11 @@ def test_failure_report_blames_the_first_failure(tmp_path):
     (tmp_path / "rank-1.status.json").write_text(json.dumps({"status": "user_error", "message": "lr differs"}))
     e = diagnose(2, 2, tmp_path, None, None)
     assert isinstance(e, UserError) and str(e) == "lr differs"
+
+
+def test_a_failure_that_names_no_rank_shows_torchruns_own_log(tmp_path):
+    (tmp_path / "launcher.log").write_text("torchrun could not start\n")
+    e = diagnose(3, 2, tmp_path, None, None)
+    assert isinstance(e, TrainingProcessError) and (e.rank, e.exit_code, e.world_size) == (None, 3, 2)
+    assert "exited with code 3 before naming a failed rank" in str(e) and "torchrun could not start" in e.log_tail
+    assert str(e).endswith("no checkpoint was written; a rerun starts over")
