@@ -20,3 +20,8 @@ CH28_MODEL = dict(
     norm_type="rms",
     position_type="rope",
 )
+
+
+def flags(**values) -> list[str]:
+    """``mygpt train`` arguments for ``values``: ``flags(embed_dim=32)`` -> ``["--embed-dim", "32"]``."""
+    return [part for name, value in values.items() for part in ("--" + name.replace("_", "-"), str(value))]

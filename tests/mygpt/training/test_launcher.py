@@ -25,7 +25,7 @@ from mygpt.training.job import TrainJob
 from mygpt.training.launcher import resolve_nproc, run_training
 from mygpt.training.worker import EXIT_RANK_ENV, WORKER_STALL_ENV
 from tests.support import REPO
-from tests.support.tiny_model import TINY_MODEL, TINY_TRAIN
+from tests.support.tiny_model import TINY_MODEL, TINY_TRAIN, flags
 
 #: 5 rows do not divide by 2: rank 0 takes 3 (micro-batches 2 + 1), rank 1 takes 2
 ACCUMULATE = dict(
@@ -166,32 +166,8 @@ def test_cli_two_processes_equal_one_process(shakespeare_text, tmp_path, monkeyp
     common = [
         "train",
         str(text),
-        "--embed-dim",
-        "32",
-        "--num-layers",
-        "2",
-        "--num-heads",
-        "4",
-        "--max-seq-len",
-        "32",
-        "--seq-len",
-        "32",
-        "--batch-size",
-        "6",
-        "--steps",
-        "20",
-        "--print-every",
-        "5",
-        "--device",
-        "cpu",
-        "--val-fraction",
-        "0.1",
-        "--eval-batches",
-        "2",
-        "--norm",
-        "rms",
-        "--position",
-        "rope",
+        *flags(embed_dim=32, num_layers=2, num_heads=4, max_seq_len=32, seq_len=32, batch_size=6, steps=20),
+        *flags(print_every=5, device="cpu", val_fraction=0.1, eval_batches=2, norm="rms", position="rope"),
     ]
     assert main([*common, "--output", str(tmp_path / "one.ckpt")]) == 0
     capsys.readouterr()
