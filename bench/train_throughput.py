@@ -7,19 +7,11 @@ Two models from the chapter:
 * ``ch28``  -- the chapter-28 Wikipedia model: vocab 3046, embed 192, 4 layers, 6 heads, 2 kv heads,
   max_seq_len 256, RMSNorm, RoPE; seq_len 256, batch 16 (2,163,264 params).
 
-Each row runs ``mygpt.training.distributed.run_training`` -- ``mygpt.training.train.train`` in this process for
-``nproc`` 1, data parallel under ``torch.distributed.run`` for more -- over random tokens in a flat token file, with
-grad clipping
-at 1.0 and AdamW, for every combination of ``--precisions`` x ``--nproc`` x ``--compile``. ``batch_size`` is the
-global batch, so every row does the same work per step. The first ``--warmup-steps`` steps (compilation, caches)
-are not timed; the loop reports each later step's time (after a device sync) and a row shows the median step,
-which a busy machine disturbs less than the mean. MFU is against the detected GPU's bf16 peak (``n/a`` on CPU);
-FLOPs per token are
-``6N + 12*L*H*Q*T`` (:mod:`mygpt.metrics`). Threads per process default to the cores divided by ``nproc``.
-
-The default (both models, ``precision=auto``, nproc 1 and 2 on CPU -- 1 and one per GPU on CUDA --, compile off
-and on, 10 timed steps) takes about 1-2 minutes on 2 CPU cores. ``off*`` in the compile column: compile was asked
-for but is unavailable here (the row trained eagerly; the warning is printed under it).
+Each row runs ``mygpt.training.launcher.run_training`` over random tokens in a flat token file (grad clipping at
+1.0, AdamW) for every combination of ``--precisions`` x ``--nproc`` x ``--compile``; ``batch_size`` is the global
+batch, so every row does the same work per step. The first ``--warmup-steps`` steps are not timed; a row shows the
+median step time. MFU is against the detected GPU's bf16 peak (``n/a`` on CPU). ``off*`` in the compile column:
+compile was asked for but is unavailable here (the row trained eagerly; the warning is printed under it).
 
     .venv/bin/python -m bench.train_throughput                       # the default above
     .venv/bin/python -m bench.train_throughput --device cuda --configs ch28 --precisions fp32,bf16 \\
@@ -34,22 +26,21 @@ import os
 import statistics
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from mygpt import CharTokenizer, TrainConfig, UserError
+from mygpt import CharTokenizer, GPTConfig, TrainConfig, UserError
 from mygpt.device import resolve_device, resolve_precision
 from mygpt.tokenizers.files import save_tokenizer_file
-from mygpt.training.distributed import TrainJob, resolve_nproc, run_training
+from mygpt.training.job import TrainJob
+from mygpt.training.launcher import resolve_nproc, run_training
 
+#: The Part I model is the library's defaults; seq_len and batch_size are TrainConfig's or the chapter's.
 CONFIGS = {
-    "part1": dict(
-        model=dict(vocab_size=65, embed_dim=64, num_layers=4, num_heads=4, max_seq_len=64), seq_len=64, batch_size=16
-    ),
+    "part1": dict(model=GPTConfig(vocab_size=65), seq_len=64, batch_size=16),
     "ch28": dict(
-        model=dict(
+        model=GPTConfig(
             vocab_size=3046,
             embed_dim=192,
             num_layers=4,
@@ -78,7 +69,7 @@ def measure(
     seed: int = 0,
 ) -> dict:
     cfg = CONFIGS[name]
-    vocab = cfg["model"]["vocab_size"]
+    vocab = cfg["model"].vocab_size
     tokenizer = workdir / f"tokenizer-{vocab}.json"
     tokens = workdir / f"tokens-{vocab}.bin"
     if not tokens.exists():
@@ -101,8 +92,8 @@ def measure(
     job = TrainJob(
         tokenizer=str(tokenizer),
         train_tokens=[str(tokens)],
-        model={k: v for k, v in cfg["model"].items() if k != "vocab_size"},
-        train=asdict(config),
+        model=cfg["model"],
+        train=config,
         device=device,
         checkpoint=str(ckpt),
         resume=False,

@@ -1,11 +1,7 @@
 """mygpt: a small modern GPT in plain PyTorch (tokenizers, model, training, checkpoints, generation).
 
-This package never imports Prefect; the pipeline layers (``tasks/``, ``flows/``) build on it. Importing it
-is cheap: the names below load their module (and torch, where that module needs it) on first use, so
-``import mygpt`` or ``from mygpt.tokenizers.bpe import BPETokenizer`` never pays for torch.
-
-The training loop and text generation are the functions ``mygpt.training.train.train`` and
-``mygpt.generate.generate`` (their modules share their names, so they are not re-exported here).
+The names below load their module (and torch, where it needs it) on first use, so ``import mygpt`` is cheap.
+The training loop and generation are ``mygpt.training.train.train`` and ``mygpt.generate.generate``.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ _HOME = {
     "CharTokenizer": "tokenizers.char_tokenizer",
     "GPT": "model",
     "GPTConfig": "gpt_config",
-    "TrainConfig": "training.train",
+    "TrainConfig": "training.config",
     "TrainResult": "training.train",
     "UserError": "errors",
     "load_checkpoint": "checkpoint",
@@ -44,7 +40,8 @@ if TYPE_CHECKING:  # editors and type checkers see the real names
     from mygpt.model import GPT
     from mygpt.tokenizers.bpe import BPETokenizer
     from mygpt.tokenizers.char_tokenizer import CharTokenizer
-    from mygpt.training.train import TrainConfig, TrainResult
+    from mygpt.training.config import TrainConfig
+    from mygpt.training.train import TrainResult
 
 
 def __getattr__(name: str):

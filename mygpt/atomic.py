@@ -1,9 +1,5 @@
-"""File helpers. Atomic writes: temp file in the same directory, fsync, ``os.replace``, fsync the directory;
-and ``sha256_file``, the one file checksum.
-
-A crash at any moment leaves either the old file or the new one at ``path``, never a torn one,
-and no temp file that looks like the real thing (temp names start with ``.`` and end with ``.tmp``).
-"""
+"""Atomic file writes (temp file beside the target, fsync, ``os.replace``, fsync of the directory: a crash leaves
+the old file or the new one, never a torn one) and ``sha256_file``, the one file checksum."""
 
 from __future__ import annotations
 
@@ -29,10 +25,7 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
-    """Open a temp file beside ``path``; on a clean exit fsync it and rename it over ``path``.
-
-    On an exception the temp file is removed and ``path`` is untouched.
-    """
+    """A temp file beside ``path``, renamed over it on a clean exit (removed, ``path`` untouched, on an error)."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open supports modes 'w' and 'wb', not {mode!r}")
     path = os.fspath(path)

@@ -1,25 +1,5 @@
-"""Checkpoints in the chapter's format, written atomically.
-
-Payload (a dict saved with ``torch.save``)::
-
-    model_state_dict   the GPT's parameters (CPU tensors)
-    tokenizer_chars    the alphabet (Part I compatibility mirror)
-    tokenizer_kind     "char" | "bpe"
-    tokenizer_state    tokenizer.state()  ({"chars": [...]} or {"chars": [...], "merges": [[a, b], ...], ...})
-    config             vocab_size, embed_dim, num_heads, num_kv_heads, num_layers, max_seq_len,
-                       norm_type, position_type, tokenizer_kind
-    resume             (optional) {step, optimizer, train_config, rng: {torch, generator, numpy, python}, history}
-    meta               (optional) free dict
-
-Saving goes through ``mygpt.atomic.atomic_open`` (temp file beside the target, fsync, ``os.replace``, fsync of
-the directory), so an interrupted save leaves the previous checkpoint intact.
-
-Loading uses ``torch.load(..., weights_only=True)``: everything we write is tensors and plain Python containers
-(RNG states are stored as tensors / lists, never numpy objects), so the safe unpickler suffices and a checkpoint
-cannot run code on load. Old (pre-chapter-28) checkpoints lack ``norm_type``, ``position_type``, ``num_kv_heads``
-and ``tokenizer_kind``; they load with ``"layer"``, ``"learned"``, ``num_heads`` (filled by
-:meth:`mygpt.model.GPTConfig.from_checkpoint`, which every reader uses) and ``"char"``.
-"""
+"""Checkpoints in the chapter's format (payload: docs/TRAINING.md), written atomically, loaded with
+``weights_only=True`` so a checkpoint cannot run code; old checkpoints load with their old meaning."""
 
 from __future__ import annotations
 
@@ -29,8 +9,8 @@ import torch
 
 from mygpt.atomic import atomic_open
 from mygpt.errors import UserError
-from mygpt.gpt_config import REQUIRED_CHECKPOINT_KEYS
-from mygpt.model import GPT, GPTConfig
+from mygpt.gpt_config import REQUIRED_CHECKPOINT_KEYS, GPTConfig
+from mygpt.model import GPT
 from mygpt.tokenizers.files import tokenizer_from_state
 
 __all__ = [

@@ -13,24 +13,49 @@ import time
 from typing import TYPE_CHECKING
 
 from mygpt.errors import UserError
+from mygpt.gpt_config import GPTConfig
+from mygpt.options import options
+from mygpt.training.config import TrainConfig
 
 if TYPE_CHECKING:
     from mygpt.tokenizers.bpe import BPETokenizer
     from mygpt.tokenizers.char_tokenizer import CharTokenizer
 
-__all__ = ["MODEL_FLAGS", "build_parser", "main", "model_config"]
+__all__ = ["FLAG_OVERRIDES", "build_parser", "main", "model_config"]
 
-#: ``mygpt train``'s model flags (argparse names) -> the ``GPTConfig`` fields they set.
-MODEL_FLAGS = {
-    "embed_dim": "embed_dim",
-    "num_layers": "num_layers",
-    "num_heads": "num_heads",
-    "num_kv_heads": "num_kv_heads",
-    "max_seq_len": "max_seq_len",
-    "dropout": "dropout",
-    "norm": "norm_type",
-    "position": "position_type",
+#: Where ``mygpt train``'s flags depart from ``GPTConfig``/``TrainConfig`` (whose fields they are): the chapter's
+#: help text, and ``--print-every``'s default (every 10 % of --steps, at most every 500: a short run is never
+#: silent). ``tf32`` has no flag (always on).
+FLAG_OVERRIDES: dict[str, dict] = {
+    "num_kv_heads": {
+        "help": "key/value heads for grouped-query attention; default: same as --num-heads (full MHA). "
+        "Must divide --num-heads."
+    },
+    "print_every": {
+        "default": None,
+        "help": "print the loss every N steps (default: every 10%% of --steps, at most every 500)",
+    },
+    "checkpoint_every": {
+        "help": "Save the checkpoint every N steps (0 = save only at end, default). Atomic write: a "
+        "Ctrl-C mid-save does not corrupt the file."
+    },
 }
+NO_FLAG = ("tf32",)
+
+
+def _config_flags(p: argparse.ArgumentParser, config: type) -> None:
+    """A flag per field of ``config`` (``--norm`` sets ``norm_type``): its default, choices and help."""
+    for o in options(config).values():
+        if o.field in NO_FLAG:
+            continue
+        flag = {"default": o.default, "help": o.help.replace("%", "%%") + " (default: %(default)s)"}
+        flag.update(FLAG_OVERRIDES.get(o.field, {}))
+        if o.kind is bool:
+            p.add_argument("--" + o.name.replace("_", "-"), dest=o.field, action="store_true", **flag)
+        elif o.choices:
+            p.add_argument("--" + o.name.replace("_", "-"), dest=o.field, choices=list(o.choices), **flag)
+        else:
+            p.add_argument("--" + o.name.replace("_", "-"), dest=o.field, type=o.kind, **flag)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,40 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model on a UTF-8 text file")
     p.add_argument("text_file", help="UTF-8 text file to train on")
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    p.add_argument(
-        "--precision",
-        default="fp32",
-        choices=["auto", "fp32", "bf16"],
-        help="fp32 (default) or bf16 autocast; auto = bf16 on cuda/mps, fp32 on cpu",
-    )
-    # The model's flags default to None: GPTConfig's defaults apply (64, 4 layers, 4 heads, 64, 0.0, layer, learned).
-    p.add_argument("--embed-dim", type=int)
-    p.add_argument("--num-layers", type=int)
-    p.add_argument("--num-heads", type=int)
-    p.add_argument(
-        "--num-kv-heads",
-        type=int,
-        help="key/value heads for grouped-query attention; default: same as --num-heads (full MHA). "
-        "Must divide --num-heads.",
-    )
-    p.add_argument("--max-seq-len", type=int)
-    p.add_argument("--dropout", type=float)
-    p.add_argument("--norm", choices=["layer", "rms"], help="layer (default) or rms")
-    p.add_argument("--position", choices=["learned", "rope"], help="learned (default) or rope")
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument(
-        "--print-every",
-        type=int,
-        help="print the loss every N steps (default: every 10%% of --steps, at most every 500)",
-    )
-    p.add_argument("--schedule", choices=["constant", "cosine"], default="constant")
-    p.add_argument("--warmup", type=int, default=0, help="linear warmup steps (default 0)")
-    p.add_argument("--max-grad-norm", type=float, default=0.0, help="gradient clipping norm (0 = off, default)")
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--seed", type=int, default=1337)
+    _config_flags(p, GPTConfig)
+    _config_flags(p, TrainConfig)
     p.add_argument(
         "--val-fraction",
         type=float,
@@ -81,13 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="hold out this fraction of the tokens (the end of the corpus) for validation loss "
         "(default 0 = no validation, as in the chapter)",
     )
-    p.add_argument(
-        "--eval-every",
-        type=int,
-        default=0,
-        help="validation every N steps (0 = at every print point); needs --val-fraction > 0",
-    )
-    p.add_argument("--eval-batches", type=int, default=20)
     p.add_argument(
         "--tokenizer",
         choices=["char", "bpe"],
@@ -109,13 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
         "still runs on the full corpus and skips characters that did not appear in the slice.",
     )
     p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=0,
-        help="Save the checkpoint every N steps (0 = save only at end, default). Atomic write: a "
-        "Ctrl-C mid-save does not corrupt the file.",
-    )
-    p.add_argument(
         "--resume",
         action="store_true",
         help="continue from the resume state in --output if it exists (same settings required)",
@@ -127,18 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="training processes on this node, data parallel with torch.distributed.run (gloo on CPU, "
         "NCCL on CUDA, one GPU each); 'auto' = the number of visible GPUs (1 on CPU). --batch-size "
         "stays the global batch, so the result does not depend on it (default 1)",
-    )
-    p.add_argument(
-        "--micro-batch-size",
-        type=int,
-        default=0,
-        help="rows per forward pass in each process, gradients accumulated (0 = all of the process's "
-        "rows at once, default)",
-    )
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the model (a warning, and eager training, where it is unavailable)",
     )
     p.set_defaults(func=_train_command)
 
@@ -199,13 +166,15 @@ def _utf8_prefix(raw: bytes, n: int) -> str:
     return raw[:n].decode("utf-8")
 
 
-def model_config(args, vocab_size: int):
-    """The ``GPTConfig`` that ``mygpt train``'s flags ask for: the one place the chapter's flags (``--norm``,
-    ``--position``, ...) meet the config's fields; a flag left out takes ``GPTConfig``'s default."""
-    from mygpt.model import GPTConfig
+def model_config(args, vocab_size: int) -> GPTConfig:
+    """The ``GPTConfig`` that ``mygpt train``'s flags ask for."""
+    return GPTConfig(vocab_size, **{name: getattr(args, name) for name in options(GPTConfig)})
 
-    given = {field: getattr(args, flag) for flag, field in MODEL_FLAGS.items() if getattr(args, flag) is not None}
-    return GPTConfig(vocab_size, **given)
+
+def train_config(args) -> TrainConfig:
+    """The ``TrainConfig`` that ``mygpt train``'s flags ask for."""
+    values = {name: getattr(args, name) for name in options(TrainConfig) if name not in NO_FLAG}
+    return TrainConfig(**{**values, "print_every": print_every(args)})
 
 
 def print_every(args) -> int:
@@ -221,30 +190,14 @@ def _train_command(args) -> int:
     import torch
 
     from mygpt.device import resolve_device, resolve_precision
+    from mygpt.limits import check_memory, check_nproc, check_seq_len
     from mygpt.model import GPT
-    from mygpt.training.distributed import resolve_nproc
-    from mygpt.training.train import TrainConfig, check_memory, check_nproc, check_seq_len, train
+    from mygpt.training.launcher import resolve_nproc
+    from mygpt.training.train import train
 
     # Validate everything cheap before reading or tokenising the corpus (vocab_size: any valid value till then).
     gpt_config = model_config(args, vocab_size=1)
-    config = TrainConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        lr=args.lr,
-        schedule=args.schedule,
-        warmup=args.warmup,
-        max_grad_norm=args.max_grad_norm,
-        precision=args.precision,
-        print_every=print_every(args),
-        eval_every=args.eval_every,
-        eval_batches=args.eval_batches,
-        checkpoint_every=args.checkpoint_every,
-        seed=args.seed,
-        weight_decay=args.weight_decay,
-        micro_batch_size=args.micro_batch_size,
-        compile=args.compile,
-    ).validate()
+    config = train_config(args)
     check_seq_len(config.seq_len, gpt_config.max_seq_len, names=("--seq-len", "--max-seq-len"))
     if not 0.0 <= args.val_fraction < 1.0:
         raise UserError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
@@ -349,10 +302,10 @@ def _train_command(args) -> int:
 def _train_processes(args, nproc, tokenizer, train_data, val_data, gpt_config, config, meta, say) -> None:
     """``--nproc N``: the token arrays and the tokenizer go to files, ``run_training`` starts the processes."""
     import tempfile
-    from dataclasses import asdict
 
     from mygpt.tokenizers.files import save_tokenizer_file
-    from mygpt.training.distributed import TrainJob, run_training
+    from mygpt.training.job import TrainJob
+    from mygpt.training.launcher import run_training
 
     with tempfile.TemporaryDirectory(prefix="mygpt-train-data-") as tmp:
         save_tokenizer_file(tokenizer, os.path.join(tmp, "tokenizer.json"))
@@ -364,8 +317,8 @@ def _train_processes(args, nproc, tokenizer, train_data, val_data, gpt_config, c
             train_tokens=[os.path.join(tmp, "train.bin")],
             val_tokens=os.path.join(tmp, "val.bin") if val_data is not None else None,
             token_dtype=train_data.dtype.name,
-            model=asdict(gpt_config),
-            train=asdict(config),
+            model=gpt_config,
+            train=config,
             device=args.device,
             checkpoint=os.path.abspath(args.output),
             resume=args.resume,

@@ -1,25 +1,6 @@
-"""Device and precision selection.
-
-``resolve_device("auto")`` picks CUDA, then Apple MPS, then CPU. Explicit names are validated: an unknown name,
-or a backend that is not available here, raises ``UserError``.
-
-``resolve_precision(device, precision)``:
-
-* ``"fp32"`` -- always allowed.
-* ``"bf16"`` -- mixed precision via ``torch.autocast(dtype=torch.bfloat16)``; weights and optimizer state stay
-  fp32. Allowed on CUDA devices that support bf16 (Ampere and newer), on MPS, and on CPU (CPU autocast supports
-  bf16; it is numerically fine but usually *slower* than fp32 on CPUs without AMX/AVX512-BF16, so it is never
-  chosen automatically there).
-* ``"auto"`` -- bf16 on CUDA-with-bf16 and MPS, fp32 everywhere else (CPU included).
-
-An explicit ``"bf16"`` on a CPU without native bf16 instructions (x86 without AVX512-BF16/AMX-BF16) is allowed
-but slow; ``bf16_cpu_warning`` words the one warning the trainer prints for it. ``compile_unavailable`` says why
-``torch.compile`` cannot run here (or ``None``), and ``tf32_matmuls`` switches TF32 matmuls on for CUDA.
-
-Settings are checked without torch where the answer is the CPU (``cpu``, or ``auto`` on a machine that cannot hold
-an accelerator): :func:`mygpt.limits.resolves_to_cpu` and :func:`mygpt.limits.cpu_precision`, tested equal to the
-functions here.
-"""
+"""Device and precision: ``resolve_device("auto")`` (CUDA, then MPS, then CPU) and ``resolve_precision``
+(``auto`` = bf16 on CUDA with bf16 and on MPS, else fp32); ``UserError`` for what this machine lacks. Also the
+bf16-on-CPU warning, ``compile_unavailable`` and TF32. Design: docs/TRAINING.md."""
 
 from __future__ import annotations
 

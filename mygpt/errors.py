@@ -1,9 +1,5 @@
-"""The one exception type for problems a user can fix, and the one integer check.
-
-A ``UserError`` message names the input that is wrong, what is wrong with it, and what to do.
-CLIs turn it into ``error: <message>`` on stderr and exit code 2, without a traceback.
-It subclasses ``ValueError`` so library callers can catch it as the usual bad-value error.
-"""
+"""``UserError``, the one exception for problems a user can fix (CLIs print ``error: <message>``, exit 2), and
+the one integer check."""
 
 from __future__ import annotations
 
@@ -16,10 +12,8 @@ class UserError(ValueError):
 
 
 def check_int(name: str, value: object, minimum: int | None = None, hint: str = "") -> int:
-    """``value`` as an ``int`` if it is a whole number (not a bool) ``>= minimum``; else ``UserError``.
-
-    The message reads ``<name> must be an integer >= <minimum>, got <value>; <hint>``.
-    """
+    """``value`` as an ``int`` if it is a whole number (not a bool) ``>= minimum``; else ``UserError``
+    (``<name> must be an integer >= <minimum>, got <value>; <hint>``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (minimum is not None and value < minimum):
         bound = f" >= {minimum}" if minimum is not None else ""
         raise UserError(f"{name} must be an integer{bound}, got {value!r}" + (f"; {hint}" if hint else ""))

@@ -1,18 +1,5 @@
-"""Prompt -> text with a trained GPT: seeded sampling, KV-cached by default, with an uncached reference path.
-
-Sampling per step: logits of the last position / ``temperature``, keep the ``top_k`` largest (0 = all), softmax,
-draw one token with a dedicated ``torch.Generator`` seeded with ``seed``. ``temperature == 0`` means greedy
-(argmax); it draws nothing.
-
-Context longer than ``max_seq_len``: the model only ever sees the last ``max_seq_len`` tokens.
-
-* uncached path (``use_cache=False``): every step runs the model over ``tokens[-max_seq_len:]``.
-* cached path (``use_cache=True``): while the sequence fits in ``max_seq_len`` it feeds only the new token and
-  reuses the cached keys/values. Once the sequence is longer than ``max_seq_len`` the window slides, every
-  token's position changes, and cached keys are no longer valid -- from then on each step recomputes over the
-  last ``max_seq_len`` tokens exactly like the uncached path. So both paths compute the same function at every
-  step (up to float rounding), and the cache only speeds up the part that fits.
-"""
+"""Prompt -> text with a trained GPT: seeded temperature/top-k sampling (``temperature=0``: greedy), KV-cached by
+default; the cached and uncached paths compute the same function past ``max_seq_len`` too."""
 
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
-"""``GPTConfig``: the model's shape, torch-free (``mygpt.model`` builds the model from it and re-exports it).
-
-It holds the one home of each default (the Part I model) and of the shape rules, so checking a model's settings
-(the CLI, ``TrainJob.check``, the pipeline's ``ModelSettings``) never needs torch.
-"""
+"""``GPTConfig``: the model's shape, torch-free, so checking a model's settings never loads torch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 from mygpt.errors import UserError, check_int
+from mygpt.options import check_options, option
 
 __all__ = [
     "CHECKPOINT_KEYS",
@@ -21,7 +18,7 @@ __all__ = [
 
 NORM_TYPES = ("layer", "rms")
 POSITION_TYPES = ("learned", "rope")
-#: The checkpoint ``config`` keys the chapter writes, in its order (the model's part; ``dropout`` is not kept).
+#: The checkpoint ``config`` keys the chapter writes, in its order (``dropout`` is not kept).
 CHECKPOINT_KEYS = (
     "vocab_size",
     "embed_dim",
@@ -40,37 +37,32 @@ REQUIRED_CHECKPOINT_KEYS = tuple(k for k in CHECKPOINT_KEYS if k not in ("num_kv
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """The model's shape: the one home of each default (the Part I model) and of the shape rules.
+    """The model's shape; defaults are the Part I model. Building one checks it (``UserError`` naming the field).
 
-    Field names are the chapter's checkpoint ``config`` keys (plus ``dropout``, which a checkpoint does not
-    keep). ``num_kv_heads=None`` means ``num_heads`` (plain multi-head attention); the built config holds the
-    number. Building one checks it: ``UserError`` naming the bad field.
+    ``num_kv_heads=None`` means ``num_heads`` (plain multi-head attention); the built config holds the number.
     """
 
     vocab_size: int
-    embed_dim: int = 64
-    num_heads: int = 4
-    num_kv_heads: int | None = None
-    num_layers: int = 4
-    max_seq_len: int = 64
-    dropout: float = 0.0
-    norm_type: str = "layer"
-    position_type: str = "learned"
+    embed_dim: int = option(64, "width of the residual stream; the chapter uses 192", ge=1)
+    num_heads: int = option(4, "query heads; must divide embed_dim; the chapter uses 6", ge=1)
+    num_kv_heads: int | None = option(None, "key/value heads (GQA); must divide num_heads; the chapter uses 2", ge=1)
+    num_layers: int = option(4, "transformer blocks; the chapter uses 4", ge=1)
+    max_seq_len: int = option(64, "longest context the model sees; the chapter uses 256", ge=1)
+    dropout: float = option(0.0, "dropout probability, in [0, 1)", ge=0)
+    norm_type: str = option("layer", "RMSNorm (the chapter) or LayerNorm", name="norm", choices=NORM_TYPES)
+    position_type: str = option(
+        "learned", "RoPE (the chapter) or learned positions", name="position", choices=POSITION_TYPES
+    )
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "embed_dim", "num_heads", "num_layers", "max_seq_len"):
-            check_int(name, getattr(self, name), 1)
+        check_int("vocab_size", self.vocab_size, 1)
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
-        check_int("num_kv_heads", self.num_kv_heads, 1)
+        check_options(self)
         self._check_heads()
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise UserError(f"dropout must be in [0, 1), got {self.dropout!r}")
         object.__setattr__(self, "dropout", float(self.dropout))
-        if self.norm_type not in NORM_TYPES:
-            raise UserError(f"norm_type must be one of {', '.join(NORM_TYPES)}; got {self.norm_type!r}")
-        if self.position_type not in POSITION_TYPES:
-            raise UserError(f"position_type must be one of {', '.join(POSITION_TYPES)}; got {self.position_type!r}")
         if self.position_type == "rope" and self.head_dim % 2 != 0:
             raise UserError(
                 f"position 'rope' needs an even head size, but embed_dim/num_heads = "
@@ -96,9 +88,7 @@ class GPTConfig:
         return self.embed_dim // self.num_heads
 
     def num_params(self) -> int:
-        """The parameters ``GPT(self)`` has (``GPT.num_params``), computed without building it: the token
-        embedding (also the tied head), a learned position table, and per block two norms, the q/k/v/o
-        projections and the MLP; then the final norm."""
+        """The parameters ``GPT(self)`` has, computed without building it."""
         e, kv = self.embed_dim, (self.num_kv_heads or self.num_heads) * self.head_dim
         norm = 2 * e if self.norm_type == "layer" else e
         attention = 2 * e * e + 2 * e * kv
@@ -121,9 +111,8 @@ class GPTConfig:
 
     @classmethod
     def from_checkpoint(cls, config: dict) -> GPTConfig:
-        """The config a checkpoint's ``config`` dict describes, old checkpoints included: one written before
-        chapter 24/28 has no ``norm_type``/``position_type``/``num_kv_heads`` and means LayerNorm, learned
-        positions and plain multi-head attention. Other keys (``tokenizer_kind``) are not the model's."""
+        """The config a checkpoint's ``config`` dict describes, old checkpoints (LayerNorm, learned positions,
+        plain attention) included; other keys (``tokenizer_kind``) are not the model's."""
         missing = [k for k in REQUIRED_CHECKPOINT_KEYS if k not in config]
         if missing:
             raise UserError(f"the checkpoint's config lacks {', '.join(missing)}")

@@ -1,16 +1,8 @@
-"""What a training run needs of this machine, checked before anything is built, and which device it runs on
-where that is known without torch: the settings-time rules of the CLI, ``TrainJob.check`` and the pipeline's
-``ModelSettings``. Nothing here imports torch (``check_memory`` asks it only for a CUDA device's memory), so
-checking settings for the CPU never pays for it; ``mygpt.training.train`` re-exports the checks (their old home) and
-calls them before training too.
+"""What a training run needs of this machine, checked before anything is built, torch-free.
 
-* :func:`check_seq_len`, :func:`check_nproc`, :func:`check_memory` -- the one home of each rule.
-* :func:`resolves_to_cpu` -- ``True`` where ``device`` (``"cpu"``, or ``"auto"`` on a machine that cannot hold an
-  accelerator torch would use) runs on the CPU, known without torch: then ``mygpt.device.resolve_device`` gives
-  ``cpu`` too. ``"auto"`` is answered only on Linux with none of :data:`ACCELERATOR_NODES` under ``/dev`` (no
-  NVIDIA driver, no ROCm, no WSL GPU); macOS (MPS) and every other case return ``False``: ask
-  ``mygpt.device``, which asks torch. :func:`cpu_precision` is ``resolve_precision`` on the CPU. The tests prove
-  both equal to torch's own answers (tests/mygpt/test_limits.py).
+The one home of each rule (:func:`check_seq_len`, :func:`check_nproc`, :func:`check_memory`), and
+:func:`resolves_to_cpu` / :func:`cpu_precision`: the device and precision answers, without torch, where they are
+the CPU (tested equal to :mod:`mygpt.device`'s).
 """
 
 from __future__ import annotations

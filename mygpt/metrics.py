@@ -1,48 +1,5 @@
-"""The numbers people read about a training run: FLOPs per token, achieved TFLOP/s, MFU, bits per byte.
-
-FLOPs per token (nanoGPT's / PaLM's estimate, forward + backward)::
-
-    flops_per_token = 6 * N + 12 * L * H * Q * T
-
-* ``N`` -- parameters that take part in matmuls: every parameter except a learned position embedding (a table
-  lookup); the token embedding counts, because it is also the tied LM head (a ``E x vocab`` matmul).
-* ``L`` layers, ``H`` query heads, ``Q`` head size, ``T`` the training sequence length: ``12 L H Q T`` is the
-  attention score and value matmuls (``2`` matmuls x ``2`` FLOPs per multiply-add x ``3`` for forward + backward),
-  counted for the full ``T x T`` square as nanoGPT and PaLM do, although causal attention needs half of it.
-  Grouped-query attention changes only ``N`` (fewer key/value projection weights), not this term.
-
-Norms, RoPE, softmax, GELU and the optimizer are left out, so the estimate is a slight undercount. For the
-chapter's model (N = 2,163,264, L = 4, H = 6, Q = 32, T = 256) it is 15,338,880 FLOPs per token.
-
-Achieved TFLOP/s = ``flops_per_token * tokens/s / 1e12`` (tokens of the global batch, all processes together).
-MFU = achieved FLOP/s / (``world_size`` x the device's peak), with the peak from :data:`GPU_BF16_PEAK_TFLOPS`
-(dense bf16 tensor-core peak, the usual reference even for fp32/TF32 runs). It is ``None`` (shown as ``n/a``) on
-CPU, MPS and GPUs not in the table; ``MYGPT_PEAK_TFLOPS`` (a number) sets the peak for a GPU the table lacks.
-
-Bits per byte (nanochat's tokenizer-independent validation number)::
-
-    bpb = sum of the targets' cross-entropy in nats / (ln 2 * sum of the targets' UTF-8 bytes)
-
-where a token's bytes are the UTF-8 length of its string (``tokenizer.token_bytes()``) and a byte-fallback
-token counts 1 byte. Unlike loss per token, it does not move when the vocabulary changes.
-
-Training memory (:func:`training_memory`), a LOWER bound of what one training process holds at its peak, so a
-check that refuses when it exceeds the machine is never wrong::
-
-    state        16 * N'                       fp32 weights, gradients and AdamW's two moments (N': the parameters
-                                               but a learned position table)
-    positions    4 * max_seq_len * Q           RoPE's cos and sin tables (fp32), or
-                 16 * max_seq_len * E          a learned position table (a parameter: weights, gradients, AdamW)
-    activations  R * T * (L * (12 E + 2 K) * a + 8 V)
-
-for ``R`` rows per forward pass (the process's share of the batch, or its micro-batch), ``T`` tokens per row,
-``E`` embed_dim, ``K`` the key/value width (num_kv_heads x head size), ``a`` bytes per activation (4 in fp32, 2
-in bf16) and ``V`` the vocabulary: per layer at least the block's input, q, k, v, the attention output, its
-projection and the MLP's two 4E-wide tensors are kept for the backward pass; the logits and their log-softmax
-(fp32) once. Attention scores, norms' and dropout's saved tensors, temporaries and the framework are left out.
-
-This module does not import torch at import time.
-"""
+"""The numbers people read about a training run: FLOPs per token (``6N + 12*L*H*Q*T``), achieved TFLOP/s, MFU,
+bits per byte, and a lower bound of training memory. Formulas: docs/TRAINING.md. Imports no torch at import."""
 
 from __future__ import annotations
 

@@ -1,28 +1,9 @@
-"""GPT: a small decoder-only transformer in one readable file (nanoGPT style).
+"""GPT: a small decoder-only transformer in one readable file (nanoGPT style), built from a ``GPTConfig``.
 
-Architecture (pre-norm):
-
-    idx -> token embedding (+ learned position embedding when position_type="learned")
-        -> num_layers x [ x + Attention(Norm(x)) ; x + MLP(Norm(x)) ]
-        -> final Norm -> logits = x @ token_embedding.weight.T      (tied LM head)
-
-* Norm is ``LayerNorm`` (weight + bias, ``norm_type="layer"``) or ``RMSNorm`` (weight only, ``"rms"``).
-* Attention has bias-free q/k/v/o projections and grouped-query attention: ``num_kv_heads`` key/value heads
-  are shared by ``num_heads // num_kv_heads`` query heads each (``num_kv_heads == num_heads`` is plain MHA).
-* Positions are a learned ``nn.Embedding(max_seq_len, embed_dim)`` or rotary embeddings (RoPE, applied to q
-  and k inside attention, so they add no parameters).
-* The MLP is ``Linear(E, 4E) -> GELU -> Linear(4E, E)``, both with biases.
-
-The model's shape is one :class:`GPTConfig` (its defaults are the Part I model); ``GPT(config)`` builds it.
-
-Parameter counts (checked in tests): the Part I config (vocab 65, embed 64, 4 heads, 4 layers, max_seq_len 64,
-layer norm, learned positions) has 207,296; the chapter-28 config (vocab 3046, embed 192, 6 heads, 2 kv heads,
-4 layers, max_seq_len 256, rms, rope) has 2,163,264.
-
-KV cache: pass a ``KVCache`` (``model.new_kv_cache()``) to ``forward``; each call appends the new tokens' keys
-and values and attends over everything cached so far. The absolute position of the first new token is
-``kv_cache.length`` -- used for the learned position embedding and for RoPE -- so the cached path computes the
-same function as running the whole sequence at once.
+Pre-norm blocks ``x + Attention(Norm(x)); x + MLP(Norm(x))``, then a final norm and the tied LM head. Norm is
+LayerNorm or RMSNorm; attention is bias-free grouped-query attention (``num_kv_heads`` key/value heads); positions
+are a learned table or RoPE (no parameters). A ``KVCache`` passed to ``forward`` makes the cached path compute the
+same function as the whole sequence at once.
 """
 
 from __future__ import annotations
@@ -35,9 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mygpt.gpt_config import NORM_TYPES, POSITION_TYPES, GPTConfig  # torch-free, re-exported (their old home)
+from mygpt.gpt_config import GPTConfig
 
-__all__ = ["GPT", "NORM_TYPES", "POSITION_TYPES", "GPTConfig", "KVCache", "RMSNorm"]
+__all__ = ["GPT", "KVCache", "RMSNorm"]
 
 
 class RMSNorm(nn.Module):
@@ -59,10 +40,8 @@ def make_norm(norm_type: str, dim: int) -> nn.Module:
 
 
 def rope_tables(head_dim: int, max_seq_len: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables of shape (max_seq_len, head_dim // 2) for rotary position embeddings.
-
-    Computed in fp32 the way Hugging Face transformers computes them (``inv_freq``, then position x inv_freq),
-    so a model exported with :mod:`mygpt.hf_export` gives bit-identical angles there."""
+    """RoPE's cos/sin tables, (max_seq_len, head_dim // 2), computed in fp32 as transformers does (so an export
+    gives bit-identical angles)."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
     angles = torch.arange(max_seq_len, dtype=torch.float)[:, None] * inv_freq[None, :]
     return angles.cos(), angles.sin()
@@ -160,9 +139,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """The model of a :class:`GPTConfig`: ``GPT(config)``. ``GPT(vocab_size, **fields)`` and ``GPT(**fields)``
-    are shorthand for ``GPT(GPTConfig(...))``. The config is ``model.gpt_config``; its fields are also
-    attributes (``model.max_seq_len``, ...)."""
+    """``GPT(config)``, or ``GPT(vocab_size, **fields)``; the config is ``model.gpt_config``, its fields attributes."""
 
     # The config's fields, set from it in __init__ (declared here for the type checker).
     vocab_size: int
@@ -236,11 +213,8 @@ class GPT(nn.Module):
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None):
-        """``idx`` (B, T) token ids -> ``(logits (B, T, vocab), loss or None)``.
-
-        With ``kv_cache``, ``idx`` holds only the new tokens; they sit at absolute positions
-        ``kv_cache.length ..`` and the cache is extended in place.
-        """
+        """``idx`` (B, T) -> ``(logits, loss or None)``; with ``kv_cache``, ``idx`` is only the new tokens (at
+        positions ``kv_cache.length ..``) and the cache grows in place."""
         _B, T = idx.shape
         start = kv_cache.length if kv_cache is not None else 0
         if start + T > self.max_seq_len:

@@ -1,30 +1,13 @@
 """Stage ``model`` (task ``train_model``): the shards + the tokenizer -> ``model/<version>/model.ckpt``.
 
-The token shards are materialised once into flat token files in the build's work directory and opened as
-read-only ``np.memmap``; ``mygpt.training.train`` draws random windows from them (the chapter's ``get_batch``), so the
-corpus is never copied into Python objects. Checkpoints go to ``work/train.ckpt`` atomically every
-``checkpoint_every`` steps; the work directory survives a crash (SIGKILL, OOM, Ctrl-C), so rerunning the flow
-builds the same version again and ``mygpt.training.train`` resumes from the last checkpoint (bit-identical on CPU/fp32).
+The token shards are materialised once into flat token files in the build's work directory and memory-mapped;
+training (:func:`mygpt.training.launcher.run_training`, ``nproc`` processes) checkpoints to ``work/train.ckpt``,
+which survives a crash, so a rerun of the same version resumes from it. Published: ``model.ckpt`` (the chapter's
+format, no optimizer state), ``loss_history.json`` and ``loss_history.csv``. The resolved device, precision,
+``nproc`` and ``compile`` enter the version: each changes the weights' last bits.
 
-Published files: ``model.ckpt`` (the chapter's checkpoint format, no optimizer state; loads with
-``mygpt generate --checkpoint``), ``loss_history.json`` and ``loss_history.csv``.
-
-Device and precision are part of the version once resolved (``device="auto"`` becomes ``cpu``/``cuda``/``mps``,
-``precision="auto"`` becomes ``fp32``/``bf16``; :class:`tasks.core.settings.DeviceSettings`), because they change the
-weights: the same settings on a machine that resolves them differently give a different version instead of
-silently reusing weights trained elsewhere. ``nproc`` (resolved: ``"auto"`` becomes the number) and ``compile``
-are part of it too: the global batch is the same for every world size, but gradients summed across processes
-(and compiled kernels) round differently, so the weights are equal only up to float rounding, not bit-identical.
-
-Training goes through :func:`mygpt.training.distributed.run_training`: ``nproc=1`` trains in this process (exactly
-``mygpt.training.train.train``); ``nproc > 1`` runs ``torch.distributed.run`` (torchrun) with one process per rank (NCCL
-on CUDA, gloo on CPU), whose per-rank logs are in ``work/ranks/`` of the build's staging directory (kept when
-the stage fails, removed with the staging directory when it publishes). Either way the resume checkpoint is
-``work/train.ckpt``, written by rank 0, and a rerun resumes from it; a rank that dies alone fails the stage with
-:class:`mygpt.training.distributed.TrainingProcessError` (which rank, how, the tail of its log), never a hang.
-
-Metrics: tokens/s, FLOPs per token, achieved TFLOP/s, MFU (``None``, shown ``n/a``, on CPU) and validation bits
-per byte next to the validation loss (:mod:`mygpt.metrics`).
+The settings are ``GPTConfig``'s and ``TrainConfig``'s fields (names, bounds, descriptions), with the chapter's
+run (:data:`CHAPTER_RUN`) as defaults.
 """
 
 from __future__ import annotations
@@ -36,68 +19,85 @@ import json
 import math
 import os
 import time
+import typing
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from mygpt.errors import UserError
+from mygpt.gpt_config import GPTConfig
+from mygpt.options import Option, options
+from mygpt.training.config import TrainConfig
 from tasks.core.report import line_chart, summary_table
 from tasks.core.settings import DeviceSettings, RunOptions, Seed
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 from tasks.tokenizer import load_tokenizer
 
 CHECKPOINT = "train.ckpt"  # in ctx.work: the resume checkpoint
-SPLITS = {"train": ("train",), "all": ("train", "valid", "test")}
+#: ``train_splits`` -> the corpus splits the model trains on
+TRAIN_SPLITS = {"train": ("train",), "all": ("train", "valid", "test")}
 # Test hook: after the first checkpoint, stall (so a test can SIGKILL the process at a known point).
-STALL_ENV = "WIKI_PIPELINE_TEST_STALL_AFTER_CHECKPOINT"
+PIPELINE_STALL_ENV = "WIKI_PIPELINE_TEST_STALL_AFTER_CHECKPOINT"
+
+#: The ``GPTConfig``/``TrainConfig`` fields the stage exposes, by their user names, in the form's order; the rest
+#: keep the library's defaults (``precision`` is DeviceSettings').
+MODEL_SETTINGS = ("embed_dim", "num_layers", "num_heads", "num_kv_heads", "max_seq_len", "norm", "position")
+RECIPE_SETTINGS = (
+    "steps",
+    "batch_size",
+    "seq_len",
+    "lr",
+    "schedule",
+    "warmup",
+    "max_grad_norm",
+    "print_every",
+    "eval_every",
+    "eval_batches",
+    "checkpoint_every",
+    "seed",
+)
+#: Where the pipeline's defaults are not the library's: the chapter's run (§28.6; its printed lr, 1e-3, is the
+#: library's default already).
+CHAPTER_RUN = {
+    "embed_dim": 192,
+    "num_heads": 6,
+    "num_kv_heads": 2,
+    "max_seq_len": 256,
+    "norm": "rms",
+    "position": "rope",
+    "steps": 10_000,
+    "seq_len": 256,
+    "schedule": "cosine",
+    "warmup": 500,
+    "max_grad_norm": 1.0,
+    "print_every": 200,
+    "eval_every": 500,
+    "checkpoint_every": 1000,
+}
+_MODEL = {o.name: o for o in options(GPTConfig).values()}
+_RECIPE = {o.name: o for o in options(TrainConfig).values()}
 
 
-class ModelSettings(DeviceSettings):
+def _setting(o: Option, annotation: Any = None) -> tuple[Any, Any]:
+    """A pydantic field for ``o``: its type (a Literal of its choices), bounds, description, pipeline default."""
+    kind = annotation or (Literal[o.choices] if o.choices else o.kind)
+    return kind, Field(CHAPTER_RUN.get(o.name, o.default), ge=o.ge, gt=o.gt, description=o.help)
+
+
+class ModelSettingsBase(DeviceSettings):
     """The chapter's model (§28.6) and its training recipe. ``device``/``precision`` come from DeviceSettings;
     ``nproc``/``compile`` say how it runs on them (and, resolved, enter the version like them)."""
 
-    # how it runs, besides device and precision
     nproc: int | Literal["auto"] = Field(
         1,
         description="training processes on this node, data parallel under torchrun (NCCL on cuda, gloo on cpu); "
         "batch_size stays the global batch; auto = one per visible GPU on cuda, else 1",
     )
-    compile: bool = Field(
-        False, description="torch.compile the model (a warning and eager training where it is unavailable)"
-    )
-    # the model
-    embed_dim: int = Field(192, ge=1, description="width of the residual stream; the chapter uses 192")
-    num_layers: int = Field(4, ge=1, description="transformer blocks; the chapter uses 4")
-    num_heads: int = Field(6, ge=1, description="query heads; must divide embed_dim; the chapter uses 6")
-    num_kv_heads: int = Field(2, ge=1, description="key/value heads (GQA); must divide num_heads; the chapter uses 2")
-    max_seq_len: int = Field(256, ge=1, description="longest context the model sees; the chapter uses 256")
-    norm: Literal["layer", "rms"] = Field("rms", description="RMSNorm (the chapter) or LayerNorm")
-    position: Literal["learned", "rope"] = Field("rope", description="RoPE (the chapter) or learned positions")
-    # the recipe
-    steps: int = Field(10_000, ge=1, description="optimizer steps; the chapter trains 10000")
-    batch_size: int = Field(16, ge=1, description="sequences per step; the chapter uses 16")
-    seq_len: int = Field(256, ge=1, description="tokens per training sequence; <= max_seq_len; the chapter uses 256")
-    lr: float = Field(
-        1e-3,
-        gt=0,
-        description="AdamW peak learning rate; 1e-3 is what the chapter's printed run used (its table says 3e-4)",
-    )
-    schedule: Literal["constant", "cosine"] = Field("cosine", description="learning-rate schedule after warmup")
-    warmup: int = Field(500, ge=0, description="linear warmup steps; the chapter uses 500")
-    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping norm; 0 = no clipping")
-    print_every: int = Field(200, ge=0, description="record the training loss every N steps")
-    eval_every: int = Field(
-        500, ge=0, description="validation loss (valid split) every N steps; 0 = at every print point"
-    )
-    eval_batches: int = Field(20, ge=1, description="batches per validation estimate")
-    checkpoint_every: int = Field(
-        1000, ge=0, description="resume checkpoint every N steps (a crash costs at most that many); 0 = at the end only"
-    )
-    seed: Seed = Field(1337, description="initial weights and batch order")
-    train_splits: Literal["train", "all"] = Field(
-        "train", description="train on the train split, or on all three (the chapter's wikipedia.txt run)"
-    )
+
+    if TYPE_CHECKING:  # the fields derived from GPTConfig and TrainConfig: s.steps, s.norm, ...
+
+        def __getattr__(self, name: str) -> Any: ...
 
     def progress_unit(self) -> tuple[str, float]:
         return ("tokens", self.batch_size * self.seq_len)  # per step: the rate shown while training
@@ -111,11 +111,11 @@ class ModelSettings(DeviceSettings):
             f"nproc must be an integer >= 1 or 'auto', got {value!r} ({cls.model_fields['nproc'].description})"
         )
 
-    def resolved(self) -> ModelSettings:
+    def resolved(self) -> typing.Self:
         """Device and precision (DeviceSettings), then ``nproc`` as a number this machine can run: the one place
-        the pipeline resolves it (``mygpt.training.distributed.resolve_nproc``); the stage passes the number on."""
+        the pipeline resolves it; the stage passes the number on."""
         from mygpt.limits import check_nproc
-        from mygpt.training.distributed import resolve_nproc
+        from mygpt.training.launcher import resolve_nproc
 
         s = super().resolved()
         try:
@@ -150,29 +150,39 @@ class ModelSettings(DeviceSettings):
         except UserError as e:
             raise UserError(f"model.{e}" if not str(e).startswith("the ") else f"model: {e}") from None
 
-    def gpt_config(self, vocab_size: int):
-        """The model these settings describe, as the library's ``GPTConfig`` (``norm``/``position`` are its
-        ``norm_type``/``position_type``); ``vocab_size`` comes from the tokenizer."""
-        from mygpt.gpt_config import GPTConfig
+    def gpt_config(self, vocab_size: int) -> GPTConfig:
+        """The model these settings describe; ``vocab_size`` comes from the tokenizer."""
+        return GPTConfig(vocab_size, **{_MODEL[name].field: getattr(self, name) for name in MODEL_SETTINGS})
 
-        return GPTConfig(
-            vocab_size=vocab_size,
-            embed_dim=self.embed_dim,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            num_layers=self.num_layers,
-            max_seq_len=self.max_seq_len,
-            norm_type=self.norm,
-            position_type=self.position,
-        )
+    def train_config(self) -> TrainConfig:
+        """The recipe these (resolved) settings describe."""
+        values = {_RECIPE[name].field: getattr(self, name) for name in ("compile", *RECIPE_SETTINGS)}
+        return TrainConfig(precision=self.precision, **values)
 
     @model_validator(mode="after")
-    def _consistent(self) -> ModelSettings:
+    def _consistent(self) -> ModelSettingsBase:
         from mygpt.limits import check_seq_len  # the library's own rules, stated once (torch-free)
 
         self.gpt_config(vocab_size=2)  # the shape rules; vocab_size is not known before the tokenizer exists
         check_seq_len(self.seq_len, self.max_seq_len, hint="the chapter uses 256 for both")
         return self
+
+
+if TYPE_CHECKING:
+    ModelSettings = ModelSettingsBase
+else:
+    ModelSettings = create_model(
+        "ModelSettings",
+        __base__=ModelSettingsBase,
+        __doc__=ModelSettingsBase.__doc__,
+        compile=_setting(_RECIPE["compile"]),
+        **{name: _setting(_MODEL[name]) for name in MODEL_SETTINGS},
+        **{name: _setting(_RECIPE[name], Seed if name == "seed" else None) for name in RECIPE_SETTINGS},
+        train_splits=(
+            Literal["train", "all"],
+            Field("train", description="train on the train split, or on all three (the chapter's wikipedia.txt run)"),
+        ),
+    )
 
 
 def token_files(shards_dir: Path, work: Path, splits: tuple[str, ...]) -> tuple[list[str], str, int]:
@@ -215,19 +225,18 @@ def _checkpoint_step(path: Path, log) -> int:
 def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokenizer: Path) -> dict:
     """Train mygpt on the memory-mapped shards with ``nproc`` processes (resuming from the work directory's
     checkpoint) and publish it."""
-    from dataclasses import asdict
-
     # torch's TorchInductor cache goes to the user's cache folder, not TMPDIR (where torch would leave a
     # torchinductor_<user> folder behind on every build); this process's training ranks inherit it
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wiki-pipeline" / "torchinductor"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
 
-    import mygpt.training.distributed as dist
-    from mygpt.training.train import TrainConfig
+    from mygpt.training.job import TrainJob
+    from mygpt.training.launcher import run_training
+    from mygpt.training.worker import WORKER_STALL_ENV
 
     s = settings
     vocab_size = load_tokenizer(tokenizer).vocab_size
-    splits = SPLITS[s.train_splits]
+    splits = TRAIN_SPLITS[s.train_splits]
     train_paths, dtype, n_train = token_files(shards, ctx.work, splits)
     val_paths, _, n_val = token_files(shards, ctx.work, ("valid",))
     ctx.log.info(
@@ -238,30 +247,14 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
         shards,
     )
 
-    config = TrainConfig(
-        steps=s.steps,
-        batch_size=s.batch_size,
-        seq_len=s.seq_len,
-        lr=s.lr,
-        schedule=s.schedule,
-        warmup=s.warmup,
-        max_grad_norm=s.max_grad_norm,
-        precision=s.precision,
-        print_every=s.print_every,
-        eval_every=s.eval_every,
-        eval_batches=s.eval_batches,
-        checkpoint_every=s.checkpoint_every,
-        seed=s.seed,
-        compile=s.compile,
-    )
     ckpt = ctx.work / CHECKPOINT
-    job = dist.TrainJob(
+    job = TrainJob(
         tokenizer=str(Path(tokenizer) / "tokenizer.json"),
         train_tokens=train_paths,
         val_tokens=val_paths[0],
         token_dtype=dtype,
-        model=asdict(s.gpt_config(vocab_size)),
-        train=asdict(config),
+        model=s.gpt_config(vocab_size),
+        train=s.train_config(),
         device=s.device,
         checkpoint=str(ckpt),
         output=str(ctx.out / "model.ckpt"),
@@ -284,24 +277,24 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
         val += f" val_bpb {point['val_bpb']:.4f}" if "val_bpb" in point else ""
         ctx.progress(point["step"], s.steps, f"step {point['step']}/{s.steps} loss {point['loss']:.4f}{val}")
 
-    stall = bool(os.environ.get(STALL_ENV))
+    stall = bool(os.environ.get(PIPELINE_STALL_ENV))
 
     def on_checkpoint(step: int, path: str) -> None:
         ctx.save(Path(path))  # an object-store root: a rerun on another machine resumes from this step
         if stall and s.nproc == 1 and step < s.steps:  # with several processes rank 0 stalls (env below)
-            ctx.log.warning("model: %s is set: stalling after the checkpoint at step %d", STALL_ENV, step)
+            ctx.log.warning("model: %s is set: stalling after the checkpoint at step %d", PIPELINE_STALL_ENV, step)
             while True:
                 time.sleep(1)
 
     nproc = s.nproc
     assert isinstance(nproc, int)  # the stage builds with resolved() settings: "auto" is a number by now
-    result = dist.run_training(
+    result = run_training(
         job,
         nproc,
         log=log,
         on_progress=on_progress,
         on_checkpoint=on_checkpoint,
-        env={dist.STALL_ENV: "1"} if stall else None,
+        env={WORKER_STALL_ENV: "1"} if stall else None,
         run_dir=ctx.work / "ranks",
     )
     write_history(ctx.out, result.history)  # the log already has the throughput line and val_bpb at each eval

@@ -47,7 +47,7 @@ def test_no_sys_path_edits_outside_tests():
         "import mygpt",
         "import mygpt.tokenizers.bpe, mygpt.tokenizers.bpe_encode, mygpt.tokenizers.bpe_train",
         "import mygpt.tokenizers.bpe_reference, mygpt.tokenizers.files, mygpt.errors",
-        "import mygpt.gpt_config, mygpt.limits, mygpt.metrics, mygpt.training.distributed",
+        "import mygpt.gpt_config, mygpt.limits, mygpt.metrics, mygpt.training.launcher",
         "import mygpt.hf_export; mygpt.GPTConfig",
     ],
 )

@@ -1,11 +1,5 @@
-"""Random training windows from a 1-D token array (the chapter's ``get_batch``), and flat token files.
-
-``tokens`` may be a numpy memmap (the main case: a corpus far bigger than RAM), an ndarray or a tensor. Only the
-sampled windows are read and converted to int64; the corpus is never materialised as a list or copied whole.
-
-``open_token_files(paths, dtype)`` memory-maps flat binary token files (ids back to back, native byte order, no
-header); several files read as one concatenated sequence.
-"""
+"""Random training windows from a 1-D token array (the chapter's ``get_batch``; only the sampled windows are
+read, so a memmap far bigger than RAM works), and flat token files memory-mapped as one sequence."""
 
 from __future__ import annotations
 
@@ -33,12 +27,8 @@ def num_tokens(tokens) -> int:
 def get_batch(
     tokens, batch_size: int, seq_len: int, generator: torch.Generator, device="cpu", rows: slice | None = None
 ):
-    """Sample ``batch_size`` windows of ``seq_len + 1`` tokens at offsets drawn from ``generator``.
-
-    Returns ``(x, y)``, each ``(batch_size, seq_len)`` int64 on ``device``; ``y`` is ``x`` shifted by one.
-    With ``rows`` (a slice of ``range(batch_size)``) only those windows of the batch are read and returned; the
-    generator advances exactly as for the whole batch (a data-parallel rank takes its slice of the global batch).
-    """
+    """``(x, y)``, ``(batch_size, seq_len)`` int64 on ``device`` (``y`` shifted by one), from windows at offsets
+    drawn from ``generator``; with ``rows`` only those windows are read, the generator advancing as for all."""
     n = num_tokens(tokens)
     if n < seq_len + 1:
         raise UserError(
@@ -88,11 +78,8 @@ class ConcatTokens:
 
 
 def open_token_files(paths, dtype="uint16"):
-    """Memory-map flat binary token files (read-only); several files are concatenated in order.
-
-    ``UserError`` naming the file when one is missing or its size is not a multiple of the dtype's size.
-    An empty file contributes no tokens.
-    """
+    """Memory-map flat binary token files, read as one sequence; ``UserError`` naming a missing file or one whose
+    size is not a multiple of the dtype's."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     try:

@@ -1,13 +1,8 @@
-"""Processes that die with their parent (so a killed launcher leaves no training processes behind).
+"""Processes that die with their parent, so a killed launcher leaves no training process behind.
 
-``python -m mygpt.training.orphan_guard PARENT_PID -- COMMAND...`` asks the kernel to SIGKILL this process when its
-parent dies (Linux ``PR_SET_PDEATHSIG``), checks that the parent is still ``PARENT_PID`` (it may have died before
-the request), then ``exec``\\ s ``COMMAND`` (same pid, recorded in ``MYGPT_GUARDED_PID``); the death signal
-survives the ``exec``. The training launcher starts ``torch.distributed.run`` this way, and every worker calls
-:func:`die_with_parent` for its own parent (the torchrun agent), so killing the launcher takes the agent and then
-every worker with it.
-
-Where ``PR_SET_PDEATHSIG`` does not exist (macOS), :func:`watch_process` polls instead. Imports nothing heavy.
+``python -m mygpt.training.orphan_guard PARENT_PID -- COMMAND...`` asks the kernel to SIGKILL it when its parent
+dies (Linux ``PR_SET_PDEATHSIG``, which survives the ``exec`` of ``COMMAND``); elsewhere :func:`watch_process`
+polls. Imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -26,12 +21,8 @@ GUARDED_PID_ENV = "MYGPT_GUARDED_PID"
 
 
 def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGKILL) -> bool:
-    """Have the kernel send ``sig`` (default SIGKILL) to this process when its parent exits (Linux
-    ``PR_SET_PDEATHSIG``); exit at once if the parent is already not ``expected_parent``. Returns whether the
-    kernel took the request (never where it does not exist: callers stop their children some other way).
-
-    Usable as a ``subprocess.Popen`` ``preexec_fn`` (it runs in the child, before ``exec``, and the request
-    survives the ``exec``): ``preexec_fn=functools.partial(die_with_parent, os.getpid(), sig=signal.SIGTERM)``."""
+    """Have the kernel send ``sig`` to this process when its parent exits (exit at once if the parent is no longer
+    ``expected_parent``); whether the kernel took the request. Usable as a ``Popen`` ``preexec_fn``."""
     armed = False
     if sys.platform.startswith("linux"):
         try:

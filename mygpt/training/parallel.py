@@ -1,23 +1,5 @@
-"""Data parallelism inside the training loop: who takes which rows of the batch, and how gradients add up.
-
-The batch math does not depend on the number of processes. ``batch_size`` is the GLOBAL batch: every rank draws
-the same ``batch_size`` window offsets from the same seeded generator and keeps its contiguous slice of rows
-(``World.rows``: ``batch_size // world_size`` rows each, the first ``batch_size % world_size`` ranks one more).
-A rank's slice may be split further into micro-batches of ``micro_batch_size`` rows (gradient accumulation), and
-a micro-batch of ``r`` rows contributes ``mean_loss * r / batch_size`` to the loss, so the sum over every micro
-batch of every rank is the mean over the global batch -- the loss of a single process. DDP averages gradients
-over the ranks, so each rank scales its backward pass by ``world_size``; the accumulated gradient is then the
-single-process gradient (equal up to float rounding; exactly equal for one process without micro-batches).
-Ranks may hold different numbers of rows and micro-batches: each does exactly one synchronised backward pass per
-step (the others run under ``no_sync``).
-
-Validation draws the same windows on every rank, each rank sums the cross-entropy (nats) and the UTF-8 bytes of
-its rows' targets, and the sums are all-reduced: validation loss and bits per byte do not depend on the world
-size either.
-
-With dropout > 0 the masks are drawn per rank and micro-batch, so runs with different world sizes (or micro-batch
-sizes) follow different (equally valid) trajectories; with dropout 0 (the chapter's setting) they agree.
-"""
+"""Data parallelism inside the loop: which rows of the global batch a rank takes, and how losses and gradients
+add up so any world size computes a single process's step (up to float rounding); design: docs/TRAINING.md."""
 
 from __future__ import annotations
 
@@ -107,11 +89,8 @@ def forward_backward(
     device: torch.device,
     precision: str,
 ) -> torch.Tensor:
-    """Forward and backward over this rank's rows ``x``/``y`` (gradients accumulate into ``.grad``).
-
-    ``model`` is the module to call (DDP-wrapped when ``world.size > 1``). Returns this rank's detached
-    contribution to the global mean loss (the loss itself for a single process).
-    """
+    """Forward and backward over this rank's rows (``model`` DDP-wrapped when ``world.size > 1``); returns this
+    rank's detached contribution to the global mean loss."""
     rows = x.size(0)
     micro = micro_batch_size if 0 < micro_batch_size < rows else rows
     starts = list(range(0, rows, micro))
@@ -146,12 +125,8 @@ def evaluate(
     world: World,
     token_bytes: torch.Tensor | None = None,
 ) -> tuple[float, float | None]:
-    """``(mean loss per token, bits per byte or None)`` over ``batches`` global batches of windows drawn from a
-    generator seeded with ``seed`` (the same on every rank and at every call).
-
-    ``model`` is the plain (unwrapped) module. ``token_bytes`` (int64, one entry per vocabulary id, on
-    ``device``) gives the UTF-8 bytes of each target token; without it bits per byte is ``None``.
-    """
+    """``(mean loss per token, bits per byte or None)`` of the unwrapped ``model`` over ``batches`` global batches
+    drawn with ``seed`` (the same on every rank); ``token_bytes`` (UTF-8 bytes per vocabulary id) gives the bpb."""
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)

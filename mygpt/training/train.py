@@ -1,41 +1,13 @@
-"""The training loop as a library function, with exact resume.
+"""The training loop, ``train(model, tokenizer, train_tokens, config=TrainConfig(...))``, with exact resume.
 
-``train(model, tokenizer, train_tokens, config=TrainConfig(...))`` runs AdamW on random windows of
-``train_tokens`` (any 1-D integer array-like; a numpy memmap is the main case), with an optional linear warmup and
-cosine decay, gradient clipping, bf16 autocast, periodic validation and periodic atomic checkpoints.
+AdamW on random windows of ``train_tokens`` (any 1-D integer array-like; a numpy memmap is the main case), with
+warmup and cosine decay (:func:`mygpt.training.config.lr_at`), gradient clipping, bf16 autocast, periodic
+validation and atomic checkpoints. A checkpoint's ``resume`` key holds the step, the optimizer, the train config,
+every RNG state and the history: resuming from it is bit-identical to an uninterrupted run on CPU/fp32.
 
-Learning rate at step ``s`` (1-based), peak ``lr``, ``warmup`` steps, ``steps`` total:
-
-* ``s <= warmup``: ``lr * s / warmup``
-* constant schedule: ``lr``
-* cosine schedule: ``lr * 0.5 * (1 + cos(pi * (s - warmup) / (steps - warmup)))`` -- reaches 0 at ``s == steps``.
-
-(With ``--lr 1e-3 --warmup 500 --steps 10000`` this prints ``lr = 2.00e-06`` at step 1, ``9.93e-04`` at step 1000,
-``5.41e-04`` at step 5000 and ``0.00e+00`` at step 10000, as in the chapter.)
-
-Resume: every checkpoint written here carries a ``resume`` key with the step, the optimizer state, the train
-config, the RNG states (torch global -- used by dropout --, the dedicated batch generator, numpy, python) and the
-loss history. ``train(..., checkpoint_path=p, resume=True)`` with such a file at ``p`` loads the weights into
-``model`` and continues from the saved step; on CPU/fp32 with a fixed seed the result is bit-identical to an
-uninterrupted run. Validation batches come from their own generator re-seeded at every evaluation, so evaluating
-never shifts the training batch stream.
-
-Several processes (data parallel, ``torch.distributed`` + ``DistributedDataParallel``): call ``train`` in every
-process of an initialised process group (``mygpt.training.distributed.run_training`` launches them) and it trains on the
-GLOBAL ``batch_size``: each rank takes its slice of the same drawn batch (micro-batches with
-``micro_batch_size``), so losses, validation and weights equal a single process's up to float rounding (see
-:mod:`mygpt.training.parallel`). Every rank reads the resume checkpoint; only rank 0 logs, reports progress and writes
-checkpoints (same format; the resume state also records ``world_size`` and each rank's torch RNG state).
-
-Safety: before anything is allocated, :func:`check_memory` refuses a model and batch whose lower-bound memory
-(:func:`mygpt.metrics.training_memory`) exceeds this machine or GPU. Training stops with a ``UserError``
-naming the step and ``lr`` at the first non-finite loss, and never saves non-finite weights (on CPU every step's loss is
-checked at once; on an accelerator where training synchronises anyway, before any checkpoint and at the end).
-
-Speed options: ``compile`` (``torch.compile`` of the model; a warning and eager training where it is unavailable),
-``tf32`` (TF32 matmuls on CUDA, default on), fused AdamW on CUDA. Validation reports bits per byte next to the
-loss when the tokenizer has ``token_bytes()``; ``TrainResult`` and the progress dicts carry tokens/s, FLOPs per
-token, achieved TFLOP/s and MFU (:mod:`mygpt.metrics`), and the log ends with one ``throughput:`` line.
+In every process of an initialised process group it trains data parallel on the global ``batch_size`` (each rank
+its slice of the same drawn batch, :mod:`mygpt.training.parallel`); only rank 0 logs and writes checkpoints.
+Design notes: docs/TRAINING.md.
 """
 
 from __future__ import annotations
@@ -53,31 +25,21 @@ import torch
 
 from mygpt.checkpoint import gpt_config_from_payload, load_checkpoint_payload, save_checkpoint
 from mygpt.device import (
-    as_device,
     bf16_cpu_warning,
     compile_unavailable,
     resolve_device,
     resolve_precision,
     tf32_matmuls,
 )
-from mygpt.errors import UserError, check_int
-from mygpt.limits import check_memory, check_nproc, check_seq_len  # torch-free; re-exported (their old home)
+from mygpt.errors import UserError
+from mygpt.limits import check_memory, check_nproc, check_seq_len
 from mygpt.metrics import flops_per_token, format_throughput, peak_tflops, throughput
+from mygpt.training.config import TrainConfig, lr_at
 from mygpt.training.data import get_batch, num_tokens
 from mygpt.training.parallel import World, evaluate, forward_backward
 
-__all__ = [
-    "TrainConfig",
-    "TrainResult",
-    "check_memory",
-    "check_nproc",
-    "check_seq_len",
-    "estimate_loss",
-    "lr_at",
-    "train",
-]
+__all__ = ["TrainResult", "train"]
 
-SCHEDULES = ("constant", "cosine")
 # Train-config fields that change the trajectory: a resumed run must use the same values.
 _RESUME_MUST_MATCH = (
     "batch_size",
@@ -92,68 +54,9 @@ _RESUME_MUST_MATCH = (
 )
 
 
-@dataclass
-class TrainConfig:
-    """Training hyper-parameters (field names follow the chapter's flags; defaults are the chapter's Part I ones).
-
-    ``eval_every``: evaluate on ``val_tokens`` every N steps (and at the last step); 0 = at every print point.
-    ``checkpoint_every``: also save every N steps (0 = only at the end). ``max_grad_norm`` 0 = no clipping.
-    ``batch_size`` is the global batch (all processes together). ``micro_batch_size``: rows per forward pass in
-    each process, gradients accumulated over them (0 = the process's whole share at once). ``compile``:
-    ``torch.compile`` the model. ``tf32``: TF32 matmuls on CUDA (ignored elsewhere).
-    """
-
-    steps: int = 2000
-    batch_size: int = 16
-    seq_len: int = 64
-    lr: float = 1e-3
-    schedule: str = "constant"
-    warmup: int = 0
-    max_grad_norm: float = 0.0
-    precision: str = "fp32"
-    print_every: int = 500
-    eval_every: int = 0
-    eval_batches: int = 20
-    checkpoint_every: int = 0
-    seed: int = 1337
-    weight_decay: float = 0.01
-    micro_batch_size: int = 0
-    compile: bool = False
-    tf32: bool = True
-
-    def validate(self) -> TrainConfig:
-        for name in ("steps", "batch_size", "seq_len", "eval_batches"):
-            check_int(name, getattr(self, name), 1)
-        for name in ("warmup", "print_every", "eval_every", "checkpoint_every", "micro_batch_size"):
-            check_int(name, getattr(self, name), 0)
-        for name in ("compile", "tf32"):
-            if not isinstance(getattr(self, name), bool):
-                raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        check_int("seed", self.seed)
-        if not isinstance(self.lr, (int, float)) or not math.isfinite(self.lr) or self.lr <= 0:
-            raise UserError(f"lr must be a positive number, got {self.lr!r}")
-        if self.schedule not in SCHEDULES:
-            raise UserError(f"schedule must be one of {', '.join(SCHEDULES)}; got {self.schedule!r}")
-        if not isinstance(self.max_grad_norm, (int, float)) or not self.max_grad_norm >= 0:
-            raise UserError(f"max_grad_norm must be >= 0 (0 = no clipping), got {self.max_grad_norm!r}")
-        if not isinstance(self.weight_decay, (int, float)) or not self.weight_decay >= 0:
-            raise UserError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise UserError(f"precision must be one of auto, fp32, bf16; got {self.precision!r}")
-        return self
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-
 class _FiniteLoss:
-    """Stops training at the first step whose loss is not finite (the one home of that check), before anything
-    after it is saved. On CPU each step's loss is read at once; on an accelerator the first bad step is kept on
-    the device and read where training synchronises anyway (logging, evaluation, checkpoints, the end), so no
-    step waits for it. :meth:`check_weights` refuses to save weights that are not finite (a finite loss whose
-    update overflowed)."""
+    """Stops training at the first non-finite loss, before anything after it is saved; on an accelerator the
+    first bad step stays on the device until training synchronises anyway, so no step waits for it."""
 
     def __init__(self, config: TrainConfig, device: torch.device) -> None:
         self.config = config
@@ -193,10 +96,8 @@ class _FiniteLoss:
 
 @dataclass
 class TrainResult:
-    """What a run did. ``tokens_per_sec`` counts the global batch over the training time of this call (without
-    validation and checkpoints); ``tflops``/``mfu`` follow from it and ``flops_per_token``
-    (:mod:`mygpt.metrics`); ``mfu`` is ``None`` where no peak is known (CPU). ``warnings``: the warnings the
-    run logged."""
+    """What a run did; ``tokens_per_sec`` counts the global batch over training time only (``mfu``: ``None``
+    where no peak is known)."""
 
     steps: int
     start_step: int
@@ -224,34 +125,6 @@ class TrainResult:
     def from_dict(cls, d: dict) -> TrainResult:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
-
-
-def lr_at(config: TrainConfig, step: int) -> float:
-    """Learning rate for 1-based ``step`` (see the module docstring)."""
-    if config.warmup > 0 and step <= config.warmup:
-        return config.lr * step / config.warmup
-    if config.schedule == "constant":
-        return config.lr
-    span = config.steps - config.warmup
-    progress = min(max((step - config.warmup) / span, 0.0), 1.0) if span > 0 else 1.0
-    return config.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def estimate_loss(model, tokens, config: TrainConfig, device, precision: str) -> float:
-    """Mean loss over ``config.eval_batches`` windows drawn from a generator seeded with ``seed + 1`` (one
-    process; :func:`mygpt.training.parallel.evaluate` also gives bits per byte and runs across processes)."""
-    device = as_device(device)
-    return evaluate(
-        model,
-        tokens,
-        batch_size=config.batch_size,
-        seq_len=config.seq_len,
-        batches=config.eval_batches,
-        seed=config.seed + 1,
-        device=device,
-        precision=precision,
-        world=World(),
-    )[0]
 
 
 # -- RNG state capture (kept as tensors / plain lists so checkpoints load with weights_only=True) -------------
@@ -352,16 +225,12 @@ def train(
     meta: dict | None = None,
     world: World | None = None,
 ) -> TrainResult:
-    """Train ``model`` in place on ``train_tokens``; see the module docstring. Returns a ``TrainResult``.
-
-    ``world``: this process's rank among data-parallel processes (default: the initialised ``torch.distributed``
-    default group, else one process). Off rank 0, ``log``, ``on_progress`` and ``on_checkpoint`` are not called.
-    """
+    """Train ``model`` in place on ``train_tokens``. ``world`` defaults to the initialised process group (else one
+    process); off rank 0 the callbacks are not called."""
     world = world or World.current()
     if not world.is_main:
         log, on_progress, on_checkpoint = None, None, None
     log = log or (lambda _msg: None)
-    config.validate()
     check_nproc(config.batch_size, world.size)
     dev = resolve_device(device)
     precision = resolve_precision(dev, config.precision)

@@ -33,12 +33,12 @@ def _flow_run_of(root: Path, deadline: float) -> str:
 
 
 def test_wait_shows_the_running_stages_progress_live(prefect_server, upstream, trained, tmp_path):
-    from tasks.model import STALL_ENV
+    from tasks.model import PIPELINE_STALL_ENV
 
     root = tmp_path / "art"
     subprocess.run(["cp", "-a", str(upstream[0]), str(root)], check=True)  # corpus .. model: Cached
     url = (upstream[0].parent / "wikitext-103-raw-v1.zip").as_uri()
-    env = {**prefect_server.env, STALL_ENV: "1"}
+    env = {**prefect_server.env, PIPELINE_STALL_ENV: "1"}
     log = open(tmp_path / "run.log", "w")
     run = subprocess.Popen(
         [

@@ -23,8 +23,9 @@ from mygpt.checkpoint import load_checkpoint, save_checkpoint
 from mygpt.cli import main
 from mygpt.errors import UserError
 from mygpt.generate import generate_ids
+from mygpt.gpt_config import GPTConfig
 from mygpt.hf_export import EXPORT_FILES, check_exportable, export_checkpoint, export_hf, hf_tokenizer_json
-from mygpt.model import GPT, GPTConfig
+from mygpt.model import GPT
 from mygpt.tokenizers.bpe import BPETokenizer
 from mygpt.tokenizers.char_tokenizer import CharTokenizer
 from mygpt.training.train import TrainConfig, train

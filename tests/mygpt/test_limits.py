@@ -12,7 +12,6 @@ import torch
 from mygpt import device as torch_device
 from mygpt import limits
 from mygpt.errors import UserError
-from mygpt.training import train
 from tests.support import REPO
 
 DEVICE_NAMES = ["cpu", " CPU ", "auto", "AUTO", "", "mps", "cuda", "cuda:0", "tpu"]
@@ -94,21 +93,11 @@ def test_device_settings_resolve_as_torch_does(device, precision):
 @pytest.mark.parametrize("nproc", ["auto", 1, 2, "2", " AUTO "])
 @pytest.mark.parametrize("device", ["auto", "cpu"])
 def test_resolve_nproc_answers_as_with_torchs_device(nproc, device, monkeypatch):
-    from mygpt.training import distributed
+    from mygpt.training import launcher
 
-    fast = distributed.resolve_nproc(nproc, device)
+    fast = launcher.resolve_nproc(nproc, device)
     monkeypatch.setattr(limits, "resolves_to_cpu", lambda device, dev="/dev": False)  # the plain path: torch
-    assert distributed.resolve_nproc(nproc, device) == fast
-
-
-def test_the_checks_keep_their_old_home():
-    assert train.check_seq_len is limits.check_seq_len
-    assert train.check_nproc is limits.check_nproc
-    assert train.check_memory is limits.check_memory
-    from mygpt.gpt_config import GPTConfig
-    from mygpt.model import GPTConfig as ModelGPTConfig
-
-    assert ModelGPTConfig is GPTConfig
+    assert launcher.resolve_nproc(nproc, device) == fast
 
 
 def test_checking_settings_loads_no_torch():
@@ -116,10 +105,10 @@ def test_checking_settings_loads_no_torch():
     code = """
 import sys
 from mygpt.gpt_config import GPTConfig
+from tests.support.tiny_model import CH28_MODEL
 from mygpt.limits import check_memory, check_nproc, check_seq_len, cpu_precision, resolves_to_cpu
-from mygpt.training.distributed import resolve_nproc
-config = GPTConfig(vocab_size=2, embed_dim=192, num_heads=6, num_kv_heads=2, max_seq_len=256, norm_type="rms",
-                   position_type="rope")
+from mygpt.training.launcher import resolve_nproc
+config = GPTConfig(**{**CH28_MODEL, "vocab_size": 2})
 check_seq_len(256, 256); check_nproc(16, 1); check_memory(config, 16, 256, device="cpu")
 assert resolve_nproc("auto", "cpu") == 1 and cpu_precision("auto") == "fp32" and resolves_to_cpu("cpu")
 print(sorted(m for m in ("torch", "prefect") if m in sys.modules))

@@ -11,6 +11,7 @@ import torch
 from mygpt import GPT, BPETokenizer, CharTokenizer
 from mygpt.metrics import flops_per_token, format_throughput, peak_for_name, throughput
 from mygpt.training.parallel import World, evaluate
+from tests.support.tiny_model import CH28_MODEL
 
 
 class Uniform(torch.nn.Module):
@@ -106,16 +107,7 @@ def test_bits_per_byte_matches_a_hand_computation():
 
 
 def test_flops_per_token_and_mfu():
-    chapter = GPT(
-        3046,
-        embed_dim=192,
-        num_heads=6,
-        num_kv_heads=2,
-        num_layers=4,
-        max_seq_len=256,
-        norm_type="rms",
-        position_type="rope",
-    )
+    chapter = GPT(**CH28_MODEL)
     assert chapter.num_params() == 2_163_264
     assert flops_per_token(chapter, 256) == 6 * 2_163_264 + 12 * 4 * 6 * 32 * 256 == 15_338_880
     part1 = GPT(65)  # learned positions: the 64 x 64 position table is a lookup, not a matmul
@@ -143,8 +135,9 @@ def test_training_memory_is_a_lower_bound_of_what_training_holds():
     """The estimate's parts against the tensors a real training step keeps (one CPU step, fp32)."""
     import torch
 
+    from mygpt.gpt_config import GPTConfig
     from mygpt.metrics import training_memory
-    from mygpt.model import GPT, GPTConfig
+    from mygpt.model import GPT
 
     config = GPTConfig(vocab_size=50, embed_dim=32, num_heads=4, num_kv_heads=2, max_seq_len=64, position_type="rope")
     need = training_memory(config, rows=4, seq_len=64)

@@ -9,18 +9,8 @@ import torch
 
 from mygpt import GPT, UserError
 from mygpt.model import RMSNorm
-
-PART1 = dict(vocab_size=65, embed_dim=64, num_layers=4, num_heads=4, max_seq_len=64)
-CH28 = dict(
-    vocab_size=3046,
-    embed_dim=192,
-    num_layers=4,
-    num_heads=6,
-    num_kv_heads=2,
-    max_seq_len=256,
-    norm_type="rms",
-    position_type="rope",
-)
+from tests.support.tiny_model import CH28_MODEL as CH28
+from tests.support.tiny_model import PART1_MODEL as PART1
 
 
 def test_param_count_part1_config():
@@ -190,20 +180,12 @@ def test_bf16_autocast_forward_runs_on_cpu():
     "fields",
     [
         dict(vocab_size=65),
-        dict(
-            vocab_size=3046,
-            embed_dim=192,
-            num_heads=6,
-            num_kv_heads=2,
-            max_seq_len=256,
-            norm_type="rms",
-            position_type="rope",
-        ),
+        CH28,
         dict(vocab_size=10, embed_dim=24, num_heads=4, num_kv_heads=1, num_layers=3, max_seq_len=7, norm_type="layer"),
     ],
 )
 def test_config_counts_its_parameters_without_building_the_model(fields):
-    from mygpt.model import GPTConfig
+    from mygpt.gpt_config import GPTConfig
 
     config = GPTConfig(**fields)
     assert config.num_params() == GPT(config).num_params()

@@ -13,23 +13,9 @@ import torch
 from mygpt.checkpoint import load_checkpoint_payload
 from mygpt.cli import _utf8_prefix, main
 from tests.support import REPO
+from tests.support.tiny_model import flags
 
-TINY = [
-    "--embed-dim",
-    "32",
-    "--num-layers",
-    "1",
-    "--num-heads",
-    "4",
-    "--max-seq-len",
-    "32",
-    "--seq-len",
-    "32",
-    "--batch-size",
-    "4",
-    "--device",
-    "cpu",
-]
+TINY = flags(embed_dim=32, num_layers=1, num_heads=4, max_seq_len=32, seq_len=32, batch_size=4, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -137,36 +123,9 @@ def test_train_bpe_modern_recipe(capsys, wikitext2_path, tmp_path):
             "100",
             "--bpe-train-bytes",
             "50000",
-            "--embed-dim",
-            "48",
-            "--num-layers",
-            "1",
-            "--num-heads",
-            "6",
-            "--num-kv-heads",
-            "2",
-            "--max-seq-len",
-            "32",
-            "--seq-len",
-            "32",
-            "--batch-size",
-            "4",
-            "--norm",
-            "rms",
-            "--position",
-            "rope",
-            "--schedule",
-            "cosine",
-            "--warmup",
-            "5",
-            "--max-grad-norm",
-            "1.0",
-            "--steps",
-            "20",
-            "--print-every",
-            "10",
-            "--device",
-            "cpu",
+            *flags(embed_dim=48, num_layers=1, num_heads=6, num_kv_heads=2, max_seq_len=32, seq_len=32, batch_size=4),
+            *flags(norm="rms", position="rope", schedule="cosine", warmup=5, max_grad_norm=1.0, steps=20),
+            *flags(print_every=10, device="cpu"),
             "--output",
             ckpt,
         ],

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mygpt.training.distributed import EXIT_RANK_ENV, TrainingProcessError
-from tasks.model import CHECKPOINT, STALL_ENV, train_model
+from mygpt.training.failure import TrainingProcessError
+from mygpt.training.worker import EXIT_RANK_ENV
+from tasks.model import CHECKPOINT, PIPELINE_STALL_ENV, train_model
 from tests.support.tiny import SETTINGS, run_in
 
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="nproc=2 needs 2 CPU cores")
@@ -97,7 +98,7 @@ def test_sigkill_of_the_process_group_then_rerun_resumes_to_the_same_weights(ups
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-c", CHILD, args],
-            env={**os.environ, STALL_ENV: "1"},
+            env={**os.environ, PIPELINE_STALL_ENV: "1"},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from tasks.model import CHECKPOINT, STALL_ENV
+from tasks.model import CHECKPOINT, PIPELINE_STALL_ENV
 from tests.support.prefect_server import task_run_states
 from tests.support.tiny import SETTINGS, tiny_flow_parameters, tiny_zip_url
 
@@ -54,11 +54,11 @@ def test_sigkill_mid_training_then_rerun_resumes_bit_identical(prefect_server, t
     url = tiny_zip_url(tmp_path)
     killed_root, clean_root = tmp_path / "killed", tmp_path / "clean"
     cmd = [sys.executable, "-m", "flows.cli", "run", "--tiny", "--source-url", url, "--artifacts-dir", str(killed_root)]
-    env = {**prefect_server.env, STALL_ENV: "1"}
+    env = {**prefect_server.env, PIPELINE_STALL_ENV: "1"}
     ckpt = _kill_after_first_checkpoint(cmd, env, killed_root, tmp_path / "killed.log")
     assert ckpt.is_file() and not list(killed_root.glob("model/*/model.ckpt")), "killed before publishing"
 
-    monkeypatch.delenv(STALL_ENV, raising=False)
+    monkeypatch.delenv(PIPELINE_STALL_ENV, raising=False)
     caplog.set_level(logging.INFO)
     state = wiki_pipeline(**tiny_flow_parameters(url, killed_root), return_state=True)
     resumed = state.result()

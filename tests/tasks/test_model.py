@@ -106,7 +106,7 @@ def test_train_reads_memory_mapped_tokens_and_all_splits(upstream, tmp_path):
     assert dtype == "uint16" and len(paths) == 1
     train_only = open_token_files(paths, dtype)
     assert isinstance(train_only, np.memmap) and len(train_only) == n
-    all_paths, _, n_all = train_stage.token_files(Path(shards["path"]), tmp_path, train_stage.SPLITS["all"])
+    all_paths, _, n_all = train_stage.token_files(Path(shards["path"]), tmp_path, train_stage.TRAIN_SPLITS["all"])
     everything = open_token_files(all_paths, dtype)
     valid = open_token_files(train_stage.token_files(Path(shards["path"]), tmp_path, ("valid",))[0], dtype)
     test = open_token_files(train_stage.token_files(Path(shards["path"]), tmp_path, ("test",))[0], dtype)
@@ -250,7 +250,7 @@ def test_a_model_that_cannot_fit_this_machine_is_refused_when_resolved(settings,
 
 
 def test_a_diverging_run_publishes_nothing(upstream, tmp_path):
-    """lr=1e30 used to publish a model with final_loss nan (and later runs reused it)."""
+    """lr=1e30 publishes nothing (no NaN model for later runs to reuse)."""
     import shutil
 
     root, _, tokenizer, shards = upstream
@@ -273,8 +273,8 @@ train_model.fn(shards, tokenizer, settings, run_in(sys.argv[1]))
 
 
 def test_a_model_build_leaves_nothing_in_tmpdir(upstream, tmp_path):
-    """torch's TorchInductor cache (``torchinductor_<user>``) used to appear in TMPDIR on every build: the stage
-    keeps it in the user's cache folder instead (a process of its own, so torch's cache path is not yet set)."""
+    """The stage keeps torch's TorchInductor cache in the user's cache folder, not TMPDIR (in a fresh process, so
+    torch's cache path is not yet set)."""
     import json
     import subprocess
     import sys

@@ -11,21 +11,8 @@ import torch
 from mygpt import GPT, CharTokenizer, TrainConfig, UserError
 from mygpt.checkpoint import load_checkpoint_payload
 from mygpt.training.data import get_batch
-from mygpt.training.train import lr_at, train
-
-
-def test_lr_schedule_matches_chapter_figures():
-    cfg = TrainConfig(steps=10_000, lr=1e-3, schedule="cosine", warmup=500)
-    assert f"{lr_at(cfg, 1):.2e}" == "2.00e-06"
-    assert f"{lr_at(cfg, 50):.2e}" == "1.00e-04"
-    assert f"{lr_at(cfg, 500):.2e}" == "1.00e-03"
-    assert f"{lr_at(cfg, 1000):.2e}" == "9.93e-04"
-    assert f"{lr_at(cfg, 5000):.2e}" == "5.41e-04"
-    assert f"{lr_at(cfg, 10_000):.2e}" == "0.00e+00"
-    const = TrainConfig(steps=100, lr=3e-4, schedule="constant", warmup=10)
-    assert lr_at(const, 5) == pytest.approx(1.5e-4)
-    assert lr_at(const, 10) == lr_at(const, 100) == pytest.approx(3e-4)
-    assert lr_at(TrainConfig(lr=1e-3), 1) == 1e-3
+from mygpt.training.train import train
+from tests.support.tiny_model import TINY_MODEL, TINY_TRAIN
 
 
 class WindowOnly:
@@ -130,33 +117,12 @@ def test_short_run_drives_validation_loss_down(shakespeare_tokens, tmp_path):
 def _tiny_setup(text, seed):
     tok = CharTokenizer.from_text(text)
     torch.manual_seed(seed)
-    model = GPT(
-        vocab_size=tok.vocab_size,
-        embed_dim=32,
-        num_heads=4,
-        num_kv_heads=2,
-        num_layers=2,
-        max_seq_len=32,
-        dropout=0.1,
-        norm_type="rms",
-        position_type="rope",
-    )
+    model = GPT(vocab_size=tok.vocab_size, **{**TINY_MODEL, "num_layers": 2, "dropout": 0.1})
     return tok, model
 
 
 RESUME_CFG = dict(
-    steps=20,
-    batch_size=4,
-    seq_len=32,
-    lr=2e-3,
-    schedule="cosine",
-    warmup=5,
-    max_grad_norm=0.5,
-    print_every=5,
-    eval_every=5,
-    eval_batches=2,
-    checkpoint_every=10,
-    seed=7,
+    TINY_TRAIN, lr=2e-3, schedule="cosine", warmup=5, max_grad_norm=0.5, eval_every=5, checkpoint_every=10, seed=7
 )
 
 
@@ -328,7 +294,7 @@ def test_concat_tokens_slices_across_parts():
 
 
 def test_a_diverging_run_stops_at_the_first_non_finite_loss_and_saves_nothing_after(shakespeare_text, tmp_path):
-    """lr=1e30 used to train to the end and save a NaN model (final_loss nan)."""
+    """lr=1e30 stops at the first NaN loss and saves no NaN model."""
     text = shakespeare_text[:5000]
     tok = CharTokenizer.from_text(text)
     ids = tok.encode_array(text)
@@ -348,7 +314,7 @@ def test_a_diverging_run_stops_at_the_first_non_finite_loss_and_saves_nothing_af
 
 
 def test_a_model_too_big_for_this_machine_is_refused_before_anything_is_allocated(shakespeare_text):
-    from mygpt.model import GPTConfig
+    from mygpt.gpt_config import GPTConfig
     from mygpt.training.train import check_memory
 
     tok = CharTokenizer.from_text(shakespeare_text[:5000])
@@ -373,3 +339,24 @@ def test_on_an_accelerator_the_first_bad_step_is_kept_on_the_device_and_named():
     watch.see(3, torch.tensor(float("inf")))
     with pytest.raises(UserError, match=r"^training diverged at step 2: the loss is not finite"):
         watch.check()
+
+
+def test_resume_restores_each_ranks_own_rng_state():
+    """A resumed rank gets its own torch RNG state back (dropout draws from it), not rank 0's."""
+    from mygpt.training.parallel import World
+    from mygpt.training.train import _capture_rng, _rank_rng, _restore_rng
+
+    cpu = torch.device("cpu")
+    ranks = []
+    for rank in range(2):
+        torch.manual_seed(100 + rank)
+        ranks.append(_rank_rng(cpu))
+    torch.manual_seed(7)  # rank 0's global state when it writes the checkpoint differs from both
+    saved = _capture_rng(torch.Generator().manual_seed(1), cpu, ranks)
+    for rank in range(2):
+        torch.manual_seed(999)
+        _restore_rng(saved, torch.Generator(), cpu, World(rank=rank, size=2))
+        assert torch.equal(torch.get_rng_state(), ranks[rank]["torch"]), f"rank {rank} did not get its own state"
+    torch.manual_seed(999)
+    _restore_rng(saved, torch.Generator(), cpu, World(rank=1, size=3))  # another world size: the saved state
+    assert torch.equal(torch.get_rng_state(), saved["torch"])

@@ -11,10 +11,7 @@ import torch
 from mygpt import GPT, CharTokenizer, TrainConfig
 from mygpt.device import compile_unavailable
 from mygpt.training.train import train
-
-TINY = dict(
-    embed_dim=32, num_heads=4, num_kv_heads=2, num_layers=1, max_seq_len=32, norm_type="rms", position_type="rope"
-)
+from tests.support.tiny_model import TINY_MODEL, TINY_TRAIN
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +25,8 @@ def data(shakespeare_text):
 def _run(data, log=None, on_progress=None, **cfg):
     tok, train_ids, val_ids = data
     torch.manual_seed(0)
-    model = GPT(tok.vocab_size, **TINY)
-    config = TrainConfig(
-        **{**dict(steps=20, batch_size=4, seq_len=32, lr=3e-3, print_every=5, eval_batches=2, seed=5), **cfg}
-    )
+    model = GPT(tok.vocab_size, **TINY_MODEL)
+    config = TrainConfig(**{**TINY_TRAIN, "seed": 5, **cfg})
     result = train(
         model, tok, train_ids, config=config, val_tokens=val_ids, device="cpu", log=log, on_progress=on_progress
     )

@@ -1,13 +1,5 @@
-"""Data-parallel training with real processes (torch.distributed.run, gloo, 2 ranks on CPU).
-
-* 2 processes equal 1 process (same seed, same global batch, fp32): loss and validation at every logged step
-  and the final weights within 1e-5 -- with a batch that divides by 2 (through ``mygpt train --nproc``) and one
-  that does not (5 rows as 3 + 2, micro-batches of 2: gradient accumulation).
-* SIGKILL of the whole process group of a launching process right after a checkpoint: no training process
-  survives, and the rerun resumes and ends bit-identical to the uninterrupted 2-process run.
-* One rank dying alone: a clear error naming it (exit code, log tail), no hang, nothing left running; the
-  rerun resumes.
-"""
+"""run_training with real processes (torchrun, gloo, 2 ranks on CPU): 2 processes equal 1; a killed launcher or
+rank leaves nothing running, fails clearly, and the rerun resumes bit-identical."""
 
 from __future__ import annotations
 
@@ -17,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -26,38 +18,29 @@ import torch
 
 from mygpt import CharTokenizer, TrainConfig, UserError
 from mygpt.checkpoint import load_checkpoint_payload
-from mygpt.tokenizers.files import save_tokenizer_file
-from mygpt.training.distributed import (
-    EXIT_RANK_ENV,
-    STALL_ENV,
-    TrainingProcessError,
-    TrainJob,
-    _failure,
-    resolve_nproc,
-    run_training,
-)
+from mygpt.gpt_config import GPTConfig
+from mygpt.tokenizers.files import load_tokenizer_file, save_tokenizer_file
+from mygpt.training.failure import TrainingProcessError
+from mygpt.training.job import TrainJob
+from mygpt.training.launcher import resolve_nproc, run_training
+from mygpt.training.worker import EXIT_RANK_ENV, WORKER_STALL_ENV
 from tests.support import REPO
+from tests.support.tiny_model import TINY_MODEL, TINY_TRAIN, flags
 
-MODEL = dict(
-    embed_dim=32, num_heads=4, num_kv_heads=2, num_layers=1, max_seq_len=32, norm_type="rms", position_type="rope"
-)
 #: 5 rows do not divide by 2: rank 0 takes 3 (micro-batches 2 + 1), rank 1 takes 2
 ACCUMULATE = dict(
+    TINY_TRAIN,
     steps=30,
     batch_size=5,
     micro_batch_size=2,
-    seq_len=32,
-    lr=3e-3,
     schedule="cosine",
     warmup=5,
     max_grad_norm=1.0,
-    print_every=5,
     eval_every=10,
-    eval_batches=2,
     checkpoint_every=10,
     seed=3,
 )
-WORKER_ENV = {"OMP_NUM_THREADS": "1"}  # 2 cores shared by every process of the suite
+WORKER_ENV = {"OMP_NUM_THREADS": "1"}  # the suite's processes share the cores
 TOL = 1e-5  # losses: a mean over the batch, summed in another order by two processes
 #: Weights after 20 AdamW steps: a last-bit difference in a gradient can move a weight by a small part of one
 #: step (lr 1e-3 to 3e-3), and which bits differ depends on the CPU's kernels (1.04e-5 seen on one machine where
@@ -86,8 +69,8 @@ def make_job(files: Path, out: Path, **train) -> TrainJob:
         train_tokens=[str(files / "train-0.bin"), str(files / "train-1.bin")],
         val_tokens=str(files / "valid.bin"),
         token_dtype="uint16",
-        model=dict(MODEL),
-        train=asdict(TrainConfig(**train)),
+        model=GPTConfig(vocab_size=load_tokenizer_file(files / "tokenizer.json").vocab_size, **TINY_MODEL),
+        train=TrainConfig(**train),
         device="cpu",
         checkpoint=str(out / "train.ckpt"),
         output=str(out / "model.ckpt"),
@@ -150,8 +133,7 @@ def two_process_run(files, tmp_path_factory):
 
 
 def test_a_run_leaves_nothing_in_tmpdir(two_process_run):
-    """torchrun used to leave a torchelastic_* directory in TMPDIR after every run. (torch's per-user compile
-    cache, torchinductor_<user>, is one directory reused by every run, not a leftover of this one.)"""
+    """A run leaves no torchelastic_* directory in TMPDIR (torch's per-user compile cache is reused, not a leftover)."""
     tmpdir = two_process_run[4]
     assert [p.name for p in tmpdir.iterdir() if not p.name.startswith("torchinductor_")] == []
 
@@ -184,32 +166,8 @@ def test_cli_two_processes_equal_one_process(shakespeare_text, tmp_path, monkeyp
     common = [
         "train",
         str(text),
-        "--embed-dim",
-        "32",
-        "--num-layers",
-        "2",
-        "--num-heads",
-        "4",
-        "--max-seq-len",
-        "32",
-        "--seq-len",
-        "32",
-        "--batch-size",
-        "6",
-        "--steps",
-        "20",
-        "--print-every",
-        "5",
-        "--device",
-        "cpu",
-        "--val-fraction",
-        "0.1",
-        "--eval-batches",
-        "2",
-        "--norm",
-        "rms",
-        "--position",
-        "rope",
+        *flags(embed_dim=32, num_layers=2, num_heads=4, max_seq_len=32, seq_len=32, batch_size=6, steps=20),
+        *flags(print_every=5, device="cpu", val_fraction=0.1, eval_batches=2, norm="rms", position="rope"),
     ]
     assert main([*common, "--output", str(tmp_path / "one.ckpt")]) == 0
     capsys.readouterr()
@@ -238,13 +196,13 @@ def test_sigkill_of_the_process_group_then_rerun_resumes_bit_identical(files, tm
         [
             sys.executable,
             "-c",
-            "import sys; from mygpt.training.distributed import TrainJob, run_training; "
+            "import sys; from mygpt.training.job import TrainJob; from mygpt.training.launcher import run_training; "
             "run_training(TrainJob.load(sys.argv[1]), 2, run_dir=sys.argv[2])",
             str(tmp_path / "job.json"),
             str(run_dir),
         ],
         cwd=REPO,
-        env={**os.environ, **WORKER_ENV, STALL_ENV: "1"},
+        env={**os.environ, **WORKER_ENV, WORKER_STALL_ENV: "1"},
         start_new_session=True,
         stdout=open(tmp_path / "driver.log", "w"),
         stderr=subprocess.STDOUT,
@@ -298,24 +256,6 @@ def test_one_rank_dying_alone_fails_clearly_and_the_rerun_resumes(files, tmp_pat
     assert_identical_runs(Path(job.checkpoint), two_process_run[0] / "train.ckpt")
 
 
-def test_failure_report_blames_the_first_failure(tmp_path):
-    """torchrun may list the rank that only lost its peer as the root cause; the status files decide."""
-    job = TrainJob(tokenizer="t.json", train_tokens=["a.bin"], model={}, train={}, checkpoint=None)
-    (tmp_path / "rank-0.status.json").write_text(json.dumps({"status": "peer_lost", "message": "RuntimeError: gloo"}))
-    (tmp_path / "rank-1.log").write_text("rank 1 starting\nSegmentation fault\n")
-    (tmp_path / "launcher.log").write_text(
-        "Root Cause (first observed failure):\n[0]:\n  time      : x\n  host      : h\n"
-        "  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 11)\n  error_file: <N/A>\nFailures:\n[1]:\n"
-        "  rank      : 1 (local_rank: 1)\n  exitcode  : -11 (pid: 12)\n"
-    )
-    e = _failure(1, 2, tmp_path, None, job)
-    assert isinstance(e, TrainingProcessError) and (e.rank, e.exit_code) == (1, -11)
-    assert "rank 1 of 2 was killed by SIGSEGV" in str(e) and "Segmentation fault" in e.log_tail
-    (tmp_path / "rank-1.status.json").write_text(json.dumps({"status": "user_error", "message": "lr differs"}))
-    e = _failure(2, 2, tmp_path, None, job)
-    assert isinstance(e, UserError) and str(e) == "lr differs"
-
-
 def test_job_and_nproc_are_checked_before_any_process_starts(files, tmp_path):
     job = make_job(files, tmp_path, steps=2, batch_size=2, seq_len=32)
     with pytest.raises(UserError, match=r"nproc \(3\) is more than batch_size \(2\)"):
@@ -323,7 +263,7 @@ def test_job_and_nproc_are_checked_before_any_process_starts(files, tmp_path):
     with pytest.raises(UserError, match="unknown field"):
         TrainJob.from_dict({**job.to_dict(), "nproc": 2})
     with pytest.raises(UserError, match="unknown TrainConfig field"):
-        run_training({**job.to_dict(), "train": {**job.train, "epochs": 3}})
+        run_training({**job.to_dict(), "train": {**job.to_dict()["train"], "epochs": 3}})
     with pytest.raises(UserError, match="'checkpoint' or 'output'"):
         run_training({**job.to_dict(), "checkpoint": None, "output": None})
     (tmp_path / "odd.bin").write_bytes(b"\x00" * 7)
@@ -335,28 +275,6 @@ def test_job_and_nproc_are_checked_before_any_process_starts(files, tmp_path):
             resolve_nproc(bad, "cpu")
 
 
-def test_resume_restores_each_ranks_own_rng_state():
-    """Dropout draws from each process's own torch generator: a resumed rank must get its own state back, not
-    rank 0's (the quick check of what the slow dropout test below proves end to end)."""
-    from mygpt.training.parallel import World
-    from mygpt.training.train import _capture_rng, _rank_rng, _restore_rng
-
-    cpu = torch.device("cpu")
-    ranks = []
-    for rank in range(2):
-        torch.manual_seed(100 + rank)
-        ranks.append(_rank_rng(cpu))
-    torch.manual_seed(7)  # rank 0's global state when it writes the checkpoint differs from both
-    saved = _capture_rng(torch.Generator().manual_seed(1), cpu, ranks)
-    for rank in range(2):
-        torch.manual_seed(999)
-        _restore_rng(saved, torch.Generator(), cpu, World(rank=rank, size=2))
-        assert torch.equal(torch.get_rng_state(), ranks[rank]["torch"]), f"rank {rank} did not get its own state"
-    torch.manual_seed(999)
-    _restore_rng(saved, torch.Generator(), cpu, World(rank=1, size=3))  # another world size: the saved state
-    assert torch.equal(torch.get_rng_state(), saved["torch"])
-
-
 # slow (three 2-process runs): the quick check above is in every CI run. Run by hand: scripts/test -m slow
 @pytest.mark.slow
 def test_dropout_resume_after_rank_1_is_killed_equals_the_uninterrupted_run(files, tmp_path):
@@ -364,9 +282,8 @@ def test_dropout_resume_after_rank_1_is_killed_equals_the_uninterrupted_run(file
     resumed run ends with the uninterrupted run's weights, bit for bit (only if every rank gets its own RNG back)."""
     import threading
 
-    dropout = dict(MODEL, dropout=0.1)
     reference = make_job(files, tmp_path / "reference", **ACCUMULATE)
-    reference.model = dropout
+    reference.model = dropout = replace(reference.model, dropout=0.1)
     run_training(reference, 2, log=None, env=WORKER_ENV)
 
     job = make_job(files, tmp_path / "killed", **ACCUMULATE)
@@ -376,7 +293,7 @@ def test_dropout_resume_after_rank_1_is_killed_equals_the_uninterrupted_run(file
 
     def launch() -> None:
         try:
-            run_training(job, 2, log=None, env={**WORKER_ENV, STALL_ENV: "1"}, run_dir=run_dir)
+            run_training(job, 2, log=None, env={**WORKER_ENV, WORKER_STALL_ENV: "1"}, run_dir=run_dir)
         except BaseException as e:
             failure.append(e)
 
@@ -402,5 +319,7 @@ def test_dropout_resume_after_rank_1_is_killed_equals_the_uninterrupted_run(file
 def test_a_job_that_cannot_fit_this_machine_is_refused_before_any_process_starts(files, tmp_path):
     job = make_job(files, tmp_path, steps=2, batch_size=2, seq_len=32)
     with pytest.raises(UserError, match=r"^max_seq_len \(1,000,000,000,000\) makes training need at least .* GiB"):
-        run_training({**job.to_dict(), "model": {**MODEL, "max_seq_len": 10**12}}, 2, run_dir=tmp_path / "run")
+        run_training(
+            {**job.to_dict(), "model": {**job.to_dict()["model"], "max_seq_len": 10**12}}, 2, run_dir=tmp_path / "run"
+        )
     assert not (tmp_path / "run").exists(), "refused before the launcher made anything"
