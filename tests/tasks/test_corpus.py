@@ -24,6 +24,8 @@ from tasks.registry import open_store
 from tasks.wikitext import unzip
 from tasks.wikitext.download import ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT, DownloadKnobs, fetch
 from tasks.wikitext.header_strip import HEADER_RE, strip_headers
+from tasks.wikitext.source_index import SourceIndex
+from tasks.wikitext.source_zip import source_index
 from tests.support import zips
 from tests.support.mirror_faults import Faults, FaultyMirror
 from tests.support.stages import corpus as download
@@ -417,10 +419,10 @@ def test_a_stray_download_at_the_address_s_path_is_not_taken_for_the_version_s_b
     root = tmp_path / "art"
     with Mirror({"/x.zip": _tiny_zip("Aaaa")}) as m:
         first = download(root, source_url=m.url("/x.zip"))
-        stray = D._index(open_store(root)).download_path(address_sha256(m.url("/x.zip")))
+        stray = source_index(open_store(root), "corpus").download_path(address_sha256(m.url("/x.zip")))
         stray.parent.mkdir(parents=True, exist_ok=True)
         stray.write_bytes(_tiny_zip("Bbbb"))
-        D.SourceIndex.facts_path(stray).write_text(json.dumps({"sha256": hashlib.sha256(b"other").hexdigest()}))
+        SourceIndex.facts_path(stray).write_text(json.dumps({"sha256": hashlib.sha256(b"other").hexdigest()}))
         again = download(root, source_url=m.url("/x.zip"), run={"force": ["corpus"]})
     assert again["version"] == first["version"] and "Aaaa text" in _train_text(again)
 
