@@ -137,7 +137,7 @@ def test_sigkill_mid_build_leaves_no_version_and_frees_the_lock(tmp_path):
 
 
 def test_listing_shows_lineage(tmp_path):
-    from flows.cli import format_listing
+    from flows.store_commands import format_listing
     from tasks.registry import open_store
 
     store = open_store(tmp_path)
