@@ -400,7 +400,7 @@ def _generate_command(args) -> int:
 
 
 def _export_command(args) -> int:
-    from mygpt.hf_export import export_checkpoint
+    from mygpt.export.publish import export_checkpoint
 
     facts = export_checkpoint(args.checkpoint, args.out)
     check = facts["check"]

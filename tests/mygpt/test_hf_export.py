@@ -1,4 +1,4 @@
-"""The Hugging Face export (mygpt.hf_export, `mygpt export`): exact token ids, exact logits, clean refusals.
+"""The Hugging Face export (mygpt.export, `mygpt export`): exact token ids, exact logits, clean refusals.
 
 Proofs on real text: HF token ids equal ``encode_corpus`` over the whole of WikiText-2 and Tiny Shakespeare (a
 tokenizer with unknown characters, and a byte-fallback one) and decoding round-trips; the exported model, loaded
@@ -18,12 +18,15 @@ import numpy as np
 import pytest
 import torch
 
-from mygpt import hf_export
 from mygpt.checkpoint import load_checkpoint, save_checkpoint
 from mygpt.cli import main
 from mygpt.errors import UserError
+from mygpt.export import publish, verify
+from mygpt.export import tokenizer as export_tokenizer
+from mygpt.export.model import check_exportable
+from mygpt.export.publish import EXPORT_FILES, export_checkpoint, export_hf
+from mygpt.export.tokenizer import hf_tokenizer_json
 from mygpt.generate import generate_ids
-from mygpt.hf_export import EXPORT_FILES, check_exportable, export_checkpoint, export_hf, hf_tokenizer_json
 from mygpt.model import GPT, GPTConfig
 from mygpt.tokenizers.bpe import BPETokenizer
 from mygpt.tokenizers.char_tokenizer import CharTokenizer
@@ -149,7 +152,7 @@ def test_repeat_used_before_it_is_made_again_is_refused(monkeypatch):
     tok = BPETokenizer(["a", "b"], merges)
     with pytest.raises(UserError, match=r"merge #4 \['bb', 'bb'\] makes 'bbbb' again .* merge #3"):
         check_exportable(GPTConfig(tok.vocab_size, norm_type="rms", position_type="rope"), tok)
-    monkeypatch.setattr(hf_export, "_check_repeats_in_order", lambda merges: None)
+    monkeypatch.setattr(export_tokenizer, "_check_repeats_in_order", lambda merges: None)
     assert hf_tokenizer(tok).encode("bbbbbbbb").ids != tok.encode_corpus("bbbbbbbb").tolist()  # why it is refused
 
 
@@ -251,7 +254,7 @@ def test_failed_check_leaves_the_previous_export_intact(tmp_path, exported, mode
     def broken(*args):
         raise RuntimeError("export check failed: simulated")
 
-    monkeypatch.setattr(hf_export, "_compare", broken)
+    monkeypatch.setattr(verify, "_compare", broken)
     torch.manual_seed(1)
     other = GPT(vocab_size=skip_tok.vocab_size, **TINY)
     with pytest.raises(RuntimeError, match="simulated"):
@@ -270,7 +273,7 @@ def test_cli_export_round_trip(capsys, tmp_path, model, skip_tok, held_out_ids, 
         code = main(["export", "--checkpoint", str(tmp_path / "m.ckpt"), "--out", str(out)])
         stdout, stderr = capsys.readouterr()
         assert code == 0, stderr
-        assert stdout.splitlines()[-3:] == ["  " + line for line in hf_export.load_lines(str(out))]
+        assert stdout.splitlines()[-3:] == ["  " + line for line in publish.load_lines(str(out))]
         shas.append({n: hashlib.sha256((out / n).read_bytes()).hexdigest() for n in EXPORT_FILES})
     assert shas[0] == shas[1]
     reloaded, _ = load_checkpoint(tmp_path / "m.ckpt")
@@ -288,7 +291,7 @@ def test_cli_export_round_trip(capsys, tmp_path, model, skip_tok, held_out_ids, 
 
 def test_importing_the_module_loads_neither_torch_nor_transformers():
     code = (
-        "import sys, mygpt, mygpt.hf_export; "
+        "import sys, mygpt, mygpt.export.publish; "
         "print(sorted(m for m in ('torch', 'transformers', 'tokenizers', 'safetensors') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
