@@ -32,9 +32,9 @@ Encoding
 --------
 * ``encode`` -- the chapter-23 teaching encoder: applies the merges one after the other over the whole
   text; returns a ``torch.long`` tensor.
-* ``encode_corpus`` -- the chapter-28 fast encoder (:mod:`mygpt.tokenizers.bpe_encode`): pre-tokenises, applies merges
-  inside each word lowest rank first (the chapter's ``_encode_word``), memoises per unique word and returns
-  a numpy array (``uint16`` when ``vocab_size <= 65536``, else ``uint32``).
+* ``encode_corpus`` -- the chapter-28 fast encoder (:mod:`mygpt.tokenizers.bpe_word_encoder`): pre-tokenises,
+  applies merges inside each word lowest rank first (the chapter's ``_encode_word``), memoises per unique word
+  and returns a numpy array (``uint16`` when ``vocab_size <= 65536``, else ``uint32``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import numpy as np
 from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError, check_int, describe_chars
 from mygpt.tokenizers import bpe_reference
-from mygpt.tokenizers.bpe_encode import WordEncoder, unknown_chars_error
+from mygpt.tokenizers.bpe_word_encoder import WordEncoder, unknown_chars_error
 
 __all__ = ["NUM_BYTE_TOKENS", "BPETokenizer"]
 
@@ -104,7 +104,7 @@ class BPETokenizer:
         # the chapter's dict comprehension.
         self.merge_ranks: dict[tuple[str, str], int] = {m: i for i, m in enumerate(merges)}
         self._charset = frozenset(chars)
-        self._fast: WordEncoder | None = None  # lazily built mygpt.tokenizers.bpe_encode.WordEncoder
+        self._fast: WordEncoder | None = None  # lazily built WordEncoder
 
     @staticmethod
     def _validate(chars: Any, merges: Any, byte_fallback: Any) -> tuple[list[str], list[tuple[str, str]]]:
