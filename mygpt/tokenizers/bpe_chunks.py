@@ -32,12 +32,8 @@ MAX_WORD_BYTES = 1 << 20
 
 
 def find_safe_cut(f, path, target: int, size: int, floor: int = 0) -> int:
-    """The first safe cut position ``p >= target`` in the open binary file ``f`` (``size`` if none);
-    ``UserError`` when none lies within :data:`MAX_WORD_BYTES` after ``target``.
-
-    A safe cut is the byte offset of a whitespace character that follows a non-whitespace character.
-    ``floor`` is the start of the current chunk (nothing before it is read).
-    """
+    """The first safe cut ``p >= target`` in the open binary file ``f`` (``size`` if none), reading nothing before
+    ``floor``; ``UserError`` when none lies within :data:`MAX_WORD_BYTES` after ``target``."""
     if target >= size:
         return size
     q = max(floor, target - 4)
@@ -132,13 +128,9 @@ def iter_encode_file(
 ) -> Iterator[tuple[int, int, int, np.ndarray, EncodeStats]]:
     """Encode a UTF-8 file chunk by chunk; yield ``(chunk_index, byte_start, byte_end, ids, stats)``.
 
-    Chunks are cut at tokenisation-safe points that depend only on the file and ``chunk_bytes``, so the
-    concatenated ids equal ``tokenizer.encode_corpus(whole_text, unk_policy)`` for any ``chunk_bytes``, and
-    encoding the chunks anywhere, in any order (:func:`encode_chunk`), gives the same ids. ``start_chunk``
-    skips the chunks before it (resume; boundaries are recomputed from the start of the file, which reads
-    only a few KB per chunk). Memory: one chunk. A file that is not UTF-8 raises ``UserError`` naming the
-    file and the byte offset.
-    """
+    The concatenated ids equal ``tokenizer.encode_corpus(whole_text, unk_policy)`` for any ``chunk_bytes``;
+    ``start_chunk`` skips the chunks before it (resume). Memory: one chunk. Not UTF-8: ``UserError`` naming the
+    file and the byte offset."""
     if unk_policy not in ("skip", "error"):
         raise UserError(f"unk_policy must be 'skip' or 'error', got {unk_policy!r}")
     for name, v, lo in (("chunk_bytes", chunk_bytes, 1), ("start_chunk", start_chunk, 0)):

@@ -23,12 +23,8 @@ _NO_RANK = 1 << 62
 
 @dataclass
 class EncodeStats:
-    """Counts for one encoded text or chunk; ``merge`` adds another one in (chunk stats -> file stats).
-
-    ``chars``: characters read; ``tokens``: ids produced; ``skipped_positions`` / ``skipped_chars``: the
-    characters dropped by ``unk_policy="skip"`` (``skipped_chars`` maps each distinct one to its count);
-    ``fallback_positions`` / ``fallback_chars``: characters encoded as UTF-8 byte tokens (byte fallback).
-    """
+    """Counts for one encoded text or chunk (characters, tokens, skipped and byte-fallback characters, by character);
+    ``merge`` adds another one in."""
 
     chars: int = 0
     tokens: int = 0
@@ -115,12 +111,7 @@ class WordEncoder:
 
     # -- one word ---------------------------------------------------------------------------------
     def _symbol_ids(self, word: str) -> list[int]:
-        """The chapter's ``_encode_word`` on canonical ids; unknown characters get negative ids.
-
-        Each round finds the lowest merge rank among adjacent pairs (the leftmost one on ties) and
-        merges that pair left to right, without overlap, from there on -- the chapter's loop. A negative
-        (unknown) id never forms a pair key that has a rank, so unknown characters are never merged.
-        """
+        """The chapter's ``_encode_word`` on canonical ids; unknown characters get negative ids (never merged)."""
         cid = self.char_id
         s = [cid.get(c, -1 - ord(c)) for c in word]
         rget = self.ranks.get
@@ -178,13 +169,8 @@ class WordEncoder:
         return out
 
     def batch_symbol_ids(self, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """``_symbol_ids`` for many words at once, vectorised with numpy: ``(flat ids, lengths)``.
-
-        All words advance together, one merge round at a time: in each round every word finds its
-        lowest-rank adjacent pair and merges all its occurrences left to right without overlap (in a run
-        of overlapping occurrences, as in ``'aaaa'`` with ``('a','a')``, every other one from the left) --
-        exactly one round of the chapter's loop. Words with no mergeable pair leave the batch.
-        """
+        """``_symbol_ids`` for many words at once with numpy, one merge round of the chapter's loop for all of them at a
+        time: ``(flat ids, lengths)``."""
         nw = len(words)
         lens = np.fromiter(map(len, words), dtype=np.int64, count=nw)
         cps = np.frombuffer("".join(words).encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.int64)
