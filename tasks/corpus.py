@@ -263,8 +263,8 @@ def report(manifest: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: code version 3: the version also depends on what is at source_url (source_identity) and on the URL without
-#: its credentials (issue 10). 4: it depends on the zip's content (sha256), not on the URL (issues 20 and 21).
+#: code version 3: the version also depends on what is at source_url and on the URL without its credentials;
+#: 4: it depends on the zip's content (sha256), not on the URL.
 STAGE = Stage(
     name="corpus", settings=CorpusSettings, code_version="4", report=report, source=source_identity, alias="download"
 )
