@@ -106,11 +106,6 @@ def test_settings_defaults_pin_the_chapter_size():
     assert resolved(expected_bytes=0)["expected_bytes"] == 0
 
 
-def test_mirror_serves_loopback_only(mirror):
-    assert mirror.base_url.startswith("http://127.0.0.1:")
-    assert mirror._server.server_address[0] == "127.0.0.1"
-
-
 SECRETS = ("S3CRET", "T0KEN-abc")
 
 
