@@ -25,7 +25,7 @@ from tasks.wikitext.download import MAX_ZIP_BYTES
 from tasks.wikitext.extract import extract_text
 from tasks.wikitext.header_strip import BLOCK_CHARS
 from tasks.wikitext.identity import zip_identity
-from tasks.wikitext.source_zip import NO_DOWNLOAD, check_zip, downloaded_zip, source_index, source_line
+from tasks.wikitext.source_zip import NO_DOWNLOAD, check_zip, downloaded_zip, source_line, stage_sources
 from tasks.wikitext.unzip import check_members
 
 DEFAULT_URL = "https://wikitext.smerity.com/wikitext-103-raw-v1.zip"
@@ -181,7 +181,7 @@ def extract_corpus(
 def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
     """Fetch the zip (or open the file:// one), check it, and write the stripped splits + wikipedia.txt."""
     shown = settings.shown_url
-    index = source_index(ctx.store, STAGE.name)
+    index = stage_sources(ctx.store, STAGE.name)
     t0 = time.monotonic()
     facts: dict = dict(NO_DOWNLOAD)
     ours = not settings.is_file

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from tasks.core.stage import Stage
 from tasks.store.artifacts import ArtifactStore, VersionInfo
-from tasks.wikitext.source_zip import ZipSource, source_index
+from tasks.wikitext.source_zip import ZipSource, stage_sources
 
 #: Tries of the probe when a version can stand in: an offline rerun should not wait out a download's back-off.
 FALLBACK_PROBE_ATTEMPTS = 2
@@ -22,7 +22,7 @@ def last_known_version(settings: ZipSource, store: ArtifactStore, stage: Stage) 
     matches by its redacted ``source_url`` only when the URL has no query (``?f=***`` would match any file)."""
     params = settings.version_params()
     legacy_ok = not urllib.parse.urlsplit(settings.source_url).query
-    served_here = source_index(store, stage.name).served_by(settings.address)
+    served_here = stage_sources(store, stage.name).served_by(settings.address)
 
     def last_served(v: VersionInfo) -> float | None:
         metrics, sha = v.manifest["metrics"], v.manifest["source"].get("sha256")

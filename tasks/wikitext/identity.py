@@ -18,7 +18,7 @@ from tasks.store.artifacts import ArtifactStore
 from tasks.wikitext.download import DownloadKnobs, SourceUnreachable, fetch, probe
 from tasks.wikitext.fallback import FALLBACK_PROBE_ATTEMPTS, last_known_version
 from tasks.wikitext.source_index import SourceIndex, trusted
-from tasks.wikitext.source_zip import ZipSource, check_zip, checked, source_index, source_line
+from tasks.wikitext.source_zip import ZipSource, check_zip, checked, source_line, stage_sources
 
 
 def zip_identity(settings: ZipSource, store: ArtifactStore, log, stage: Stage) -> dict:
@@ -28,7 +28,7 @@ def zip_identity(settings: ZipSource, store: ArtifactStore, log, stage: Stage) -
     downloaded and hashed now, and recorded when the server's validators name one content. Unreachable
     (network, 5xx, 401/403): the version the address served last, with a warning, else ``UserError``; a
     404/410 is an answer: ``UserError``. A size or sha256 other than the expected one is refused."""
-    index = source_index(store, stage.name)
+    index = stage_sources(store, stage.name)
     if settings.is_file:
         path = file_path(settings.source_url)
         if not path.is_file():
@@ -93,7 +93,7 @@ def _download_and_hash(
     settings: ZipSource, store: ArtifactStore, stage: Stage, key: dict, validators: dict, dest: Path, log
 ) -> dict:
     """Download the zip to ``dest`` and hash it; record the answer when the validators name one content."""
-    index = source_index(store, stage.name)
+    index = stage_sources(store, stage.name)
     announced = validators.get("bytes")
     is_trusted = trusted(validators)
     dest.unlink(missing_ok=True)  # a whole file left by a run that stopped before its build: not trusted

@@ -36,7 +36,7 @@ class ZipSource(Protocol):
     def version_params(self) -> dict: ...
 
 
-def source_index(store: ArtifactStore, stage: str) -> SourceIndex:
+def stage_sources(store: ArtifactStore, stage: str) -> SourceIndex:
     """``<root>/<stage>/.sources/``: what servers said, and the downloads made to learn it."""
     return SourceIndex(store.stage_dir(stage) / ".sources")
 

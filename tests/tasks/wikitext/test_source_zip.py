@@ -9,7 +9,7 @@ from flows.mirror import Mirror
 from tasks.core.urls import address_sha256
 from tasks.registry import open_store
 from tasks.wikitext.source_index import SourceIndex
-from tasks.wikitext.source_zip import source_index
+from tasks.wikitext.source_zip import stage_sources
 from tests.support.corpus_runs import tiny_zip, train_text
 from tests.support.stages import corpus as download
 
@@ -20,7 +20,7 @@ def test_a_stray_download_at_the_address_s_path_is_not_taken_for_the_version_s_b
     root = tmp_path / "art"
     with Mirror({"/x.zip": tiny_zip("Aaaa")}) as m:
         first = download(root, source_url=m.url("/x.zip"))
-        stray = source_index(open_store(root), "corpus").download_path(address_sha256(m.url("/x.zip")))
+        stray = stage_sources(open_store(root), "corpus").download_path(address_sha256(m.url("/x.zip")))
         stray.parent.mkdir(parents=True, exist_ok=True)
         stray.write_bytes(tiny_zip("Bbbb"))
         SourceIndex.facts_path(stray).write_text(json.dumps({"sha256": hashlib.sha256(b"other").hexdigest()}))
