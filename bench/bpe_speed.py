@@ -38,7 +38,7 @@ from bench.memwatch import run_watched
 from flows.mirror import REPO, SHARED_DATA
 from mygpt.tokenizers import bpe_reference
 from mygpt.tokenizers.bpe import BPETokenizer
-from mygpt.tokenizers.bpe_encode import iter_encode_file
+from mygpt.tokenizers.bpe_chunks import iter_encode_file
 
 OUT = REPO / "bench" / "out"
 WIKITEXT = SHARED_DATA / "wikitext2-valid.txt"
@@ -179,7 +179,7 @@ def encode_child(path: str, tok_path: str, workers: int, chunk_bytes: int) -> No
     n_tokens = 0
     checksum = 0
     chunks = 0
-    from mygpt.tokenizers.bpe_encode import EncodeStats
+    from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 
     stats = EncodeStats()
     with contextlib.ExitStack() as stack:
@@ -188,7 +188,7 @@ def encode_child(path: str, tok_path: str, workers: int, chunk_bytes: int) -> No
         else:  # the chunks on a local Dask cluster of `workers` processes, as the shards stage runs them
             import logging
 
-            from mygpt.tokenizers.bpe_encode import chunk_bounds
+            from mygpt.tokenizers.bpe_chunks import chunk_bounds
             from tasks.core import dask_work
             from tasks.core.settings import RunOptions
 

@@ -54,7 +54,7 @@ def _digest(merges) -> str:
 
 def child(trainer: str, path: str, end: int, merges: int) -> dict:
     """Runs in a fresh process: train, return timings and the merges' digest."""
-    from mygpt.tokenizers.bpe_encode import chunk_bounds, read_chunk
+    from mygpt.tokenizers.bpe_chunks import chunk_bounds, read_chunk
     from mygpt.tokenizers.bpe_train import add_counts, count_words, gc_paused, train_and_count_tokens
 
     t0 = time.perf_counter()

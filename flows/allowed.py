@@ -1,29 +1,6 @@
-"""What a run may touch on this machine: the artifact roots and source URLs its environment allows.
-
-A machine that runs other people's runs (a ``prefect worker`` of a team's work pool, ``wiki-pipeline serve``)
-names, in its environment, where runs may write and what they may download:
-
-* ``WIKI_PIPELINE_ALLOWED_ROOTS``: artifact roots, separated by ``:`` (like ``PATH``); a run's root must be one
-  of them or inside one, compared after resolving symlinks and ``..`` (a symlink out of an allowed root does
-  not lead a run out of it);
-* ``WIKI_PIPELINE_ALLOWED_SOURCES``: URL prefixes, separated by spaces or commas; a run's ``source_url``
-  must have a prefix's scheme, host and port and lie at or under its path (whole segments, ``..`` and
-  ``%2e%2e`` resolved; ``file://`` paths with symlinks resolved), compared after parsing, so
-  ``http://127.0.0.1:8765@evil.example/`` (user ``127.0.0.1``, host ``evil.example``) is not under
-  ``http://127.0.0.1:8765/``. Credentials in the source URL are the user's own and not compared.
-
-In either list the word ``default`` stands for the defaults: the configured artifact root
-(``$WIKI_PIPELINE_ARTIFACTS``, else ``artifacts/`` in the checkout), respectively the chapter's URL and the
-demo's loopback mirror (``http://127.0.0.1:8765/``). A variable that is unset (or empty) means:
-
-* for a **deployment run** (a run some client triggered on this machine's runner or worker): the defaults, so a
-  worker nobody configured lets a run write only under its own artifact root and download only the chapter's
-  zip or the demo's mirror;
-* for a person's own ``wiki-pipeline run`` (no deployment): everything -- they choose their own root and source.
-
-A run outside an allow-list is refused by :func:`check_allowed`, which ``Pipeline.parse`` calls, before any stage
-starts, with a ``UserError`` naming the setting and the variable.
-"""
+"""What a run may touch on this machine: the artifact roots (``WIKI_PIPELINE_ALLOWED_ROOTS``) and source URLs
+(``WIKI_PIPELINE_ALLOWED_SOURCES``) its environment allows; unset means the defaults for a deployment run and
+everything for a person's own run (docs/SERVING.md). :func:`check_allowed` refuses the rest with a ``UserError``."""
 
 from __future__ import annotations
 
@@ -105,9 +82,8 @@ def allowed_sources(deployment: bool = False) -> list[str] | None:
 
 
 def allow_served(root: str, source_urls: Iterable[str]) -> None:
-    """What ``wiki-pipeline serve`` was given is its operator's choice: where a list is unset, this runner's
-    deployment runs may use the chosen root and sources besides the defaults (set in this process's environment,
-    which its flow runs inherit; sources without credentials or query)."""
+    """Where a list is unset, let this runner's deployment runs use the root and sources ``serve`` was given, besides
+    the defaults (set in this process's environment, which its flow runs inherit)."""
     if not os.environ.get(ENV_ROOTS, "").strip():
         os.environ[ENV_ROOTS] = os.pathsep.join([DEFAULT, root])
     if not os.environ.get(ENV_SOURCES, "").strip():

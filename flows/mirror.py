@@ -1,19 +1,8 @@
-"""A loopback stand-in for the wikitext-103 mirror: a small zip built from real text, served over HTTP.
-
-* :func:`build_wikitext_zip` makes a zip shaped like ``wikitext-103-raw-v1.zip`` (members
-  ``wikitext-103-raw/wiki.{train,valid,test}.raw``) from ``../shared/data/wikitext2-valid.txt``, split at
-  article boundaries (the `` = Title = `` lines) into train / valid / test, optionally with Tiny
-  Shakespeare appended to train.
-* :class:`Mirror` serves byte strings or files on ``127.0.0.1`` only (``ThreadingHTTPServer`` on port 0
-  in a daemon thread; a context manager), with ``Range`` support and an ``ETag``. Every request is logged in
-  ``mirror.requests``. (The tests' fault modes -- 503s, dropped connections, ... -- are a subclass of it in
-  ``tests/support/mirror_faults.py``.)
-
-CLI::
+"""A loopback stand-in for the wikitext-103 mirror: a zip shaped like ``wikitext-103-raw-v1.zip`` built from
+``../shared/data`` (:func:`build_wikitext_zip`), served on 127.0.0.1 with ``Range`` and an ``ETag`` (:class:`Mirror`).
 
     python -m flows.mirror --write-zip /tmp/wikitext-mini.zip
-    python -m flows.mirror --serve --port 8765 [--zip PATH]
-"""
+    python -m flows.mirror --serve --port 8765 [--zip PATH]"""
 
 from __future__ import annotations
 
@@ -96,10 +85,8 @@ class _MirrorServer(ThreadingHTTPServer):
 
 
 class MirrorHandler(BaseHTTPRequestHandler):
-    """Answers GET and HEAD with a file of the :class:`Mirror`, whole or the one ``Range`` asked for.
-
-    A subclass may change how a request is answered through :meth:`refusal`, :meth:`range_header`,
-    :meth:`response_headers` and :meth:`send_body` (the tests' fault injection does)."""
+    """Answers GET and HEAD with a file of the :class:`Mirror`, whole or the ``Range`` asked for; a subclass may change
+    :meth:`refusal`, :meth:`range_header`, :meth:`response_headers` and :meth:`send_body`."""
 
     server: _MirrorServer
     protocol_version = "HTTP/1.1"
@@ -214,11 +201,7 @@ class MirrorHandler(BaseHTTPRequestHandler):
 
 
 class Mirror:
-    """Serve ``{"/path": bytes | Path}`` on 127.0.0.1; use as a context manager.
-
-    ``mirror.url("/wikitext-103-raw-v1.zip")`` is the address; ``mirror.requests`` logs every request
-    (``method, path, range, status, sent``); :attr:`handler` answers them.
-    """
+    """Serve ``{"/path": bytes | Path}`` on 127.0.0.1 as a context manager; ``mirror.requests`` logs every request."""
 
     handler: type[MirrorHandler] = MirrorHandler
 

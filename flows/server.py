@@ -1,14 +1,5 @@
-"""A real Prefect server on 127.0.0.1 as a child process: its own PREFECT_HOME, a free port, SQLite, analytics off.
-
-Used by the tests, the benchmarks and ``wiki-pipeline run`` when no ``PREFECT_API_URL`` is configured
-(:func:`server_for_this_run`). The child never outlives the process that started it: on Linux it asks the
-kernel for SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG)``), so even a SIGKILLed run leaves no
-server behind; elsewhere :meth:`PrefectServer.stop` (on every normal exit) is what stops it.
-
-Its first start on a fresh ``PREFECT_HOME`` creates the SQLite database and runs every migration: 33-35 s on
-2 cores (longer under load), past the 20 s Prefect gives its own temporary server; :data:`START_TIMEOUT` allows
-for that.
-"""
+"""A real Prefect server on 127.0.0.1 as a child process (its own PREFECT_HOME, a free port, SQLite, analytics off)
+that never outlives its parent; for the tests, the benchmarks and ``wiki-pipeline run`` (docs/SERVING.md)."""
 
 from __future__ import annotations
 
@@ -131,9 +122,8 @@ def drain_prefect_queues(timeout: float = 15) -> None:
 
 @contextlib.contextmanager
 def running_server(server: PrefectServer) -> Iterator[PrefectServer]:
-    """``server`` started, this process's Prefect settings (API URL and home) pointed at it while inside; on the
-    way out Prefect's queues are drained while it still answers, then it stops. The one start/drain/stop of
-    the CLI, the tests' session server, the team-server test and the reliability harness."""
+    """``server`` started and this process's Prefect settings pointed at it while inside; on the way out Prefect's
+    queues are drained while it still answers, then it stops."""
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     updates: dict = {PREFECT_API_URL: server.api_url, PREFECT_HOME: str(server.home)}
@@ -164,9 +154,8 @@ def server_for_this_run(home: Path, say=print) -> Iterator[PrefectServer]:
 
 
 def ensure_crash_automation() -> None:
-    """Make :data:`CRASH_AUTOMATION` on the server this process reports to, unless it is there: Prefect's "zombie
-    flow runs" automation (a proactive event trigger), kept to runs tagged :data:`HEARTBEAT_TAG`: after a flow run's
-    heartbeat, no heartbeat or state change of it for :data:`CRASHED_AFTER` seconds sets it Crashed."""
+    """Make :data:`CRASH_AUTOMATION` (Prefect's "zombie flow runs" automation, kept to runs tagged
+    :data:`HEARTBEAT_TAG`) on the server this process reports to, unless it is there."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
@@ -240,9 +229,8 @@ def crash_orphaned_task_runs() -> int:
 
 @contextlib.contextmanager
 def watched_runs() -> Iterator[None]:
-    """Flow runs started inside send a heartbeat every :data:`HEARTBEAT_SECONDS` and carry :data:`HEARTBEAT_TAG`,
-    so :data:`CRASH_AUTOMATION` (made here when missing) marks them Crashed when their process dies; the task runs
-    that crashed runs left Running are set Crashed here (:func:`crash_orphaned_task_runs`)."""
+    """Flow runs started inside beat and carry :data:`HEARTBEAT_TAG`, so a run whose process dies is marked Crashed;
+    task runs that crashed runs left Running are set Crashed here."""
     from prefect import tags
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 

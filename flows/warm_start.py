@@ -1,40 +1,5 @@
-"""Flow runs of the served deployment that start warm: each run's process is forked from a process that has
-already imported Prefect and the pipeline, instead of being a fresh interpreter that imports them again (about
-2.5 s on 2 cores: most of a cached rerun's time on the runner's side).
-
-Prefect's runner starts a served flow's run with ``prefect.flow_engine.run_flow_in_subprocess``, which asks
-``multiprocessing`` for a *spawn* process. :func:`install` keeps all of Prefect's code and changes one thing:
-the process comes from Python's *forkserver*, whose server imported :data:`PRELOAD` once, when ``serve``
-started. Prefect's code still pickles the call, sets the run's environment and settings in the child, joins it
-and, on cancellation, kills it by pid. A forkserver child is forked from a single-threaded process that has only
-imported modules (no thread, no connection, no event loop). So it starts as clean as a spawned one. Python 3.14
-makes forkserver the default start method on Linux.
-
-The child's environment is the runner's, as with spawn: Prefect sends the runner's environment with each run.
-A variable the runner dropped after the fork server started (or restarted) is dropped in the child too.
-
-The child's code is what is on disk, as with spawn: a spawned run imports the project's modules afresh, a forked
-one has them from the fork server. So before each run the project's source files (every module of
-:data:`PROJECT_PACKAGES`, wherever installed, and every other module loaded from outside the standard library and
-site-packages) are compared with what they were when the fork server started. When one changed, the fork server
-is restarted if no run of it is still going, and this run waits for its imports; while one is going (``serve
---limit`` above 1), this run is spawned the stock way.
-
-What multiprocessing's fork server does not do on its own, for a server that lives as long as ``serve``:
-
-- A run lets go of the fork server as it starts (it closes the server's liveness pipe), so the server ends
-  with the runner even while a run goes on, and a process a run leaves behind cannot hold a restart up.
-- When the fork server dies under a running run (killed on its own), the run's exit code is lost with it; the
-  run's process is then followed by its pid, so the runner neither reports it ended while it still goes nor
-  loses the means to cancel it. Its exit code is then unknown (255); Prefect judges the run by what it reported.
-- A dead fork server is replaced before the next run; one that cannot start a run (say a module of the project
-  no longer imports) makes that run start the stock way, whose own error then says what is wrong.
-- When the runner is SIGKILLed, the fork server removes its listening socket from the runner's temp dir.
-
-The hook is the one Prefect names for this: ``prefect.runner._starter_direct`` "uses module-level
-``run_flow_in_subprocess`` reference -- patch the module to override". Where the hook or the start method is
-missing (another Prefect, another platform), runs start the stock way and ``install`` says why.
-"""
+"""Flow runs of the served deployment that start warm: forked from a fork server that has already imported Prefect
+and the pipeline, instead of a fresh interpreter importing them again (docs/SERVING.md, "Warm starts")."""
 
 from __future__ import annotations
 
@@ -67,9 +32,7 @@ _RUNNER_ENV = "_WIKI_PIPELINE_FORK_SERVER_OF"  # set only while the runner start
 
 
 def project_sources() -> dict[str, tuple[int, int]]:
-    """{path: (mtime in ns, size)} of the project's loaded code, which a spawned run would import afresh: every
-    module of :data:`PROJECT_PACKAGES` wherever it lives, and every module loaded from outside the standard library
-    and site-packages."""
+    """{path: (mtime in ns, size)} of the project's loaded code, which a spawned run would import afresh."""
     installed = tuple(
         os.path.join(sysconfig.get_paths()[key], "")
         for key in ("stdlib", "platstdlib", "purelib", "platlib")
@@ -190,9 +153,7 @@ class _ForkserverMultiprocessing:
 
 # ---- in the fork server ------------------------------------------------------------------------------------
 def _remove_socket_if_runner_died(runner: int) -> None:
-    """At the fork server's exit: it exits when its runner closes the liveness pipe. A runner that stops it on
-    purpose (a restart) or exits cleanly removes the server's socket and temp dir itself; a SIGKILLed one cannot,
-    so the server does, once it sees its runner gone (it is then no longer the runner's child)."""
+    """At the fork server's exit: remove its socket and temp dir when its runner was killed and could not."""
     deadline = time.monotonic() + 0.5
     while os.getppid() == runner:
         if time.monotonic() > deadline:
@@ -286,9 +247,8 @@ class _WarmStarts:
 
 
 def install(preload: tuple[str, ...] = PRELOAD) -> str:
-    """Make this process's Prefect runner start flow runs from a fork server that has imported ``preload``,
-    and start that server now (it imports in the background, so the first run starts warm too). Returns a line
-    for the runner's log: what it did, or why runs start the stock way (spawn)."""
+    """Make this process's runner start flow runs from a fork server that imported ``preload`` (started now, in the
+    background); return a line for the runner's log: what it did, or why runs start the stock way."""
     try:
         import prefect.flow_engine  # noqa: F401 - what the hook's function comes from
         import prefect.runner._starter_direct as starter

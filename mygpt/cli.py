@@ -1,5 +1,5 @@
 """``mygpt train TEXT_FILE``, ``mygpt generate`` (the chapter's flags, defaults and header block) and
-``mygpt export`` (a checkpoint as a Hugging Face transformers directory, see :mod:`mygpt.hf_export`).
+``mygpt export`` (a checkpoint as a Hugging Face transformers directory, see :mod:`mygpt.export`).
 
 Bad input a user can fix is reported as ``error: <message>`` on stderr with exit code 2 and no traceback.
 """
@@ -353,7 +353,7 @@ def _generate_command(args) -> int:
 
 
 def _export_command(args) -> int:
-    from mygpt.hf_export import export_checkpoint
+    from mygpt.export.publish import export_checkpoint
 
     facts = export_checkpoint(args.checkpoint, args.out)
     check = facts["check"]

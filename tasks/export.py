@@ -39,7 +39,7 @@ class ExportSettings(Settings):
         (the rule is :func:`mygpt.hf_export.check_exportable`'s, applied to the model the settings describe)."""
         if not self.enabled:
             return
-        from mygpt.hf_export import check_exportable
+        from mygpt.export.model import check_exportable
 
         model = groups["model"]
         try:
@@ -53,7 +53,7 @@ class ExportSettings(Settings):
 
 def build_export(ctx: BuildContext, settings: ExportSettings, model: Path) -> dict:
     """Export the model version's checkpoint into ``ctx.out`` (written, loaded back and checked by hf_export)."""
-    from mygpt.hf_export import export_checkpoint
+    from mygpt.export.publish import export_checkpoint
 
     for leftover in ctx.out.iterdir():  # a crashed attempt's partial files: the export is cheap, start over
         leftover.unlink()
@@ -74,7 +74,7 @@ def report(manifest: dict) -> str:
     check = m.get("check", {})
     where = f"export/{manifest['version']}"
     files = "\n".join(f"| `{name}` | {info['bytes']:,} |" for name, info in m.get("files", {}).items())
-    from mygpt.hf_export import load_lines
+    from mygpt.export.publish import load_lines
 
     load = "\n".join(load_lines(manifest.get("path", f"artifacts/{where}")))
     return f"""# Export: {where}

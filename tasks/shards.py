@@ -41,7 +41,8 @@ from pydantic import Field, field_validator
 from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
-from mygpt.tokenizers.bpe_encode import EncodeStats, chunk_bounds
+from mygpt.tokenizers.bpe_chunks import chunk_bounds
+from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 from tasks.core import dask_work, shard_format
 from tasks.core.report import md_code
 from tasks.core.settings import RunOptions, Settings

@@ -40,7 +40,7 @@ from pydantic import Field
 from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
-from mygpt.tokenizers.bpe_encode import chunk_bounds
+from mygpt.tokenizers.bpe_chunks import chunk_bounds
 from mygpt.tokenizers.bpe_train import add_counts, gc_paused, train_and_count_tokens
 from tasks.core import dask_work
 from tasks.core.report import md_code, summary_table

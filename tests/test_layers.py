@@ -45,10 +45,11 @@ def test_no_sys_path_edits_outside_tests():
     "statement",
     [
         "import mygpt",
-        "import mygpt.tokenizers.bpe, mygpt.tokenizers.bpe_encode, mygpt.tokenizers.bpe_train",
+        "import mygpt.tokenizers.bpe, mygpt.tokenizers.bpe_chunks, mygpt.tokenizers.bpe_word_encoder",
+        "import mygpt.tokenizers.bpe_train",
         "import mygpt.tokenizers.bpe_reference, mygpt.tokenizers.files, mygpt.errors",
         "import mygpt.gpt_config, mygpt.limits, mygpt.metrics, mygpt.training.launcher",
-        "import mygpt.hf_export; mygpt.GPTConfig",
+        "import mygpt.export.publish; mygpt.GPTConfig",
     ],
 )
 def test_importing_the_library_loads_no_torch_and_no_prefect(statement):

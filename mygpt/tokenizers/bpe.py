@@ -1,41 +1,8 @@
-"""Byte-pair-encoding tokenizer (chapter 23's teaching BPE + chapter 28's fast path).
+"""Byte-pair-encoding tokenizer: chapter 23's teaching trainer and encoder, chapter 28's word-level fast paths.
 
-Vocabulary and ids
-------------------
-``vocab = chars + [a + b for (a, b) in merges]`` and a token's id is its position in that list, exactly as
-in the chapter. ``stoi`` maps a symbol string to its id (if two merges produce the same string, the later
-id wins, as the chapter's ``{s: i for i, s in enumerate(vocab)}`` does).
-
-With ``byte_fallback=True`` 256 byte tokens are appended *after* the merges: byte ``b`` has id
-``len(chars) + len(merges) + b`` and the display name ``"<0xHH>"`` in ``vocab`` (byte tokens are not in
-``stoi``). The ids of the characters and merges are therefore the same with and without byte fallback.
-A character that is not in ``chars`` is encoded as the byte tokens of its UTF-8 encoding, so every string
-can be encoded and ``decode(encode(x)) == x``. ``decode`` turns each run of byte tokens back into text with
-UTF-8 (invalid runs, which the encoders never produce, become U+FFFD).
-
-Training and the tie-break
---------------------------
-Both trainers repeatedly merge the most frequent adjacent pair of symbols. Ties are broken
-deterministically: **highest count wins; among equal counts the lexicographically greatest pair
-``(a, b)`` (Python tuple comparison of the two symbol strings) wins.** This replaces the chapter's
-``max(pairs, key=pairs.get)``, which picks whichever tied pair was inserted first.
-
-* ``from_text`` -- the chapter-23 teaching trainer over the whole text as one symbol sequence
-  (``O(num_merges x len(text))``).
-* ``from_corpus`` -- the chapter-28 word-level trainer: the text is pre-tokenised with ``\\s*\\S+|\\s+``
-  (a whitespace run plus the following non-whitespace run is one word), pairs are counted inside words
-  weighted by word frequency (every adjacent position counts, so ``'aaa'`` gives ``('a','a')`` count 2),
-  the winning pair is replaced left to right without overlap in every word, and training stops early when
-  no pairs remain. :mod:`mygpt.tokenizers.bpe_train` produces exactly those merges, incrementally.
-
-Encoding
---------
-* ``encode`` -- the chapter-23 teaching encoder: applies the merges one after the other over the whole
-  text; returns a ``torch.long`` tensor.
-* ``encode_corpus`` -- the chapter-28 fast encoder (:mod:`mygpt.tokenizers.bpe_encode`): pre-tokenises, applies merges
-  inside each word lowest rank first (the chapter's ``_encode_word``), memoises per unique word and returns
-  a numpy array (``uint16`` when ``vocab_size <= 65536``, else ``uint32``).
-"""
+``vocab = chars + [a + b for (a, b) in merges]`` (+ 256 byte tokens after them with ``byte_fallback``); a token's
+id is its position. Ties in training go to the highest count, then the lexicographically greatest pair
+(docs/TOKENIZERS.md)."""
 
 from __future__ import annotations
 
@@ -50,7 +17,7 @@ import numpy as np
 from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError, check_int, describe_chars
 from mygpt.tokenizers import bpe_reference
-from mygpt.tokenizers.bpe_encode import WordEncoder, unknown_chars_error
+from mygpt.tokenizers.bpe_word_encoder import WordEncoder, unknown_chars_error
 
 __all__ = ["NUM_BYTE_TOKENS", "BPETokenizer"]
 
@@ -73,15 +40,7 @@ def _decode_bytes(buf: bytearray) -> str:
 
 
 class BPETokenizer:
-    """Byte-pair-encoding tokenizer. ``kind == "bpe"``.
-
-    Tie-break used by every trainer here: the highest pair count wins; among equal counts the
-    lexicographically greatest pair ``(a, b)`` by Python tuple comparison wins (deterministic, unlike the
-    chapter's first-inserted ``max(pairs, key=pairs.get)``).
-
-    ``BPETokenizer(chars, merges, byte_fallback=False)``: ``vocab = chars + [a + b for a, b in merges]``
-    (+ 256 byte tokens ``<0x00>..<0xFF>`` after them when ``byte_fallback``), id = position.
-    """
+    """Byte-pair-encoding tokenizer (``kind == "bpe"``): ``BPETokenizer(chars, merges, byte_fallback=False)``."""
 
     kind = "bpe"
 
@@ -104,7 +63,7 @@ class BPETokenizer:
         # the chapter's dict comprehension.
         self.merge_ranks: dict[tuple[str, str], int] = {m: i for i, m in enumerate(merges)}
         self._charset = frozenset(chars)
-        self._fast: WordEncoder | None = None  # lazily built mygpt.tokenizers.bpe_encode.WordEncoder
+        self._fast: WordEncoder | None = None  # lazily built WordEncoder
 
     @staticmethod
     def _validate(chars: Any, merges: Any, byte_fallback: Any) -> tuple[list[str], list[tuple[str, str]]]:
@@ -189,22 +148,14 @@ class BPETokenizer:
     # -- training ---------------------------------------------------------------------------------
     @classmethod
     def from_text(cls, text: str, num_merges: int, byte_fallback: bool = False) -> BPETokenizer:
-        """Chapter 23's teaching trainer: the whole text is one symbol sequence.
-
-        Each iteration counts all adjacent pairs, merges the winner (tie-break: highest count, then the
-        lexicographically greatest pair) left to right, and stops early when no pairs remain.
-        ``O(num_merges x len(text))``; use :meth:`from_corpus` for real corpora.
-        """
+        """Chapter 23's teaching trainer over the whole text as one symbol sequence; ``O(num_merges x len(text))``."""
         text = _check_training_text(text)
         chars, merges = bpe_reference.train_text(text, check_int("num_merges", num_merges, 0))
         return cls(chars, merges, byte_fallback=byte_fallback)
 
     @classmethod
     def from_corpus(cls, text: str, num_merges: int, byte_fallback: bool = False) -> BPETokenizer:
-        """Chapter 28's word-level trainer, implemented incrementally (see :mod:`mygpt.tokenizers.bpe_train`).
-
-        Produces exactly the merges of the chapter's ``from_corpus`` with the tie-break above.
-        """
+        """Chapter 28's word-level trainer, incremental (:mod:`mygpt.tokenizers.bpe_train`): the chapter's merges."""
         text = _check_training_text(text)
         from mygpt.tokenizers.bpe_train import train_bpe
 
@@ -223,11 +174,9 @@ class BPETokenizer:
         return [off + b for b in s.encode("utf-8", "surrogatepass")]
 
     def encode(self, text: str):
-        """Chapter 23's teaching encoder: apply the merges in order over the whole text.
+        """Chapter 23's teaching encoder: the merges in order over the whole text, as a 1-D ``torch.long`` tensor.
 
-        Returns a 1-D ``torch.long`` tensor. Unknown characters raise ``UserError`` naming them, unless
-        ``byte_fallback`` (then they become their UTF-8 byte tokens). ``O(num_merges x len(text))``.
-        """
+        Unknown characters raise ``UserError`` naming them, unless ``byte_fallback`` (then UTF-8 byte tokens)."""
         import torch
 
         if not isinstance(text, str):
@@ -250,10 +199,7 @@ class BPETokenizer:
         return torch.tensor(ids, dtype=torch.long)
 
     def _encode_word(self, word: str) -> list[str]:
-        """The chapter's per-word encoder: merge the lowest-rank adjacent pair until none applies.
-
-        Returns symbol strings (unknown characters stay as themselves).
-        """
+        """The chapter's per-word encoder: merge the lowest-rank adjacent pair until none applies; symbol strings."""
         return self._fast_encoder().encode_word_symbols(word)
 
     def _fast_encoder(self) -> WordEncoder:
@@ -267,13 +213,10 @@ class BPETokenizer:
         return np.uint16 if self.vocab_size <= 65536 else np.uint32
 
     def encode_corpus(self, text: str, unk_policy: str = "skip", return_stats: bool = False):
-        """Chapter 28's fast encoder: pre-tokenise, merge by rank inside each word, memoise per word.
+        """Chapter 28's fast encoder: a numpy array of ids (``id_dtype``), with ``return_stats`` ``(ids, EncodeStats)``.
 
-        ``unk_policy``: ``"skip"`` drops characters that are not in the vocabulary (and counts them in the
-        stats), ``"error"`` raises ``UserError`` naming them. With ``byte_fallback`` unknown characters
-        become their UTF-8 byte tokens under either policy. Returns a numpy array of ids (``id_dtype``);
-        with ``return_stats=True`` returns ``(ids, EncodeStats)``.
-        """
+        ``unk_policy``: ``"skip"`` drops (and counts) unknown characters, ``"error"`` raises ``UserError`` naming them;
+        with ``byte_fallback`` they become their UTF-8 byte tokens under either policy."""
         if not isinstance(text, str):
             raise UserError(f"text to encode must be a str, got {type(text).__name__}")
         if unk_policy not in ("skip", "error"):
@@ -282,9 +225,7 @@ class BPETokenizer:
         return (ids, stats) if return_stats else ids
 
     def count_tokens(self, word_counts: dict[str, int], unk_policy: str = "skip") -> int:
-        """How many ids :meth:`encode_corpus` gives for a text with these word counts (``{word: count}`` of the
-        chapter's pre-tokeniser, as ``mygpt.tokenizers.bpe_train.count_words`` makes them): each distinct word is
-        encoded once and counted as often as it occurs."""
+        """How many ids :meth:`encode_corpus` gives for a text with these word counts (``{word: count}``)."""
         words = list(word_counts)
         if not words:
             return 0
@@ -301,10 +242,7 @@ class BPETokenizer:
         return total
 
     def token_bytes(self) -> np.ndarray:
-        """UTF-8 length in bytes of each token's string, by id (int64; for bits per byte).
-
-        A character or merge token counts the bytes of its string; a byte-fallback token counts 1.
-        """
+        """UTF-8 length in bytes of each token's string, by id (int64; a byte token counts 1): for bits per byte."""
         base = [len(s.encode("utf-8", "surrogatepass")) for s in self.vocab[: self.byte_offset]]
         return np.array(base + [1] * (self.vocab_size - self.byte_offset), dtype=np.int64)
 

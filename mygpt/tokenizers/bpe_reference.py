@@ -2,8 +2,8 @@
 
 This is the chapter's word-level BPE (§28.4) written to be read, not to be fast (in the spirit of minbpe's
 ``basic.py`` and tiktoken's ``_educational.py``). :mod:`mygpt.tokenizers.bpe_train` and
-:mod:`mygpt.tokenizers.bpe_encode` are the fast paths; the test suite proves them equal to these functions on real
-text and on generated edge cases.
+:mod:`mygpt.tokenizers.bpe_word_encoder` are the fast paths; the test suite proves them equal to these functions
+on real text and on generated edge cases.
 
 Vocabulary: the sorted distinct characters of the training text, then one symbol per merge (``a + b``).
 

@@ -1,37 +1,6 @@
-"""The fast word-level BPE trainer behind :meth:`mygpt.tokenizers.bpe.BPETokenizer.from_corpus`.
-
-It returns exactly the merges of :func:`mygpt.tokenizers.bpe_reference.train` (the plain statement of the chapter's
-word-level algorithm: pre-tokenise, count adjacent pairs inside words weighted by word frequency, merge the
-winner left to right without overlap in every word, stop when no pairs remain; tie-break: highest count,
-then the lexicographically greatest pair ``(a, b)``); the tests prove it on real text and generated cases.
-
-Instead of recounting every pair of every word per merge it keeps the counts up to date incrementally:
-
-* the text becomes a table of *unique* words with frequencies (:func:`count_words`: ``Counter(WORD_RE.findall(...))``,
-  vectorised by :func:`mygpt.tokenizers.bpe_words.count_words`; a big text is counted chunk by chunk and the tables
-  added up, which is how the pipeline spreads the counting over Dask workers); words of a single character
-  have no pairs and are dropped;
-* symbols are small ints (one per distinct symbol *string*, so two merges that produce the same string
-  produce the same symbol, as with the chapter's strings); a pair is the int ``a * 2**32 + b``;
-* ``counts[pair]`` is the frequency-weighted number of adjacent occurrences (overlapping ones included,
-  as in the chapter: ``'aaa'`` counts ``('a','a')`` twice);
-* an index pair -> words that contain it: built once with numpy (sorted word indices per initial pair)
-  plus a set per pair for pairs created by merges; entries may be stale (a word that no longer holds the
-  pair), which costs a wasted check but never a wrong result;
-* a max-heap of ``(-count, inv(a), inv(b), pair)`` where ``inv(s)`` is a tuple of negated code points
-  ending in ``1``, which orders strings in *reverse* lexicographic order, so the heap top is the highest
-  count and, among ties, the greatest pair. Heap entries are upper bounds: a pair is re-pushed whenever its
-  count grows, and a popped entry whose count has since shrunk is pushed back with the true count, so the
-  first entry that matches its pair's current count is the winner.
-
-A merge therefore touches only the words that contain the winning pair. Each touched word is rewritten
-left to right without overlap (``list.index`` jumps to the next ``a``), and only the pairs around each
-occurrence change: ``(a, b)`` loses the word's frequency, the left neighbour pair turns from
-``(x, a)`` into ``(x', ab)`` (``x'`` is ``ab`` itself when the previous occurrence ended there, as in
-``'aaaa'``), and the right neighbour pair from ``(b, y)`` into ``(ab, y)`` unless the next occurrence starts
-at ``y``. The cyclic garbage collector is paused while training (it would otherwise rescan the many small
-lists over and over, about a quarter of the run time, and find nothing to free).
-"""
+"""The fast word-level BPE trainer behind ``BPETokenizer.from_corpus``: the merges of
+:func:`mygpt.tokenizers.bpe_reference.train`, with pair counts kept up to date incrementally over a table of unique
+words, a pair -> words index and a max-heap of upper bounds (docs/TOKENIZERS.md)."""
 
 from __future__ import annotations
 
@@ -79,17 +48,9 @@ def train_from_word_counts(word_counts: dict[str, int], num_merges: int) -> tupl
 def train_and_count_tokens(
     word_counts: dict[str, int], num_merges: int
 ) -> tuple[list[str], list[tuple[str, str]], int | None]:
-    """:func:`train_from_word_counts`, plus how many tokens ``encode_corpus`` gives for the counted text, read off
-    the trainer's final state (each word's symbols after the last merge, times its frequency) -- or ``None``
-    when that shortcut does not hold and the caller must encode.
-
-    Why it holds: training applies merge 0, then 1, ... to every word; the encoder repeatedly applies the
-    lowest-ranked merge present. When no two merges produce the same string, a merge never creates a pair of
-    a lower rank than itself (both symbols of the pair of rank ``j`` exist before merge ``j``, and a symbol
-    is made by exactly one merge), so the lowest rank present is always the next merge training would apply
-    and both end with the same symbols. When two merges do produce one string, a later merge can rebuild a
-    symbol an earlier-ranked pair uses, and the encoder may then merge further than training did: ``None``.
-    """
+    """Like :func:`train_from_word_counts`, plus how many tokens ``encode_corpus`` gives for the counted text, read off
+    the trainer's final state; ``None`` when two merges make one string and the caller must encode (why:
+    docs/TOKENIZERS.md)."""
     chars, merges, state = _train(word_counts, num_merges)
     made = [a + b for a, b in merges]
     if len(set(made)) != len(made):
@@ -179,9 +140,7 @@ class _PairState:
         self._initial_words = dict(zip(keys_l, zip((group_ends - sizes).tolist(), group_ends.tolist())))
 
     def pop_best(self) -> int:
-        """The pair with the highest count (the greatest pair among ties), or -1 when none is left.
-
-        Heap entries are upper bounds: an entry whose count has shrunk is pushed back with the true count."""
+        """The pair with the highest count (the greatest among ties), or -1; a stale heap entry is pushed back."""
         heap, counts, inv = self.heap, self.counts, self.inv
         while heap:
             negc, _, _, k = heap[0]
@@ -215,13 +174,8 @@ class _PairState:
         return cand
 
     def merge(self, best: int, a: int, b: int) -> None:
-        """Merge pair ``best`` = ``(a, b)`` left to right without overlap in every word that holds it.
-
-        For an occurrence at old position i: ``(a, b)`` loses the word's frequency f; the pair on its left
-        turns from ``(s[i-1], a)`` into ``(t[-1], m)``, where ``t[-1]`` is ``m`` itself when the previous
-        occurrence ended at i (``'aaaa'``); the pair on its right turns from ``(b, s[i+2])`` into
-        ``(m, s[i+2])`` unless ``s[i+2:i+4]`` is the next occurrence (whose left step accounts for it).
-        """
+        """Merge pair ``best`` = ``(a, b)`` left to right without overlap in every word that holds it, updating the
+        counts of the pairs around each occurrence only."""
         m = self._symbol(self.sym_str[a] + self.sym_str[b])
         words, freqs, counts, where = self.words, self.freqs, self.counts, self.where
         cget = counts.get

@@ -1,21 +1,6 @@
-"""The chapter's pre-tokeniser, vectorised: the words of a text as spans of a code-point array, and a table
-of distinct words found by hash and checked character by character.
-
-``WORD_RE`` (``\\s*\\S+|\\s+``, :mod:`mygpt.tokenizers.bpe_reference`) cuts a text into words that end exactly where a
-non-whitespace character is followed by a whitespace character, or at the end of the text. So with the text
-as an array of code points and ``ws`` marking whitespace (Python's definition, the one ``\\s`` uses), the
-words start at 0 and at every ``p`` with ``ws[p] and not ws[p - 1]`` (:func:`word_spans`): a few numpy
-passes instead of one Python string per word, which is what ``WORD_RE.findall`` costs.
-
-The encoder and the word counter then need each word's identity without making a string of it.
-:class:`WordTable` keeps the distinct words seen so far (word ``k`` is ``table.words[k]``, its "slot") and
-finds the slots of a text's words by a 64-bit polynomial hash of their code points (:func:`word_hashes`,
-all words at once from prefix sums) in an open-addressing hash index held in numpy arrays
-(:class:`HashIndex`). A hash is never trusted on its own: every word is compared character by character with
-the word its hash points at (:meth:`WordTable.slots`), and a word that differs -- a collision -- is looked up by
-its string instead. A collision therefore costs time, never a wrong slot; the tests prove the slots equal
-``WORD_RE.findall`` on real text and on generated text built to collide.
-"""
+"""The chapter's pre-tokeniser, vectorised: the words of a text as spans of a code-point array (:func:`word_spans`),
+and a table of distinct words found by hash and always checked character by character (:class:`WordTable`;
+docs/TOKENIZERS.md)."""
 
 from __future__ import annotations
 

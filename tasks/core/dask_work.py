@@ -75,7 +75,7 @@ def encode_chunk(tokenizer_key: str, tokenizer_json: str, path: str, start: int,
     import json
 
     from mygpt.tokenizers.bpe import BPETokenizer
-    from mygpt.tokenizers.bpe_encode import encode_chunk as encode
+    from mygpt.tokenizers.bpe_chunks import encode_chunk as encode
 
     tok = _TOKENIZERS.get(tokenizer_key)
     if tok is None:
@@ -90,7 +90,7 @@ def count_chunk(path: str, start: int, end: int) -> bytes:
     """The word counts (``Counter(WORD_RE.findall(text))``) of bytes ``start..end`` of ``path``, pickled: Dask
     ships one opaque buffer instead of walking a dict of ~10**5 words entry by entry (measured: 16.5 s instead
     of 1.8 s for six 8 MB chunks). :func:`word_counts` unpickles it."""
-    from mygpt.tokenizers.bpe_encode import read_chunk
+    from mygpt.tokenizers.bpe_chunks import read_chunk
     from mygpt.tokenizers.bpe_train import count_words
 
     with _reading(path, start, end):

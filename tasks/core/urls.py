@@ -1,14 +1,6 @@
-"""URLs as they may be shown or stored: credentials out, and the local path behind a ``file://`` URL.
-
-A URL can carry credentials (``https://user:password@host/...``, or a signed URL's query): they are used to
-fetch and nowhere else. :func:`redact_url` is the form every log line, message, manifest and report uses;
-:func:`redact_text` takes them out of any text (an exception message may quote the URL or its query);
-:func:`stored_url` is the form a JSON dump of settings holds -- redacted, except inside
-:func:`credentials_revealed`, for the one output that must run with them (a deployment's parameters).
-:func:`address_sha256` tells addresses apart where the redacted form cannot (``?f=A.zip`` and ``?f=B.zip``
-both show as ``?f=***``) without storing the query: a sha256 of the URL without its user info and its signing
-parameters (a renewed signed URL is the same address).
-"""
+"""URLs as they may be shown or stored: credentials out (:func:`redact_url`, :func:`redact_text`,
+:func:`stored_url`), an address told apart without its query shown (:func:`address_sha256`), and the local path
+behind a ``file://`` URL."""
 
 from __future__ import annotations
 
@@ -23,10 +15,9 @@ from pathlib import Path
 
 
 def redact_url(url: str) -> str:
-    """``url`` as it may be shown or stored: user info, every query value and the fragment replaced by ``***``
-    (``https://alice:pw@host/f.zip?token=abc&x#t=1`` -> ``https://***@host/f.zip?token=***&***#***``; an OAuth
-    token may ride in a fragment). The user info ends at the *last* ``@`` of the address part (a password may
-    hold ``@``, ``:``, ``/`` or ``%``)."""
+    """``url`` with its user info, every query value and the fragment replaced by ``***``
+    (``https://alice:pw@host/f.zip?token=abc&x#t=1`` -> ``https://***@host/f.zip?token=***&***#***``); the user info
+    ends at the *last* ``@``."""
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:  # e.g. an unbalanced "[" in the host: show the scheme only
@@ -69,12 +60,9 @@ def _signing_params(names: list[str]) -> list[re.Pattern[str]]:
 
 
 def address_sha256(url: str) -> str:
-    """The sha256 (hex) of ``url`` as an *address* (the file a server serves there): what names it in what is
-    stored -- the source index, a download's name, a corpus version's metrics -- where :func:`redact_url`'s form
-    would confuse ``?f=A.zip`` with ``?f=B.zip``. The query is part of it, but for the parameters of a signature
-    scheme whose signature is there (:data:`_SIGNING_FAMILIES`: a renewed S3, GCS, OSS, CloudFront or Azure
-    signed URL is the same address); the user info and the fragment (never sent) are not; scheme and host in
-    lower case."""
+    """The sha256 (hex) of ``url`` as an address, for what is stored where ``?f=A`` and ``?f=B`` must differ:
+    without user info, fragment and a present signature scheme's parameters (a renewed signed URL is the same
+    address); scheme and host in lower case."""
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:  # refused by the settings before any use; nothing of it stored
@@ -110,9 +98,8 @@ _MIN_BARE_SECRET = 4
 
 
 def _any_encoding(secret: str) -> str:
-    """A regex for ``secret`` written in any mix of raw characters and percent-escapes (either case, escaped
-    once or twice: ``|`` as ``|``, ``%7C``, ``%7c`` or ``%257C``), with ``+`` for a space: the forms in which an
-    HTTP library, a server or a log may quote it."""
+    """A regex for ``secret`` in any mix of raw characters and percent-escapes (either case, once or twice escaped),
+    ``+`` for a space."""
     out = []
     for ch in secret:
         forms = ["".join(f"%(?:25)?{b:02X}" for b in ch.encode("utf-8"))]
@@ -159,11 +146,8 @@ def _secret_patterns(url: str) -> list[tuple[re.Pattern, str]]:
 
 
 def redact_text(text: str, url: str) -> str:
-    """``text`` (e.g. an exception message, which may quote the URL, its path and query, in the form the HTTP
-    library re-encoded them) without ``url``'s secrets: every URL quoted in ``text`` is redacted
-    (:func:`redact_url`), and so is every query after a path (a redirect's target, which ``url`` does not
-    name); then each secret of ``url`` -- query values, user info, password -- is taken out in whatever encoding
-    it appears (raw, percent-encoded, or a mix)."""
+    """``text`` (e.g. an exception message) without ``url``'s secrets in any encoding, and with every URL and every
+    query after a path in it redacted (a redirect's target, which ``url`` does not name)."""
     text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
     text = _PATH_QUERY_IN_TEXT.sub(lambda m: f"{m.group(1)}?{_redact_query(m.group(2))}" if m.group(2) else m[0], text)
     for pattern, repl in _secret_patterns(url):

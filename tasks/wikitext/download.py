@@ -1,28 +1,5 @@
-"""The resumable download of one file over http(s), and what a server says is at an address.
-
-:func:`fetch` downloads (``requests``, streamed into ``<dest>.part``): a read timeout, retries with exponential
-backoff on connection errors, timeouts, truncated bodies, 5xx, 408 and 429 (never on other 4xx, which are
-reported at once), and resume with an HTTP ``Range`` request (checked: ``206`` with a matching
-``Content-Range``; a server that ignores ``Range`` and answers ``200`` makes us start the file over, never
-append). The retry loop lives inside the stage, not in Prefect task retries, so that it can keep the bytes
-it already has and reset its failure count whenever a try makes progress. It stops as soon as the body
-exceeds ``max_bytes`` (:data:`MAX_ZIP_BYTES` by default).
-
-:func:`probe` asks the server what is at an address (size, ``ETag``, ``Last-Modified``) with a one-byte
-``Range`` request, retried the same way (at most ``attempts`` tries: the caller may ask for fewer, as the corpus
-stage does when it has a version to fall back to); :class:`SourceUnreachable` when it will not say (the network
-or the server failing, or refusing: 401, 403 -- an expired signed URL); :class:`SourceMissing` when it says there
-is no file there (404, 410), a definitive answer that no fallback should hide.
-
-Knobs (:class:`DownloadKnobs`; environment, not part of any version; checked by :meth:`DownloadKnobs.from_env`
-before the pipeline starts): ``WIKI_PIPELINE_DOWNLOAD_ATTEMPTS`` (failed tries in a row before giving up, a
-whole number >= 1, at most 1000, default 6), ``WIKI_PIPELINE_RETRY_BASE_DELAY`` (seconds before the first
-retry, doubled each time, capped at 60; >= 0, at most 3600, default 2), ``WIKI_PIPELINE_READ_TIMEOUT`` (seconds
-without data, > 0, at most 86400 = a day, default 60). A value past its bound is refused up front, with the
-rest (``1e300`` seconds would only fail later, deep in the socket layer).
-
-Every URL this module shows -- logs, error messages -- is redacted (:func:`tasks.core.urls.redact_url`).
-"""
+"""The resumable download of one file over http(s) (:func:`fetch`), and what a server says is at an address
+(:func:`probe`); its retry knobs come from the environment (:class:`DownloadKnobs`). URLs shown are redacted."""
 
 from __future__ import annotations
 
@@ -42,7 +19,7 @@ from tasks.core.urls import address_sha256, redact_text, redact_url
 
 USER_AGENT = "Mozilla/5.0 (compatible; wiki-pipeline)"  # the chapter: smerity's CDN rejects library UAs
 CONNECT_TIMEOUT = 30.0
-#: Bound (item 6 of issue 10). The real zip is 183 MiB: this is ~10x that.
+#: The real zip is 183 MiB: this bound is ~10x that.
 MAX_ZIP_BYTES = 2 << 30  # the most a download may bring without expected_bytes
 _CONTENT_RANGE_RE = re.compile(r"^bytes\s+(\d+)-(\d+)/(\d+|\*)$")
 _TRANSIENT_STATUS = (408, 429)  # and every 5xx
@@ -138,10 +115,9 @@ class SourceMissing(UserError):
 
 # ---- what is at an address -----------------------------------------------------------------------------
 def probe(url: str, knobs: DownloadKnobs, log=None) -> dict:
-    """Ask the server what is at ``url`` with a one-byte ``Range`` GET (HEAD is refused by signed URLs):
-    ``{"bytes", "etag", "last_modified"}``, each where the server says it. Retries like :func:`fetch`, at most
-    ``knobs.attempts`` tries; :class:`SourceUnreachable` when every try failed or the server refused (401, 403:
-    e.g. an expired signed URL), :class:`SourceMissing` (at once) when it says there is no file there (404, 410)."""
+    """What is at ``url`` (``{"bytes", "etag", "last_modified"}`` where the server says), by a one-byte ``Range`` GET
+    (HEAD is refused by signed URLs), at most ``knobs.attempts`` tries; :class:`SourceUnreachable` when every try
+    failed or was refused (401, 403), :class:`SourceMissing` at once for 404 and 410."""
     import requests
     import urllib3
 
@@ -223,14 +199,11 @@ def fetch(
     log=None,
     progress=None,
 ) -> dict:
-    """Download ``url`` to ``dest`` (via ``dest.part``, resumable). Returns download facts for the metrics.
+    """Download ``url`` to ``dest`` (via ``dest.part``, resumed with ``Range``); return download facts for the metrics.
 
-    ``dest`` appears only when the whole body arrived. A ``dest.part`` left by an earlier (crashed) attempt
-    is resumed with ``Range``. ``identity`` (from :func:`probe`) is what the version was computed from: its
-    size is the size to expect (a body that ends early is resumed), and a different ETag means the file
-    changed meanwhile (``UserError``). The download stops with ``UserError`` as soon as it would exceed
-    ``max_bytes``, and for 4xx answers, and when ``knobs.attempts`` tries in a row fail.
-    """
+    ``dest`` appears only when the whole body arrived. ``identity`` (from :func:`probe`) gives the size to expect
+    and the ETag that must not change. ``UserError`` past ``max_bytes``, on 4xx, and after ``knobs.attempts``
+    failed tries in a row."""
     import requests
 
     identity = identity or {}

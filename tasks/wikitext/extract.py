@@ -1,8 +1,5 @@
-"""Text members of a zip into files: unzipped in a reader thread, ``= Header =`` lines stripped (the chapter's
-cleaning, :mod:`tasks.wikitext.header_strip`), written in a writer thread -- each member to its own file and all of
-them, in order, to one joined file -- with per-member metrics. Memory stays at a few blocks whatever the sizes;
-every file appears only complete (``atomic_open``). The corpus stage runs it on the wikitext zip's three splits.
-"""
+"""Text members of a zip into files, ``= Header =`` lines stripped: each member to its own file and all of them, in
+order, to one joined file, with per-member metrics; memory stays at a few blocks, every file appears only whole."""
 
 from __future__ import annotations
 
@@ -81,9 +78,7 @@ def _extract_member(
     block_chars: int,
     unzipped,
 ) -> dict:
-    """``member`` unzipped (in a reader thread), stripped, and written (in the writer thread) to ``path`` and to
-    ``corpus``, wikipedia.txt's ``(file, sha256)``; ``unzipped(raw_bytes)`` follows the unzipping. Returns the
-    split's metrics."""
+    """``member`` unzipped, stripped and written to ``path`` and to the joined file ``corpus``; returns its metrics."""
     sha = hashlib.sha256()
     st: dict[str, Any] = {
         "member": member,

@@ -1,11 +1,6 @@
-"""The chapter's header strip (``= Title =`` lines out of wikitext), streamed: :data:`HEADER_RE`, the chapter's
-regex verbatim; :func:`strip_block`, one ``HEADER_RE.subn`` done faster; :func:`strip_headers`, the same over a
-stream of text pieces, cut into blocks where cutting cannot change the result (:func:`_safe_cut`), so memory
-stays at a few blocks (~4 Mi characters each) instead of a whole 540 MB split. Text with no such cut (a line of
-hundreds of MB with no newline, issue 21 item 3) is cut where every match that could start before the cut is
-already decided (:func:`_decided`), so memory stays bounded whatever the line length; only a header *candidate*
-that stays undecided past :data:`MAX_PENDING_CHARS` (``= x`` followed by that much text with no ``=``) is refused.
-"""
+"""The chapter's header strip (``= Title =`` lines out of wikitext), streamed in bounded memory whatever the line
+length; cutting the text into blocks gives what one ``re.sub`` over the whole gives (docs/CORPUS.md, "The header
+strip")."""
 
 from __future__ import annotations
 
@@ -25,22 +20,8 @@ MAX_PENDING_CHARS = 64 << 20
 def _safe_cut(buf: str) -> int:
     """The last position ``s`` (just after a ``\\n``) where ``buf`` may be cut for header stripping; -1 if none.
 
-    ``buf`` starts at the start of the text or at an earlier safe cut. ``s`` is safe when, with line A the
-    line that ends at ``s``:
-
-    1. line A has a non-whitespace character, and
-    2. its last non-whitespace character is not ``=``, and
-    3. the last ``=`` before ``s`` is not part of a run of ``=`` that is the first non-whitespace thing on
-       its line (no ``=`` at all in ``buf`` before ``s`` is fine: the earlier cut satisfied 3 already).
-
-    Why that suffices: a match (or failed try) of ``^\\s*=+ [^=]+ =+\\s*$\\n?`` that starts before ``s``
-    starts at a line start; its leading ``\\s*`` stops at line A's non-whitespace character at the latest
-    (1); its first ``=+`` is a line-leading run, so its ``[^=]+`` stops at a later ``=`` that is still
-    before ``s`` (3); the trailing ``=+\\s*`` stops at a non-whitespace character before ``s`` (2). So no
-    try starting before ``s`` looks at ``s`` or beyond, and every try starting at or after ``s`` sees the
-    same text either way (``^`` holds at ``s``, which follows a ``\\n``): cutting at ``s`` and running
-    ``re.sub`` on both sides gives the same result as one ``re.sub``.
-    """
+    Safe: the line ending at ``s`` has a non-whitespace character, its last one is not ``=``, and the last ``=``
+    before ``s`` does not lead its line (why that suffices: docs/CORPUS.md)."""
     nl = buf.rfind("\n")
     for _ in range(256):
         if nl < 0:
@@ -65,18 +46,8 @@ _HEADER_CANDIDATE_RE = re.compile(r"\n\s*=")  # the same after a newline: found 
 
 
 def strip_block(text: str, line_start: bool = True) -> tuple[str, int]:
-    """``HEADER_RE.subn("", text)``, without trying the pattern at every position of the text.
-
-    A match of ``^\\s*=+ [^=]+ =+\\s*$\\n?`` can only start at a line start followed by whitespace and then
-    ``=``. Take such a run of whitespace ending at an ``=``: tried from any line start inside it, the pattern's
-    ``\\s*`` can stop only at that ``=`` (everything before it is whitespace, nothing after it is reached
-    otherwise), so every line start of the run matches, or fails, exactly like its first one. ``re.sub`` takes
-    the leftmost match at or after the end of the previous one (which always ends at a line start), so trying
-    the first eligible line start of each run, in order, with ``HEADER_RE.match`` on the whole text finds the
-    same matches. The runs are found by ``\\n\\s*=`` (plus one at the very start), a scan the regex engine
-    does at memchr speed; on wikitext that is ~4x faster than ``subn`` (``tests/tasks/test_corpus_extract.py``
-    holds it equal on generated and real text). ``line_start=False``: ``text`` continues a line (no match
-    starts at its position 0)."""
+    """``HEADER_RE.subn("", text)``, trying the pattern only at the first line start of each ``\\n\\s*=`` run (the same
+    matches, docs/CORPUS.md). ``line_start=False``: ``text`` continues a line (no match starts at its position 0)."""
     out: list[str] = []
     last = n = 0
     first: list[int] = []
@@ -105,14 +76,8 @@ _OPEN = -1
 
 
 def _try_at(t: str, x: int) -> int | None:
-    """Where ``HEADER_RE.match(t, x)`` ends, for a line start ``x``, if more text after ``t`` could not change
-    it; ``None`` when it fails either way; :data:`_OPEN` when the answer needs text beyond ``t``.
-
-    The pattern backtracks only in one place: ``\\s*`` is greedy up to the first non-whitespace (which must be
-    ``=``), ``=+`` up to the first other character (which must be a space), ``[^=]+`` up to the next ``=``
-    (the character before it must be a space, and not the one just matched), ``=+`` again, then ``\\s*$``
-    backs off from the first non-whitespace to the last ``\\n`` before it (the match fails if there is none).
-    """
+    """Where ``HEADER_RE.match(t, x)`` ends, for a line start ``x``, if more text could not change it; ``None`` when it
+    fails either way; :data:`_OPEN` when the answer needs text beyond ``t``."""
     n = len(t)
     a = _WS_RUN.match(t, x).end()  # type: ignore[union-attr]
     if a == n:
@@ -138,10 +103,8 @@ def _try_at(t: str, x: int) -> int | None:
 
 
 def _decided(buf: str, line_start: bool) -> tuple[str, int, int]:
-    """``(text, n, cut)``: ``buf[:cut]`` header-stripped (``n`` matches), where ``cut`` is the first line start
-    whose match needs text beyond ``buf`` (``len(buf)`` if none). Every match that starts before ``cut`` is
-    decided within ``buf`` and ends at or before ``cut``, so the rest can be stripped on its own, as text that
-    starts at a line start when ``buf[cut - 1]`` is a newline (or ``cut`` is 0 and ``buf`` did)."""
+    """``(text, n, cut)``: ``buf[:cut]`` header-stripped (``n`` matches), ``cut`` the first line start whose match
+    needs text beyond ``buf`` (``len(buf)`` if none); the rest can be stripped on its own."""
     n = len(buf)
     p = len(buf.rstrip())  # line starts in the trailing whitespace wait for what follows
     if p == 0 and line_start:
@@ -179,13 +142,8 @@ def strip_headers(
     name: str = "the text",
     max_pending: int = MAX_PENDING_CHARS,
 ) -> Iterator[tuple[str, int]]:
-    """Stream ``HEADER_RE.sub("", "".join(pieces))`` as ``(text, headers_removed)`` pieces.
-
-    The text is buffered until it has ``block_chars`` characters, cut at the last safe point
-    (:func:`_safe_cut`) and the part before it stripped on its own. Text without any safe point (a very long
-    line) is cut after what is already decided (:func:`_decided`); ``UserError`` naming ``name`` when a header
-    candidate stays undecided for more than ``max_pending`` characters.
-    """
+    """Stream ``HEADER_RE.sub("", "".join(pieces))`` as ``(text, headers_removed)`` pieces, in blocks of about
+    ``block_chars``; ``UserError`` naming ``name`` when a header candidate stays undecided past ``max_pending``."""
     buf = ""
     line_start = True  # buf starts at a line start
     scan_at = block_chars

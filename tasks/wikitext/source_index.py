@@ -1,19 +1,5 @@
-"""What a source said about its bytes, remembered: the index behind a content-addressed stage version.
-
-A stage whose version follows the *content* it reads from outside the store (the corpus: the sha256 of the zip
-at ``source_url``) needs the bytes to know that content, and downloading them on every run to find out would
-make a cached rerun cost a download. :class:`SourceIndex` keeps, in a stage's folder of the store
-(``<root>/<stage>/.sources/``, one atomic JSON file an entry, never a credential; a query only inside the
-address's sha256), what a server said about an address -- the address as :func:`tasks.core.urls.address_sha256`
-names it (a sha256 of the URL without its user info and signing parameters), the server's strong ``ETag``, its
-``Last-Modified`` and size when it sent them; for a local file its path, size and mtime -- and the
-``{"sha256", "bytes"}`` of what it served then. When a probe gets the same answer, and the answer can name one
-content (:func:`trusted`: a strong ``ETag``; a ``Last-Modified`` cannot -- one-second resolution, a weak
-validator), that is the identity, with no download.
-Downloads made to learn an identity wait in ``.sources/downloads/`` (named by the address's sha256) for the
-build that uses them. ``.sources/served/`` notes, per address, when it was last seen serving each content
-(:meth:`SourceIndex.mark_served`), for the offline fallback.
-"""
+"""What a source said about its bytes, remembered (``<root>/<stage>/.sources/``): the index that lets a
+content-addressed version be found with one probe, not a download (docs/CORPUS.md, "The source index")."""
 
 from __future__ import annotations
 
@@ -33,10 +19,8 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 def trusted(validators: dict) -> bool:
-    """Whether a server's answer names one content: a strong ``ETag`` only. A size does not (the same size can
-    hold other bytes), nor a weak ``W/`` ETag, nor a ``Last-Modified``: it has a one-second resolution and is a
-    weak validator (RFC 9110 8.8.2.2) -- a file replaced by one of the same size with its mtime kept (``cp -p``,
-    ``rsync -t``, ``tar x``) gives the same answer."""
+    """Whether a server's answer names one content: a strong ``ETag`` only (not a size, a weak ETag, nor a
+    ``Last-Modified``, which a file replaced with its mtime kept repeats)."""
     etag = validators.get("etag") or ""
     return bool(etag and not etag.startswith("W/"))
 
@@ -61,9 +45,7 @@ class SourceIndex:
         return {"sha256": entry["sha256"], "bytes": entry.get("bytes")}
 
     def remember(self, key: dict, identity: dict, shown: str | None = None) -> None:
-        """Record (atomically) that ``key`` named the bytes of ``identity``. ``key`` never holds credentials or
-        query values (an address is its :func:`~tasks.core.urls.address_sha256`); ``shown``, the redacted URL,
-        is kept beside it for whoever reads the file."""
+        """Record (atomically) that ``key`` named the bytes of ``identity``; ``shown``, the redacted URL, beside it."""
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         entry = {"key": key, **identity, **({"shown_url": shown} if shown else {})}
@@ -73,9 +55,7 @@ class SourceIndex:
         return self.dir / "served" / f"{address[:32]}.json"
 
     def served_by(self, address: str) -> dict[str, float]:
-        """{sha256: when ``address`` (its :func:`~tasks.core.urls.address_sha256`) last served it, epoch seconds}
-        (:meth:`mark_served`), whichever address first published those bytes: what an offline run of ``address``
-        may fall back to, the latest first."""
+        """{sha256: when ``address`` last served it, epoch seconds}: what an offline run of it may fall back to."""
         try:
             found = json.loads(self._served_path(address).read_text(encoding="utf-8"))
         except (OSError, ValueError):

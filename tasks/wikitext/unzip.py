@@ -1,21 +1,5 @@
-"""Reading the wikitext zip: opening and checking it before anything is unzipped, decoding a member, and the
-threads that let inflating, stripping and writing run side by side.
-
-**Checks** (:func:`check_members`, item 6 of issue 10): encrypted members, compression methods Python cannot
-read, and members whose declared sizes exceed :data:`MAX_UNZIPPED_BYTES` or :data:`MAX_RATIO` times their
-compressed size (zip bombs) are refused, and so are members whose declared compressed size runs past the bytes
-really there (a zip that raises it to pass the ratio check). The ratio is also taken against the zip's real size.
-
-**Reading** (:func:`member_bytes`, issue 21 item 2): a member is inflated here, not by ``zipfile`` (whose bzip2 and
-lzma paths inflate a whole read with no bound on the output): every decompressor call is limited to one piece
-(:data:`PIECE_BYTES`), the bytes actually produced are counted, and reading stops with ``UserError`` naming the
-member as soon as they pass its declared size (or :data:`MAX_UNZIPPED_BYTES`), for every compression method. A
-member that ends early, or whose CRC-32 differs, is refused the same way, saying what is wrong.
-
-**Threads** (issue 14): :func:`member_text` inflates and decodes a member in a reader thread (:func:`read_ahead`;
-zlib lets go of the GIL) while the caller strips the text; :class:`BlockWriter` writes and hashes the results
-in a writer thread (file writes and sha256 let go of the GIL too).
-"""
+"""Reading the wikitext zip: checks before anything is unzipped (:func:`check_members`), members inflated in bounded
+pieces (:func:`member_bytes`), and the reader and writer threads that let inflating, stripping and writing overlap."""
 
 from __future__ import annotations
 
@@ -36,7 +20,7 @@ from mygpt.errors import UserError
 from tasks.core.report import human_bytes
 
 PIECE_BYTES = 4 << 20
-#: Bounds (item 6 of issue 10). The real zip unzips to ~520 MiB (2.8x): these are ~10x that.
+#: The real zip unzips to ~520 MiB (2.8x): these bounds are ~10x that.
 MAX_UNZIPPED_BYTES = 4 << 30  # the most the members may declare, together
 MAX_RATIO = 20  # declared / compressed size of the members (text deflates 3-4x; bombs 100-1000x)
 #: The compression methods Python's zipfile reads (stored, deflate, bzip2, lzma).
@@ -61,10 +45,8 @@ def open_zip(zip_path: Path, source: str) -> zipfile.ZipFile:
 
 
 def check_members(zip_path: Path, source: str, members: Iterable[str]) -> None:
-    """Refuse, before anything is unzipped, a zip whose ``members`` cannot or should not be read: encrypted,
-    compressed with a method Python cannot read, or declaring more than :data:`MAX_UNZIPPED_BYTES` or
-    :data:`MAX_RATIO` times their compressed size. (A member that lies about its size fails its CRC check
-    when read: ``zipfile`` never returns more than the declared size.)"""
+    """Refuse, before anything is unzipped, members that are encrypted, compressed with a method Python cannot read,
+    or declare more than :data:`MAX_UNZIPPED_BYTES` or :data:`MAX_RATIO` times their compressed size."""
     with open_zip(zip_path, source) as zf:
         infos = [zf.getinfo(name) for name in members if name in zf.NameToInfo]
         ends = _region_ends(zf)
@@ -165,9 +147,8 @@ def _lzma_decompressor(data: Iterator[bytes], info: zipfile.ZipInfo, source: str
 
 
 def member_bytes(zf: zipfile.ZipFile, name: str, source: str, piece_bytes: int = PIECE_BYTES) -> Iterator[bytes]:
-    """The bytes of member ``name``, inflated here in pieces of at most ``piece_bytes``: never more than its
-    declared size (nor :data:`MAX_UNZIPPED_BYTES`), whatever the compression method; ``UserError`` naming the
-    member when it holds more, ends early, fails its CRC-32 or cannot be inflated."""
+    """Member ``name`` inflated in pieces of at most ``piece_bytes``, never more than its declared size, whatever the
+    method; ``UserError`` naming it when it holds more, ends early, fails its CRC-32 or cannot be inflated."""
     info = zf.getinfo(name)
     limit = min(info.file_size, MAX_UNZIPPED_BYTES)
     produced = crc = 0

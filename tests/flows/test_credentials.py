@@ -1,6 +1,6 @@
 """A source_url with credentials, through the whole flow on a real Prefect server: the run downloads with them,
-and neither the flow run's parameters nor its logs nor the UI artifact Prefect keeps show them (issue 10, item 5;
-the stage-level checks -- logs, manifest, report, errors, staging files -- are in tests/tasks/test_corpus.py)."""
+and neither the flow run's parameters nor its logs nor the UI artifact Prefect keeps show them (the
+stage-level checks -- logs, manifest, report, errors, staging files -- are in tests/tasks/test_corpus.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`wiki-pipeline wait` follows a run live (issue 10, item 10): while a stage runs it shows that stage's progress --
+"""`wiki-pipeline wait` follows a run live: while a stage runs it shows that stage's progress --
 for training the step, loss, tokens/s and ETA -- read from the progress artifact the stage posts. A real
 `wiki-pipeline run` (the model stage held after its first checkpoint by a test hook) and a real follower process,
 both against the session's Prefect server."""

@@ -1,5 +1,5 @@
-"""`wiki-pipeline run` with no Prefect server configured (issue 10, item 8): it starts one for the run
-(flows/server.py) -- whose first start on a fresh PREFECT_HOME, migrations and all, takes longer than the 20 s
+"""`wiki-pipeline run` with no Prefect server configured: it starts one for the run
+(flows/server.py) -- whose first start on a fresh PREFECT_HOME, migrations and all, takes longer than
 Prefect gives its own temporary server -- and that server never outlives the run, even a SIGKILLed one."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def test_a_sigkilled_run_leaves_no_server_behind(prefect_server, tmp_path):
 
 @pytest.mark.slow
 def test_run_on_a_fresh_machine(tmp_path):
-    """A new user's first run: fresh PREFECT_HOME, no server anywhere (about a minute and a half on 2 cores)."""
+    """A new user's first run: fresh PREFECT_HOME, no server anywhere."""
     done = subprocess.run(
         [sys.executable, "-m", "flows.cli", "run", "--tiny", "--mirror", "--artifacts-dir", str(tmp_path / "art")],
         cwd=REPO,

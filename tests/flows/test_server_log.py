@@ -1,5 +1,5 @@
-"""flows/server.py's server log (issue 21 item 10): two servers started on one PREFECT_HOME truncated each other's
-``server.log``; now each appends its part under a header, and reports only its own part when it fails."""
+"""flows/server.py's server log: two servers started on one PREFECT_HOME do not truncate each other's
+``server.log``; each appends its part under a header, and reports only its own part when it fails."""
 
 from __future__ import annotations
 

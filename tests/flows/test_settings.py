@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from flows.cli import main, parse_param
+from flows.choices import parse_param
+from flows.cli import main
 from flows.settings import TINY, Pipeline
 from mygpt.errors import UserError
 from tasks.core.settings import RunOptions

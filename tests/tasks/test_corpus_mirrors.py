@@ -1,4 +1,4 @@
-"""Issue 20 item 6: the same zip from another mirror (``--mirror`` on another port) reuses every stage -- the
+"""The same zip from another mirror (``--mirror`` on another port) reuses every stage -- the
 corpus version follows the bytes, not the URL -- run here through the real stages, without Prefect."""
 
 from __future__ import annotations

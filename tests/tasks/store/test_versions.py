@@ -49,7 +49,7 @@ def test_verify_detects_damage(tmp_path, damage, full, expected):
 
 
 def test_listing_shows_lineage(tmp_path):
-    from flows.cli import format_listing
+    from flows.store_commands import format_listing
     from tasks.registry import open_store
 
     store = open_store(tmp_path)

@@ -7,7 +7,8 @@ import pytest
 
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
-from mygpt.tokenizers.bpe_encode import EncodeStats, chunk_bounds, encode_chunk, iter_encode_file
+from mygpt.tokenizers.bpe_chunks import chunk_bounds, encode_chunk, iter_encode_file
+from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 
 
 def _concat(parts, dtype=np.uint16):
@@ -161,7 +162,7 @@ def test_a_word_longer_than_the_bound_is_refused_not_read_whole(tmp_path):
     """One 2 MiB "word" (no whitespace after a non-space) used to become one 2 MiB chunk (40 MB: 40 MB, and a
     worker's memory grew with it): now the chunker refuses it, naming the file and where."""
     from mygpt.errors import UserError
-    from mygpt.tokenizers.bpe_encode import MAX_WORD_BYTES, chunk_bounds
+    from mygpt.tokenizers.bpe_chunks import MAX_WORD_BYTES, chunk_bounds
 
     path = tmp_path / "oneword.txt"
     path.write_bytes(b"fine words here\n" + b"a" * (2 * MAX_WORD_BYTES) + b" end\n")

@@ -1,59 +1,21 @@
-"""Fast BPE encoding: a memoised per-word encoder and a chunked file encoder.
+"""The fast BPE encoder behind ``BPETokenizer.encode_corpus``: each distinct word encoded once, ids gathered with numpy.
 
-``WordEncoder`` (behind :meth:`mygpt.tokenizers.bpe.BPETokenizer.encode_corpus`)
-    Cuts text into the words of the chapter's pre-tokeniser ``\\s*\\S+|\\s+`` and finds each one in a table of the
-    distinct words seen so far (:class:`mygpt.tokenizers.bpe_words.WordTable`: vectorised with numpy, by hash, every
-    word checked character by character), so no Python string is made for a word already seen. Each *new* word is
-    encoded once with the chapter's ``_encode_word`` rule (repeatedly merge the adjacent pair of lowest merge
-    rank; the merge is applied left to right without overlap from its first occurrence), in batches with numpy
-    (``batch_symbol_ids``: all new words of a piece advance one merge round at a time), a few short ones with
-    the plain loop (``_symbol_ids``). The ids of every seen word live in one flat numpy store (``slot -> start,
-    length``), so the ids of a piece are gathered straight into a numpy array with one fancy-indexing step; no
-    Python list of ids is ever built. Text is processed in pieces of about ``PIECE_CHARS`` characters, cut at
-    tokenisation-safe points, so memory stays bounded for any input size. The table holds at most
-    ``cache_limit`` words; when it is full it is emptied (the next pieces refill it with what is common).
-
-``chunk_bounds`` / ``encode_chunk`` / ``iter_encode_file``
-    A UTF-8 file in chunks of about ``chunk_bytes`` bytes cut at safe points: :func:`encode_chunk` encodes one
-    (what a worker process runs; the pipeline spreads the chunks over Dask workers, ``tasks/core/dask_work.py``),
-    :func:`iter_encode_file` encodes them one after the other in this process and yields
-    ``(chunk_index, byte_start, byte_end, ids, stats)`` in file order.
-
-Safe cut points. With ``\\s*\\S+|\\s+`` every word ends at the end of a non-whitespace run (or at the end
-of the text), so a position ``p`` where a non-whitespace character ends and a whitespace character starts
-is always a word boundary, and the words on either side of ``p`` do not depend on the text on the other
-side. Cutting *inside* a whitespace run (or a non-whitespace run) would change the words. Chunk ``k + 1``
-starts at the first such position at or after ``start_k + chunk_bytes`` (``\\s`` is Python's Unicode
-whitespace; a position is always the start of a UTF-8 character); a chunk with no such position before the
-end of the file runs to the end of the file. Boundaries therefore depend only on the file's bytes and
-``chunk_bytes`` -- never on the worker count -- and the concatenation of all chunks' ids equals
-``encode_corpus`` of the whole text.
+Text is cut into the words of the chapter's pre-tokeniser ``\\s*\\S+|\\s+`` and each word found in a table of the
+words seen so far (:class:`mygpt.tokenizers.bpe_words.WordTable`); a new word is encoded once with the chapter's
+``_encode_word`` rule, in numpy batches, and the ids of a piece are gathered from one flat store. Pieces of about
+``PIECE_CHARS`` characters keep memory bounded; the table holds at most ``cache_limit`` words (then is emptied).
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
-import os
-from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import IO, Any
 
 import numpy as np
 
-from mygpt.errors import UserError, check_int, describe_chars
-from mygpt.tokenizers.bpe_words import PIECE_CHARS, SAFE_CUT_RE, WordTable, pieces
-
-__all__ = [
-    "PIECE_CHARS",
-    "EncodeStats",
-    "WordEncoder",
-    "chunk_bounds",
-    "encode_chunk",
-    "find_safe_cut",
-    "iter_encode_file",
-    "read_chunk",
-]
+from mygpt.errors import UserError, describe_chars
+from mygpt.tokenizers.bpe_words import PIECE_CHARS, WordTable, pieces
 
 _SHIFT = 32
 _NO_RANK = 1 << 62
@@ -61,12 +23,8 @@ _NO_RANK = 1 << 62
 
 @dataclass
 class EncodeStats:
-    """Counts for one encoded text or chunk; ``merge`` adds another one in (chunk stats -> file stats).
-
-    ``chars``: characters read; ``tokens``: ids produced; ``skipped_positions`` / ``skipped_chars``: the
-    characters dropped by ``unk_policy="skip"`` (``skipped_chars`` maps each distinct one to its count);
-    ``fallback_positions`` / ``fallback_chars``: characters encoded as UTF-8 byte tokens (byte fallback).
-    """
+    """Counts for one encoded text or chunk (characters, tokens, skipped and byte-fallback characters, by character);
+    ``merge`` adds another one in."""
 
     chars: int = 0
     tokens: int = 0
@@ -153,12 +111,7 @@ class WordEncoder:
 
     # -- one word ---------------------------------------------------------------------------------
     def _symbol_ids(self, word: str) -> list[int]:
-        """The chapter's ``_encode_word`` on canonical ids; unknown characters get negative ids.
-
-        Each round finds the lowest merge rank among adjacent pairs (the leftmost one on ties) and
-        merges that pair left to right, without overlap, from there on -- the chapter's loop. A negative
-        (unknown) id never forms a pair key that has a rank, so unknown characters are never merged.
-        """
+        """The chapter's ``_encode_word`` on canonical ids; unknown characters get negative ids (never merged)."""
         cid = self.char_id
         s = [cid.get(c, -1 - ord(c)) for c in word]
         rget = self.ranks.get
@@ -216,13 +169,8 @@ class WordEncoder:
         return out
 
     def batch_symbol_ids(self, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """``_symbol_ids`` for many words at once, vectorised with numpy: ``(flat ids, lengths)``.
-
-        All words advance together, one merge round at a time: in each round every word finds its
-        lowest-rank adjacent pair and merges all its occurrences left to right without overlap (in a run
-        of overlapping occurrences, as in ``'aaaa'`` with ``('a','a')``, every other one from the left) --
-        exactly one round of the chapter's loop. Words with no mergeable pair leave the batch.
-        """
+        """``_symbol_ids`` for many words at once with numpy, one merge round of the chapter's loop for all of them at a
+        time: ``(flat ids, lengths)``."""
         nw = len(words)
         lens = np.fromiter(map(len, words), dtype=np.int64, count=nw)
         cps = np.frombuffer("".join(words).encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.int64)
@@ -386,144 +334,3 @@ class WordEncoder:
             stats.fallback_positions += total
         else:
             stats.skipped_positions += total
-
-
-# ---------------------------------------------------------------------------------------------------
-# Streaming file encoder
-# ---------------------------------------------------------------------------------------------------
-
-
-def _not_utf8(path, offset: int) -> UserError:
-    return UserError(
-        f"{os.fspath(path)!r} is not valid UTF-8: invalid byte at offset {offset}; "
-        "re-encode the file as UTF-8 (e.g. iconv -t UTF-8)"
-    )
-
-
-#: How far past a chunk's target size a word may run before the file is refused: memory per chunk stays at
-#: ``chunk_bytes`` plus this, whatever the text (one 40 MB "word" would otherwise be one 40 MB chunk).
-MAX_WORD_BYTES = 1 << 20
-
-
-def find_safe_cut(f, path, target: int, size: int, floor: int = 0) -> int:
-    """The first safe cut position ``p >= target`` in the open binary file ``f`` (``size`` if none);
-    ``UserError`` when none lies within :data:`MAX_WORD_BYTES` after ``target``.
-
-    A safe cut is the byte offset of a whitespace character that follows a non-whitespace character.
-    ``floor`` is the start of the current chunk (nothing before it is read).
-    """
-    if target >= size:
-        return size
-    q = max(floor, target - 4)
-    f.seek(q)
-    head = f.read(4)
-    # Move q to the start of a UTF-8 character (skip continuation bytes 10xxxxxx).
-    k = 0
-    while k < len(head) and (head[k] & 0xC0) == 0x80:
-        k += 1
-    q += k
-    window = 1 << 16
-    limit = min(size, target + MAX_WORD_BYTES)  # past this, no cut: refused
-    while True:
-        f.seek(q)
-        data = f.read(min(window, limit - q))
-        at_eof = q + len(data) >= size
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            truncated = not at_eof and e.reason == "unexpected end of data"
-            text = data[: e.start].decode("utf-8")
-            if not truncated:
-                # Invalid byte: a cut before it is fine (its chunk will report it), else report it now.
-                for m in SAFE_CUT_RE.finditer(text):
-                    p = q + len(text[: m.start()].encode("utf-8"))
-                    if p >= target:
-                        return p
-                raise _not_utf8(path, q + e.start) from None
-        for m in SAFE_CUT_RE.finditer(text):
-            p = q + len(text[: m.start()].encode("utf-8"))
-            if p >= target:
-                return p
-        if at_eof:
-            return size
-        if q + len(data) >= limit:
-            raise UserError(
-                f"{path}: no word ends in the {MAX_WORD_BYTES:,} bytes after byte {target:,} (a safe cut is "
-                "whitespace after a non-space character); a 'word' that long is not text this tokenizer can "
-                "count or encode in bounded memory: check the corpus (wikitext's longest words are a few "
-                "hundred characters)"
-            )
-        window *= 2
-
-
-def chunk_bounds(path, chunk_bytes: int, end: int | None = None) -> Iterator[tuple[int, int, int]]:
-    """Yield ``(chunk_index, byte_start, byte_end)`` for the file (see the module docstring), or for its first
-    ``end`` bytes (the last chunk then ends at ``end``, which should be a character boundary)."""
-    size = os.path.getsize(path) if end is None else end
-    with open(path, "rb") as f:
-        start = 0
-        idx = 0
-        while start < size:
-            end = find_safe_cut(f, path, start + chunk_bytes, size, floor=start)
-            yield idx, start, end
-            idx += 1
-            start = end
-
-
-def _read_chunk(f, path, start: int, end: int) -> str:
-    f.seek(start)
-    data = f.read(end - start)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise _not_utf8(path, start + e.start) from None
-
-
-def read_chunk(path, start: int, end: int, opener: Callable[[Any], IO[bytes]] | None = None) -> str:
-    """Bytes ``start..end`` of a UTF-8 file as text (a chunk from :func:`chunk_bounds`); ``UserError`` naming the
-    file and the offset of an invalid byte. ``opener(path)``: how to open it for binary reading (default
-    ``open(path, "rb")``; e.g. an object store's file, read by range)."""
-    with opener(path) if opener else open(path, "rb") as f:
-        return _read_chunk(f, path, start, end)
-
-
-def encode_chunk(
-    tokenizer, path, start: int, end: int, unk_policy: str = "skip", opener: Callable[[Any], IO[bytes]] | None = None
-) -> tuple[np.ndarray, EncodeStats]:
-    """Encode bytes ``start..end`` of a UTF-8 file: ``(ids, stats)``. One chunk of :func:`iter_encode_file`, for a
-    caller that spreads the chunks over processes or machines (the pipeline does, on Dask); the tokenizer's
-    word cache carries over from one call to the next in the same process. ``opener``: see :func:`read_chunk`."""
-    return tokenizer._fast_encoder().encode_text(read_chunk(path, start, end, opener), unk_policy)
-
-
-def iter_encode_file(
-    tokenizer,
-    path,
-    *,
-    chunk_bytes: int = 8 << 20,
-    unk_policy: str = "skip",
-    start_chunk: int = 0,
-) -> Iterator[tuple[int, int, int, np.ndarray, EncodeStats]]:
-    """Encode a UTF-8 file chunk by chunk; yield ``(chunk_index, byte_start, byte_end, ids, stats)``.
-
-    Chunks are cut at tokenisation-safe points that depend only on the file and ``chunk_bytes``, so the
-    concatenated ids equal ``tokenizer.encode_corpus(whole_text, unk_policy)`` for any ``chunk_bytes``, and
-    encoding the chunks anywhere, in any order (:func:`encode_chunk`), gives the same ids. ``start_chunk``
-    skips the chunks before it (resume; boundaries are recomputed from the start of the file, which reads
-    only a few KB per chunk). Memory: one chunk. A file that is not UTF-8 raises ``UserError`` naming the
-    file and the byte offset.
-    """
-    if unk_policy not in ("skip", "error"):
-        raise UserError(f"unk_policy must be 'skip' or 'error', got {unk_policy!r}")
-    for name, v, lo in (("chunk_bytes", chunk_bytes, 1), ("start_chunk", start_chunk, 0)):
-        check_int(name, v, lo)
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise UserError(f"input file {path!r} does not exist")
-    enc = tokenizer._fast_encoder()
-    with open(path, "rb") as f:
-        for idx, start, end in chunk_bounds(path, chunk_bytes):
-            if idx < start_chunk:
-                continue
-            ids, stats = enc.encode_text(_read_chunk(f, path, start, end), unk_policy)
-            yield idx, start, end, ids, stats

@@ -11,7 +11,7 @@ import torch
 from mygpt.errors import UserError
 from mygpt.tokenizers import bpe_reference as ref
 from mygpt.tokenizers.bpe import BPETokenizer
-from mygpt.tokenizers.bpe_encode import EncodeStats
+from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 
 
 def reference_train(text, n):

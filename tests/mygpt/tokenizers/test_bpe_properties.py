@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from mygpt.tokenizers import bpe_reference as ref
 from mygpt.tokenizers.bpe import BPETokenizer
-from mygpt.tokenizers.bpe_encode import iter_encode_file
+from mygpt.tokenizers.bpe_chunks import iter_encode_file
 
 
 def reference_train(text, n):

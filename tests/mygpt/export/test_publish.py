@@ -1,10 +1,6 @@
-"""The Hugging Face export (mygpt.hf_export, `mygpt export`): exact token ids, exact logits, clean refusals.
-
-Proofs on real text: HF token ids equal ``encode_corpus`` over the whole of WikiText-2 and Tiny Shakespeare (a
-tokenizer with unknown characters, and a byte-fallback one) and decoding round-trips; the exported model, loaded
-with ``AutoModelForCausalLM`` (no custom code), gives mygpt's fp32 logits on held-out text and the same greedy
-continuation; what cannot be exported exactly is refused before anything is written.
-"""
+"""The export (``export_hf``, ``mygpt export``): the exported model, loaded with ``AutoModelForCausalLM`` (no custom
+code), gives mygpt's fp32 logits on held-out text and the same greedy continuation; what cannot be exported
+exactly is refused before anything is written, and a failed check leaves the previous export intact."""
 
 from __future__ import annotations
 
@@ -18,40 +14,21 @@ import numpy as np
 import pytest
 import torch
 
-from mygpt import hf_export
 from mygpt.checkpoint import load_checkpoint, save_checkpoint
 from mygpt.cli import main
 from mygpt.errors import UserError
+from mygpt.export import publish, verify
+from mygpt.export.publish import EXPORT_FILES, export_checkpoint, export_hf
 from mygpt.generate import generate_ids
-from mygpt.gpt_config import GPTConfig
-from mygpt.hf_export import EXPORT_FILES, check_exportable, export_checkpoint, export_hf, hf_tokenizer_json
 from mygpt.model import GPT
-from mygpt.tokenizers.bpe import BPETokenizer
 from mygpt.tokenizers.char_tokenizer import CharTokenizer
-from mygpt.training.train import TrainConfig, train
+from mygpt.training.config import TrainConfig
+from mygpt.training.train import train
 from tests.support import REPO
 
 TINY = dict(
     embed_dim=64, num_heads=4, num_kv_heads=2, num_layers=2, max_seq_len=128, norm_type="rms", position_type="rope"
 )
-
-
-def hf_tokenizer(tok):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_str(json.dumps(hf_tokenizer_json(tok)))
-
-
-# ---- fixtures: two real tokenizers, a tiny trained GQA model and its export ----------------------------------
-@pytest.fixture(scope="module")
-def skip_tok(wikitext2_text):
-    """Trained on a slice: the rest of WikiText-2 (and Shakespeare) holds characters it does not know."""
-    return BPETokenizer.from_corpus(wikitext2_text[:100_000], 1000)
-
-
-@pytest.fixture(scope="module")
-def fallback_tok(shakespeare_text):
-    return BPETokenizer.from_corpus(shakespeare_text[:100_000], 500, byte_fallback=True)
 
 
 @pytest.fixture(scope="module")
@@ -91,79 +68,6 @@ def hf_model(exported):
     return AutoModelForCausalLM.from_pretrained(exported[0]).eval()
 
 
-# ---- the tokenizer -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("which", ["skip", "byte_fallback"])
-def test_hf_ids_equal_encode_corpus_on_whole_files(which, skip_tok, fallback_tok, wikitext2_text, shakespeare_text):
-    tok = skip_tok if which == "skip" else fallback_tok
-    hf = hf_tokenizer(tok)
-    for text in (wikitext2_text, shakespeare_text):
-        want, stats = tok.encode_corpus(text, return_stats=True)
-        got = hf.encode(text).ids
-        assert got == want.tolist()
-        decoded = hf.decode(got)
-        assert decoded == tok.decode(want)
-        if which == "skip":
-            assert decoded == "".join(c for c in text if c not in stats.skipped_chars)
-        else:
-            assert decoded == text
-    unknown = stats.skipped_positions + stats.fallback_positions  # Shakespeare's, for both tokenizers
-    wiki_unknown = tok.encode_corpus(wikitext2_text, return_stats=True)[1]
-    assert unknown > 0 or wiki_unknown.skipped_positions + wiki_unknown.fallback_positions > 0
-
-
-def test_unknown_character_is_a_barrier():
-    tok = BPETokenizer(["a", "b"], [("a", "b")])
-    assert tok.encode_corpus("aZb ab").tolist() == [0, 1, 2]  # 'a', 'b' | ' ' is unknown too | 'ab'
-    assert hf_tokenizer(tok).encode("aZb ab").ids == [0, 1, 2]
-
-
-def test_whitespace_is_pythons():
-    # Python's \s holds U+001C..U+001F, Oniguruma's does not: "a\x1ca" is two words here, never the merge a+\x1c.
-    tok = BPETokenizer(["a", "\x1c"], [("a", "\x1c")])
-    assert tok.encode_corpus("a\x1ca a\x1c").tolist() == [0, 1, 0, 0, 1]
-    assert hf_tokenizer(tok).encode("a\x1ca a\x1c").ids == [0, 1, 0, 0, 1]
-
-
-def test_char_tokenizer_maps_as_bpe_without_merges(shakespeare_text):
-    tok = CharTokenizer.from_text(shakespeare_text)
-    hf = hf_tokenizer(tok)
-    ids = hf.encode(shakespeare_text).ids
-    assert ids == tok.encode_array(shakespeare_text).tolist()
-    assert hf.decode(ids) == shakespeare_text
-
-
-def test_repeated_string_keeps_the_later_id_and_decodes_exactly():
-    # 'aba' is made twice (ids 4 and 5); nothing uses it before the repeat, so HF's BPE agrees with mygpt.
-    tok = BPETokenizer(["a", "b"], [("a", "b"), ("b", "a"), ("ab", "a"), ("a", "ba")])
-    hf = hf_tokenizer(tok)
-    words = [format(n, "b").replace("0", "a").replace("1", "b")[1:] for n in range(2, 2**11)]
-    text = " ".join(words)
-    assert hf.encode(text).ids == tok.encode_corpus(text).tolist()
-    assert 5 in tok.encode_corpus(text).tolist() and 4 not in tok.encode_corpus(text).tolist()
-    assert hf.decode([4, 0, 5, 1]) == tok.decode([4, 0, 5, 1]) == "abaaabab"
-
-
-def test_repeat_used_before_it_is_made_again_is_refused(monkeypatch):
-    # 'bbbb' is made by merge #2, used by merge #3 and made again by merge #4: HF's priority queue would merge
-    # (bbbb, bb) right after the first #4 merge, mygpt finishes every #4 merge first.
-    merges = [("b", "b"), ("bb", "b"), ("b", "bbb"), ("bbbb", "bb"), ("bb", "bb")]
-    tok = BPETokenizer(["a", "b"], merges)
-    with pytest.raises(UserError, match=r"merge #4 \['bb', 'bb'\] makes 'bbbb' again .* merge #3"):
-        check_exportable(GPTConfig(tok.vocab_size, norm_type="rms", position_type="rope"), tok)
-    monkeypatch.setattr(hf_export, "_check_repeats_in_order", lambda merges: None)
-    assert hf_tokenizer(tok).encode("bbbbbbbb").ids != tok.encode_corpus("bbbbbbbb").tolist()  # why it is refused
-
-
-def test_byte_token_name_clash_is_refused():
-    chars = ["0", "1", "<", ">", "x"]
-    merges = [("<", "0"), ("<0", "x"), ("<0x", "1"), ("<0x1", "1"), ("<0x11", ">")]
-    tok = BPETokenizer(chars, merges, byte_fallback=True)
-    with pytest.raises(UserError, match=r"named like byte tokens \('<0x11>'\)"):
-        hf_tokenizer_json(tok)
-    assert hf_tokenizer(BPETokenizer(chars, merges)).encode("<0x11>").ids == [9]  # fine without byte fallback
-
-
-# ---- the model -----------------------------------------------------------------------------------------------
 def test_export_writes_the_hf_files_and_reports_its_check(exported, model):
     out, facts = exported
     assert sorted(os.listdir(out)) == sorted(EXPORT_FILES)
@@ -252,7 +156,7 @@ def test_failed_check_leaves_the_previous_export_intact(tmp_path, exported, mode
     def broken(*args):
         raise RuntimeError("export check failed: simulated")
 
-    monkeypatch.setattr(hf_export, "_compare", broken)
+    monkeypatch.setattr(verify, "_compare", broken)
     torch.manual_seed(1)
     other = GPT(vocab_size=skip_tok.vocab_size, **TINY)
     with pytest.raises(RuntimeError, match="simulated"):
@@ -271,7 +175,7 @@ def test_cli_export_round_trip(capsys, tmp_path, model, skip_tok, held_out_ids, 
         code = main(["export", "--checkpoint", str(tmp_path / "m.ckpt"), "--out", str(out)])
         stdout, stderr = capsys.readouterr()
         assert code == 0, stderr
-        assert stdout.splitlines()[-3:] == ["  " + line for line in hf_export.load_lines(str(out))]
+        assert stdout.splitlines()[-3:] == ["  " + line for line in publish.load_lines(str(out))]
         shas.append({n: hashlib.sha256((out / n).read_bytes()).hexdigest() for n in EXPORT_FILES})
     assert shas[0] == shas[1]
     reloaded, _ = load_checkpoint(tmp_path / "m.ckpt")
@@ -289,7 +193,7 @@ def test_cli_export_round_trip(capsys, tmp_path, model, skip_tok, held_out_ids, 
 
 def test_importing_the_module_loads_neither_torch_nor_transformers():
     code = (
-        "import sys, mygpt, mygpt.hf_export; "
+        "import sys, mygpt, mygpt.export.publish; "
         "print(sorted(m for m in ('torch', 'transformers', 'tokenizers', 'safetensors') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout

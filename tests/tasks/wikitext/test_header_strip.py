@@ -1,22 +1,54 @@
-"""The corpus stage's fast extraction path (issue 14): header stripping by candidate runs equals ``re.subn`` on
-every text, and the threaded unzip/write pipeline writes exactly what one thread would, or nothing."""
+"""The chapter's header strip, streamed: the same text as one ``re.sub`` over the whole, in bounded memory."""
 
 from __future__ import annotations
 
 import re
-import threading
-import zipfile
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.mirror import MEMBER, make_zip
 from mygpt.errors import UserError
-from tasks.corpus import extract_corpus
-from tasks.wikitext.header_strip import strip_block
+from tasks.wikitext.header_strip import HEADER_RE, strip_block, strip_headers
+from tests.support.corpus_runs import CHAPTER_RE
 
-CHAPTER_RE = re.compile(r"^\s*=+ [^=]+ =+\s*$\n?", flags=re.MULTILINE)  # the chapter's regex, verbatim
+_LINES = st.one_of(
+    st.sampled_from(
+        [
+            " \n",
+            " = Title = \n",
+            " = = Section = = \n",
+            " = open\n",
+            "close = \n",
+            " a = b\n",
+            " plain words .\n",
+            "=\n",
+            "  \n",
+            "= x =",
+            "\xa0= y =\xa0\n",
+            " =\n",
+            "\t\n",
+        ]
+    ),
+    st.text(st.sampled_from(list("= x\n\xa0\u3000")), max_size=8),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_LINES, max_size=40), st.integers(1, 60), st.integers(1, 50))
+def test_streamed_strip_equals_one_re_sub(lines, block_chars, piece):
+    whole = "".join(lines)
+    pieces = [whole[i : i + piece] for i in range(0, len(whole), piece)]
+    got = list(strip_headers(pieces, block_chars))
+    assert "".join(t for t, _ in got) == HEADER_RE.sub("", whole)
+    assert sum(n for _, n in got) == len(HEADER_RE.findall(whole))
+
+
+def test_streamed_strip_on_real_wikitext_small_blocks(wikitext2_text):
+    pieces = [wikitext2_text[i : i + 7919] for i in range(0, len(wikitext2_text), 7919)]
+    got = "".join(t for t, _ in strip_headers(pieces, block_chars=2000))
+    assert got == re.sub(r"^\s*=+ [^=]+ =+\s*$\n?", "", wikitext2_text, flags=re.MULTILINE)
+
 
 _BITS = st.sampled_from(
     [
@@ -55,50 +87,6 @@ def test_strip_block_on_real_wikitext(wikitext2_text):
     assert got == want and n == m > 10
 
 
-def _zip(tmp_path, train: str, **extra) -> str:
-    path = tmp_path / "w.zip"
-    path.write_bytes(
-        make_zip(
-            {
-                MEMBER.format(split="train"): train,
-                MEMBER.format(split="valid"): " = V = \n v\n",
-                MEMBER.format(split="test"): " t\n",
-                **extra,
-            }
-        )
-    )
-    return path
-
-
-def test_extract_writes_what_one_pass_would(tmp_path, wikitext2_text):
-    zpath = _zip(tmp_path, wikitext2_text)
-    out = tmp_path / "out"
-    out.mkdir()
-    m = extract_corpus(zpath, out, source="test", block_chars=5000)  # many blocks through the threads
-    train = CHAPTER_RE.sub("", wikitext2_text)
-    assert (out / "wiki.train.txt").read_text(encoding="utf-8") == train
-    assert (out / "wikipedia.txt").read_text(encoding="utf-8") == train + " v\n" + " t\n"
-    assert m["splits"]["train"]["bytes"] == len(train.encode()) and m["wikipedia"]["chars"] == len(train) + 6
-    assert not [t for t in threading.enumerate() if t.name.startswith(("corpus-reader", "corpus-writer"))]
-
-
-def test_a_damaged_member_fails_in_the_reader_thread_and_writes_nothing(tmp_path, wikitext2_text):
-    zpath = _zip(tmp_path, wikitext2_text)
-    data = bytearray(zpath.read_bytes())
-    with zipfile.ZipFile(zpath) as z:
-        info = z.getinfo(MEMBER.format(split="train"))
-    start = info.header_offset + 30 + len(info.filename) + 2000  # inside the deflate stream
-    data[start : start + 64] = bytes(64)
-    zpath.write_bytes(bytes(data))
-    out = tmp_path / "out"
-    out.mkdir()
-    with pytest.raises(UserError, match=r"wiki\.train\.raw in test is"):
-        extract_corpus(zpath, out, source="test", block_chars=5000)
-    assert list(out.iterdir()) == []  # no split, no wikipedia.txt, no temp file
-    assert not [t for t in threading.enumerate() if t.name.startswith(("corpus-reader", "corpus-writer"))]
-
-
-# ---- bounded whatever the line length (issue 21 item 3) ---------------------------------------------------------
 def _one_line(total_mib: int, head: str = ""):
     """A text of ``total_mib`` MiB with no newline at all, in 1 MiB pieces, made as it is read."""
     yield head

@@ -1,0 +1,1 @@
+"""A mygpt model and tokenizer as a Hugging Face transformers directory (docs/HF_EXPORT.md)."""

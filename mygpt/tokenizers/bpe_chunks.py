@@ -1,0 +1,147 @@
+"""A UTF-8 file encoded in chunks of about ``chunk_bytes`` cut at tokenisation-safe points, in order or anywhere.
+
+A safe cut is a whitespace character that follows a non-whitespace one: with ``\\s*\\S+|\\s+`` every word ends
+there, so the words on either side do not depend on the other side. Boundaries depend only on the file's bytes
+and ``chunk_bytes`` (never on the worker count), and the chunks' ids, concatenated, equal ``encode_corpus`` of the
+whole text.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+import numpy as np
+
+from mygpt.errors import UserError, check_int
+from mygpt.tokenizers.bpe_word_encoder import EncodeStats
+from mygpt.tokenizers.bpe_words import SAFE_CUT_RE
+
+
+def _not_utf8(path, offset: int) -> UserError:
+    return UserError(
+        f"{os.fspath(path)!r} is not valid UTF-8: invalid byte at offset {offset}; "
+        "re-encode the file as UTF-8 (e.g. iconv -t UTF-8)"
+    )
+
+
+#: How far past a chunk's target size a word may run before the file is refused: memory per chunk stays at
+#: ``chunk_bytes`` plus this, whatever the text (one 40 MB "word" would otherwise be one 40 MB chunk).
+MAX_WORD_BYTES = 1 << 20
+
+
+def find_safe_cut(f, path, target: int, size: int, floor: int = 0) -> int:
+    """The first safe cut ``p >= target`` in the open binary file ``f`` (``size`` if none), reading nothing before
+    ``floor``; ``UserError`` when none lies within :data:`MAX_WORD_BYTES` after ``target``."""
+    if target >= size:
+        return size
+    q = max(floor, target - 4)
+    f.seek(q)
+    head = f.read(4)
+    # Move q to the start of a UTF-8 character (skip continuation bytes 10xxxxxx).
+    k = 0
+    while k < len(head) and (head[k] & 0xC0) == 0x80:
+        k += 1
+    q += k
+    window = 1 << 16
+    limit = min(size, target + MAX_WORD_BYTES)  # past this, no cut: refused
+    while True:
+        f.seek(q)
+        data = f.read(min(window, limit - q))
+        at_eof = q + len(data) >= size
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            truncated = not at_eof and e.reason == "unexpected end of data"
+            text = data[: e.start].decode("utf-8")
+            if not truncated:
+                # Invalid byte: a cut before it is fine (its chunk will report it), else report it now.
+                for m in SAFE_CUT_RE.finditer(text):
+                    p = q + len(text[: m.start()].encode("utf-8"))
+                    if p >= target:
+                        return p
+                raise _not_utf8(path, q + e.start) from None
+        for m in SAFE_CUT_RE.finditer(text):
+            p = q + len(text[: m.start()].encode("utf-8"))
+            if p >= target:
+                return p
+        if at_eof:
+            return size
+        if q + len(data) >= limit:
+            raise UserError(
+                f"{path}: no word ends in the {MAX_WORD_BYTES:,} bytes after byte {target:,} (a safe cut is "
+                "whitespace after a non-space character); a 'word' that long is not text this tokenizer can "
+                "count or encode in bounded memory: check the corpus (wikitext's longest words are a few "
+                "hundred characters)"
+            )
+        window *= 2
+
+
+def chunk_bounds(path, chunk_bytes: int, end: int | None = None) -> Iterator[tuple[int, int, int]]:
+    """Yield ``(chunk_index, byte_start, byte_end)`` for the file (see the module docstring), or for its first
+    ``end`` bytes (the last chunk then ends at ``end``, which should be a character boundary)."""
+    size = os.path.getsize(path) if end is None else end
+    with open(path, "rb") as f:
+        start = 0
+        idx = 0
+        while start < size:
+            end = find_safe_cut(f, path, start + chunk_bytes, size, floor=start)
+            yield idx, start, end
+            idx += 1
+            start = end
+
+
+def _read_chunk(f, path, start: int, end: int) -> str:
+    f.seek(start)
+    data = f.read(end - start)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, start + e.start) from None
+
+
+def read_chunk(path, start: int, end: int, opener: Callable[[Any], IO[bytes]] | None = None) -> str:
+    """Bytes ``start..end`` of a UTF-8 file as text (a chunk from :func:`chunk_bounds`); ``UserError`` naming the
+    file and the offset of an invalid byte. ``opener(path)``: how to open it for binary reading (default
+    ``open(path, "rb")``; e.g. an object store's file, read by range)."""
+    with opener(path) if opener else open(path, "rb") as f:
+        return _read_chunk(f, path, start, end)
+
+
+def encode_chunk(
+    tokenizer, path, start: int, end: int, unk_policy: str = "skip", opener: Callable[[Any], IO[bytes]] | None = None
+) -> tuple[np.ndarray, EncodeStats]:
+    """Encode bytes ``start..end`` of a UTF-8 file: ``(ids, stats)``. One chunk of :func:`iter_encode_file`, for a
+    caller that spreads the chunks over processes or machines (the pipeline does, on Dask); the tokenizer's
+    word cache carries over from one call to the next in the same process. ``opener``: see :func:`read_chunk`."""
+    return tokenizer._fast_encoder().encode_text(read_chunk(path, start, end, opener), unk_policy)
+
+
+def iter_encode_file(
+    tokenizer,
+    path,
+    *,
+    chunk_bytes: int = 8 << 20,
+    unk_policy: str = "skip",
+    start_chunk: int = 0,
+) -> Iterator[tuple[int, int, int, np.ndarray, EncodeStats]]:
+    """Encode a UTF-8 file chunk by chunk; yield ``(chunk_index, byte_start, byte_end, ids, stats)``.
+
+    The concatenated ids equal ``tokenizer.encode_corpus(whole_text, unk_policy)`` for any ``chunk_bytes``;
+    ``start_chunk`` skips the chunks before it (resume). Memory: one chunk. Not UTF-8: ``UserError`` naming the
+    file and the byte offset."""
+    if unk_policy not in ("skip", "error"):
+        raise UserError(f"unk_policy must be 'skip' or 'error', got {unk_policy!r}")
+    for name, v, lo in (("chunk_bytes", chunk_bytes, 1), ("start_chunk", start_chunk, 0)):
+        check_int(name, v, lo)
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise UserError(f"input file {path!r} does not exist")
+    enc = tokenizer._fast_encoder()
+    with open(path, "rb") as f:
+        for idx, start, end in chunk_bounds(path, chunk_bytes):
+            if idx < start_chunk:
+                continue
+            ids, stats = enc.encode_text(_read_chunk(f, path, start, end), unk_policy)
+            yield idx, start, end, ids, stats

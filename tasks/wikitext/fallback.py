@@ -1,0 +1,50 @@
+"""The offline fallback: the published version whose bytes an unreachable address served last."""
+
+from __future__ import annotations
+
+import contextlib
+import urllib.parse
+from datetime import datetime
+
+from tasks.core.stage import Stage
+from tasks.store import ArtifactStore, VersionInfo
+from tasks.wikitext.source_zip import ZipSource, stage_sources
+
+#: Tries of the probe when a version can stand in: an offline rerun should not wait out a download's back-off.
+FALLBACK_PROBE_ATTEMPTS = 2
+
+
+def last_known_version(settings: ZipSource, store: ArtifactStore, stage: Stage) -> VersionInfo | None:
+    """The version (same settings and code version) whose bytes the address served last; None when there is none.
+
+    The source index's marks say when this machine last saw the address serve each zip; a version published
+    from the address and not seen since counts from its creation. A version from before addresses were recorded
+    matches by its redacted ``source_url`` only when the URL has no query (``?f=***`` would match any file)."""
+    params = settings.version_params()
+    legacy_ok = not urllib.parse.urlsplit(settings.source_url).query
+    served_here = stage_sources(store, stage.name).served_by(settings.address)
+
+    def last_served(v: VersionInfo) -> float | None:
+        metrics, sha = v.manifest["metrics"], v.manifest["source"].get("sha256")
+        if "source_url_sha256" in metrics:
+            published_here = metrics["source_url_sha256"] == settings.address
+        else:
+            published_here = legacy_ok and metrics.get("source_url") == settings.shown_url
+        if sha in served_here:  # this machine saw the address serve those bytes: its own clock, its last look
+            return served_here[sha]
+        if not published_here:
+            return None
+        with contextlib.suppress(ValueError, TypeError):
+            return datetime.fromisoformat(str(v.manifest.get("created_at"))).timestamp()
+        return 0.0
+
+    ranked = [
+        (when, n, v)
+        for n, v in enumerate(store.versions(stage.name))
+        if v.manifest.get("settings") == params
+        and v.manifest.get("code_version") == stage.code_version
+        and isinstance(v.manifest.get("metrics"), dict)
+        and isinstance(v.manifest.get("source"), dict)
+        and (when := last_served(v)) is not None
+    ]
+    return max(ranked, key=lambda r: (r[0], r[1]))[2] if ranked else None

@@ -1,0 +1,125 @@
+"""The zip at a source URL: what a stage needs to know of it, its checks, and the copy its build reads."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Protocol
+
+from mygpt.atomic import sha256_file
+from mygpt.errors import UserError
+from tasks.core.stage import BuildContext
+from tasks.store import ArtifactStore
+from tasks.wikitext.download import DownloadKnobs, fetch
+from tasks.wikitext.source_index import SourceIndex
+
+NO_DOWNLOAD = {"tries": 0, "range_requests": 0, "resumed_bytes": 0, "seconds": 0.0}
+
+
+class ZipSource(Protocol):
+    """The settings of a stage that reads a zip from ``source_url`` (the corpus's ``CorpusSettings``)."""
+
+    @property
+    def source_url(self) -> str: ...
+    @property
+    def expected_bytes(self) -> int | None: ...
+    @property
+    def expected_sha256(self) -> str | None: ...
+    @property
+    def shown_url(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def is_file(self) -> bool: ...
+    @property
+    def max_zip_bytes(self) -> int: ...
+    def version_params(self) -> dict: ...
+
+
+def stage_sources(store: ArtifactStore, stage: str) -> SourceIndex:
+    """``<root>/<stage>/.sources/``: what servers said, and the downloads made to learn it."""
+    return SourceIndex(store.stage_dir(stage) / ".sources")
+
+
+def check_zip(path: Path, settings: ZipSource, *, ours: bool) -> tuple[int, str]:
+    """Size and sha256 of the zip at ``path``, checked against the settings (``ours``: delete it when refused)."""
+    shown = settings.shown_url
+    size = path.stat().st_size
+    want = settings.expected_bytes
+    if want and size != want:
+        if ours:
+            path.unlink(missing_ok=True)
+        raise UserError(
+            f"{shown} gave {size:,} bytes but expected_bytes is {want:,}; the mirror may serve a "
+            f"different file: check source_url, or pass expected_bytes={size} (0 = no size check) "
+            "if you trust it"
+        )
+    sha = sha256_file(path)
+    if settings.expected_sha256 and sha != settings.expected_sha256:
+        if ours:
+            path.unlink(missing_ok=True)
+        raise UserError(
+            f"{shown} has sha256 {sha} but expected_sha256 is {settings.expected_sha256}; check "
+            "source_url, or pass the right expected_sha256"
+        )
+    return size, sha
+
+
+def checked(identity: dict, settings: ZipSource) -> dict:
+    """``identity``, unless its sha256 differs from ``expected_sha256`` (``UserError``)."""
+    if settings.expected_sha256 and identity["sha256"] != settings.expected_sha256:
+        raise UserError(
+            f"{settings.shown_url} has sha256 {identity['sha256']} but expected_sha256 is "
+            f"{settings.expected_sha256}; check source_url, or pass the right expected_sha256"
+        )
+    return identity
+
+
+def downloaded_zip(ctx: BuildContext, settings: ZipSource, index: SourceIndex) -> tuple[Path, dict]:
+    """The http(s) zip in the build's ``work/``: the download that learnt this version's sha256 (its facts say
+    so), else an earlier attempt's, else fetched now; with the download's facts."""
+    zip_path = ctx.work / "source.zip"
+    cached = index.download_path(settings.address)
+    try:
+        facts = json.loads(SourceIndex.facts_path(cached).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        facts = {}
+    if isinstance(facts, dict) and ctx.source and facts.get("sha256") == ctx.source.get("sha256"):
+        try:
+            os.replace(cached, zip_path)
+        except FileNotFoundError:  # taken by another build, or collected by gc, since: fetched below
+            pass
+        else:
+            SourceIndex.facts_path(cached).unlink(missing_ok=True)
+            facts.pop("sha256")
+            return zip_path, facts
+    if zip_path.exists():
+        ctx.log.info("download: reusing %s downloaded by an earlier attempt", zip_path)
+    else:
+        ctx.log.info("download: fetching %s", settings.shown_url)
+        facts = fetch(
+            settings.source_url,
+            zip_path,
+            knobs=DownloadKnobs.from_env(),
+            identity={"bytes": ctx.source["bytes"]} if ctx.source and ctx.source.get("bytes") else {},
+            max_bytes=settings.max_zip_bytes,
+            log=ctx.log,
+            progress=lambda d, t, m: ctx.progress(d, t, "downloading " + m),
+        )
+        return zip_path, facts
+    return zip_path, dict(NO_DOWNLOAD)
+
+
+def source_line(source: dict | None) -> str:
+    """What a source said (its validators, or an identity), as one line for logs and reports."""
+    if not source:
+        return "(no ETag, Last-Modified or size)"
+    names = {
+        "bytes": "size",
+        "mtime_ns": "modified (ns)",
+        "etag": "ETag",
+        "last_modified": "Last-Modified",
+        "sha256": "sha256",
+    }
+    return "; ".join(f"{names.get(k, k)} `{v}`" for k, v in source.items())
