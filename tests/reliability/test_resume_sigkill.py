@@ -1,10 +1,5 @@
-"""Crash resume: SIGKILL the pipeline process after training's first checkpoint, rerun, get identical weights.
-
-The killed run is a real `wiki-pipeline run` process; a test hook (``WIKI_PIPELINE_TEST_STALL_AFTER_CHECKPOINT``)
-only makes it wait after the checkpoint at step 10 so the kill lands at a known point. The rerun must reuse the
-finished stages (Cached), resume training from step 10, and end bit-identical (CPU, fp32, fixed seed) to a run
-that was never interrupted.
-"""
+"""SIGKILL `wiki-pipeline run` after training's step-10 checkpoint (a test hook holds it there): the rerun reuses the
+finished stages, resumes from step 10 and ends bit-identical to an uninterrupted run."""
 
 from __future__ import annotations
 
