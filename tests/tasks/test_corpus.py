@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.mirror import MEMBER, Mirror, MirrorHandler, build_wikitext_zip, make_zip
+from flows.mirror import MEMBER, Mirror, MirrorHandler, make_zip
 from mygpt.errors import UserError
 from tasks import corpus as D
 from tasks.core.urls import address_sha256, redact_text, redact_url
@@ -45,21 +45,10 @@ def chapter_wikipedia_txt(zip_bytes: bytes, workdir: Path) -> bytes:
     return out_path.read_bytes()
 
 
-@pytest.fixture(scope="module")
-def wiki_zip(wikitext2_path) -> bytes:
-    return build_wikitext_zip(data_dir=wikitext2_path.parent)
-
-
 @pytest.fixture()
 def fast_retries(monkeypatch):
     monkeypatch.setenv(ENV_BASE_DELAY, "0.01")
     monkeypatch.setenv(ENV_ATTEMPTS, "4")
-
-
-@pytest.fixture()
-def mirror(wiki_zip):
-    with FaultyMirror({"/wikitext-103-raw-v1.zip": wiki_zip}) as m:
-        yield m
 
 
 def published(root: Path, stage: str = "corpus") -> list[str]:
