@@ -1,5 +1,5 @@
 """An artifact root is a plain directory: moved (``mv a b``) it is reused as it is; copied (``cp -a a b``), a run
-on the copy reads only the copy and records nothing of the original (issue 10, item 2)."""
+on the copy reads only the copy and records nothing of the original."""
 
 from __future__ import annotations
 

@@ -59,17 +59,14 @@ def test_force_bpe_rebuilds_bpe_and_everything_after_it(tiny_run):
         assert all(ref["build_id"] == forced[name]["build_id"] for name, ref in inputs.items())
 
 
-#: What a rerun whose stages are all Cached has no use for: torch and the Hugging Face stack (training, sampling,
-#: export), the Parquet and Dask machinery (encoding). Loading any of them costs its start seconds (torch: 2-3 s).
+#: What a rerun whose stages are all Cached has no use for (each costs start-up time to import).
 STAGE_NAMES = ["corpus", "tokenizer", "shards", "model", "samples", "export"]
 HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "pyarrow", "dask", "distributed", "pandas")
 
 
 def test_a_cached_rerun_runs_in_a_process_that_loads_no_torch(tiny_run, prefect_server):
-    """The flow process of a rerun whose stages are all Cached (what a served deployment starts for each run)
-    imports none of :data:`HEAVY`: the settings are checked, the device resolved and every version reused
-    without them. Run under the heartbeat tag (as ``serve`` and ``run`` do) and a tag of the user's: the flow run
-    carries both, its task runs only the user's (no tag-concurrency request for the heartbeat tag per stage)."""
+    """An all-Cached rerun imports none of :data:`HEAVY`; the flow run carries the heartbeat tag and the user's,
+    its task runs only the user's."""
     import subprocess
     import sys
 

@@ -1,11 +1,6 @@
-"""The Prefect UI looked at the way a user looks at it (issue 20): headless Chromium renders the UI of a real Prefect
-server (its own, with the UI on) after two tiny runs with different steps, and the test reads the rendered pages
-(``--dump-dom``), not the API: the six stage artifacts, the run summary, the loss chart with both series, the
-model comparison with both versions, and the deployment's custom-run form with its seven groups. Screenshots
-are kept under the test's temp dir. Skipped where Debian's ``chromium`` is not installed.
-
-Marked slow (about 110 s on 2 cores: two runs and a dozen page renders): CI skips it to keep the suite under 12
-minutes; run it by hand with ``scripts/test -m slow tests/flows/test_ui_browser.py``."""
+"""The Prefect UI as a user sees it: headless Chromium renders a real server's pages after two tiny runs and the test
+reads the DOM: the stage artifacts, run summary, loss chart, model comparison and the custom-run form's groups.
+Skipped without Debian's ``chromium``; slow (``scripts/test -m slow tests/flows/test_ui_browser.py``)."""
 
 from __future__ import annotations
 
@@ -30,8 +25,7 @@ GROUPS = ("corpus", "tokenizer", "shards", "model", "samples", "export", "run")
 
 
 def render(url: str, shot: Path | None = None, expect: str = "", budget_ms: int = 30_000) -> str:
-    """The DOM Chromium renders at ``url`` after ``budget_ms`` of virtual time (and a screenshot to ``shot``);
-    asked again (up to three times) while ``expect`` is not in it yet: the UI fills its pages from the API."""
+    """The DOM Chromium renders at ``url`` (screenshot to ``shot``), retried while ``expect`` is not in it yet."""
     base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars"]
     base += ["--window-size=1400,1800", f"--virtual-time-budget={budget_ms}", "--run-all-compositor-stages-before-draw"]
     if shot is not None:
