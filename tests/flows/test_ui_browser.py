@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flows.settings import TINY
+from tasks.registry import NAMES
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -21,7 +22,7 @@ pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (apt-get install -y chromium)"),
 ]
 
-GROUPS = ("corpus", "tokenizer", "shards", "model", "samples", "export", "run")
+GROUPS = (*NAMES, "run")
 
 
 def render(url: str, shot: Path | None = None, expect: str = "", budget_ms: int = 30_000) -> str:
@@ -83,15 +84,16 @@ def test_the_ui_shows_the_artifacts_summary_chart_comparison_and_run_form(ui_run
     run_page = text_of(render(f"{ui}/runs/flow-run/{first}", shots / "flow-run.png", "6 Task runs"))
     assert "Completed" in run_page and "6 Task runs" in run_page, run_page[:3000]
     page = text_of(render(f"{ui}/artifacts", shots / "artifacts.png", "wiki-tokenizer-comparison"))
-    for key in ("wiki-corpus", "wiki-tokenizer", "wiki-shards", "wiki-model", "wiki-samples", "wiki-export"):
+    for key in (f"wiki-{name}" for name in NAMES):
         assert key in page, f"{key} is not on the Artifacts page: {page[:3000]}"
     assert "wiki-run-summary" in page and "wiki-model-comparison" in page
 
     arts = artifacts_of(first)
     summary_url = f"{ui}/artifacts/artifact/{arts['wiki-run-summary']}"
-    summary = text_of(render(summary_url, shots / "run-summary.png", "6 built, 0 Cached"))
-    assert "6 built, 0 Cached" in summary, summary[:3000]
-    for stage in ("corpus", "tokenizer", "shards", "model", "samples", "export"):
+    built = f"{len(NAMES)} built, 0 Cached"
+    summary = text_of(render(summary_url, shots / "run-summary.png", built))
+    assert built in summary, summary[:3000]
+    for stage in NAMES:
         assert re.search(rf"{stage} built [0-9a-f]{{12}}", summary), (stage, summary[:3000])
 
     model_dom = render(f"{ui}/artifacts/artifact/{arts['wiki-model']}", shots / "model.png", "final val loss")
