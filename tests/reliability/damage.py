@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from tasks.core.faults import FAULT_ENV
-from tasks.registry import open_store
+from tasks.registry import STAGES, open_store
 from tasks.store.artifacts import MANIFEST
 from tests.reliability.digests import stage_digests
 from tests.reliability.environment import captured_logs, env_vars
@@ -21,32 +21,15 @@ def tiny_stage_params(url: str):
     return Pipeline.parse(**{**TINY, "corpus": {"source_url": url}})
 
 
-def build_plain(root: Path, url: str, params, *, full_check: bool = False, force: tuple = ()) -> dict:
+def build_plain(root: Path, url: str, params, *, full_check: bool = False) -> dict:
     """The tiny pipeline as plain stage calls (no Prefect): {stage: ref}."""
     if params.corpus.source_url != url:
         raise ValueError("build_plain: params were made for another source_url")
-    from tasks.corpus import download_corpus
-    from tasks.export import export_model
-    from tasks.model import train_model
-    from tasks.samples import sample_model
-    from tasks.shards import encode_shards
-    from tasks.tokenizer import train_tokenizer
-
-    run = params.run.model_copy(update={"artifacts_dir": str(root), "full_check": full_check, "force": force})
-    corpus = download_corpus.fn(params.corpus, run)
-    tokenizer = train_tokenizer.fn(corpus, params.tokenizer, run)
-    shards = encode_shards.fn(corpus, tokenizer, params.shards, run)
-    model = train_model.fn(shards, tokenizer, params.model, run)
-    samples = sample_model.fn(model, params.samples, run)
-    export = export_model.fn(model, params.export, run)
-    return {
-        "corpus": corpus,
-        "tokenizer": tokenizer,
-        "shards": shards,
-        "model": model,
-        "samples": samples,
-        "export": export,
-    }
+    run = params.run.model_copy(update={"artifacts_dir": str(root), "full_check": full_check, "force": ()})
+    refs: dict = {}
+    for stage in STAGES:
+        refs[stage.name] = stage.task.fn(*(refs[name] for name in stage.inputs), getattr(params, stage.name), run)
+    return refs
 
 
 def train_again(root: Path, refs: dict, params) -> dict:

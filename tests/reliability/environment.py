@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from tasks.core.faults import FAULT_ENV, FAULT_TRACE_ENV
 from tests.reliability.watcher import Watcher
 from tests.support import REPO
 from tests.support.mirror_faults import Faults, FaultyMirror
+from tests.support.tiny import tiny_run_command
 
 RUN_TIMEOUT = 240.0  # one pipeline subprocess
 
@@ -85,18 +85,7 @@ def run_pipeline(
     timeout: float = RUN_TIMEOUT,
 ) -> RunResult:
     """``flows.cli run --tiny`` against the mirror, in a session of its own (a kill takes its workers too)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "flows.cli",
-        "run",
-        "--tiny",
-        "--source-url",
-        env.url,
-        "--artifacts-dir",
-        str(root),
-        *(extra or []),
-    ]
+    cmd = tiny_run_command(env.url, root, *(extra or []))
     penv = dict(env.proc_env)
     if fault:
         penv[FAULT_ENV] = fault
