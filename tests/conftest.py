@@ -42,6 +42,36 @@ def wikitext2_text(wikitext2_path: Path) -> str:
 
 
 @pytest.fixture(scope="session")
+def wiki_zip(wikitext2_path: Path) -> bytes:
+    """A wikitext-103-style zip built from the shared text."""
+    from flows.mirror import build_wikitext_zip
+
+    return build_wikitext_zip(data_dir=wikitext2_path.parent)
+
+
+@pytest.fixture(scope="module")
+def mirror(wiki_zip: bytes):
+    """A loopback mirror (a ``FaultyMirror``) serving ``wiki_zip``: ``mirror.url()``; set faults with ``set_faults``."""
+    from flows.mirror import ZIP_NAME
+    from tests.support.mirror_faults import FaultyMirror
+
+    with FaultyMirror({"/" + ZIP_NAME: wiki_zip}) as m:
+        yield m
+
+
+@pytest.fixture(autouse=True)
+def _fresh_mirror(request):
+    """Each test that uses ``mirror`` finds it without faults, with an empty request log and only the zip."""
+    if "mirror" in request.fixturenames:
+        from flows.mirror import ZIP_NAME
+
+        m = request.getfixturevalue("mirror")
+        m.set_faults()
+        m.clear_log()
+        m.files = {"/" + ZIP_NAME: request.getfixturevalue("wiki_zip")}
+
+
+@pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     """A real Prefect server on 127.0.0.1 (temp PREFECT_HOME, SQLite); this process's settings point at it."""
     from flows.server import PrefectServer, running_server
@@ -88,8 +118,7 @@ def s3_endpoint():
 
 @pytest.fixture
 def s3_root(s3_endpoint, tmp_path, monkeypatch) -> str:
-    """``s3://<fresh bucket>/art`` on the session's S3 server, with this process's AWS environment pointed there
-    and a local cache of its own under ``tmp_path``."""
+    """``s3://<fresh bucket>/art`` on the session's S3 server; this process's AWS environment and cache point there."""
     from tests.support.s3 import aws_env, make_bucket, use_cache
 
     for name, value in aws_env(s3_endpoint).items():

@@ -1,8 +1,5 @@
-"""What the import contracts cannot say: no ``sys.path`` edits outside ``tests/``, and ``import mygpt`` stays free
-of torch and Prefect at run time (the library exports its names lazily).
-
-Who may import whom (the layers, no cycles, mygpt without Prefect) is import-linter's job: the contracts are
-``[tool.importlinter]`` in pyproject.toml, checked by ``scripts/lint`` (which ``scripts/test`` runs first)."""
+"""What import-linter (pyproject.toml) cannot say: no ``sys.path`` edits outside ``tests/``, and ``import mygpt``
+loads neither torch nor Prefect."""
 
 from __future__ import annotations
 

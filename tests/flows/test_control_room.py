@@ -31,18 +31,6 @@ LINE = re.compile(r"^  (\w+) +(built|Cached) +(\w+)/([0-9a-f]{12}) · [\d.]+ \w?
 
 
 @pytest.fixture(scope="module")
-def mirror():
-    from flows.mirror import ZIP_NAME, Mirror, build_wikitext_zip
-
-    try:
-        data = build_wikitext_zip()
-    except FileNotFoundError as e:
-        pytest.skip(f"real test text is absent: {e}")
-    with Mirror({"/" + ZIP_NAME: data}) as m:
-        yield m
-
-
-@pytest.fixture(scope="module")
 def served(prefect_server, mirror, tmp_path_factory):
     """`wiki-pipeline serve --tiny --source-url <mirror>`: the demo's runner (artifacts under a temp root)."""
     tmp = tmp_path_factory.mktemp("served")

@@ -1,8 +1,5 @@
-"""The deployment, end to end, as a user runs it: a real Prefect server on loopback, the deployment runner
-(`wiki-pipeline serve`) as its own process, the real `prefect deployment run wiki-pipeline/wiki-pipeline`
-command, the tiny preset against a loopback HTTP mirror; then the five UI artifacts read back through the
-Prefect API, and the versions they name verified on disk; the deployment's parameter schema shows every stage's
-settings with their fields and defaults, and a task run's artifact names its settings."""
+"""The deployment end to end: `wiki-pipeline serve` and `prefect deployment run` on a real server against the mirror;
+the UI artifacts read back and their versions verified; the parameter schema shows every stage's settings."""
 
 from __future__ import annotations
 
@@ -16,36 +13,15 @@ from pathlib import Path
 import pytest
 
 from flows.settings import TINY
-from tasks.registry import open_store
+from tasks.registry import NAMES, open_store
 from tests.support.runner import serving
 
-KEYS = {
-    "wiki-corpus": "corpus",
-    "wiki-tokenizer": "tokenizer",
-    "wiki-shards": "shards",
-    "wiki-model": "model",
-    "wiki-samples": "samples",
-    "wiki-export": "export",
-}
-
-
-@pytest.fixture
-def mirror():
-    from flows.mirror import ZIP_NAME, Mirror, build_wikitext_zip
-
-    try:
-        data = build_wikitext_zip()
-    except FileNotFoundError as e:
-        pytest.skip(f"real test text is absent: {e}")
-    with Mirror({"/" + ZIP_NAME: data}) as m:
-        yield m
+KEYS = {f"wiki-{name}": name for name in NAMES}  # each stage's UI artifact
 
 
 @pytest.fixture
 def runner(prefect_server, tmp_path, mirror):
-    """`wiki-pipeline serve` in its own process group, artifacts under tmp_path/art; its runs may download only
-    from the test's mirror and the defaults (its allow-list: unset, a deployment run gets only the defaults, which
-    name the demo mirror's port 8765, not this one's)."""
+    """`wiki-pipeline serve` with artifacts under tmp_path/art, its allow-list the defaults and this mirror."""
     env = {
         **prefect_server.env,
         "WIKI_PIPELINE_ARTIFACTS": str(tmp_path / "art"),
@@ -139,11 +115,11 @@ def _deployment_and_tokenizer_run(flow_run_id: str):
 
 
 def check_the_ui_shows_every_stages_settings_by_name(flow_run_id: str) -> None:
-    """The deployment's parameter schema (what the UI's Run form is built from) has one object per stage
-    with its fields, types and the chapter's defaults; the tokenizer task run names num_merges and its value."""
+    """The parameter schema has one object per stage with fields, types and defaults; the tokenizer run names
+    num_merges and its value."""
     deployment, tokenizer_run, arts = _deployment_and_tokenizer_run(flow_run_id)
     schema = deployment.parameter_openapi_schema
-    assert list(schema["properties"]) == ["corpus", "tokenizer", "shards", "model", "samples", "export", "run"]
+    assert list(schema["properties"]) == [*NAMES, "run"]
     definitions = schema["definitions"]
     tokenizer = definitions[schema["properties"]["tokenizer"]["$ref"].rsplit("/", 1)[1]]["properties"]
     assert tokenizer["num_merges"]["type"] == "integer" and tokenizer["num_merges"]["default"] == 1024

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.registry import open_store
-from tests.support.prefect_server import task_run_states
+from tasks.registry import NAMES, open_store
+from tests.support.prefect_server import rebuilt_from, task_run_states
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
 
 
@@ -34,42 +34,31 @@ def tiny_run(prefect_server, tmp_path_factory):
 def test_force_bpe_rebuilds_bpe_and_everything_after_it(tiny_run):
     run, store = tiny_run
     first, states = run()
-    assert set(states.values()) == {"Completed"} and len(states) == 6
+    assert states == dict.fromkeys(NAMES, "Completed")
 
     again, states = run()
-    assert states == dict.fromkeys(["corpus", "tokenizer", "shards", "model", "samples", "export"], "Cached")
+    assert states == dict.fromkeys(NAMES, "Cached")
     assert again == first
 
     forced, states = run(run={"force": ["bpe"]})  # the old task name still works
-    assert states == {
-        "corpus": "Cached",
-        "tokenizer": "Completed",
-        "shards": "Completed",
-        "model": "Completed",
-        "samples": "Completed",
-        "export": "Completed",
-    }
+    assert states == rebuilt_from("tokenizer")
     assert forced["corpus"] == first["corpus"], "download reused"
     assert forced["tokenizer"]["version"] == first["tokenizer"]["version"], "same parameters, same version ..."
     assert forced["tokenizer"]["build_id"] != first["tokenizer"]["build_id"], "... rebuilt"
-    for stage in ("shards", "model", "samples", "export"):
+    for stage in NAMES[NAMES.index("tokenizer") + 1 :]:
         assert forced[stage]["version"] != first[stage]["version"], f"{stage}: new lineage, new version"
         assert store.verify(stage, first[stage]["version"]) == (True, "ok"), f"{stage}: old version kept"
         inputs = store.get(stage, forced[stage]["version"]).manifest["inputs"]
         assert all(ref["build_id"] == forced[name]["build_id"] for name, ref in inputs.items())
 
 
-#: What a rerun whose stages are all Cached has no use for: torch and the Hugging Face stack (training, sampling,
-#: export), the Parquet and Dask machinery (encoding). Loading any of them costs its start seconds (torch: 2-3 s).
-STAGE_NAMES = ["corpus", "tokenizer", "shards", "model", "samples", "export"]
+#: What a rerun whose stages are all Cached has no use for (each costs start-up time to import).
 HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "pyarrow", "dask", "distributed", "pandas")
 
 
 def test_a_cached_rerun_runs_in_a_process_that_loads_no_torch(tiny_run, prefect_server):
-    """The flow process of a rerun whose stages are all Cached (what a served deployment starts for each run)
-    imports none of :data:`HEAVY`: the settings are checked, the device resolved and every version reused
-    without them. Run under the heartbeat tag (as ``serve`` and ``run`` do) and a tag of the user's: the flow run
-    carries both, its task runs only the user's (no tag-concurrency request for the heartbeat tag per stage)."""
+    """An all-Cached rerun imports none of :data:`HEAVY`; the flow run carries the heartbeat tag and the user's,
+    its task runs only the user's."""
     import subprocess
     import sys
 
@@ -101,7 +90,7 @@ print("RESULT " + json.dumps({{"flow_run_id": str(state.state_details.flow_run_i
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    assert task_run_states(result["flow_run_id"]) == dict.fromkeys(STAGE_NAMES, "Cached")
+    assert task_run_states(result["flow_run_id"]) == dict.fromkeys(NAMES, "Cached")
     assert result["loaded"] == [], f"a cached rerun loaded {result['loaded']}"
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -112,7 +101,7 @@ print("RESULT " + json.dumps({{"flow_run_id": str(state.state_details.flow_run_i
         flow_run = client.read_flow_run(result["flow_run_id"])
         task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
     assert {HEARTBEAT_TAG, "mine"} <= set(flow_run.tags)
-    assert {run.name: sorted(run.tags) for run in task_runs} == {name: ["mine"] for name in STAGE_NAMES}
+    assert {run.name: sorted(run.tags) for run in task_runs} == {name: ["mine"] for name in NAMES}
 
 
 def test_only_sample_runs_one_stage_against_the_latest_model(tiny_run):

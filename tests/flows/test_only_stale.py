@@ -1,5 +1,5 @@
-"""``only=`` never starts from a stale version (issue 21 item 5): after ``--force tokenizer --only tokenizer``, the
-latest shards were built from the replaced tokenizer; ``only=model`` took them, and the new model was stale at once."""
+"""``only=`` never starts from a stale version: after ``--force tokenizer --only tokenizer`` the latest shards come
+from the replaced tokenizer, and ``only=model`` must not take them."""
 
 from __future__ import annotations
 

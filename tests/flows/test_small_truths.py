@@ -1,5 +1,5 @@
-"""Small truths of issue 20 (item 8): `mygpt train` is never silent for long and says what clipping does; the demo
-says which port is busy and how to move it."""
+"""`mygpt train` is never silent for long and says what clipping does; `scripts/pipeline` names a busy port and stops
+what it started."""
 
 from __future__ import annotations
 
@@ -34,9 +34,7 @@ def test_mygpt_train_help_names_print_every():
 
 
 def test_the_demo_names_a_busy_mirror_port_and_how_to_pick_another(tmp_path):
-    """`scripts/pipeline --demo` with its mirror's port taken by another program: one line naming the port and the
-    variable that moves it, before any server or runner starts, and no mirror left behind; a port that is no number
-    is refused at once."""
+    """A taken mirror port: one line naming it and the variable that moves it, nothing started; a non-number refused."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -74,8 +72,7 @@ def test_the_demo_names_a_busy_mirror_port_and_how_to_pick_another(tmp_path):
 
 
 def test_stop_ends_the_runner_and_a_run_in_flight(prefect_server, tmp_path):
-    """`scripts/pipeline --stop` while a demo run trains: the runner, its fork server and the run's process all end
-    (a runner sent SIGTERM with a run going did not exit before, and the run went on with its server gone)."""
+    """`--stop` while a demo run trains: the runner, its fork server and the run's process all end."""
     import psutil
 
     from flows.server import free_port
@@ -121,9 +118,7 @@ def _pgid(pid: int) -> int | None:
 
 
 def test_stop_leaves_a_process_that_only_reuses_a_recorded_pid(tmp_path):
-    """A pid file outlives its process, and the pid may come back as someone else's: `--stop` signals a process
-    only when it started when the pid file says (and its command line holds the expected text); the very process
-    it names is stopped."""
+    """`--stop` signals a recorded pid only if its start time and command line match the pid file's."""
     import psutil
 
     home = tmp_path / "home"

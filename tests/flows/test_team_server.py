@@ -1,9 +1,5 @@
-"""A team server, for real: a throwaway PostgreSQL (Debian's server binaries: initdb + pg_ctl in a temp dir, on a
-free loopback port), a Prefect server on it with basic auth on, the deployment declared from ``prefect.yaml`` into a
-process work pool, a real ``prefect worker`` subprocess, and two flow runs at once on one artifact root: both
-Completed, each version built once (one run builds a stage, the other waits on the version's lock and reuses it).
-A request without the auth string is refused; the CLI, the worker and the runs work with it; it appears in no log,
-manifest or artifact."""
+"""A team server: PostgreSQL, a Prefect server with basic auth, ``prefect.yaml``'s deployment and a real worker; two
+runs at once on one root both complete, each version built once; the auth string is required and leaks nowhere."""
 
 from __future__ import annotations
 
@@ -25,6 +21,7 @@ import pytest
 from flows.server import PrefectServer, free_port, running_server
 from tasks.registry import NAMES, open_store
 from tests.support import REPO
+from tests.support.processes import stop_processes
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
 from tests.support.wait import wait_for
 
@@ -167,12 +164,7 @@ def test_two_runs_at_once_through_a_worker_on_postgres(team_server, tmp_path):
 
             done = wait_for(finished, "both flow runs to end", timeout=600, every=0.2)
         finally:
-            worker.terminate()
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+            stop_processes(worker)
         assert [r.state.name for r in done] == ["Completed", "Completed"], log_path.read_text()[-4000:]
         a, b = done
         assert a.start_time < b.end_time and b.start_time < a.end_time  # they overlapped

@@ -1,11 +1,6 @@
-"""The Prefect UI looked at the way a user looks at it (issue 20): headless Chromium renders the UI of a real Prefect
-server (its own, with the UI on) after two tiny runs with different steps, and the test reads the rendered pages
-(``--dump-dom``), not the API: the six stage artifacts, the run summary, the loss chart with both series, the
-model comparison with both versions, and the deployment's custom-run form with its seven groups. Screenshots
-are kept under the test's temp dir. Skipped where Debian's ``chromium`` is not installed.
-
-Marked slow (about 110 s on 2 cores: two runs and a dozen page renders): CI skips it to keep the suite under 12
-minutes; run it by hand with ``scripts/test -m slow tests/flows/test_ui_browser.py``."""
+"""The Prefect UI as a user sees it: headless Chromium renders a real server's pages after two tiny runs and the test
+reads the DOM: the stage artifacts, run summary, loss chart, model comparison and the custom-run form's groups.
+Skipped without Debian's ``chromium``; slow (``scripts/test -m slow tests/flows/test_ui_browser.py``)."""
 
 from __future__ import annotations
 
@@ -18,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flows.settings import TINY
+from tasks.registry import NAMES
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -26,12 +22,11 @@ pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (apt-get install -y chromium)"),
 ]
 
-GROUPS = ("corpus", "tokenizer", "shards", "model", "samples", "export", "run")
+GROUPS = (*NAMES, "run")
 
 
 def render(url: str, shot: Path | None = None, expect: str = "", budget_ms: int = 30_000) -> str:
-    """The DOM Chromium renders at ``url`` after ``budget_ms`` of virtual time (and a screenshot to ``shot``);
-    asked again (up to three times) while ``expect`` is not in it yet: the UI fills its pages from the API."""
+    """The DOM Chromium renders at ``url`` (screenshot to ``shot``), retried while ``expect`` is not in it yet."""
     base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars"]
     base += ["--window-size=1400,1800", f"--virtual-time-budget={budget_ms}", "--run-all-compositor-stages-before-draw"]
     if shot is not None:
@@ -89,15 +84,16 @@ def test_the_ui_shows_the_artifacts_summary_chart_comparison_and_run_form(ui_run
     run_page = text_of(render(f"{ui}/runs/flow-run/{first}", shots / "flow-run.png", "6 Task runs"))
     assert "Completed" in run_page and "6 Task runs" in run_page, run_page[:3000]
     page = text_of(render(f"{ui}/artifacts", shots / "artifacts.png", "wiki-tokenizer-comparison"))
-    for key in ("wiki-corpus", "wiki-tokenizer", "wiki-shards", "wiki-model", "wiki-samples", "wiki-export"):
+    for key in (f"wiki-{name}" for name in NAMES):
         assert key in page, f"{key} is not on the Artifacts page: {page[:3000]}"
     assert "wiki-run-summary" in page and "wiki-model-comparison" in page
 
     arts = artifacts_of(first)
     summary_url = f"{ui}/artifacts/artifact/{arts['wiki-run-summary']}"
-    summary = text_of(render(summary_url, shots / "run-summary.png", "6 built, 0 Cached"))
-    assert "6 built, 0 Cached" in summary, summary[:3000]
-    for stage in ("corpus", "tokenizer", "shards", "model", "samples", "export"):
+    built = f"{len(NAMES)} built, 0 Cached"
+    summary = text_of(render(summary_url, shots / "run-summary.png", built))
+    assert built in summary, summary[:3000]
+    for stage in NAMES:
         assert re.search(rf"{stage} built [0-9a-f]{{12}}", summary), (stage, summary[:3000])
 
     model_dom = render(f"{ui}/artifacts/artifact/{arts['wiki-model']}", shots / "model.png", "final val loss")

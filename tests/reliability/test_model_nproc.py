@@ -1,11 +1,5 @@
-"""The train stage with ``nproc=2`` (real torchrun processes, gloo, CPU, fp32, the tiny preset): faults and resume.
-
-* SIGKILL of the whole process group of a stage run after its first checkpoint (a test hook makes rank 0 wait
-  there), then a rerun: it resumes from the checkpoint and ends with the weights of an uninterrupted
-  ``nproc=2`` run, bit for bit.
-* One rank dying alone (a test hook makes rank 1 exit after step 15) fails the stage with an error naming the
-  rank, without a hang; the rerun resumes from the step-10 checkpoint and ends with the same weights.
-"""
+"""The train stage with ``nproc=2`` (torchrun, gloo, CPU): after a SIGKILL of the whole group, or one rank dying
+alone (an error naming it, no hang), the rerun resumes from the checkpoint to the uninterrupted run's weights."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Crash anywhere, network faults, damaged artifacts, bad input: the fast subset of tests/reliability/harness.py.
-
-One Prefect server (the session's), one loopback mirror, one uninterrupted reference run; then one SIGKILL
-inside each stage (chained: each rerun recovers the previous kill), two runs at once on one root, every
-network fault, every damage case and every bad input. The long randomised run (5+ kills per stage) is
-``python -m tests.reliability.harness --seed S --kills-per-stage 5 --write docs/RELIABILITY.md``.
-"""
+"""The reliability harness's fast subset: one kill per stage, two runs at once, every network fault, damage
+case and bad input, against one uninterrupted reference run (the long run: ``python -m tests.reliability.harness``)."""
 
 from __future__ import annotations
 
@@ -19,19 +14,27 @@ import pytest
 from tasks.core.faults import FAULT_ENV, FAULT_TRACE_ENV, FaultInjected, fault_point, reset_faults
 from tasks.core.settings import RunOptions, Settings
 from tasks.core.stage import Stage
-from tasks.registry import open_store
-from tests.reliability import harness as R
+from tasks.registry import NAMES, open_store
+from tests.reliability.bad_inputs import bad_inputs
+from tests.reliability.damage import damage_cases
+from tests.reliability.digests import all_digests
+from tests.reliability.environment import environment, run_pipeline
+from tests.reliability.kills import FAST_FAULTS, Kill, kill_chain, read_trace
+from tests.reliability.network import network_faults, source_cases
+from tests.reliability.scorecard import scorecard
+from tests.reliability.two_runs import concurrent_runs
+from tests.support import REPO
 
 
 @pytest.fixture(scope="module")
 def harness(prefect_server, tmp_path_factory, wikitext2_path):
     workdir = tmp_path_factory.mktemp("reliability")
-    with R.environment(workdir, api_env=prefect_server.env) as env:
+    with environment(workdir, api_env=prefect_server.env) as env:
         trace = workdir / "reference.trace"
-        res = R.run_pipeline(env, workdir / "reference", trace=trace, log_path=workdir / "reference.log")
+        res = run_pipeline(env, workdir / "reference", trace=trace, log_path=workdir / "reference.log")
         assert res.rc == 0, res.log[-3000:]
         assert res.violations == []
-        yield env, R.all_digests(workdir / "reference"), R.read_trace(trace), workdir
+        yield env, all_digests(workdir / "reference"), read_trace(trace), workdir
 
 
 # ---- the hook and the two publish edges it found --------------------------------------------------------
@@ -86,7 +89,7 @@ def test_fault_point_sigkills_a_real_process():
     code = "from tasks.core.stage import fault_point\nfor _ in range(3): fault_point('model.progress')\nprint('alive')"
     proc = subprocess.run(
         [sys.executable, "-c", code],
-        cwd=R.REPO,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=60,
@@ -112,8 +115,7 @@ def _run(calls: list, root) -> dict:
 
 @pytest.mark.parametrize("edge", ["publish", "published"])
 def test_a_kill_at_either_publish_edge_is_recovered(tmp_path, monkeypatch, edge):
-    """Found by the harness: a publish killed after the manifest was written made every rerun fail ("must not
-    write its own manifest.json"); one killed after the rename left its staging dir forever."""
+    """A publish killed after the manifest is written is rebuilt; one killed after the rename leaves no staging."""
     calls: list = []
     reset_faults()
     monkeypatch.setenv(FAULT_ENV, f"samples.{edge}@1:raise")
@@ -132,10 +134,10 @@ def test_a_kill_at_either_publish_edge_is_recovered(tmp_path, monkeypatch, edge)
 # ---- kills ---------------------------------------------------------------------------------------------
 def test_sigkill_inside_each_stage_then_rerun_recovers(harness):
     env, reference, trace, workdir = harness
-    for task, fault in R.FAST_FAULTS:  # every fast kill point is one the reference run reached
+    for task, fault in FAST_FAULTS:  # every fast kill point is one the reference run reached
         point, n = fault.split("@")
         assert (point, int(n)) in trace[task], (fault, trace[task])
-    kills = R.kill_chain(env, workdir / "kills", R.FAST_FAULTS, reference)
+    kills = kill_chain(env, workdir / "kills", FAST_FAULTS, reference)
     report = "\n".join(
         f"{k.task} {k.fault}: killed={k.killed} left={k.left!r} resumed={k.resumed!r} problems={k.problems}"
         for k in kills
@@ -155,19 +157,19 @@ def test_sigkill_inside_each_stage_then_rerun_recovers(harness):
 
 def test_two_runs_at_once_build_each_version_once(harness):
     env, reference, _, workdir = harness
-    c = R.concurrent_runs(env, workdir / "concurrent")
+    c = concurrent_runs(env, workdir / "concurrent")
     assert c["rcs"] == [0, 0], c
-    assert c["built"] == dict.fromkeys(R.NAMES, 1), c
+    assert c["built"] == dict.fromkeys(NAMES, 1), c
     assert c["waited"] >= 1 and c["refs_equal"] and c["verify_full"], c
     assert all(len(v) == 1 for v in c["versions"].values()), c
     assert c["violations"] == [] and c["checks"] > 0, c
-    assert R.all_digests(workdir / "concurrent") == reference
+    assert all_digests(workdir / "concurrent") == reference
 
 
 # ---- network, damage, bad input ------------------------------------------------------------------------
 def test_network_faults_end_in_the_corpus_or_a_clear_error(harness):
     env, reference, _, workdir = harness
-    rows = R.network_faults(workdir / "net", env.zip_bytes, reference["corpus"])
+    rows = network_faults(workdir / "net", env.zip_bytes, reference["corpus"])
     assert len(rows) >= 12
     bad = [r for r in rows if not r["handled"]]
     assert not bad, json.dumps(bad, indent=1)
@@ -176,7 +178,7 @@ def test_network_faults_end_in_the_corpus_or_a_clear_error(harness):
 
 def test_new_content_gives_a_new_version_and_credentials_stay_secret(harness):
     env, reference, _, workdir = harness
-    rows = R.source_cases(workdir / "source", env.zip_bytes, reference["corpus"])
+    rows = source_cases(workdir / "source", env.zip_bytes, reference["corpus"])
     assert [r["outcome"] for r in rows] == ["new version", "corpus"], json.dumps(rows, indent=1)
     assert all(r["handled"] for r in rows), json.dumps(rows, indent=1)
 
@@ -186,7 +188,7 @@ def test_damaged_artifacts_are_detected_logged_and_rebuilt(harness):
     zpath = workdir / "zip" / "wikitext-103-raw-v1.zip"
     zpath.parent.mkdir()
     zpath.write_bytes(env.zip_bytes)
-    rows = R.damage_cases(workdir / "damage", zpath.as_uri(), reference)
+    rows = damage_cases(workdir / "damage", zpath.as_uri(), reference)
     bad = [r for r in rows if not r["detected"]]
     assert not bad, json.dumps(bad, indent=1)
     flip = next(r for r in rows if "flipped" in r["case"])
@@ -196,15 +198,15 @@ def test_damaged_artifacts_are_detected_logged_and_rebuilt(harness):
 
 def test_bad_inputs_are_refused_with_their_exact_message_and_publish_nothing(harness):
     env, _, _, workdir = harness
-    rows = R.bad_inputs(workdir / "bad", env.url)
+    rows = bad_inputs(workdir / "bad", env.url)
     assert len(rows) >= 45
     bad = [r for r in rows if not r["ok"]]
     assert not bad, json.dumps(bad, indent=1, ensure_ascii=False)
 
 
 def test_scorecard_renders(harness):
-    kills = [R.Kill("model", "model.progress@4", killed=True, left="x", resumed="from step 10", recovered=True)]
-    text = R.scorecard(
+    kills = [Kill("model", "model.progress@4", killed=True, left="x", resumed="from step 10", recovered=True)]
+    text = scorecard(
         {
             "command": "cmd",
             "when": "now",

@@ -1,10 +1,5 @@
-"""Fault injection for the loopback mirror (``flows/mirror.py``), for the tests and the reliability harness.
-
-:class:`FaultyMirror` is the product :class:`~flows.mirror.Mirror` answering through :class:`FaultyHandler`,
-which follows :class:`Faults`: fail the first N requests with 503, drop the connection after K body bytes,
-ignore ``Range``, send a wrong ``Content-Length``, stall, answer 404. ``mirror.set_faults(...)`` replaces them
-at any time.
-"""
+"""Fault injection for the loopback mirror (``flows/mirror.py``): :class:`FaultyMirror` answers as :class:`Faults`
+say (503s, a dropped connection, Range ignored, a wrong Content-Length, a stall, 404); ``set_faults`` replaces them."""
 
 from __future__ import annotations
 
@@ -102,8 +97,7 @@ class FaultyHandler(MirrorHandler):
 
 
 class FaultyMirror(Mirror):
-    """A :class:`~flows.mirror.Mirror` with fault modes: ``mirror.faults`` (a :class:`Faults`), replaced at any
-    time with :meth:`set_faults`."""
+    """A :class:`~flows.mirror.Mirror` that answers as ``mirror.faults`` says."""
 
     handler = FaultyHandler
 

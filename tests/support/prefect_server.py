@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tasks.registry import NAMES
+
 
 def task_run_states(flow_run_id) -> dict[str, str]:
     """{task run name: state name} for one flow run, read back through the Prefect API."""
@@ -16,3 +18,9 @@ def task_run_states(flow_run_id) -> dict[str, str]:
             return {run.name: run.state.name for run in runs}
 
     return asyncio.run(read())
+
+
+def rebuilt_from(stage: str) -> dict[str, str]:
+    """The task-run states of a rerun that rebuilds ``stage`` and every stage after it."""
+    first = NAMES.index(stage)
+    return {name: "Cached" if i < first else "Completed" for i, name in enumerate(NAMES)}

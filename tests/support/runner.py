@@ -1,5 +1,4 @@
-"""`wiki-pipeline serve` as its own process, for the tests that trigger deployment runs: started, waited for
-until it serves, stopped (and its process group with it) afterwards."""
+"""`wiki-pipeline serve` as its own process for the tests that trigger deployment runs, and its fork server."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from pathlib import Path
 import psutil
 
 from tests.support import REPO
+from tests.support.processes import stop_processes
 from tests.support.wait import wait_for
 
 
@@ -45,12 +45,7 @@ def serving_process(
             time.sleep(0.3)
         yield proc, log_path
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_processes(proc)
 
 
 def alive(process: psutil.Process) -> bool:

@@ -1,9 +1,5 @@
-"""A real S3 API server for the tests: moto's standalone server (``moto_server``, the one s3fs's own test suite runs
-against) in a process of its own, bound to 127.0.0.1, and an ``s3://`` artifact root on it.
-
-The server is started once per test session (:func:`s3_server`); each test gets a fresh bucket and an environment
-that points the AWS clients there (:func:`s3_env`), with its own local cache folder, and a short build-lock lease
-so that a killed builder's lease is taken over within seconds."""
+"""A real S3 API for the tests: moto's standalone server on 127.0.0.1 (:func:`moto_server`), fresh buckets, and the
+environment that points AWS clients at it (:func:`aws_env`, with a short build-lock lease)."""
 
 from __future__ import annotations
 
@@ -21,13 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from flows.server import free_port
+from tests.support.processes import stop_processes
+
 LEASE_SECONDS = "3"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -36,7 +29,7 @@ def moto_server() -> Iterator[str]:
     exe = Path(sys.executable).with_name("moto_server")
     if not exe.exists():
         pytest.skip("moto_server is not installed (pip install 'moto[server]')")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -53,12 +46,7 @@ def moto_server() -> Iterator[str]:
                 time.sleep(0.2)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_processes(proc, timeout=10)
 
 
 def aws_env(endpoint: str) -> dict[str, str]:
@@ -105,15 +93,14 @@ def environ_with(endpoint: str, **extra: str) -> dict[str, str]:
 
 
 class Outage:
-    """A TCP relay on 127.0.0.1 in front of the S3 server that can be cut (every connection dropped, new ones
-    refused) and restored on the same port: an object-store outage mid-run, with the bucket's content kept."""
+    """A TCP relay in front of the S3 server that can be cut and restored on the same port: an outage mid-run."""
 
     def __init__(self, upstream: str) -> None:
         import threading
 
         host, _, port = upstream.removeprefix("http://").partition(":")
         self.upstream = (host, int(port))
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []

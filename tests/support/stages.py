@@ -1,6 +1,5 @@
-"""Plain (no Prefect) calls of the stage tasks with keyword settings, for the stage tests, derived from
-``tasks.registry``: ``stages.<name>(root, *input_refs, run={...}, **settings)`` for every stage, its inputs
-positional in the stage's order (``stages.shards(root, corpus_ref, tokenizer_ref, shard_tokens=...)``)."""
+"""Plain (no Prefect) stage calls from ``tasks.registry``: ``stages.shards(root, corpus_ref, tokenizer_ref,
+shard_tokens=..., run={...})``."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,9 @@ def tiny_flow_parameters(source_url: str, root, **groups) -> dict:
     for group, values in groups.items():
         params[group] = {**params.get(group, {}), **values}
     return params
+
+
+def tiny_run_command(source_url: str, root, *extra: str) -> list[str]:
+    """``python -m flows.cli run --tiny`` against ``source_url`` with artifacts under ``root``."""
+    cli = [sys.executable, "-m", "flows.cli", "run", "--tiny"]
+    return [*cli, "--source-url", source_url, "--artifacts-dir", str(root), *extra]

@@ -1,29 +1,16 @@
-"""A flow that writes down what its process sees, and a script that starts it the way Prefect's runner starts a
-served flow's run: the stock way (a spawned process) and warm (``flows.warm_start``: forked from the preloaded
-fork server), for tests/flows/test_warm_start.py.
+"""A flow that writes down what its process sees, started the way Prefect's runner starts a served run: spawned,
+and warm (``flows.warm_start``: forked from the preloaded fork server). For tests/flows/test_warm_start.py.
 
     python -m tests.support.warm_probe OUT_DIR
 
-In order, each run writing OUT_DIR/<name>.json and the script printing ``<name> <process type> <exit code>``:
-
-1. ``spawned`` and ``warm``: the same flow both ways. Between ``install`` and the runs this process drops one
-   variable from its environment and adds another, as a runner's environment may change after its fork server
-   started; both runs must see the environment as it is now.
-2. ``edited``: warm again after the project's code changed (``OUT_DIR/code/probe_mark.py``, a module of this
-   project that the fork server preloads): the fork server restarts and the run sees the new code. A variable
-   set just before (so the restarted fork server has it) is dropped after: the later runs must not see it.
-3. ``held`` (warm, kept going until OUT_DIR/release exists) and, while it goes, ``during``: after another edit,
-   a run that must be spawned (the fork server cannot restart under a running child) and see the newest code.
-4. ``orphaned`` (warm, held): its fork server is SIGKILLed under it; the script prints whether the run's handle
-   still says it goes (``orphaned goes on True``) before releasing it. Then ``revived``: warm, from a new server.
-5. ``leaver``: a warm run that leaves a process behind (forked, sleeping; its pid in OUT_DIR/lingering); after an
-   edit, ``restarted`` (warm, from the restarted server) and ``lingering alive True`` if that restart did not
-   wait for the left-behind process.
-6. ``broken``: after an edit that breaks the preloaded module, the fork server cannot start (it dies importing):
-   the run is spawned and fails with the module's own error. ``mended``: fixed, warm again.
-
-Then it starts ``lasting`` (warm, held until OUT_DIR/release-lasting exists, never released here), prints
-``lasting pid <pid>``, ``forkserver pid <pid> address <socket path>``, and waits to be killed.
+Each run writes OUT_DIR/<name>.json and the script prints ``<name> <process type> <exit code>``, in order:
+``spawned``, ``warm`` (the environment changed after install: both see it as it is now); ``edited`` (preloaded
+code changed: the fork server restarts); ``held`` and, meanwhile, ``during`` (spawned: no restart under a running
+child); ``orphaned`` (its fork server SIGKILLed; prints ``orphaned goes on <bool>``) and ``revived``; ``leaver``
+(leaves a process, pid in OUT_DIR/lingering) and ``restarted`` (prints ``lingering alive <bool>``); ``broken``
+(the preloaded module fails to import: spawned, fails with its error) and ``mended``. Then ``lasting`` (held until
+OUT_DIR/release-lasting), printing ``lasting pid <pid>`` and ``forkserver pid <pid> address <path>``, and waits to
+be killed.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""Zips a user could be handed by mistake, made for real (issue 10, items 6-7): a member marked encrypted, one
-compressed with a method Python cannot read, a member that lies about its size, a zip bomb."""
+"""Zips a user could be handed by mistake: encrypted, deflate64, a member that lies about its size, a zip bomb."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def patch_member(
     compress_size: int | None = None,
     crc: int | None = None,
 ) -> bytes:
-    """``data`` (a zip) with one member's header fields rewritten, in its local header and the central directory
-    (what a zip tool that sets them would have written)."""
+    """``data`` (a zip) with one member's header fields rewritten in both its local and central headers."""
     buf = bytearray(data)
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         local = z.getinfo(member).header_offset
@@ -90,14 +88,13 @@ def _zip_with(train: bytes, method: int) -> bytes:
 
 
 def raised_compressed_size_zip(method: int = zipfile.ZIP_BZIP2, mib: int = 8) -> bytes:
-    """A train member of ``mib`` MiB of one letter (honest size) whose compressed size is raised to size/19 in
-    both headers, so the declared ratio passes the zip-bomb check (issue 21 item 2)."""
+    """A train member of ``mib`` MiB whose compressed size is raised to size/19: its declared ratio passes the
+    zip-bomb check."""
     size = mib << 20
     return patch_member(_zip_with(b"a" * size, method), TRAIN, compress_size=size // 19)
 
 
 def understated_size_zip(method: int = zipfile.ZIP_BZIP2, declared: int = 600_000, mib: int = 16) -> bytes:
-    """A train member that declares ``declared`` bytes (with the CRC-32 of its first ``declared`` bytes) but
-    inflates to ``mib`` MiB (issue 21 item 2)."""
+    """A train member that declares ``declared`` bytes (and their CRC-32) but inflates to ``mib`` MiB."""
     body = b"a" * (mib << 20)
     return patch_member(_zip_with(body, method), TRAIN, file_size=declared, crc=zlib.crc32(body[:declared]))

@@ -22,6 +22,7 @@ from mygpt.errors import UserError
 from tasks.core import dask_work
 from tasks.core.settings import RunOptions
 from tests.support import REPO, stages
+from tests.support.processes import stop_processes
 from tests.support.wait import wait_for
 
 SHARD = 20_000
@@ -137,15 +138,7 @@ class ExternalCluster:
         return Client(self.address, timeout=30, security=security, set_as_default=False)
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(*reversed(self.procs), timeout=20)
         self.log.close()
 
 

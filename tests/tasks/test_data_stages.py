@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from flows.mirror import Mirror, build_wikitext_zip
 from tasks.core.settings import RunOptions
 from tasks.corpus import CorpusSettings, download_corpus
 from tasks.registry import open_store
@@ -31,12 +30,6 @@ def data_flow():
         return {"corpus": corpus, "tokenizer": tokenizer, "shards": shards}
 
     return data_stages
-
-
-@pytest.fixture(scope="module")
-def mirror(wikitext2_path):
-    with Mirror({"/wikitext-103-raw-v1.zip": build_wikitext_zip(data_dir=wikitext2_path.parent)}) as m:
-        yield m
 
 
 def run(flow_fn, *args, **kwargs):

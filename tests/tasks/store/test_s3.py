@@ -84,9 +84,10 @@ def test_resume_state_saved_by_a_build_is_fetched_by_a_build_elsewhere(s3_root, 
 
 
 def test_an_unreachable_store_says_which_bucket_and_leaks_no_secret(tmp_path, monkeypatch):
-    from tests.support.s3 import _free_port, aws_env
+    from flows.server import free_port
+    from tests.support.s3 import aws_env
 
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     for name, value in aws_env(dead).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("WIKI_PIPELINE_CACHE", str(tmp_path / "cache"))
