@@ -17,9 +17,9 @@ from pathlib import Path
 from pydantic import Field
 
 from mygpt.errors import UserError
-from tasks.core.report import summary_table
-from tasks.core.settings import RunOptions, Settings
-from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
+from tasks.core.report import number, summary_table
+from tasks.core.settings import Settings
+from tasks.core.stage import BuildContext, Stage, stage_task
 
 
 class ExportSettings(Settings):
@@ -107,12 +107,12 @@ Load it with transformers (no custom code):
 """
 
 
-STAGE = Stage(name="export", settings=ExportSettings, code_version="1", report=report, inputs=("model",))
-
-
-@stage_task(STAGE)
-def export_model(
-    model: StageRef, settings: ExportSettings = ExportSettings(), run: RunOptions = RunOptions()
-) -> StageRef:
-    """Export a model version as a Hugging Face transformers directory (or reuse that version)."""
-    return STAGE.run(build_export, settings, run, model=model)
+STAGE = Stage(
+    name="export",
+    settings=ExportSettings,
+    code_version="1",
+    build=build_export,
+    report=report,
+    headline=lambda m: f"max logit diff {number((m.get('check') or {}).get('max_abs_logit_diff'), '.1e')}",
+)
+export_model = stage_task(STAGE, "export_model", "Export a model version as a transformers directory (or reuse it).")

@@ -45,14 +45,14 @@ def stage_name(name: object, what: str) -> str:
     raise UserError(f"{what} names no stage: {name!r}; the stages are {', '.join(NAMES)}")
 
 
-def in_order(names: Iterable[str]) -> tuple[str, ...]:
+def in_stage_order(names: Iterable[str]) -> tuple[str, ...]:
     """``names`` (stage names) without repeats, in the order the stages run."""
     return tuple(sorted(set(names), key=NAMES.index))
 
 
 def check_run(run: RunOptions) -> RunOptions:
     """``run`` with the stages it names (``force``, ``only``) checked and written by their names."""
-    force = in_order(stage_name(v, "run.force") for v in run.force)
+    force = in_stage_order(stage_name(v, "run.force") for v in run.force)
     only = stage_name(run.only, "run.only") if run.only is not None else None
     return run.model_copy(update={"force": force, "only": only})
 

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator
 
 from mygpt.errors import UserError
 from tasks.core.report import md_code, md_text
-from tasks.core.settings import DeviceSettings, RunOptions, Seed
+from tasks.core.settings import DeviceSettings, Seed
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 
 MIN_TEMPERATURE = 0.001
@@ -179,16 +179,12 @@ STAGE = Stage(
     name="samples",
     settings=SamplesSettings,
     code_version="2",
+    build=build_samples,
     report=report,
-    inputs=("model",),
     early_check=("tokenizer", check_prompt_early),
     alias="sample",
+    headline=lambda m: f"{len(m.get('samples') or [])} sample(s)",
+    shared_flat=("seed", "device", "precision"),
+    tiny={"max_new_tokens": 40},
 )
-
-
-@stage_task(STAGE)
-def sample_model(
-    model: StageRef, settings: SamplesSettings = SamplesSettings(), run: RunOptions = RunOptions()
-) -> StageRef:
-    """Sample text from a model version (or reuse that version). ``run.threads``: speed only."""
-    return STAGE.run(build_samples, settings, run, model=model)
+sample_model = stage_task(STAGE, "sample_model", "Sample text from a model version (or reuse that version).")

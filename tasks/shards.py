@@ -44,8 +44,8 @@ from mygpt.tokenizers.bpe import BPETokenizer
 from mygpt.tokenizers.bpe_encode import EncodeStats, chunk_bounds
 from tasks.core import dask_work, shard_format
 from tasks.core.report import md_code
-from tasks.core.settings import RunOptions, Settings
-from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
+from tasks.core.settings import Settings
+from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.corpus import SPLIT_FILES, SPLITS
 from tasks.store.artifacts import sha256_file
 
@@ -81,9 +81,6 @@ class ShardsSettings(Settings):
                 "10000000 makes ~20 MB shards"
             )
         return value
-
-
-default_workers = dask_work.default_workers
 
 
 # ---- progress record ---------------------------------------------------------------------------------
@@ -142,12 +139,12 @@ def encoded_chunks(
     name: str,
 ):
     """``(chunk_index, byte_start, byte_end, ids, stats)`` for the chunks of ``path`` from ``start_chunk`` on, in
-    order, each encoded by a Dask worker (``tasks.core.dask_work.encode_chunk``) that reads its range from
+    order, each encoded by a Dask worker (``tasks.core.dask_work.encode_range``) that reads its range from
     ``where`` (the same file where it is published: a path or an ``s3://`` URL)."""
     bounds = (b for b in chunk_bounds(path, chunk_bytes) if b[0] >= start_chunk)
-    work = dask_work.in_order(
+    work = dask_work.ordered_results(
         client,
-        dask_work.encode_chunk,
+        dask_work.encode_range,
         bounds,
         lambda b: (tokenizer_key, tokenizer_json, where, b[1], b[2], unk_policy),
         window=window,
@@ -438,18 +435,12 @@ STAGE = Stage(
     name="shards",
     settings=ShardsSettings,
     code_version="2",
+    build=build_shards,
     report=report,
-    inputs=("corpus", "tokenizer"),
     alias="encode",
+    headline=lambda m: f"{m.get('tokens', 0):,} tokens",
+    tiny={"shard_tokens": 50_000},
 )
-
-
-@stage_task(STAGE)
-def encode_shards(
-    corpus: StageRef, tokenizer: StageRef, settings: ShardsSettings = ShardsSettings(), run: RunOptions = RunOptions()
-) -> StageRef:
-    """Encode every split of a corpus version with a tokenizer version into Parquet shards (or reuse them).
-
-    The chunks are encoded on Dask: a local cluster of ``run.workers`` processes (default: CPU count, at most 8)
-    or the cluster at ``run.dask_address``; that and ``run.chunk_bytes`` change the speed, not the files."""
-    return STAGE.run(build_shards, settings, run, corpus=corpus, tokenizer=tokenizer)
+encode_shards = stage_task(
+    STAGE, "encode_shards", "Encode every split of a corpus version into Parquet token shards (or reuse them)."
+)

@@ -43,9 +43,9 @@ from mygpt.tokenizers.bpe import BPETokenizer
 from mygpt.tokenizers.bpe_encode import chunk_bounds
 from mygpt.tokenizers.bpe_train import add_counts, gc_paused, train_and_count_tokens
 from tasks.core import dask_work
-from tasks.core.report import md_code, summary_table
-from tasks.core.settings import RunOptions, Settings
-from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
+from tasks.core.report import md_code, number, summary_table
+from tasks.core.settings import Settings
+from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.corpus import SPLIT_FILES
 
 DEFAULT_CHUNK_BYTES = 8 << 20
@@ -92,7 +92,7 @@ def count_slice(ctx: BuildContext, path: Path, end: int, chunk_bytes: int, where
     where = where or str(path)
     with dask_work.dask_client(ctx.run, ctx.log, needs=[where]) as client:
         workers = len(client.scheduler_info()["workers"])
-        chunks = dask_work.in_order(
+        chunks = dask_work.ordered_results(
             client,
             dask_work.count_chunk,
             chunk_bounds(path, chunk_bytes, end=end),
@@ -186,13 +186,19 @@ def report(manifest: dict) -> str:
 
 
 STAGE = Stage(
-    name="tokenizer", settings=TokenizerSettings, code_version="2", report=report, inputs=("corpus",), alias="bpe"
+    name="tokenizer",
+    settings=TokenizerSettings,
+    code_version="2",
+    build=build_tokenizer,
+    report=report,
+    alias="bpe",
+    headline=lambda m: f"vocab {m.get('vocab_size', 0):,}, {number(m.get('chars_per_token'), '.2f')} chars/token",
+    columns=(
+        ("merges", lambda m: f"{m.get('num_merges', 0):,}"),
+        ("vocab", lambda m: f"{m.get('vocab_size', 0):,}"),
+        ("slice", lambda m: f"{m.get('train_bytes', 0):,} bytes"),
+        ("chars/token", lambda m: number(m.get("chars_per_token"), ".3f")),
+    ),
+    tiny={"num_merges": 48, "bpe_train_bytes": 200_000},
 )
-
-
-@stage_task(STAGE)
-def train_tokenizer(
-    corpus: StageRef, settings: TokenizerSettings = TokenizerSettings(), run: RunOptions = RunOptions()
-) -> StageRef:
-    """Train the chapter's word-level BPE on a corpus version (or reuse that version)."""
-    return STAGE.run(build_tokenizer, settings, run, corpus=corpus)
+train_tokenizer = stage_task(STAGE, "train_tokenizer", "Train the word-level BPE on a corpus version (or reuse it).")

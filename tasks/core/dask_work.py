@@ -3,9 +3,9 @@
 The tokenizer stage (counting the words of the training slice) and the shards stage (encoding every split)
 cut their text into the same deterministic chunks (``mygpt.tokenizers.bpe_encode.chunk_bounds``: about ``chunk_bytes``
 each, cut where a word ends, so the words -- and the ids -- of the chunks put together are those of the whole
-text). Each chunk is one Dask task: :func:`count_chunk` or :func:`encode_chunk`, run by a worker that reads its
+text). Each chunk is one Dask task: :func:`count_chunk` or :func:`encode_range`, run by a worker that reads its
 byte range of the corpus file itself (only three numbers and a path travel to it) and sends back a word-count
-table or an array of ids. :func:`in_order` submits them with a bounded window and hands the results back in
+table or an array of ids. :func:`ordered_results` submits them with a bounded window and hands the results back in
 file order, so memory stays at a few chunks whatever the corpus size, and the stage writes its outputs
 exactly as one process would.
 
@@ -69,20 +69,20 @@ def default_workers() -> int:
 
 
 # ---- what the workers run ------------------------------------------------------------------------------
-def encode_chunk(tokenizer_key: str, tokenizer_json: str, path: str, start: int, end: int, unk_policy: str) -> tuple:
+def encode_range(tokenizer_key: str, tokenizer_json: str, path: str, start: int, end: int, unk_policy: str) -> tuple:
     """Encode bytes ``start..end`` of ``path``: ``(ids, stats as a dict)``. The tokenizer (its state as JSON) is
     built once per worker, keyed by ``tokenizer_key``, and keeps its word cache from chunk to chunk."""
     import json
 
     from mygpt.tokenizers.bpe import BPETokenizer
-    from mygpt.tokenizers.bpe_encode import encode_chunk as encode
+    from mygpt.tokenizers.bpe_encode import encode_chunk
 
     tok = _TOKENIZERS.get(tokenizer_key)
     if tok is None:
         _TOKENIZERS.clear()
         tok = _TOKENIZERS[tokenizer_key] = BPETokenizer.from_state(json.loads(tokenizer_json))
     with _reading(path, start, end):
-        ids, stats = encode(tok, path, start, end, unk_policy, opener=opener(path))
+        ids, stats = encode_chunk(tok, path, start, end, unk_policy, opener=opener(path))
     return ids, stats.to_dict()
 
 
@@ -329,7 +329,7 @@ def _check_workers(client, address: str, needs: Iterable[str]) -> None:
 
 
 # ---- chunks in, results out in order ------------------------------------------------------------------------
-def in_order(
+def ordered_results(
     client, fn: Callable, items: Iterable[tuple], args: Callable[[tuple], tuple], *, window: int, name: str
 ) -> Iterator[tuple[tuple, Any]]:
     """``(item, fn(*args(item)))`` for each item, computed on the cluster, yielded in the items' order.

@@ -49,6 +49,11 @@ def settings_table(settings: dict) -> str:
     return f"\n## Settings\n\n| setting | value |\n|---|---|\n{rows}\n"
 
 
+def number(value: object, spec: str = ".4f") -> str:
+    """``value`` formatted with ``spec``, or ``–`` when it is not a number (a metric an old version lacks)."""
+    return "–" if not isinstance(value, int | float) else format(value, spec)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":

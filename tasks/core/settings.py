@@ -25,7 +25,7 @@ import typing
 from typing import Annotated, Any, Literal
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from mygpt.errors import UserError
 
@@ -35,6 +35,7 @@ class Settings(BaseModel):
 
     # allow_inf_nan=False: every float setting refuses inf and nan (``lr=Infinity``) with the field's message
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+    _resolved: bool = PrivateAttr(False)
 
     @classmethod
     def parse(cls, value: Any, name: str = "") -> typing.Self:
@@ -57,9 +58,24 @@ class Settings(BaseModel):
             raise UserError(cls._explain(e, value, name)) from None
 
     def resolved(self) -> typing.Self:
-        """These settings with whatever depends on this machine settled (e.g. ``device="auto"`` -> ``"cpu"``);
-        the stage builds with, and computes its version from, the resolved settings. Default: unchanged."""
+        """These settings with what depends on this machine settled (``device="auto"`` -> ``"cpu"``); a stage
+        builds with, and versions by, resolved settings. Default: unchanged. Callers use :meth:`resolved_once`."""
         return self
+
+    def resolved_once(self) -> typing.Self:
+        """:meth:`resolved`, marked: settings this returned come back as they are (resolution asks torch)."""
+        if self._resolved:
+            return self
+        settled = self.resolved()
+        settled = settled.model_copy() if settled is self else settled
+        settled._resolved = True
+        return settled
+
+    def model_copy(self, *, update: typing.Mapping[str, Any] | None = None, deep: bool = False) -> typing.Self:
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            copy._resolved = False  # a changed field may need resolving again
+        return copy
 
     def skipped(self) -> bool:
         """Whether the flow leaves this stage out (``export.enabled=false``). Default: never."""
@@ -159,6 +175,8 @@ Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
 class RunOptions(Settings):
     """How to run the pipeline, not what it builds: nothing here enters a version id."""
+
+    TINY: typing.ClassVar[dict] = {"workers": 1, "threads": 1}  # the run options' part of the tiny preset
 
     artifacts_dir: str | None = Field(
         None,

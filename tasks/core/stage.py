@@ -32,6 +32,7 @@ reused); outside Prefect, ``task.fn(...)`` runs the same code and returns the re
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -178,33 +179,42 @@ class BuildContext(Generic[S]):
                 update_progress_artifact(self._progress_id, progress=pct, description=description)
 
 
+Column = tuple[str, Callable[[dict], str]]  # (title, metrics -> cell) of a comparison table
+
+
 @dataclass(frozen=True)
 class Stage:
-    """One stage: its name (the noun it makes), its settings, code version, UI report and the stages it reads.
+    """One stage: the noun it makes, its settings, build, code version, UI report and run-summary facts.
 
-    A stage module declares ``STAGE = Stage(...)`` and decorates its task with :func:`stage_task`, which binds
-    the task here (:attr:`task`); ``tasks.registry`` lists the stages in order, and everything that lists
-    stages (the flow, its parameters, ``only=``, the CLI, the store's listings) is derived from that list."""
+    Its inputs are the build function's parameters after ``(ctx, settings)``: named once. ``tasks.registry``
+    lists the stages; everything that lists stages derives from that list (see docs/PIPELINE.md)."""
 
-    name: str  # corpus, tokenizer, ...: the store folder, the Prefect task, the flow parameter, the UI key
-    settings: type[Settings]  # the stage's settings class: the flow parameter's type, the home of its defaults
-    code_version: str  # bump when the stage's output for the same settings and inputs changes
-    # manifest -> markdown for the Prefect UI; the manifest handed to it also has "path", where the version is
-    # published (a manifest itself never names its root)
-    report: Callable[[dict], str]
-    inputs: tuple[str, ...] = ()  # upstream stages, passed to the build function as directories
-    #: For a stage that reads from outside the store (the corpus: the zip at source_url): ``(settings, store,
-    #: logger) -> {...}``, the identity of what it would read now (e.g. size and ETag). It enters the version id
-    #: and the manifest, so new content at the same address gives a new version.
+    name: str  # the store folder, the Prefect task, the flow parameter, the UI key
+    settings: type[Settings]  # the flow parameter's type, the home of its defaults
+    code_version: str  # bump when the output for the same settings and inputs changes
+    build: Callable[..., dict]  # build(ctx, settings, **input_dirs) -> metrics; writes ctx.out
+    report: Callable[[dict], str]  # manifest (plus "path") -> markdown for the UI
+    #: For a stage that reads from outside the store (the corpus): ``(settings, store, logger) -> {...}``, the
+    #: identity of what it would read now; it enters the version id, so new content gives a new version.
     source: Callable[..., dict] | None = None
-    #: ``(upstream stage, check)``: ``check(settings, upstream_ref) -> warnings`` runs as soon as that upstream
-    #: version exists, before the stages in between (the samples' prompt against the tokenizer: refused before
-    #: the shards and the model are built); it raises ``UserError`` for settings that cannot work.
+    #: ``(upstream stage, check(settings, upstream_ref) -> warnings)``, run as soon as that upstream exists;
+    #: raises ``UserError`` for settings that cannot work.
     early_check: tuple[str, Callable[[Any, StageRef], list[str]]] | None = None
-    #: The older verb for this stage (``train`` for model), still accepted where a user names a stage.
-    alias: str | None = None
+    alias: str | None = None  # the older verb (``train`` for model), still accepted where a user names a stage
+    headline: Callable[[dict], str] | None = None  # metrics -> the run summary's one number
+    columns: tuple[Column, ...] = ()  # metrics -> cells of a version comparison
+    #: The stage whose comparison :attr:`columns` join (matched by that input's version); None: this stage's own.
+    columns_for: str | None = None
+    chart: Callable[[list], str] | None = None  # versions -> a markdown chart atop this stage's comparison
+    shared_flat: tuple[str, ...] = ()  # fields a flat name (``--param seed=``) sets here and in other stages
+    tiny: dict = field(default_factory=dict, compare=False)  # this stage's part of the tiny preset
     #: The stage's Prefect task, bound by :func:`stage_task`: ``task(*inputs, settings, run) -> StageRef``.
     task: Any = field(default=None, init=False, compare=False, repr=False)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The upstream stages, in the build function's order."""
+        return tuple(inspect.signature(self.build).parameters)[2:]
 
     @property
     def artifact_key(self) -> str:
@@ -215,22 +225,19 @@ class Stage:
         and (for a stage with a :attr:`source`) the identity of what it reads."""
         return version_id(self.name, settings.version_params(), input_ids(inputs), self.code_version, source)
 
-    def run(self, build: Callable[..., dict], settings: S, run: RunOptions, **inputs: StageRef) -> Any:
-        """Reuse or build this stage's version: the one verb every stage task calls (see the module docstring).
+    def reuse_or_build(self, settings: S, run: RunOptions, inputs: dict[str, StageRef]) -> Any:
+        """This stage's version for ``settings`` and ``inputs``: reused if published and verified, else built.
 
-        ``build(ctx, settings, **input_dirs)`` writes the version's files into ``ctx.out`` and returns its
-        metrics; ``input_dirs`` maps each input stage to its published directory under ``run``'s artifact root.
-        Returns the :class:`StageRef`, or inside a Prefect task run a ``Cached`` state holding it when reused.
-        """
+        Returns the :class:`StageRef`, or inside a Prefect task run a ``Cached``/``Completed`` state holding it."""
         if set(inputs) != set(self.inputs):
             raise ValueError(f"stage {self.name} takes inputs {list(self.inputs)}, got {sorted(inputs)}")
-        settings = settings.resolved()
+        settings = settings.resolved_once()  # a no-op for settings the flow resolved (Pipeline.parse)
         store = ArtifactStore(run.root())
         logger = stage_logger(self.name)
         with contextlib.ExitStack() as pins:
             for name, ref in sorted(inputs.items()):  # read-pinned while this stage runs: gc keeps them
                 pins.enter_context(store.pin(name, ref["version"], on_wait=self._pin_wait(logger, name, ref)))
-            return self._run_pinned(build, settings, run, store, logger, inputs)
+            return self._reuse_or_build_pinned(settings, run, store, logger, inputs)
 
     def _pin_wait(self, logger: Any, name: str, ref: StageRef) -> Callable[[], None]:
         def waiting() -> None:
@@ -240,9 +247,8 @@ class Stage:
 
         return waiting
 
-    def _run_pinned(
+    def _reuse_or_build_pinned(
         self,
-        build: Callable[..., dict],
         settings: S,
         run: RunOptions,
         store: ArtifactStore,
@@ -307,7 +313,7 @@ class Stage:
             )
             fault_point(f"{self.name}.start")
             t0 = time.time()
-            metrics = build(ctx, settings, **input_dirs) or {}
+            metrics = self.build(ctx, settings, **input_dirs) or {}
             seconds = round(time.time() - t0, 3)
             manifest = staging.publish(
                 settings=settings.version_params(),
@@ -343,17 +349,33 @@ class Stage:
         return Completed(name="Cached" if reused else "Completed", message=message, data=ref)
 
 
-def stage_task(stage: Stage):
-    """The Prefect task decorator for a stage's task function: named after the stage, no Prefect caching (the
-    artifact store decides reuse, see :meth:`Stage.run`), no persisted results."""
+def stage_task(stage: Stage, name: str, doc: str) -> Any:
+    """The stage's Prefect task, the function ``name(*inputs, settings, run) -> StageRef`` with docstring ``doc``:
+    task and task runs named after the stage, no Prefect caching and no persisted results (the artifact store
+    decides reuse). Bound to ``stage.task``."""
     from prefect import task
     from prefect.cache_policies import NO_CACHE
 
-    decorate = task(name=stage.name, task_run_name=stage.name, cache_policy=NO_CACHE, persist_result=False)
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature(
+        [inspect.Parameter(i, kind, annotation=StageRef) for i in stage.inputs]
+        + [
+            inspect.Parameter("settings", kind, default=stage.settings(), annotation=stage.settings),
+            inspect.Parameter("run", kind, default=RunOptions(), annotation=RunOptions),
+        ],
+        return_annotation=StageRef,
+    )
 
-    def bind(fn):
-        stage_task_ = decorate(fn)
-        object.__setattr__(stage, "task", stage_task_)
-        return stage_task_
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        given = signature.bind(*args, **kwargs)
+        given.apply_defaults()
+        a = given.arguments
+        return stage.reuse_or_build(a["settings"], a["run"], {i: a[i] for i in stage.inputs})
 
-    return bind
+    fn.__signature__ = signature  # type: ignore[attr-defined]
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    fn.__module__ = stage.build.__module__
+    decorated = task(name=stage.name, task_run_name=stage.name, cache_policy=NO_CACHE, persist_result=False)(fn)
+    object.__setattr__(stage, "task", decorated)
+    return decorated

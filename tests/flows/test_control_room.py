@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 
 from flows.settings import TINY
+from tasks.registry import NAMES
 from tests.support import REPO
 from tests.support.runner import alive, fork_server_of, serving_process
 from tests.support.wait import wait_for
 
-STAGES = ("corpus", "tokenizer", "shards", "model", "samples", "export")
+STAGES = NAMES
 LINE = re.compile(r"^  (\w+) +(built|Cached) +(\w+)/([0-9a-f]{12}) · [\d.]+ \w?B · [\d.]+ s$")
 
 

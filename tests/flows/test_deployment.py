@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from flows.settings import TINY
-from tasks.registry import open_store
+from tasks.registry import NAMES, open_store
 from tests.support.runner import serving
 
 KEYS = {
@@ -143,7 +143,7 @@ def check_the_ui_shows_every_stages_settings_by_name(flow_run_id: str) -> None:
     with its fields, types and the chapter's defaults; the tokenizer task run names num_merges and its value."""
     deployment, tokenizer_run, arts = _deployment_and_tokenizer_run(flow_run_id)
     schema = deployment.parameter_openapi_schema
-    assert list(schema["properties"]) == ["corpus", "tokenizer", "shards", "model", "samples", "export", "run"]
+    assert list(schema["properties"]) == [*NAMES, "run"]
     definitions = schema["definitions"]
     tokenizer = definitions[schema["properties"]["tokenizer"]["$ref"].rsplit("/", 1)[1]]["properties"]
     assert tokenizer["num_merges"]["type"] == "integer" and tokenizer["num_merges"]["default"] == 1024

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.registry import open_store
+from tasks.registry import NAMES, open_store
 from tests.support.prefect_server import task_run_states
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
 
@@ -34,25 +34,18 @@ def tiny_run(prefect_server, tmp_path_factory):
 def test_force_bpe_rebuilds_bpe_and_everything_after_it(tiny_run):
     run, store = tiny_run
     first, states = run()
-    assert set(states.values()) == {"Completed"} and len(states) == 6
+    assert set(states.values()) == {"Completed"} and len(states) == len(NAMES)
 
     again, states = run()
-    assert states == dict.fromkeys(["corpus", "tokenizer", "shards", "model", "samples", "export"], "Cached")
+    assert states == dict.fromkeys(NAMES, "Cached")
     assert again == first
 
     forced, states = run(run={"force": ["bpe"]})  # the old task name still works
-    assert states == {
-        "corpus": "Cached",
-        "tokenizer": "Completed",
-        "shards": "Completed",
-        "model": "Completed",
-        "samples": "Completed",
-        "export": "Completed",
-    }
+    assert states == {name: "Cached" if name == "corpus" else "Completed" for name in NAMES}
     assert forced["corpus"] == first["corpus"], "download reused"
     assert forced["tokenizer"]["version"] == first["tokenizer"]["version"], "same parameters, same version ..."
     assert forced["tokenizer"]["build_id"] != first["tokenizer"]["build_id"], "... rebuilt"
-    for stage in ("shards", "model", "samples", "export"):
+    for stage in NAMES[NAMES.index("shards") :]:
         assert forced[stage]["version"] != first[stage]["version"], f"{stage}: new lineage, new version"
         assert store.verify(stage, first[stage]["version"]) == (True, "ok"), f"{stage}: old version kept"
         inputs = store.get(stage, forced[stage]["version"]).manifest["inputs"]
@@ -61,7 +54,7 @@ def test_force_bpe_rebuilds_bpe_and_everything_after_it(tiny_run):
 
 #: What a rerun whose stages are all Cached has no use for: torch and the Hugging Face stack (training, sampling,
 #: export), the Parquet and Dask machinery (encoding). Loading any of them costs its start seconds (torch: 2-3 s).
-STAGE_NAMES = ["corpus", "tokenizer", "shards", "model", "samples", "export"]
+STAGE_NAMES = list(NAMES)
 HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "pyarrow", "dask", "distributed", "pandas")
 
 

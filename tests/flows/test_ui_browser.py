@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from flows.settings import TINY
+from tasks.registry import NAMES
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -26,7 +27,7 @@ pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (apt-get install -y chromium)"),
 ]
 
-GROUPS = ("corpus", "tokenizer", "shards", "model", "samples", "export", "run")
+GROUPS = (*NAMES, "run")
 
 
 def render(url: str, shot: Path | None = None, expect: str = "", budget_ms: int = 30_000) -> str:
@@ -97,7 +98,7 @@ def test_the_ui_shows_the_artifacts_summary_chart_comparison_and_run_form(ui_run
     summary_url = f"{ui}/artifacts/artifact/{arts['wiki-run-summary']}"
     summary = text_of(render(summary_url, shots / "run-summary.png", "6 built, 0 Cached"))
     assert "6 built, 0 Cached" in summary, summary[:3000]
-    for stage in ("corpus", "tokenizer", "shards", "model", "samples", "export"):
+    for stage in NAMES:
         assert re.search(rf"{stage} built [0-9a-f]{{12}}", summary), (stage, summary[:3000])
 
     model_dom = render(f"{ui}/artifacts/artifact/{arts['wiki-model']}", shots / "model.png", "final val loss")

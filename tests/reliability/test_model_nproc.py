@@ -24,6 +24,7 @@ import torch
 
 from mygpt.training.distributed import EXIT_RANK_ENV, TrainingProcessError
 from tasks.model import CHECKPOINT, STALL_ENV, train_model
+from tasks.registry import NAMES
 from tests.support.tiny import SETTINGS, run_in
 
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="nproc=2 needs 2 CPU cores")
@@ -39,7 +40,7 @@ CHILD = (
 
 def _copy_root(upstream, dest: Path) -> Path:
     """A root of its own holding the shared corpus, tokenizer and shards versions."""
-    shutil.copytree(upstream[0], dest, ignore=shutil.ignore_patterns("model", "samples", "export"))
+    shutil.copytree(upstream[0], dest, ignore=shutil.ignore_patterns(*NAMES[NAMES.index("model") :]))
     return dest
 
 

@@ -19,6 +19,7 @@ import pytest
 from flows.mirror import build_wikitext_zip
 from flows.server import free_port
 from mygpt.errors import UserError
+from tasks import shards
 from tasks.core import dask_work
 from tasks.core.settings import RunOptions
 from tests.support import REPO, stages
@@ -175,7 +176,7 @@ def cluster(tmp_path_factory):
 
 def copy_inputs(inputs, root: Path):
     src, corpus, tokenizer = inputs
-    for stage in ("corpus", "tokenizer"):
+    for stage in shards.STAGE.inputs:  # the shards stage reads these
         shutil.copytree(Path(src) / stage, root / stage)
     return root, corpus, tokenizer
 
@@ -333,7 +334,7 @@ def test_one_worker_local_cluster_listens_on_loopback_only_and_logs_no_dask_info
     and [::]); and none of distributed's INFO lines (cluster start and stop: a few dozen) in the log."""
     root, corpus, tokenizer = copy_inputs(inputs, tmp_path / "art")
     seen: list[str] = []
-    in_order = dask_work.in_order
+    ordered_results = dask_work.ordered_results
 
     def listening_then_work(*args, **kwargs):  # inside the stage, while its cluster is up
         me = psutil.Process()
@@ -343,9 +344,9 @@ def test_one_worker_local_cluster_listens_on_loopback_only_and_logs_no_dask_info
                 for c in p.net_connections(kind="inet")
                 if c.status == psutil.CONN_LISTEN
             )
-        return in_order(*args, **kwargs)
+        return ordered_results(*args, **kwargs)
 
-    monkeypatch.setattr(dask_work, "in_order", listening_then_work)
+    monkeypatch.setattr(dask_work, "ordered_results", listening_then_work)
     caplog.set_level(logging.INFO)
     stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
     assert seen, "the stage ran no chunk work on its cluster"

@@ -15,6 +15,7 @@ from flows.mirror import MEMBER, build_wikitext_zip, make_zip
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
 from tasks import shards as E
+from tasks.core import dask_work
 from tasks.core import shard_format as SF
 from tasks.core.settings import RunOptions
 from tests.support import stages
@@ -111,7 +112,7 @@ def test_readable_with_pyarrow_pandas_and_duckdb(baseline):
 def same_inputs_under(inputs, root: Path) -> tuple:
     """The fixture's corpus and tokenizer versions, copied under a fresh artifact root ``root``."""
     src, corpus, tokenizer = inputs
-    for stage in ("corpus", "tokenizer"):
+    for stage in E.STAGE.inputs:
         shutil.copytree(Path(src) / stage, root / stage)
     return root, corpus, tokenizer
 
@@ -308,7 +309,7 @@ def test_run_options_reject(options, message):
 def test_workers_and_chunk_bytes_are_not_settings():
     assert "workers" not in E.ShardsSettings.model_fields and "chunk_bytes" not in E.ShardsSettings.model_fields
     assert E.ShardsSettings().version_params() == {"shard_tokens": 10_000_000, "unk_policy": "skip"}
-    assert os.cpu_count() and E.default_workers() >= 1
+    assert os.cpu_count() and dask_work.default_workers() >= 1
 
 
 def test_huge_shard_tokens_is_refused_before_any_stage(tmp_path, capsys, monkeypatch):

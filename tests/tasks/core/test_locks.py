@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -106,13 +107,13 @@ def _source(ctx, settings: _Word) -> dict:
     return {}
 
 
-SOURCE = Stage("corpus", _Word, code_versions()["corpus"], lambda m: "")
+SOURCE = Stage("corpus", _Word, code_versions()["corpus"], _source, lambda m: "")
 
 
 def test_gc_keeps_the_inputs_a_running_build_reads_and_deletes_lock_files(tmp_path, capsys):
     """Issue 21 item 5: `gc --stale --yes` during a build deleted the build's input; item 10: lock files stayed."""
     run = RunOptions(artifacts_dir=str(tmp_path))
-    corpus = SOURCE.run(_source, _Word(), run)
+    corpus = SOURCE.reuse_or_build(_Word(), run, {})
     store = open_store(tmp_path)
     # the corpus turns stale (built by an older code version), as an input rebuilt or replaced would
     manifest_path = Path(corpus["path"]) / "manifest.json"
@@ -128,8 +129,8 @@ def test_gc_keeps_the_inputs_a_running_build_reads_and_deletes_lock_files(tmp_pa
         (ctx.out / "b.txt").write_text((corpus / "a.txt").read_text().upper())  # the input is still there
         return {}
 
-    upper = Stage("tokenizer", _Word, code_versions()["tokenizer"], lambda m: "", inputs=("corpus",))
-    upper.run(reader, _Word(), run, corpus=corpus)
+    upper = Stage("tokenizer", _Word, code_versions()["tokenizer"], reader, lambda m: "")
+    upper.reuse_or_build(_Word(), run, {"corpus": corpus})
     assert f"corpus/{corpus['version']}  kept: a running build is writing or reading it" in seen["gc"]
     assert (tmp_path / "tokenizer" / upper.version(_Word(), {"corpus": corpus}) / "b.txt").read_text() == "HELLO X"
 
@@ -150,7 +151,7 @@ def test_a_leftover_manifest_in_staging_is_removed_before_the_build(tmp_path):
     out = ArtifactStore(tmp_path).staging_path("corpus", version) / "out"
     out.mkdir(parents=True)
     (out / "manifest.json").write_text('{"build_id": "left-over"}')
-    ref = SOURCE.run(_source, _Word(), run)
+    ref = SOURCE.reuse_or_build(_Word(), run, {})
     assert ref["version"] == version and ref["build_id"] != "left-over"
     assert ArtifactStore(tmp_path).verify("corpus", version, full=True) == (True, "ok")
 
@@ -165,9 +166,9 @@ def test_reuse_checks_every_sha256_under_full_check(tmp_path, full_check):
         return _source(ctx, settings)
 
     run = RunOptions(artifacts_dir=str(tmp_path), full_check=full_check)
-    first = SOURCE.run(build, _Word(), run)
+    first = replace(SOURCE, build=build).reuse_or_build(_Word(), run, {})
     (Path(first["path"]) / "a.txt").write_text("HELLO x")  # same size, other bytes
-    again = SOURCE.run(build, _Word(), run)
+    again = replace(SOURCE, build=build).reuse_or_build(_Word(), run, {})
     if full_check:
         assert len(builds) == 2 and again["build_id"] != first["build_id"]
         assert (Path(again["path"]) / "a.txt").read_text() == "hello x"
