@@ -47,11 +47,8 @@ def comparison_key(stage: str) -> str:
 
 
 def artifact_links(keys_versions: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """{(stage, version): UI path of the artifact that describes that version} (``built <stage>/<version>``; the
-    newest, after a forced rebuild), for the versions whose artifact this Prefect server has (a version built
-    against another server has none). The stages' artifacts are read newest first, a page at a time (the server's
-    own page size, ``PREFECT_SERVER_API_DEFAULT_LIMIT``: 200 unless set lower), until every version is found or
-    none is left."""
+    """{(stage, version): UI path of the newest artifact describing that version}, for the versions this Prefect
+    server has one for; read newest first, a server page at a time, until all are found or none is left."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.client.schemas.sorting import ArtifactSort
@@ -82,9 +79,8 @@ def _linked(version: str, link: str | None) -> str:
 
 
 def one_line(error: BaseException, limit: int = 500) -> str:
-    """An error as literal markdown text on one line: its type and first line, at most ``limit`` characters. The
-    stages' errors name their inputs without credentials already; any URL or query left in it is redacted here
-    too (``redact_text``), whatever raised it."""
+    """An error as literal markdown on one line (type and first line, at most ``limit`` characters), any URL's
+    credentials and query redacted whatever raised it."""
     text = next((line.strip() for line in str(error).splitlines() if line.strip()), "no reason given")
     text = redact_text(text, "")
     text = f"{type(error).__name__}: {text}"
@@ -135,8 +131,7 @@ def differing_settings(versions: list[VersionInfo]) -> list[str]:
 
 
 def differing_inputs(versions: list[VersionInfo]) -> list[str]:
-    """The input stages (``tokenizer``, ``shards``, ...) whose versions are not the same in every version: two
-    models with the same settings trained on other data differ there."""
+    """The input stages whose versions are not the same in every version (same settings, other data)."""
     return _differing(
         [{k: (i or {}).get("version") for k, i in v.manifest.get("inputs", {}).items()} for v in versions]
     )

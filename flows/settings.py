@@ -153,6 +153,6 @@ Pipeline: type[PipelineBase] = create_model(  # type: ignore[call-overload]
 )
 
 
-#: The tiny preset (``--tiny``, ``scripts/pipeline --demo``): every stage in about a minute on two CPU cores
-#: against the loopback mirror; each stage's part is its ``Stage.tiny``. It sets no source_url.
+#: The tiny preset (``--tiny``, ``scripts/pipeline --demo``): every stage small enough for a quick run against
+#: the loopback mirror; each stage's part is its ``Stage.tiny``. It sets no source_url.
 TINY: dict[str, dict] = {**{s.name: dict(s.tiny) for s in STAGES if s.tiny}, "run": dict(RunOptions.TINY)}

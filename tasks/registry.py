@@ -1,14 +1,5 @@
-"""The pipeline's stages, in the order they run: the one list of stages.
-
-Everything that lists stages is derived from :data:`STAGES`: the flow's parameters and wiring
-(``flows.wiki_pipeline``), the settings groups (``flows.settings.Pipeline``), ``only=`` and ``force``, the
-store's listings and ``gc`` (:func:`open_store`), the code versions that mark stale versions, the CLI's
-listings and the tests' plain stage calls. Adding a stage is one module (its settings, build, report,
-``STAGE`` and task; see ``tasks.core.stage``) and one line here.
-
-It sits above the stage modules (it imports them), so ``tasks.core`` never imports it: the machinery takes the
-stage names it needs from its callers.
-"""
+"""The pipeline's stages, in the order they run: the one list of stages. Adding a stage is one module and one
+line here (docs/STAGES.md). It imports the stage modules, so ``tasks.core`` never imports it."""
 
 from __future__ import annotations
 

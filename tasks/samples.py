@@ -1,9 +1,7 @@
 """Stage ``samples`` (task ``sample_model``): ``model/<version>/model.ckpt`` -> ``samples.md`` + ``samples.json``.
 
-Generates ``max_new_tokens`` BPE tokens after each prompt (the chapter's §28.7: "The history of", 200 tokens,
-temperature 1.0, top-k 40), seeded, so the same version always holds the same text. Every prompt is sampled with
-the same ``seed``, so a prompt's continuation does not depend on its place in the list. Characters the tokenizer
-cannot encode are dropped from a prompt with a warning (the flow already refused prompts made only of them).
+Every prompt is sampled with the same ``seed``, so a version always holds the same text and a continuation does
+not depend on the prompt's place in the list; characters the tokenizer cannot encode are dropped, with a warning.
 """
 
 from __future__ import annotations
@@ -145,9 +143,7 @@ def report(manifest: dict) -> str:
 
 
 def check_prompts(tokenizer, prompt) -> list[str]:
-    """Refuse prompts made only of characters ``tokenizer`` cannot encode (known right after the tokenizer stage).
-
-    Returns warnings for prompts that merely contain some (the samples stage drops those characters)."""
+    """Refuse prompts made only of characters ``tokenizer`` cannot encode; warnings for those that contain some."""
     from mygpt.errors import describe_chars
 
     warnings = []
@@ -167,8 +163,7 @@ def check_prompts(tokenizer, prompt) -> list[str]:
 
 
 def check_prompt_early(settings: SamplesSettings, tokenizer: StageRef) -> list[str]:
-    """The samples' early check (:attr:`Stage.early_check`): the prompt against the tokenizer, as soon as the
-    tokenizer version exists, so a prompt it cannot encode stops the run before the shards and the model."""
+    """The samples' early check (:attr:`Stage.early_check`): the prompt against the tokenizer version."""
     from tasks.core.stage import ref_dir
     from tasks.tokenizer import load_tokenizer
 

@@ -1,31 +1,9 @@
 """Stage ``tokenizer`` (task ``train_tokenizer``): the chapter's word-level BPE, trained on a slice of the corpus.
 
-The slice is the first ``bpe_train_bytes`` bytes of ``wiki.train.txt`` (0 = the whole split), cut back to a
-UTF-8 character boundary (the chapter slices 50,000,000 *characters* of ``wikipedia.txt``, which starts
-with the train split; bytes make the setting independent of the text's script). The algorithm is stated
-plainly in :mod:`mygpt.tokenizers.bpe_reference`; the merges are exactly ``BPETokenizer.from_corpus(slice,
-num_merges)``.
-
-How, in two phases:
-
-1. **count** -- pre-tokenise the slice and count each distinct word, as a map-reduce over the same
-   deterministic chunks the shards stage encodes (cut where a word ends, so no word is split): each chunk is
-   counted by a Dask worker reading its byte range of the file (:mod:`tasks.core.dask_work`: a local cluster, or
-   ``run.dask_address``), and this process adds the tables up as they arrive, in file order. Memory is a
-   few chunks plus the table of distinct words -- it no longer grows with the slice;
-2. **train** -- ``mygpt.tokenizers.bpe_train.train_and_count_tokens`` on the table (the merges of ``from_corpus``).
-
-Published files::
-
-    tokenizer.json   BPETokenizer.save format: {"chars": [...], "merges": [[a, b], ...]}
-    stats.json       vocab/alphabet size, first 30 merges, the slice's size, chars per token on the slice,
-                     timings
-
-Chars per token of the slice comes from the trainer's final state (each distinct word's symbols after the last
-merge, times its count) -- what ``encode_corpus(slice)`` would give, without encoding the slice again (when two
-merges make the same string that shortcut is not exact, and each distinct word is encoded once instead). The
-chapter's "characters missing from the slice" analysis of ``wikipedia.txt`` is made by the shards stage, whose
-encode pass reads every character anyway (its ``missing`` metrics and the ``wiki-shards`` report).
+The slice is the first ``bpe_train_bytes`` of ``wiki.train.txt`` cut back to a character boundary; its words are
+counted on Dask (the shards stage's chunks), then the merges learnt from the table -- exactly
+``BPETokenizer.from_corpus(slice, num_merges)``'s (docs/STAGES.md). Publishes ``tokenizer.json`` and
+``stats.json``.
 """
 
 from __future__ import annotations
@@ -85,9 +63,8 @@ def slice_end(path: Path, max_bytes: int) -> int:
 
 
 def count_slice(ctx: BuildContext, path: Path, end: int, chunk_bytes: int, where: str | None = None) -> dict[str, int]:
-    """The word counts of bytes ``0..end`` of ``path``, chunk by chunk on Dask, added up here in file order; the
-    workers read their chunks from ``where`` (the same file where it is published: a path or an ``s3://`` URL),
-    this process cuts them from ``path``."""
+    """The word counts of bytes ``0..end`` of ``path``, chunk by chunk on Dask (read from ``where``), added up
+    here in file order."""
     counts: dict[str, int] = {}
     where = where or str(path)
     with dask_work.dask_client(ctx.run, ctx.log, needs=[where]) as client:

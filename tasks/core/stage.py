@@ -1,32 +1,7 @@
 """Running a stage: reuse its version from the artifact store, or build it in staging and publish it.
 
-A stage module holds the stage's settings (a :class:`~tasks.core.settings.Settings` subclass), a ``build``
-function, a ``report`` function for its Prefect UI artifact, ``STAGE = Stage(...)`` and one Prefect task with
-an explicit signature -- its inputs, its settings, the run options -- whose body is one call of the one verb,
-:meth:`Stage.run`::
-
-    @stage_task(STAGE)
-    def train_tokenizer(corpus: StageRef, settings: TokenizerSettings = TokenizerSettings(),
-                        run: RunOptions = RunOptions()) -> StageRef:
-        return STAGE.run(build_tokenizer, settings, run, corpus=corpus)
-
-:meth:`Stage.run`
-
-0. holds a shared lock on each input version (``ArtifactStore.pin``) until it returns, so ``gc`` keeps what a
-   running build reads and no rebuild replaces it meanwhile;
-1. computes the version id from the settings, the inputs (each upstream version plus its build id, so a
-   rebuilt upstream gives new downstream versions), the stage's code version and, for a stage that reads from
-   outside the store (:attr:`Stage.source`: the corpus), the identity of what it reads now;
-2. reuses that version if the store verifies it (and ``run.force`` does not name the stage); inside a Prefect
-   task run it then returns a ``Completed`` state named ``Cached`` (Prefect's documented way for a task to set
-   its own final state), so the UI shows the reuse; the artifact store is the only cache -- Prefect keeps no
-   cache records and no results for these tasks;
-3. otherwise takes the version's lock, builds into the staging area (which survives a crash, so a stage may
-   resume), publishes atomically with the manifest written last, and posts the stage's UI artifact under
-   ``wiki-<stage>``.
-
-A flow calls a stage task with ``return_state=True`` and takes ``.result()`` (the :class:`StageRef`, built or
-reused); outside Prefect, ``task.fn(...)`` runs the same code and returns the ref.
+A stage module holds its settings, a ``build`` function, a ``report``, ``STAGE = Stage(...)`` and
+``task = stage_task(STAGE, ...)``; the steps of :meth:`Stage.reuse_or_build` are in docs/STAGES.md.
 """
 
 from __future__ import annotations
@@ -86,8 +61,7 @@ def _flow_run_id() -> str | None:
 
 
 def ref_dir(ref: StageRef) -> Path:
-    """A local directory holding the version ``ref`` names: its own, or (published on object storage) a verified
-    copy in this machine's cache (``ArtifactStore.local_copy``)."""
+    """A local directory holding the version ``ref`` names (for an object-store root: a verified local copy)."""
     where, suffix = ref["path"], f"/{ref['stage']}/{ref['version']}"
     if not where.endswith(suffix) or "://" not in where:
         return Path(where)
@@ -95,8 +69,7 @@ def ref_dir(ref: StageRef) -> Path:
 
 
 def lineage(name: str, ref: StageRef) -> dict:
-    """What a manifest records of an input: stage, version and build id, never a path (an artifact root can be
-    moved or copied; the input lives under whichever root the version is read from)."""
+    """What a manifest records of an input: stage, version and build id, never a path (a root can be moved)."""
     return {"stage": ref.get("stage", name), "version": ref["version"], "build_id": ref["build_id"]}
 
 
@@ -142,22 +115,19 @@ class BuildContext(Generic[S]):
         return self.build.resumed
 
     def save(self, *paths: Path) -> None:
-        """Mark ``paths`` (under :attr:`out` or :attr:`work`) as resume state: on an object-store root they are
-        uploaded now, so a rerun on another machine resumes from them (see ``Build.save``)."""
+        """Mark ``paths`` as resume state (on an object-store root: uploaded now, see ``Build.save``)."""
         self.build.save(*paths)
 
     def worker_path(self, name: str, rel: str) -> str:
-        """Where a Dask worker reads the file ``rel`` of the input ``name`` from: on an external cluster
-        (``run.dask_address``), where it is published (a path, or an ``s3://`` URL read by range, so the cluster
-        needs no shared disk); on the local cluster this stage starts, its workers share this machine's disk, so
-        the local copy the build reads (the same bytes, checked against the manifest)."""
+        """Where a Dask worker reads the file ``rel`` of the input ``name``: where it is published for an external
+        cluster (a path or an ``s3://`` URL), else the local copy the build reads (the workers share this disk)."""
         version = self.inputs[name]["version"]
         if self.run.dask_address:
             return f"{self.store.location(name, version)}/{rel}"
         return str(self.store.local_copy(name, version) / rel)
 
     def progress(self, done: float, total: float, message: str = "", force: bool = False) -> None:
-        """Report progress: a log line (every ~10 s or 10 %) and a Prefect progress artifact."""
+        """Report progress: a log line (at most every 10 s or 10 %) and a Prefect progress artifact."""
         fault_point(f"{self.stage}.progress")
         pct = 100.0 * done / total if total else 100.0
         now = time.monotonic()
@@ -221,8 +191,7 @@ class Stage:
         return f"wiki-{self.name}"
 
     def version(self, settings: Settings, inputs: dict[str, StageRef], source: dict | None = None) -> str:
-        """The version id of this stage for ``settings`` (resolved, see :meth:`Settings.resolved`), ``inputs``
-        and (for a stage with a :attr:`source`) the identity of what it reads."""
+        """The version id for resolved ``settings``, ``inputs`` and (with :attr:`source`) what it reads."""
         return version_id(self.name, settings.version_params(), input_ids(inputs), self.code_version, source)
 
     def reuse_or_build(self, settings: S, run: RunOptions, inputs: dict[str, StageRef]) -> Any:
@@ -337,9 +306,8 @@ class Stage:
         return self._final(ref(manifest), manifest, reused=False)
 
     def _final(self, ref: StageRef, manifest: dict, reused: bool) -> Any:
-        """The ref, or inside a Prefect task run a final state holding it: ``Cached`` when reused, else
-        ``Completed``; its message says which version and how big (``reused corpus/<version> · 1.2 MB``), what
-        ``wiki-pipeline wait`` prints for the stage."""
+        """The ref, or in a task run a ``Cached``/``Completed`` state holding it, its message what ``wiki-pipeline
+        wait`` prints (``reused corpus/<version> · 1.2 MB``)."""
         if not in_task_run():
             return ref
         from prefect.states import Completed

@@ -1,4 +1,4 @@
-"""The Prefect UI and the terminal as the pipeline's control room (issue 20), through a real Prefect server, the
+"""The Prefect UI and the terminal as the pipeline's control room, through a real Prefect server, the
 real deployment runner (`wiki-pipeline serve --tiny --source-url <loopback mirror>`, what `scripts/pipeline
 --demo` starts), the real `prefect deployment run` command and `wiki-pipeline wait`:
 

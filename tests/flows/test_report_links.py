@@ -1,4 +1,4 @@
-"""The run summary and the comparisons link every version to the artifact that describes it (issue 20, items 3-4),
+"""The run summary and the comparisons link every version to the artifact that describes it,
 however many artifacts the Prefect server holds: it answers at most a page (200 by default) a request, so the links are
 read a page at a time (``flows.reports.artifact_links``), through a real Prefect server on 127.0.0.1."""
 

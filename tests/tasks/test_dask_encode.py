@@ -281,7 +281,7 @@ def test_sigkill_one_worker_mid_encode_still_gives_the_same_shards(inputs, basel
     assert manifest(outcome["ref"])["files"] == manifest(baseline)["files"]
 
 
-# ---- dask_address: every wrong one is one clear error naming it (issue 21) ----------------------------------
+# ---- dask_address: every wrong one is one clear error naming it ----------------------------------
 @pytest.mark.parametrize(
     "address, says",
     [
@@ -456,7 +456,7 @@ def test_external_cluster_over_tls_gives_the_same_shards_and_refuses_plain_clien
 def test_an_external_cluster_with_no_shared_disk_reads_its_chunks_from_the_bucket(
     inputs, baseline, s3_root, s3_endpoint, tmp_path
 ):
-    """Issue 19: with an s3:// root, the workers (started in a folder holding no artifacts, with only the AWS
+    """With an s3:// root, the workers (started in a folder holding no artifacts, with only the AWS
     environment) read their byte ranges from the bucket, and the shards are the local root's, byte for byte."""
     from tasks.registry import open_store
     from tests.support.s3 import aws_env
