@@ -14,7 +14,7 @@ from flows.settings import SHARED_FLAT, TINY, Pipeline
 from mygpt.errors import UserError
 from tasks.core.settings import DeviceSettings, RunOptions, Settings
 from tasks.model import ModelSettings
-from tasks.registry import STAGES
+from tasks.registry import NAMES, STAGES
 from tasks.samples import SamplesSettings
 from tests.support.prefect_server import task_run_states
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
@@ -31,10 +31,10 @@ BAD = [
     ({"precision": "fp16"}, r"precision must be one of auto, fp32, bf16"),
     (
         {"force": ["tokenize"]},
-        r"run.force names no stage: 'tokenize'; the stages are corpus, tokenizer, shards, model, samples, export$",
+        rf"run.force names no stage: 'tokenize'; the stages are {', '.join(NAMES)}$",
     ),
     ({"force": "nope"}, r"force names no stage: 'nope'"),
-    ({"only": "evaluate"}, r"only names no stage: 'evaluate'"),
+    ({"only": "evaluation"}, r"only names no stage: 'evaluation'"),
     ({"train_splits": "most"}, r"train_splits must be one of train, all"),
     ({"lr": 0}, r"lr must be a positive number"),
     ({"norm": "batch"}, r"norm must be one of layer, rms"),

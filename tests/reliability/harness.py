@@ -1115,11 +1115,11 @@ def bad_input_cases(tmp: Path, url: str) -> list[tuple]:
         ),
         (
             ["--force", "tokenise"],
-            "error: run.force names no stage: 'tokenise'; the stages are corpus, tokenizer, shards, model, samples, export",
+            f"error: run.force names no stage: 'tokenise'; the stages are {', '.join(NAMES)}",
         ),
         (
-            ["--only", "evaluate"],
-            "error: run.only names no stage: 'evaluate'; the stages are corpus, tokenizer, shards, model, samples, export",
+            ["--only", "evaluation"],
+            f"error: run.only names no stage: 'evaluation'; the stages are {', '.join(NAMES)}",
         ),
         (["--param", "num_layer=2"], None),
         (["--param", "steps"], "error: --param 'steps' is not KEY=VALUE (e.g. --param steps=100)"),
