@@ -19,14 +19,7 @@ from flows.settings import TINY
 from tasks.registry import NAMES, open_store
 from tests.support.runner import serving
 
-KEYS = {
-    "wiki-corpus": "corpus",
-    "wiki-tokenizer": "tokenizer",
-    "wiki-shards": "shards",
-    "wiki-model": "model",
-    "wiki-samples": "samples",
-    "wiki-export": "export",
-}
+KEYS = {f"wiki-{name}": name for name in NAMES}
 
 
 @pytest.fixture
