@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mygpt.errors import UserError
-from tasks import corpus, export, model, samples, shards, tokenizer
+from tasks import corpus, evaluate, export, model, samples, shards, tokenizer
 from tasks.core.settings import RunOptions
 from tasks.core.stage import Stage
 from tasks.store.artifacts import ArtifactStore
@@ -19,6 +19,7 @@ STAGES: tuple[Stage, ...] = (
     model.STAGE,
     samples.STAGE,
     export.STAGE,
+    evaluate.STAGE,
 )
 
 NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
