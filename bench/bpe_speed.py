@@ -194,9 +194,9 @@ def encode_child(path: str, tok_path: str, workers: int, chunk_bytes: int) -> No
 
             client = stack.enter_context(dask_work.dask_client(RunOptions(workers=workers), logging.getLogger("bench")))
             tok_json = json.dumps(tok.state())
-            work = dask_work.in_order(
+            work = dask_work.ordered_results(
                 client,
-                dask_work.encode_chunk,
+                dask_work.encode_range,
                 chunk_bounds(path, chunk_bytes),
                 lambda b: ("bench", tok_json, path, b[1], b[2], "skip"),
                 window=2 * workers + 2,

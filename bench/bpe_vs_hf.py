@@ -69,7 +69,7 @@ def child(trainer: str, path: str, end: int, merges: int) -> dict:
 
             with dask_work.dask_client(RunOptions(workers=2), logging.getLogger("bench")) as client:
                 t_up = time.perf_counter()
-                work = dask_work.in_order(
+                work = dask_work.ordered_results(
                     client,
                     dask_work.count_chunk,
                     chunk_bounds(path, 8 << 20, end=end),

@@ -1,38 +1,23 @@
-"""The flow's own UI artifacts, published when a run ends (the stages publish theirs, ``wiki-<stage>``):
-
-- ``wiki-run-summary``: this run's stages, each built or Cached, its version (linked to the artifact that
-  describes it), how long it took here, its size and its headline metric -- the run graph colours built and
-  reused stages alike, this table does not;
-- ``wiki-model-comparison``: every published model version side by side, the way experiment trackers show runs
-  (the settings that differ, final train/val loss, val bits per byte, tokens/s, steps, when built) and the
-  validation-loss curves of the latest versions overlaid in one chart;
-- ``wiki-tokenizer-comparison``: the same for the tokenizer versions (merges, slice, chars per token).
-
-The comparisons are built from the artifact store's manifests (``tasks.registry.open_store(root).versions``),
-so they cover every version under the run's artifact root, whichever run built it.
-"""
+"""The flow's own UI artifacts, published when a run ends: ``wiki-run-summary`` (each stage built or Cached, its
+version, time, size and headline) and ``wiki-<stage>-comparison`` for every stage with columns (every published
+version side by side, from the store's manifests, whichever run built it)."""
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.core.report import human_bytes, line_chart, md_code, md_text
+from tasks.core.report import human_bytes, md_code, md_text
+from tasks.core.stage import Column, Stage
 from tasks.core.urls import redact_text
-from tasks.registry import BY_NAME, open_store
-from tasks.store import VersionInfo
+from tasks.registry import BY_NAME, STAGES, open_store
+from tasks.store import ArtifactStore, VersionInfo
 
 SUMMARY_KEY = "wiki-run-summary"
-MODEL_COMPARISON_KEY = "wiki-model-comparison"
-TOKENIZER_COMPARISON_KEY = "wiki-tokenizer-comparison"
-CURVES = 5  # the validation-loss curves of this many latest model versions share the comparison's chart
 HOW_TO_READ = (
     "Newest first; the settings columns are the ones that differ between versions, and so are the input columns "
     "(the upstream versions a version was built from).\n\n"
 )
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
 
 
 @dataclass(frozen=True)
@@ -51,30 +36,19 @@ class Outcome:
         return {"Cached": "Cached", "Completed": "built"}.get(self.state, self.state)
 
 
-def _num(value: object, spec: str = ".4f") -> str:
-    return "–" if not isinstance(value, int | float) else format(value, spec)
-
-
 def headline(stage: str, metrics: dict) -> str:
-    """The one number a stage is judged by, for the run summary."""
-    m = metrics
-    found: dict[str, Callable[[], str]] = {
-        "corpus": lambda: f"{(m.get('wikipedia') or {}).get('chars', 0):,} chars",
-        "tokenizer": lambda: f"vocab {m.get('vocab_size', 0):,}, {_num(m.get('chars_per_token'), '.2f')} chars/token",
-        "shards": lambda: f"{m.get('tokens', 0):,} tokens",
-        "model": lambda: f"val loss {_num(m.get('final_val_loss'))}, {_num(m.get('final_val_bpb'))} bits/byte",
-        "samples": lambda: f"{len(m.get('samples') or [])} sample(s)",
-        "export": lambda: f"max logit diff {_num((m.get('check') or {}).get('max_abs_logit_diff'), '.1e')}",
-    }
-    return found[stage]() if stage in found else ""
+    """The stage's one number for the run summary (``Stage.headline``); empty for a stage without one."""
+    found = BY_NAME[stage].headline
+    return found(metrics) if found else ""
+
+
+def comparison_key(stage: str) -> str:
+    return f"wiki-{stage}-comparison"
 
 
 def artifact_links(keys_versions: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """{(stage, version): UI path of the artifact that describes that version} (``built <stage>/<version>``; the
-    newest, after a forced rebuild), for the versions whose artifact this Prefect server has (a version built
-    against another server has none). The stages' artifacts are read newest first, a page at a time (the server's
-    own page size, ``PREFECT_SERVER_API_DEFAULT_LIMIT``: 200 unless set lower), until every version is found or
-    none is left."""
+    """{(stage, version): UI path of the newest artifact describing that version}, for the versions this Prefect
+    server has one for; read newest first, a server page at a time, until all are found or none is left."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.client.schemas.sorting import ArtifactSort
@@ -105,9 +79,8 @@ def _linked(version: str, link: str | None) -> str:
 
 
 def one_line(error: BaseException, limit: int = 500) -> str:
-    """An error as literal markdown text on one line: its type and first line, at most ``limit`` characters. The
-    stages' errors name their inputs without credentials already; any URL or query left in it is redacted here
-    too (``redact_text``), whatever raised it."""
+    """An error as literal markdown on one line (type and first line, at most ``limit`` characters), any URL's
+    credentials and query redacted whatever raised it."""
     text = next((line.strip() for line in str(error).splitlines() if line.strip()), "no reason given")
     text = redact_text(text, "")
     text = f"{type(error).__name__}: {text}"
@@ -158,8 +131,7 @@ def differing_settings(versions: list[VersionInfo]) -> list[str]:
 
 
 def differing_inputs(versions: list[VersionInfo]) -> list[str]:
-    """The input stages (``tokenizer``, ``shards``, ...) whose versions are not the same in every version: two
-    models with the same settings trained on other data differ there."""
+    """The input stages whose versions are not the same in every version (same settings, other data)."""
     return _differing(
         [{k: (i or {}).get("version") for k, i in v.manifest.get("inputs", {}).items()} for v in versions]
     )
@@ -172,14 +144,37 @@ def _differing(rows: list[dict]) -> list[str]:
     return [k for k in names if len(rows) > 1 and len({repr(row.get(k)) for row in rows}) > 1]
 
 
+def compared_stages() -> list[Stage]:
+    """The stages with a comparison: those that declare columns of their own."""
+    return [s for s in STAGES if s.columns and s.columns_for is None]
+
+
+def joined_columns(store: ArtifactStore | None, stage: str) -> list[tuple[Column, dict[str, dict]]]:
+    """The columns other stages add to ``stage``'s comparison (``Stage.columns_for``), each with the metrics of
+    the latest version of that stage built from each ``stage`` version: {``stage`` version: metrics}."""
+    joined: list[tuple[Column, dict[str, dict]]] = []
+    for other in STAGES:
+        if other.columns_for != stage or store is None:
+            continue
+        by_input: dict[str, dict] = {
+            (v.manifest.get("inputs", {}).get(stage) or {}).get("version", ""): v.manifest.get("metrics", {})
+            for v in store.versions(other.name)  # oldest first: the latest wins
+        }
+        joined += [(column, by_input) for column in other.columns]
+    return joined
+
+
 def _comparison_table(
-    versions: list[VersionInfo], columns: list[tuple[str, Callable[[dict], str]]], links: dict[tuple[str, str], str]
+    versions: list[VersionInfo],
+    columns: tuple[Column, ...],
+    links: dict[tuple[str, str], str],
+    joined: list[tuple[Column, dict[str, dict]]] = (),  # type: ignore[assignment]
 ) -> str:
     shown = {name for name, _ in columns}
     differ = [k for k in differing_settings(versions) if k not in shown]  # steps: a column already
     inputs = differing_inputs(versions)
-    head = ["version", "built", *(name for name, _ in columns), *(md_code(k) for k in differ)]
-    head += [f"{name} (input)" for name in inputs]
+    head = ["version", "built", *(name for name, _ in columns), *(name for (name, _), _ in joined)]
+    head += [md_code(k) for k in differ] + [f"{name} (input)" for name in inputs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in reversed(versions):  # newest first
         m, p = v.manifest.get("metrics", {}), v.manifest.get("settings", {})
@@ -188,6 +183,7 @@ def _comparison_table(
             _linked(v.version, links.get((v.stage, v.version))),
             (v.manifest.get("created_at") or "").replace("T", " ").removesuffix("Z"),
             *(value(m) for _, value in columns),
+            *(value(by[v.version]) if v.version in by else "–" for (_, value), by in joined),
             *(md_code(p.get(k)) for k in differ),
             *(md_code((used.get(name) or {}).get("version", "–")) for name in inputs),
         ]
@@ -195,62 +191,33 @@ def _comparison_table(
     return "\n".join(lines)
 
 
-MODEL_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
-    ("steps", lambda m: f"{m.get('steps', 0):,}"),
-    ("train loss", lambda m: _num(m.get("final_loss"))),
-    ("val loss", lambda m: _num(m.get("final_val_loss"))),
-    ("val bits/byte", lambda m: _num(m.get("final_val_bpb"))),
-    ("tokens/s", lambda m: _num(m.get("tokens_per_sec"), ",.0f")),
-]
-TOKENIZER_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
-    ("merges", lambda m: f"{m.get('num_merges', 0):,}"),
-    ("vocab", lambda m: f"{m.get('vocab_size', 0):,}"),
-    ("slice", lambda m: f"{m.get('train_bytes', 0):,} bytes"),
-    ("chars/token", lambda m: _num(m.get("chars_per_token"), ".3f")),
-]
-
-
-def model_comparison(versions: list[VersionInfo], links: dict[tuple[str, str], str]) -> str:
-    latest = versions[-CURVES:]
-    series = [
-        (v.version, PALETTE[i % len(PALETTE)], [(s, val) for s, _, val in v.manifest["metrics"].get("loss_curve", [])])
-        for i, v in enumerate(latest)
-    ]
-    svg = line_chart(series, x_title="step", y_title="validation loss")
-    chart = (
-        f"![validation loss of the latest {len(latest)} model versions]"
-        f"(data:image/svg+xml;base64,{base64.b64encode(svg.encode()).decode()})\n\n"
-        if svg
-        else ""
-    )
+def comparison(
+    stage: Stage,
+    versions: list[VersionInfo],
+    links: dict[tuple[str, str], str],
+    joined: list[tuple[Column, dict[str, dict]]] = (),  # type: ignore[assignment]
+) -> str:
+    """Every version of ``stage`` side by side: its chart (``Stage.chart``), then the table."""
+    chart = stage.chart(versions) if stage.chart else ""
     return (
-        f"# Model versions compared ({len(versions)})\n\n{chart}"
+        f"# {stage.name.capitalize()} versions compared ({len(versions)})\n\n{chart}"
         + HOW_TO_READ
-        + _comparison_table(versions, MODEL_COLUMNS, links)
-        + "\n"
-    )
-
-
-def tokenizer_comparison(versions: list[VersionInfo], links: dict[tuple[str, str], str]) -> str:
-    return (
-        f"# Tokenizer versions compared ({len(versions)})\n\n"
-        + HOW_TO_READ
-        + _comparison_table(versions, TOKENIZER_COLUMNS, links)
+        + _comparison_table(versions, stage.columns, links, joined)
         + "\n"
     )
 
 
 def publish(root: str | Path | None, outcomes: list[Outcome], failure: BaseException | None = None) -> None:
-    """Post the run summary and the model and tokenizer comparisons (inside a flow run). ``failure``: why the run
-    stopped, when it did; ``root`` is None when the settings were refused (there is no store to compare)."""
+    """Post the run summary and the comparisons (inside a flow run). ``failure``: why the run stopped, when it
+    did; ``root`` is None when the settings were refused (there is no store to compare)."""
     from prefect.artifacts import create_markdown_artifact
 
     store = open_store(root) if root is not None else None
-    models = store.versions("model") if store is not None else []
-    tokenizers = store.versions("tokenizer") if store is not None else []
+    compared = {s.name: store.versions(s.name) for s in compared_stages()} if store is not None else {}
     try:
         links = artifact_links(
-            [(o.stage, o.version) for o in outcomes if o.version] + [(v.stage, v.version) for v in models + tokenizers]
+            [(o.stage, o.version) for o in outcomes if o.version]
+            + [(v.stage, v.version) for versions in compared.values() for v in versions]
         )
     except Exception as e:  # the reports without links rather than none
         from prefect import get_run_logger
@@ -266,15 +233,10 @@ def publish(root: str | Path | None, outcomes: list[Outcome], failure: BaseExcep
         markdown=run_summary(root, outcomes, links, failure),
         description=("Failed: " if failure is not None else "") + description,
     )
-    if models:
-        create_markdown_artifact(
-            key=MODEL_COMPARISON_KEY,
-            markdown=model_comparison(models, links),
-            description=f"{len(models)} model version(s) side by side",
-        )
-    if tokenizers:
-        create_markdown_artifact(
-            key=TOKENIZER_COMPARISON_KEY,
-            markdown=tokenizer_comparison(tokenizers, links),
-            description=f"{len(tokenizers)} tokenizer version(s) side by side",
-        )
+    for name, versions in compared.items():
+        if versions:
+            create_markdown_artifact(
+                key=comparison_key(name),
+                markdown=comparison(BY_NAME[name], versions, links, joined_columns(store, name)),
+                description=f"{len(versions)} {name} version(s) side by side",
+            )

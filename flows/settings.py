@@ -1,15 +1,5 @@
-"""The pipeline's settings as one object, the flat ``KEY=VALUE`` convenience of the CLI, and the tiny preset.
-
-The flow takes one settings object per stage plus the run options (``flows.wiki_pipeline``); :data:`Pipeline`
-holds the same groups as one frozen model (derived from ``tasks.registry``), so the CLI, the tests and the
-flow's first line check them the same way. The defaults are the stages' own (each stage's settings class is
-their only home).
-
-Flat keys (``wiki-pipeline run --param steps=2000``) are mapped onto the settings here and nowhere else
-(:meth:`Pipeline.from_flat`): a key names a field of one stage's settings (``num_merges`` -> tokenizer) or of
-several (``seed``, ``device``, ``precision`` -> model and samples), or is dotted (``samples.seed=7``), or names a
-whole stage with a JSON object (``model={"steps": 100}``).
-"""
+"""The pipeline's settings as one object (:data:`Pipeline`, derived from ``tasks.registry``), the flat
+``KEY=VALUE`` names of the CLI (:data:`SHARED_FLAT`) and the tiny preset (:data:`TINY`)."""
 
 from __future__ import annotations
 
@@ -17,7 +7,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel, ConfigDict, PrivateAttr, create_model
 
 from flows.allowed import check_allowed
 from mygpt.errors import UserError
@@ -32,13 +22,20 @@ def source_urls(groups) -> list[str]:
     return [g.source_url for g in groups if hasattr(g, "source_url")]
 
 
-class PipelineBase(BaseModel):
-    """Every stage's settings and the run options: the flow's parameters, as one object.
+#: The flat names that set a field of several stages at once (``--param seed=7``): name -> the stages that
+#: declare it (``Stage.shared_flat``). Any other name several stages have must be written stage.field, so a new
+#: stage's field never changes what a flat name does.
+SHARED_FLAT: dict[str, tuple[str, ...]] = {
+    key: tuple(s.name for s in STAGES if key in s.shared_flat) for stage in STAGES for key in stage.shared_flat
+}
 
-    Its fields are derived from ``tasks.registry.STAGES`` (one per stage, named after it, typed by the stage's
-    settings class, defaulting to its defaults) plus ``run``: see :data:`Pipeline`."""
+
+class PipelineBase(BaseModel):
+    """Every stage's settings (one field per stage of ``tasks.registry.STAGES``) and ``run``: the flow's
+    parameters as one object. The fields hold the settings as given; :meth:`resolved` as this machine runs them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    _resolved: dict[str, Settings] = PrivateAttr(default_factory=dict)
 
     if TYPE_CHECKING:  # the fields are the registry's stages: s.model, s.tokenizer, ... and s.run
         run: RunOptions
@@ -47,12 +44,9 @@ class PipelineBase(BaseModel):
 
     @classmethod
     def parse(cls, **groups: Any) -> PipelineBase:
-        """Each group (a settings instance, a dict or None) checked with its class; ``UserError`` naming the field.
-
-        Refuses a run outside this machine's allow-lists (artifact roots, source URLs: :mod:`flows.allowed`). Also
-        settles what depends on this machine (``device="auto"``, a device that is not here) and checks each
-        stage's settings against the others' (:meth:`Settings.check_against`), so a bad setting stops the run
-        before any stage starts."""
+        """Each group (a settings instance, a dict or None) checked with its class, against this machine's
+        allow-lists (:mod:`flows.allowed`), resolved (:meth:`Settings.resolved_once`) and checked against the
+        others (:meth:`Settings.check_against`); ``UserError`` naming the field, before any stage runs."""
         unknown = sorted(set(groups) - set(cls.model_fields))
         if unknown:
             raise UserError(
@@ -60,12 +54,19 @@ class PipelineBase(BaseModel):
             )
         parsed = {name: cls.settings_class(name).parse(groups.get(name), name) for name in cls.model_fields}
         parsed["run"] = run = check_run(cast(RunOptions, parsed["run"]))  # settings_class("run") is RunOptions
-        # what this machine lets a run touch (WIKI_PIPELINE_ALLOWED_ROOTS / _SOURCES, when set): flows.allowed
         check_allowed(run.root(), source_urls(parsed.values()))
-        for group in parsed.values():
-            group.resolved()  # raises where the device or precision is not available here
-            group.check_against(parsed)
-        return cls(**parsed)
+        resolved = {name: group.resolved_once() for name, group in parsed.items()}
+        for group in resolved.values():
+            group.check_against(resolved)
+        pipeline = cls(**parsed)
+        pipeline._resolved = resolved
+        return pipeline
+
+    def resolved(self, group: str) -> Settings:
+        """The settings of ``group`` as this machine runs them (resolved once, by :meth:`parse`)."""
+        if group not in self._resolved:  # built without parse (a model_copy): resolve it now, once
+            self._resolved[group] = getattr(self, group).resolved_once()
+        return self._resolved[group]
 
     @classmethod
     def settings_class(cls, group: str) -> type[Settings]:
@@ -95,7 +96,8 @@ class PipelineBase(BaseModel):
 
     @classmethod
     def group_flat(cls, values: dict[str, Any]) -> dict[str, dict]:
-        """``{"steps": 5, "samples.seed": 7, "tokenizer": {...}}`` -> ``{"model": {"steps": 5}, ...}`` (unchecked)."""
+        """``{"steps": 5, "samples.seed": 7, "tokenizer": {...}}`` -> ``{"model": {"steps": 5}, ...}`` (unchecked):
+        a flat name goes to the one group with that field, or to its :data:`SHARED_FLAT` stages."""
         groups: dict[str, dict] = {}
         unknown = []
         for key, value in values.items():
@@ -112,6 +114,13 @@ class PipelineBase(BaseModel):
             else:
                 field = key
                 targets = [g for g in cls.model_fields if field in cls.settings_class(g).model_fields]
+                if len(targets) > 1:
+                    if key not in SHARED_FLAT:
+                        raise UserError(
+                            f"{key} is a setting of {', '.join(targets)}; say which with stage.field "
+                            f"(e.g. {targets[0]}.{key}={value!r})"
+                        )
+                    targets = [g for g in targets if g in SHARED_FLAT[key]]
             if not targets:
                 unknown.append(key)
             for g in targets:
@@ -144,27 +153,6 @@ Pipeline: type[PipelineBase] = create_model(  # type: ignore[call-overload]
 )
 
 
-#: The tiny preset (``--tiny``, ``scripts/pipeline --demo``): every stage in about a minute on 2 CPU cores
-#: against the loopback mirror. It sets no source_url: pair it with --mirror / --demo or a URL of your own.
-TINY = {
-    "tokenizer": {"num_merges": 48, "bpe_train_bytes": 200_000},
-    "shards": {"shard_tokens": 50_000},
-    "model": {
-        "embed_dim": 32,
-        "num_layers": 1,
-        "num_heads": 2,
-        "num_kv_heads": 1,
-        "max_seq_len": 32,
-        "steps": 40,
-        "batch_size": 8,
-        "seq_len": 32,
-        "lr": 3e-3,
-        "warmup": 5,
-        "print_every": 10,
-        "eval_every": 20,
-        "eval_batches": 2,
-        "checkpoint_every": 10,
-    },
-    "samples": {"max_new_tokens": 40},
-    "run": {"workers": 1, "threads": 1},
-}
+#: The tiny preset (``--tiny``, ``scripts/pipeline --demo``): every stage small enough for a quick run against
+#: the loopback mirror; each stage's part is its ``Stage.tiny``. It sets no source_url.
+TINY: dict[str, dict] = {**{s.name: dict(s.tiny) for s in STAGES if s.tiny}, "run": dict(RunOptions.TINY)}

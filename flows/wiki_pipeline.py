@@ -1,15 +1,9 @@
 """The wiki-pipeline flow: download Wikipedia, train a BPE tokenizer on it, encode it into token shards, train
-mygpt on the shards, sample from the model and export it for the Hugging Face stack.
+mygpt on the shards, sample from the model, export it for the Hugging Face stack and evaluate it on held-out text.
 
-One parameter per stage -- its settings, with the chapter's defaults (§28.6-28.7) -- plus the run options. The
-first line checks them all (``Pipeline.parse``: a ``UserError`` naming the field, before any stage runs); the
-prompt is checked against the tokenizer as soon as the tokenizer exists. Each stage reuses its version when the
-artifact store has it (the task run then ends ``Cached``); ``run.force=["tokenizer"]`` rebuilds that stage and,
-because downstream versions depend on its build, everything after it; ``run.only="model"`` runs just that
-stage against the latest published upstream versions (following their lineage).
-
-Stage tasks are called with ``return_state=True`` and ``.result()``: a reused version comes back as a state
-named Cached (see ``tasks.core.stage``), and ``.result()`` is its ``StageRef`` whether it was built or reused.
+One parameter per stage (its settings) plus the run options, checked and resolved by the first line
+(``Pipeline.parse``); each stage reuses its version when the store has it (its task run ends ``Cached``);
+``run.force`` rebuilds a stage and everything after it, ``run.only`` runs one stage on the latest upstream.
 """
 
 from __future__ import annotations
@@ -31,10 +25,8 @@ from tasks.store import ArtifactStore
 @flow(name="wiki-pipeline", description=__doc__.split("\n\n")[0], log_prints=True, validate_parameters=False)
 @Pipeline.as_parameters
 def wiki_pipeline(**parameters) -> dict[str, StageRef]:
-    """The flow. Its parameters (``Pipeline.as_parameters``) are one per stage of ``tasks.registry.STAGES``, that
-    stage's settings, plus ``run``; Prefect passes JSON objects for them (``validate_parameters=False``) and
-    ``Pipeline.parse`` checks them with the stages' own classes. Every run ends with its summary (and the
-    comparisons), a failed one too: the stages it got through, and why it stopped."""
+    """The flow: one parameter per stage plus ``run`` (``Pipeline.as_parameters``), JSON objects that
+    ``Pipeline.parse`` checks. Every run, a failed one too, ends with its summary and the comparisons."""
     outcomes: list[Outcome] = []
     root = None
     try:
@@ -51,7 +43,7 @@ def wiki_pipeline(**parameters) -> dict[str, StageRef]:
 
 
 def run_stages(s: PipelineBase, outcomes: list[Outcome]) -> dict[str, StageRef]:
-    """Every stage in order (corpus -> tokenizer -> shards -> model -> samples -> export), each on its inputs."""
+    """Every stage in the registry's order, each on its inputs."""
     refs: dict[str, StageRef] = {}
     for stage in STAGES:
         if getattr(s, stage.name).skipped():
@@ -62,10 +54,9 @@ def run_stages(s: PipelineBase, outcomes: list[Outcome]) -> dict[str, StageRef]:
 
 
 def run_stage(s: PipelineBase, stage: Stage, inputs: dict[str, StageRef], outcomes: list[Outcome]) -> StageRef:
-    """One stage's task on ``inputs``; its outcome (built, Cached or how it failed, and how long it took) goes to
-    ``outcomes``."""
+    """One stage's task on ``inputs``; its outcome (built, Cached or how it failed; how long) goes to ``outcomes``."""
     t0 = time.monotonic()
-    state = stage.task(**inputs, settings=getattr(s, stage.name), run=s.run, return_state=True)
+    state = stage.task(**inputs, settings=s.resolved(stage.name), run=s.run, return_state=True)
     try:
         ref = state.result()
     except BaseException:
@@ -76,9 +67,8 @@ def run_stage(s: PipelineBase, stage: Stage, inputs: dict[str, StageRef], outcom
 
 
 def watch_for_crashes() -> None:
-    """A run that beats Prefect's heartbeat for the crash automation (tagged ``HEARTBEAT_TAG``: ``wiki-pipeline
-    run``, ``serve``, and ``prefect.yaml``'s worker deployment) makes sure the server has that automation, so a
-    team whose runs all go through workers gets it too."""
+    """A run tagged ``HEARTBEAT_TAG`` makes sure the server has the crash automation (so runs through workers
+    get it too)."""
     from prefect.runtime import flow_run
 
     from flows.server import HEARTBEAT_TAG, ensure_crash_automation
@@ -88,19 +78,16 @@ def watch_for_crashes() -> None:
 
 
 def untagged_task_runs() -> TagsContext:
-    """The stages' task runs without the heartbeat tag (a user's own tags stay). The tag marks flow runs for the
-    crash automation (``flows.server``); a task run would inherit it from the tags around the flow, and Prefect
-    asks the server for a tag-concurrency slot for every tag of every task run before starting it: a request per
-    stage for a limit nobody set, and on these 2 cores about one cached rerun in four waited 2-2.5 s on the
-    first of them."""
+    """The stages' task runs without the heartbeat tag (a user's own tags stay): Prefect asks the server for a
+    tag-concurrency slot for every tag of every task run, a wait per stage for a limit nobody set."""
     from flows.server import HEARTBEAT_TAG
 
     return TagsContext(current_tags=TagsContext.get().current_tags - {HEARTBEAT_TAG})
 
 
 def publish_reports(root, outcomes: list[Outcome], failure: BaseException | None = None) -> None:
-    """The run summary and the version comparisons (``flows.reports``); a report that cannot be made is a
-    warning, never a failed run (nor another reason for one)."""
+    """The run summary and the comparisons (``flows.reports``); one that cannot be made is a warning, never a
+    failed run."""
     try:
         reports.publish(root, outcomes, failure)
     except Exception as e:  # the versions are published; a report is an extra
@@ -108,20 +95,18 @@ def publish_reports(root, outcomes: list[Outcome], failure: BaseException | None
 
 
 def early_checks(s: PipelineBase, built: Stage, ref: StageRef) -> None:
-    """Run the later stages' early checks on ``built`` (e.g. the samples' prompt against the tokenizer), so a
-    setting that cannot work stops the run before the expensive stages in between."""
+    """Run the later stages' early checks on ``built`` (the samples' prompt against the tokenizer), so a setting
+    that cannot work stops the run before the expensive stages in between."""
     for stage in STAGES:
         if stage.early_check and stage.early_check[0] == built.name and not getattr(s, stage.name).skipped():
-            for warning in stage.early_check[1](getattr(s, stage.name), ref):
+            for warning in stage.early_check[1](s.resolved(stage.name), ref):
                 get_run_logger().warning(warning)
 
 
 def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
-    """The inputs of ``stage`` from the latest published versions that are not stale: the nearest upstream
-    stage's latest current version, and the versions it was built from for the others (so tokenizer and shards
-    always match; a current version's inputs are current too). When every published version of that stage is
-    stale, a ``UserError`` says so: what ``only=`` built from one would be stale at once (no run reuses it and
-    ``gc --stale`` deletes it), so it names the stage to run first instead."""
+    """The inputs of ``stage``: the nearest upstream stage's latest current (not stale) version, and the versions
+    it was built from for the others (so tokenizer and shards always match). ``UserError`` when every version of
+    an input is stale (what ``only=`` built on it would be stale at once): it names the stage to run first."""
     needed = BY_NAME[stage].inputs
     refs: dict[str, StageRef] = {}
     stale = store.stale_versions(code_versions()) if needed else {}

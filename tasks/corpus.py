@@ -17,8 +17,8 @@ from pydantic import Field, field_validator, model_serializer
 
 from mygpt.errors import UserError
 from tasks.core.report import human_bytes, md_code, summary_table
-from tasks.core.settings import RunOptions, Settings
-from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
+from tasks.core.settings import Settings
+from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.core.urls import address_sha256, file_path, redact_url, stored_url
 from tasks.store import ArtifactStore
 from tasks.wikitext.download import MAX_ZIP_BYTES
@@ -264,15 +264,15 @@ def report(manifest: dict) -> str:
 
 
 #: code version 3: the version also depends on what is at source_url and on the URL without its credentials;
-#: 4: it depends on the zip's content (sha256), not on the URL.
+#: 4: on the zip's content (sha256), not on the URL.
 STAGE = Stage(
-    name="corpus", settings=CorpusSettings, code_version="4", report=report, source=source_identity, alias="download"
+    name="corpus",
+    settings=CorpusSettings,
+    code_version="4",
+    build=build_corpus,
+    report=report,
+    source=source_identity,
+    alias="download",
+    headline=lambda m: f"{(m.get('wikipedia') or {}).get('chars', 0):,} chars",
 )
-
-
-@stage_task(STAGE)
-def download_corpus(settings: CorpusSettings = CorpusSettings(), run: RunOptions = RunOptions()) -> StageRef:
-    """Download wikitext-103-raw-v1 (or reuse that version): the stripped splits and wikipedia.txt.
-
-    Retry/timeout knobs come from the environment (see the module docstring), not from the version."""
-    return STAGE.run(build_corpus, settings, run)
+download_corpus = stage_task(STAGE, "download_corpus", "Download wikitext-103-raw-v1 (or reuse that version).")

@@ -1,13 +1,8 @@
 """Stage ``export`` (task ``export_model``): the model version as a Hugging Face directory, proven exact.
 
-What a version holds (``export/<v>/``): ``tokenizer.json``, ``tokenizer_config.json``, ``config.json``,
-``generation_config.json`` and ``model.safetensors``, which load with transformers' ``AutoTokenizer`` and
-``AutoModelForCausalLM`` and no custom code (``ArceeForCausalLM``: the same math as mygpt's GPT, see
-:mod:`mygpt.hf_export`). Every export is loaded back and compared with mygpt before it is published: token ids
-equal on a probe text, fp32 logits bit-identical on CPU (the check fails the stage otherwise).
-
-Only the chapter's model maps exactly (RMSNorm + RoPE); the flow refuses other model settings up front unless
-``export.enabled`` is false (:meth:`ExportSettings.check_against`).
+A version loads with transformers' ``AutoTokenizer``/``AutoModelForCausalLM`` and no custom code; it is loaded
+back and compared with mygpt before it is published (token ids equal, fp32 logits bit-identical on CPU). Only the
+chapter's model (RMSNorm + RoPE) maps exactly: the flow refuses others unless ``export.enabled`` is false.
 """
 
 from __future__ import annotations
@@ -17,9 +12,9 @@ from pathlib import Path
 from pydantic import Field
 
 from mygpt.errors import UserError
-from tasks.core.report import summary_table
-from tasks.core.settings import RunOptions, Settings
-from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
+from tasks.core.report import number, summary_table
+from tasks.core.settings import Settings
+from tasks.core.stage import BuildContext, Stage, stage_task
 
 
 class ExportSettings(Settings):
@@ -35,8 +30,7 @@ class ExportSettings(Settings):
         return not self.enabled
 
     def check_against(self, groups) -> None:
-        """Refuse, before anything runs, model settings that cannot be exported exactly while export is on
-        (the rule is :func:`mygpt.hf_export.check_exportable`'s, applied to the model the settings describe)."""
+        """Refuse model settings that cannot be exported exactly (``mygpt.hf_export.check_exportable``)."""
         if not self.enabled:
             return
         from mygpt.export.model import check_exportable
@@ -107,12 +101,12 @@ Load it with transformers (no custom code):
 """
 
 
-STAGE = Stage(name="export", settings=ExportSettings, code_version="1", report=report, inputs=("model",))
-
-
-@stage_task(STAGE)
-def export_model(
-    model: StageRef, settings: ExportSettings = ExportSettings(), run: RunOptions = RunOptions()
-) -> StageRef:
-    """Export a model version as a Hugging Face transformers directory (or reuse that version)."""
-    return STAGE.run(build_export, settings, run, model=model)
+STAGE = Stage(
+    name="export",
+    settings=ExportSettings,
+    code_version="1",
+    build=build_export,
+    report=report,
+    headline=lambda m: f"max logit diff {number((m.get('check') or {}).get('max_abs_logit_diff'), '.1e')}",
+)
+export_model = stage_task(STAGE, "export_model", "Export a model version as a transformers directory (or reuse it).")

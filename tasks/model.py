@@ -29,9 +29,9 @@ from mygpt.errors import UserError
 from mygpt.gpt_config import GPTConfig
 from mygpt.options import Option, options
 from mygpt.training.config import TrainConfig
-from tasks.core.report import line_chart, summary_table
-from tasks.core.settings import DeviceSettings, RunOptions, Seed
-from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
+from tasks.core.report import line_chart, number, summary_table
+from tasks.core.settings import DeviceSettings, Seed
+from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.tokenizer import load_tokenizer
 
 CHECKPOINT = "train.ckpt"  # in ctx.work: the resume checkpoint
@@ -416,16 +416,57 @@ Checkpoint (a long path: kept out of the table): `{where}/model.ckpt`; sample fr
 """
 
 
+CURVES = 5  # the validation-loss curves of this many latest versions share the comparison's chart
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
+
+
+def curves_chart(versions: list) -> str:
+    """The validation-loss curves of the latest :data:`CURVES` versions overlaid, as a markdown image."""
+    latest = versions[-CURVES:]
+    series = [
+        (v.version, PALETTE[i % len(PALETTE)], [(s, val) for s, _, val in v.manifest["metrics"].get("loss_curve", [])])
+        for i, v in enumerate(latest)
+    ]
+    svg = line_chart(series, x_title="step", y_title="validation loss")
+    if not svg:
+        return ""
+    image = base64.b64encode(svg.encode()).decode()
+    return f"![validation loss of the latest {len(latest)} model versions](data:image/svg+xml;base64,{image})\n\n"
+
+
 STAGE = Stage(
-    name="model", settings=ModelSettings, code_version="2", report=report, inputs=("shards", "tokenizer"), alias="train"
+    name="model",
+    settings=ModelSettings,
+    code_version="2",
+    build=build_model,
+    report=report,
+    alias="train",
+    headline=lambda m: f"val loss {number(m.get('final_val_loss'))}, {number(m.get('final_val_bpb'))} bits/byte",
+    columns=(
+        ("steps", lambda m: f"{m.get('steps', 0):,}"),
+        ("train loss", lambda m: number(m.get("final_loss"))),
+        ("val loss", lambda m: number(m.get("final_val_loss"))),
+        ("val bits/byte", lambda m: number(m.get("final_val_bpb"))),
+        ("tokens/s", lambda m: number(m.get("tokens_per_sec"), ",.0f")),
+    ),
+    chart=curves_chart,
+    shared_flat=("seed", "device", "precision"),
+    tiny={
+        "embed_dim": 32,
+        "num_layers": 1,
+        "num_heads": 2,
+        "num_kv_heads": 1,
+        "max_seq_len": 32,
+        "steps": 40,
+        "batch_size": 8,
+        "seq_len": 32,
+        "lr": 3e-3,
+        "warmup": 5,
+        "print_every": 10,
+        "eval_every": 20,
+        "eval_batches": 2,
+        "checkpoint_every": 10,
+    },
 )
-
-
-@stage_task(STAGE)
-def train_model(
-    shards: StageRef, tokenizer: StageRef, settings: ModelSettings = ModelSettings(), run: RunOptions = RunOptions()
-) -> StageRef:
-    """Train mygpt on a shards version with its tokenizer (or reuse that version); a killed run resumes.
-
-    ``run.threads`` (torch CPU threads) changes the speed, not the version."""
-    return STAGE.run(build_model, settings, run, shards=shards, tokenizer=tokenizer)
+#: ``run.threads`` (torch CPU threads) changes the speed, not the version; a killed run resumes.
+train_model = stage_task(STAGE, "train_model", "Train mygpt on a shards version with its tokenizer (or reuse it).")

@@ -1,14 +1,5 @@
-"""The pipeline's stages, in the order they run: the one list of stages.
-
-Everything that lists stages is derived from :data:`STAGES`: the flow's parameters and wiring
-(``flows.wiki_pipeline``), the settings groups (``flows.settings.Pipeline``), ``only=`` and ``force``, the
-store's listings and ``gc`` (:func:`open_store`), the code versions that mark stale versions, the CLI's
-listings and the tests' plain stage calls. Adding a stage is one module (its settings, build, report,
-``STAGE`` and task; see ``tasks.core.stage``) and one line here.
-
-It sits above the stage modules (it imports them), so ``tasks.core`` never imports it: the machinery takes the
-stage names it needs from its callers.
-"""
+"""The pipeline's stages, in the order they run: the one list of stages. Adding a stage is one module and one
+line here (docs/STAGES.md). It imports the stage modules, so ``tasks.core`` never imports it."""
 
 from __future__ import annotations
 
@@ -16,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mygpt.errors import UserError
-from tasks import corpus, export, model, samples, shards, tokenizer
+from tasks import corpus, evaluate, export, model, samples, shards, tokenizer
 from tasks.core.settings import RunOptions
 from tasks.core.stage import Stage
 from tasks.store import ArtifactStore
@@ -29,6 +20,7 @@ STAGES: tuple[Stage, ...] = (
     model.STAGE,
     samples.STAGE,
     export.STAGE,
+    evaluate.STAGE,
 )
 
 NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
@@ -46,14 +38,14 @@ def stage_name(name: object, what: str) -> str:
     raise UserError(f"{what} names no stage: {name!r}; the stages are {', '.join(NAMES)}")
 
 
-def in_order(names: Iterable[str]) -> tuple[str, ...]:
+def in_stage_order(names: Iterable[str]) -> tuple[str, ...]:
     """``names`` (stage names) without repeats, in the order the stages run."""
     return tuple(sorted(set(names), key=NAMES.index))
 
 
 def check_run(run: RunOptions) -> RunOptions:
     """``run`` with the stages it names (``force``, ``only``) checked and written by their names."""
-    force = in_order(stage_name(v, "run.force") for v in run.force)
+    force = in_stage_order(stage_name(v, "run.force") for v in run.force)
     only = stage_name(run.only, "run.only") if run.only is not None else None
     return run.model_copy(update={"force": force, "only": only})
 

@@ -1,9 +1,7 @@
 """Stage ``samples`` (task ``sample_model``): ``model/<version>/model.ckpt`` -> ``samples.md`` + ``samples.json``.
 
-Generates ``max_new_tokens`` BPE tokens after each prompt (the chapter's §28.7: "The history of", 200 tokens,
-temperature 1.0, top-k 40), seeded, so the same version always holds the same text. Every prompt is sampled with
-the same ``seed``, so a prompt's continuation does not depend on its place in the list. Characters the tokenizer
-cannot encode are dropped from a prompt with a warning (the flow already refused prompts made only of them).
+Every prompt is sampled with the same ``seed``, so a version always holds the same text and a continuation does
+not depend on the prompt's place in the list; characters the tokenizer cannot encode are dropped, with a warning.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from pydantic import Field, field_validator
 
 from mygpt.errors import UserError
 from tasks.core.report import md_code, md_text
-from tasks.core.settings import DeviceSettings, RunOptions, Seed
+from tasks.core.settings import DeviceSettings, Seed
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 
 MIN_TEMPERATURE = 0.001
@@ -145,9 +143,7 @@ def report(manifest: dict) -> str:
 
 
 def check_prompts(tokenizer, prompt) -> list[str]:
-    """Refuse prompts made only of characters ``tokenizer`` cannot encode (known right after the tokenizer stage).
-
-    Returns warnings for prompts that merely contain some (the samples stage drops those characters)."""
+    """Refuse prompts made only of characters ``tokenizer`` cannot encode; warnings for those that contain some."""
     from mygpt.errors import describe_chars
 
     warnings = []
@@ -167,8 +163,7 @@ def check_prompts(tokenizer, prompt) -> list[str]:
 
 
 def check_prompt_early(settings: SamplesSettings, tokenizer: StageRef) -> list[str]:
-    """The samples' early check (:attr:`Stage.early_check`): the prompt against the tokenizer, as soon as the
-    tokenizer version exists, so a prompt it cannot encode stops the run before the shards and the model."""
+    """The samples' early check (:attr:`Stage.early_check`): the prompt against the tokenizer version."""
     from tasks.core.stage import ref_dir
     from tasks.tokenizer import load_tokenizer
 
@@ -179,16 +174,12 @@ STAGE = Stage(
     name="samples",
     settings=SamplesSettings,
     code_version="2",
+    build=build_samples,
     report=report,
-    inputs=("model",),
     early_check=("tokenizer", check_prompt_early),
     alias="sample",
+    headline=lambda m: f"{len(m.get('samples') or [])} sample(s)",
+    shared_flat=("seed", "device", "precision"),
+    tiny={"max_new_tokens": 40},
 )
-
-
-@stage_task(STAGE)
-def sample_model(
-    model: StageRef, settings: SamplesSettings = SamplesSettings(), run: RunOptions = RunOptions()
-) -> StageRef:
-    """Sample text from a model version (or reuse that version). ``run.threads``: speed only."""
-    return STAGE.run(build_samples, settings, run, model=model)
+sample_model = stage_task(STAGE, "sample_model", "Sample text from a model version (or reuse that version).")

@@ -1,30 +1,8 @@
-"""Stage ``shards`` (task ``encode_shards``): every corpus split → Parquet token shards.
+"""Stage ``shards`` (task ``encode_shards``): every corpus split -> Parquet token shards (``shard_format``).
 
-Layout and schema: :data:`tasks.core.shard_format.SCHEMA` (also written into each version as ``README.md``);
-``shards.json`` lists every shard with its token count and first/last token offsets.
-
-Settings: ``shard_tokens`` and ``unk_policy`` (they change the files). Where and how wide the work runs --
-the Dask cluster (``RunOptions.workers``, ``RunOptions.dask_address``) and the chunk size
-(``RunOptions.chunk_bytes``) -- only changes how fast the same bytes appear, so those are run options:
-changing them reuses the version.
-
-Parallelism (:mod:`tasks.core.dask_work`): each split is cut into chunks of about ``chunk_bytes`` at
-tokenisation-safe points (``mygpt.tokenizers.bpe_encode.chunk_bounds``); each chunk is encoded by a Dask worker that
-reads its byte range of the split file itself; the results come back in file order, a few chunks ahead at most.
-Their ids are copied into one shard buffer of ``shard_tokens`` ids, which is written out (pyarrow,
-atomically) whenever it fills. Peak memory: the buffer plus the chunks in flight; never the whole corpus.
-The same pass counts the characters outside the tokenizer's alphabet (``skipped_*`` per split, and
-``missing`` over all splits: the chapter's "characters missing from the slice" analysis of ``wikipedia.txt``,
-which is the three splits put together).
-
-Crash resume: after each shard is written, ``work/progress.json`` records for it: size, sha256, token count,
-and where the next shard starts -- the chunk index and how many of that chunk's ids are already in shards --
-plus the encode stats of the chunks before that chunk (for a split's last shard, ``next_chunk`` is null and
-the stats are the split's). A rerun of the same version checks every recorded shard (exists, size, sha256,
-token count in the Parquet footer), deletes shards it cannot vouch for, and restarts at the recorded chunk,
-dropping the ids already written; a split whose last shard is recorded is finished, whether or not the
-``done`` mark after it made it to disk. So a crash (of this process or of any worker) costs at most one
-shard plus one chunk of re-encoding, and the result is byte-identical to an uninterrupted run.
+Chunks are encoded on Dask and written in file order into shards of ``shard_tokens`` ids; the same pass counts
+the characters outside the tokenizer's alphabet. ``work/progress.json`` records each shard, so a crash costs at
+most a shard plus a chunk and the result is byte-identical (docs/STAGES.md).
 """
 
 from __future__ import annotations
@@ -45,8 +23,8 @@ from mygpt.tokenizers.bpe_chunks import chunk_bounds
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 from tasks.core import dask_work, shard_format
 from tasks.core.report import md_code
-from tasks.core.settings import RunOptions, Settings
-from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
+from tasks.core.settings import Settings
+from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.corpus import SPLIT_FILES, SPLITS
 
 DEFAULT_CHUNK_BYTES = 8 << 20
@@ -81,9 +59,6 @@ class ShardsSettings(Settings):
                 "10000000 makes ~20 MB shards"
             )
         return value
-
-
-default_workers = dask_work.default_workers
 
 
 # ---- progress record ---------------------------------------------------------------------------------
@@ -142,12 +117,11 @@ def encoded_chunks(
     name: str,
 ):
     """``(chunk_index, byte_start, byte_end, ids, stats)`` for the chunks of ``path`` from ``start_chunk`` on, in
-    order, each encoded by a Dask worker (``tasks.core.dask_work.encode_chunk``) that reads its range from
-    ``where`` (the same file where it is published: a path or an ``s3://`` URL)."""
+    order, each encoded by a worker that reads its range from ``where`` (a path or an ``s3://`` URL)."""
     bounds = (b for b in chunk_bounds(path, chunk_bytes) if b[0] >= start_chunk)
-    work = dask_work.in_order(
+    work = dask_work.ordered_results(
         client,
-        dask_work.encode_chunk,
+        dask_work.encode_range,
         bounds,
         lambda b: (tokenizer_key, tokenizer_json, where, b[1], b[2], unk_policy),
         window=window,
@@ -159,7 +133,7 @@ def encoded_chunks(
 
 def missing_summary(stats: list[EncodeStats]) -> dict:
     """The characters outside the tokenizer's alphabet over all splits (= ``wikipedia.txt``): the chapter's
-    analysis (distinct characters, positions, the fraction of all characters, the most frequent ones)."""
+    "missing from the slice" analysis."""
     counts: dict[str, int] = {}
     for st in stats:
         for c, n in st.skipped_chars.items():
@@ -438,18 +412,12 @@ STAGE = Stage(
     name="shards",
     settings=ShardsSettings,
     code_version="2",
+    build=build_shards,
     report=report,
-    inputs=("corpus", "tokenizer"),
     alias="encode",
+    headline=lambda m: f"{m.get('tokens', 0):,} tokens",
+    tiny={"shard_tokens": 50_000},
 )
-
-
-@stage_task(STAGE)
-def encode_shards(
-    corpus: StageRef, tokenizer: StageRef, settings: ShardsSettings = ShardsSettings(), run: RunOptions = RunOptions()
-) -> StageRef:
-    """Encode every split of a corpus version with a tokenizer version into Parquet shards (or reuse them).
-
-    The chunks are encoded on Dask: a local cluster of ``run.workers`` processes (default: CPU count, at most 8)
-    or the cluster at ``run.dask_address``; that and ``run.chunk_bytes`` change the speed, not the files."""
-    return STAGE.run(build_shards, settings, run, corpus=corpus, tokenizer=tokenizer)
+encode_shards = stage_task(
+    STAGE, "encode_shards", "Encode every split of a corpus version into Parquet token shards (or reuse them)."
+)

@@ -1,31 +1,9 @@
 """Stage ``tokenizer`` (task ``train_tokenizer``): the chapter's word-level BPE, trained on a slice of the corpus.
 
-The slice is the first ``bpe_train_bytes`` bytes of ``wiki.train.txt`` (0 = the whole split), cut back to a
-UTF-8 character boundary (the chapter slices 50,000,000 *characters* of ``wikipedia.txt``, which starts
-with the train split; bytes make the setting independent of the text's script). The algorithm is stated
-plainly in :mod:`mygpt.tokenizers.bpe_reference`; the merges are exactly ``BPETokenizer.from_corpus(slice,
-num_merges)``.
-
-How, in two phases:
-
-1. **count** -- pre-tokenise the slice and count each distinct word, as a map-reduce over the same
-   deterministic chunks the shards stage encodes (cut where a word ends, so no word is split): each chunk is
-   counted by a Dask worker reading its byte range of the file (:mod:`tasks.core.dask_work`: a local cluster, or
-   ``run.dask_address``), and this process adds the tables up as they arrive, in file order. Memory is a
-   few chunks plus the table of distinct words -- it no longer grows with the slice;
-2. **train** -- ``mygpt.tokenizers.bpe_train.train_and_count_tokens`` on the table (the merges of ``from_corpus``).
-
-Published files::
-
-    tokenizer.json   BPETokenizer.save format: {"chars": [...], "merges": [[a, b], ...]}
-    stats.json       vocab/alphabet size, first 30 merges, the slice's size, chars per token on the slice,
-                     timings
-
-Chars per token of the slice comes from the trainer's final state (each distinct word's symbols after the last
-merge, times its count) -- what ``encode_corpus(slice)`` would give, without encoding the slice again (when two
-merges make the same string that shortcut is not exact, and each distinct word is encoded once instead). The
-chapter's "characters missing from the slice" analysis of ``wikipedia.txt`` is made by the shards stage, whose
-encode pass reads every character anyway (its ``missing`` metrics and the ``wiki-shards`` report).
+The slice is the first ``bpe_train_bytes`` of ``wiki.train.txt`` cut back to a character boundary; its words are
+counted on Dask (the shards stage's chunks), then the merges learnt from the table -- exactly
+``BPETokenizer.from_corpus(slice, num_merges)``'s (docs/STAGES.md). Publishes ``tokenizer.json`` and
+``stats.json``.
 """
 
 from __future__ import annotations
@@ -43,9 +21,9 @@ from mygpt.tokenizers.bpe import BPETokenizer
 from mygpt.tokenizers.bpe_chunks import chunk_bounds
 from mygpt.tokenizers.bpe_train import add_counts, gc_paused, train_and_count_tokens
 from tasks.core import dask_work
-from tasks.core.report import md_code, summary_table
-from tasks.core.settings import RunOptions, Settings
-from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
+from tasks.core.report import md_code, number, summary_table
+from tasks.core.settings import Settings
+from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.corpus import SPLIT_FILES
 
 DEFAULT_CHUNK_BYTES = 8 << 20
@@ -85,14 +63,13 @@ def slice_end(path: Path, max_bytes: int) -> int:
 
 
 def count_slice(ctx: BuildContext, path: Path, end: int, chunk_bytes: int, where: str | None = None) -> dict[str, int]:
-    """The word counts of bytes ``0..end`` of ``path``, chunk by chunk on Dask, added up here in file order; the
-    workers read their chunks from ``where`` (the same file where it is published: a path or an ``s3://`` URL),
-    this process cuts them from ``path``."""
+    """The word counts of bytes ``0..end`` of ``path``, chunk by chunk on Dask (read from ``where``), added up
+    here in file order."""
     counts: dict[str, int] = {}
     where = where or str(path)
     with dask_work.dask_client(ctx.run, ctx.log, needs=[where]) as client:
         workers = len(client.scheduler_info()["workers"])
-        chunks = dask_work.in_order(
+        chunks = dask_work.ordered_results(
             client,
             dask_work.count_chunk,
             chunk_bounds(path, chunk_bytes, end=end),
@@ -186,13 +163,19 @@ def report(manifest: dict) -> str:
 
 
 STAGE = Stage(
-    name="tokenizer", settings=TokenizerSettings, code_version="2", report=report, inputs=("corpus",), alias="bpe"
+    name="tokenizer",
+    settings=TokenizerSettings,
+    code_version="2",
+    build=build_tokenizer,
+    report=report,
+    alias="bpe",
+    headline=lambda m: f"vocab {m.get('vocab_size', 0):,}, {number(m.get('chars_per_token'), '.2f')} chars/token",
+    columns=(
+        ("merges", lambda m: f"{m.get('num_merges', 0):,}"),
+        ("vocab", lambda m: f"{m.get('vocab_size', 0):,}"),
+        ("slice", lambda m: f"{m.get('train_bytes', 0):,} bytes"),
+        ("chars/token", lambda m: number(m.get("chars_per_token"), ".3f")),
+    ),
+    tiny={"num_merges": 48, "bpe_train_bytes": 200_000},
 )
-
-
-@stage_task(STAGE)
-def train_tokenizer(
-    corpus: StageRef, settings: TokenizerSettings = TokenizerSettings(), run: RunOptions = RunOptions()
-) -> StageRef:
-    """Train the chapter's word-level BPE on a corpus version (or reuse that version)."""
-    return STAGE.run(build_tokenizer, settings, run, corpus=corpus)
+train_tokenizer = stage_task(STAGE, "train_tokenizer", "Train the word-level BPE on a corpus version (or reuse it).")

@@ -1,36 +1,7 @@
-"""The data stages' chunk work on Dask (``dask.distributed``): the cluster, and the functions its workers run.
-
-The tokenizer stage (counting the words of the training slice) and the shards stage (encoding every split)
-cut their text into the same deterministic chunks (``mygpt.tokenizers.bpe_encode.chunk_bounds``: about ``chunk_bytes``
-each, cut where a word ends, so the words -- and the ids -- of the chunks put together are those of the whole
-text). Each chunk is one Dask task: :func:`count_chunk` or :func:`encode_chunk`, run by a worker that reads its
-byte range of the corpus file itself (only three numbers and a path travel to it) and sends back a word-count
-table or an array of ids. :func:`in_order` submits them with a bounded window and hands the results back in
-file order, so memory stays at a few chunks whatever the corpus size, and the stage writes its outputs
-exactly as one process would.
-
-Where the work runs (:func:`dask_client`, from the run options, which never change a version):
-
-* default: a local cluster started and stopped by the stage, sized to the machine -- ``run.workers`` worker
-  processes (default: the CPU count, at most 8), one thread each, every address on 127.0.0.1; with one
-  worker, a scheduler and worker inside this process (no processes to start);
-* ``run.dask_address``: an existing cluster (``dask scheduler`` + ``dask worker``\\ s), ``tcp://`` or ``tls://``
-  (with Dask's own TLS settings, ``distributed.comm.tls.*``: :func:`check_address`). Before the ``Client`` is
-  made, :func:`_probe` asks the address who it is, under one deadline (``CONNECT_TIMEOUT_S``): Dask's client
-  would wait forever on a port that accepts and never answers in Dask's protocol (an HTTP server, say). Its
-  workers read the corpus by the path this process sees, so the artifact root must be on a filesystem they
-  share, mounted at the same path, and they must run this checkout's code (``pip install -e .``).
-
-Every listener the local cluster opens is on 127.0.0.1 (the scheduler's and the workers' HTTP endpoints
-included), and ``distributed``'s INFO lines (a few dozen per cluster) are kept out of the stage's log.
-
-A worker that dies mid-chunk loses nothing: its chunk is a pure function of the file, so the scheduler runs it
-again on another worker (and a local cluster's nanny starts a new worker). Only if a chunk kills workers
-repeatedly (``distributed.scheduler.allowed-failures``) does the stage fail; its progress record then lets a
-rerun resume.
-
-This module imports only ``mygpt`` and numpy at the top, so a worker that unpickles these functions loads no
-Prefect.
+"""The data stages' chunk work on Dask: the cluster (local, or ``run.dask_address``) and the functions its
+workers run. A chunk is a byte range a worker reads itself; :func:`ordered_results` hands results back in file
+order with a bounded window, so memory stays at a few chunks (docs/PIPELINE.md, "The data stages on Dask").
+Imports only ``mygpt`` and numpy at the top, so a worker that unpickles these functions loads no Prefect.
 """
 
 from __future__ import annotations
@@ -60,8 +31,7 @@ _TOKENIZERS: dict[str, Any] = {}  # in a worker: tokenizer key -> BPETokenizer (
 
 
 class ClusterError(UserError):
-    """``run.dask_address`` names no usable cluster: the message names the address and what to do (a stage that
-    adds advice of its own to the ``UserError``\\ s of its input lets this one through unchanged)."""
+    """``run.dask_address`` names no usable cluster; the message says what to do (stages pass it on unchanged)."""
 
 
 def default_workers() -> int:
@@ -69,27 +39,25 @@ def default_workers() -> int:
 
 
 # ---- what the workers run ------------------------------------------------------------------------------
-def encode_chunk(tokenizer_key: str, tokenizer_json: str, path: str, start: int, end: int, unk_policy: str) -> tuple:
-    """Encode bytes ``start..end`` of ``path``: ``(ids, stats as a dict)``. The tokenizer (its state as JSON) is
-    built once per worker, keyed by ``tokenizer_key``, and keeps its word cache from chunk to chunk."""
+def encode_range(tokenizer_key: str, tokenizer_json: str, path: str, start: int, end: int, unk_policy: str) -> tuple:
+    """``(ids, stats as a dict)`` of bytes ``start..end`` of ``path``; the tokenizer is built once per worker."""
     import json
 
     from mygpt.tokenizers.bpe import BPETokenizer
-    from mygpt.tokenizers.bpe_chunks import encode_chunk as encode
+    from mygpt.tokenizers.bpe_chunks import encode_chunk
 
     tok = _TOKENIZERS.get(tokenizer_key)
     if tok is None:
         _TOKENIZERS.clear()
         tok = _TOKENIZERS[tokenizer_key] = BPETokenizer.from_state(json.loads(tokenizer_json))
     with _reading(path, start, end):
-        ids, stats = encode(tok, path, start, end, unk_policy, opener=opener(path))
+        ids, stats = encode_chunk(tok, path, start, end, unk_policy, opener=opener(path))
     return ids, stats.to_dict()
 
 
 def count_chunk(path: str, start: int, end: int) -> bytes:
-    """The word counts (``Counter(WORD_RE.findall(text))``) of bytes ``start..end`` of ``path``, pickled: Dask
-    ships one opaque buffer instead of walking a dict of ~10**5 words entry by entry (measured: 16.5 s instead
-    of 1.8 s for six 8 MB chunks). :func:`word_counts` unpickles it."""
+    """The word counts of bytes ``start..end`` of ``path``, pickled (Dask ships one buffer much faster than it
+    walks a dict of ~10**5 words); :func:`word_counts` unpickles it."""
     from mygpt.tokenizers.bpe_chunks import read_chunk
     from mygpt.tokenizers.bpe_train import count_words
 
@@ -121,9 +89,8 @@ def _reading(where: str, start: int, end: int) -> Iterator[None]:
 
 
 def opener(where: str):
-    """How a worker opens ``where`` for its byte range: None (a local file: ``open``) or, for an ``s3://`` URL, the
-    object store's file read by range, with no read-ahead cache (a chunk is read once, in one request); the
-    credentials are the worker's own AWS environment, so a cluster needs no shared disk."""
+    """How a worker opens ``where``: None (a local file) or, for ``s3://``, a ranged read with no read-ahead and
+    the worker's own AWS credentials."""
     if "://" not in where:
         return None
     from tasks.store import filesystem
@@ -150,9 +117,8 @@ def worker_can_read(path: str) -> bool:
 
 # ---- the cluster -------------------------------------------------------------------------------------------
 def check_address(address: str) -> str:
-    """``address`` checked for Dask (its one home, called by ``RunOptions``): ``tcp://`` or ``tls://`` (no scheme
-    = ``tcp://``), a host and a port 1..65535; for ``tls://``, Dask's TLS settings must give a client certificate
-    and a CA. ``ValueError`` (with the fix) otherwise; the address, stripped, when it is fine."""
+    """``address`` stripped when Dask can use it (``tcp://`` or ``tls://`` with Dask's TLS settings, host,
+    port); ``ValueError`` with the fix otherwise."""
     import re
 
     address = address.strip()
@@ -194,9 +160,8 @@ def _quiet_distributed() -> Iterator[None]:
 
 @contextlib.contextmanager
 def dask_client(run, log, *, needs: Iterable[str] = ()) -> Iterator[Any]:
-    """A ``distributed.Client`` for ``run`` (see the module docstring); the local cluster is closed on exit.
-
-    ``needs``: files every worker must be able to read (checked up front on an existing cluster)."""
+    """A ``distributed.Client`` for ``run``, the local cluster closed on exit; ``needs``: files every worker
+    must read (checked up front on an existing cluster)."""
     from distributed import Client
 
     with _quiet_distributed():
@@ -242,16 +207,14 @@ def _local_cluster(n: int) -> Any:
         return LocalCluster(n_workers=1, processes=False, **common)
     # Dask's nannies set MALLOC_TRIM_THRESHOLD_=65536 in their workers, which turns off glibc's adaptive mmap
     # threshold: every numpy temporary of the chunk work is then mmap'ed and unmapped again, page faults and
-    # all, and the chunks run at half speed (measured: 0.70 s vs 0.35 s CPU for 8 MB). Leave malloc alone.
+    # all, and the chunks run at half speed. Leave malloc alone.
     with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
         return LocalCluster(n_workers=n, processes=True, host="127.0.0.1", **common)
 
 
 def _probe(address: str, security: Any) -> str:
-    """Who answers at ``address`` (``"Scheduler"`` for a Dask scheduler), asked in Dask's protocol under one
-    deadline of ``CONNECT_TIMEOUT_S``: ``TimeoutError`` when nothing answers in time (a closed port the
-    connection attempts retry until then; an HTTP server, which accepts and never replies), ``OSError`` or
-    another exception when the connection fails outright (a TLS handshake refused, say)."""
+    """Who answers at ``address`` (``"Scheduler"``), under one deadline: Dask's client would wait forever on a
+    port that never answers in its protocol. ``TimeoutError`` or the connection's own error otherwise."""
     from distributed.comm import connect
     from distributed.core import send_recv
 
@@ -329,14 +292,11 @@ def _check_workers(client, address: str, needs: Iterable[str]) -> None:
 
 
 # ---- chunks in, results out in order ------------------------------------------------------------------------
-def in_order(
+def ordered_results(
     client, fn: Callable, items: Iterable[tuple], args: Callable[[tuple], tuple], *, window: int, name: str
 ) -> Iterator[tuple[tuple, Any]]:
-    """``(item, fn(*args(item)))`` for each item, computed on the cluster, yielded in the items' order.
-
-    At most ``window`` chunks are submitted and not yet consumed (earlier ones first: Dask priorities), so
-    results wait in worker memory only that far ahead. Unconsumed futures are cancelled when the caller stops
-    (an error, a closed generator)."""
+    """``(item, fn(*args(item)))`` for each item, computed on the cluster, yielded in the items' order, at most
+    ``window`` ahead; unconsumed futures are cancelled when the caller stops."""
     from distributed import KilledWorker
 
     items = iter(items)

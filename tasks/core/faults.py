@@ -8,22 +8,16 @@ import signal
 import sys
 import time
 
-# ---- fault injection (test hook, off by default) -------------------------------------------------------
 FAULT_ENV = "WIKI_PIPELINE_FAULT"
-
-
 FAULT_TRACE_ENV = "WIKI_PIPELINE_FAULT_TRACE"
-
-
-FAULT_HOLD_SECONDS = 300  #: the longest a ``hold=`` fault waits for its file
+FAULT_HOLD_SECONDS = 300  # the longest a ``hold=`` fault waits for its file
 
 
 _fault_calls: dict[str, int] = {}
 
 
 class FaultInjected(BaseException):
-    """Raised by :func:`fault_point` in ``raise`` mode: an in-process stand-in for a crash (BaseException, so
-    no ``except Exception`` swallows it)."""
+    """A crash in ``raise`` mode (a BaseException, so no ``except Exception`` swallows it)."""
 
 
 def reset_faults() -> None:
@@ -32,18 +26,9 @@ def reset_faults() -> None:
 
 
 def fault_point(name: str) -> None:
-    """A named point where the reliability harness can crash the pipeline. Does nothing unless the environment says so.
-
-    Points (``<stage>`` is any stage of ``tasks.registry``): ``<stage>.start`` (staging opened,
-    build not started), ``<stage>.progress`` (every :meth:`BuildContext.progress` call, before its throttling),
-    ``<stage>.publish`` (manifest written in staging, not yet renamed into place) and ``<stage>.published``
-    (renamed into place, staging not yet deleted).
-
-    ``WIKI_PIPELINE_FAULT=<point>@<n>`` SIGKILLs this process at the n-th call of ``<point>`` (counted per
-    process); ``<point>@<n>:raise`` raises :class:`FaultInjected` instead; ``<point>@<n>:hold=<file>`` waits
-    there until ``<file>`` exists (a harness holds a build at a known point while another run meets it; after
-    :data:`FAULT_HOLD_SECONDS` it says so and goes on). Any other spec is an error. ``WIKI_PIPELINE_FAULT_TRACE=<file>``
-    appends ``<point> <n>`` for every call (so a harness can pick random points that a run really reaches).
+    """Crash here when ``WIKI_PIPELINE_FAULT=<point>@<n>`` names this point's n-th call (SIGKILL; ``:raise``
+    raises :class:`FaultInjected`; ``:hold=<file>`` waits for the file); ``WIKI_PIPELINE_FAULT_TRACE=<file>``
+    logs every call. Points: ``<stage>.start``, ``.progress``, ``.publish``, ``.published`` (docs/RELIABILITY.md).
     """
     spec = os.environ.get(FAULT_ENV)
     trace = os.environ.get(FAULT_TRACE_ENV)
@@ -76,8 +61,8 @@ def fault_point(name: str) -> None:
 
 
 def _parse_fault(spec: str) -> tuple[str, int, str]:
-    """``<point>@<n>[:raise|:hold=<file>]`` as (point, n, mode); a clear error for anything else, so that a mistyped
-    spec neither kills the process nor holds it where the harness did not mean to."""
+    """``<point>@<n>[:raise|:hold=<file>]`` as (point, n, mode); ``ValueError`` for anything else (a mistyped
+    spec must not kill the process)."""
     target, colon, mode = spec.partition(":")
     point, _, count = target.rpartition("@")
     if not point or not count.isdigit() or int(count) < 1 or (colon and mode != "raise" and not _is_hold(mode)):

@@ -6,12 +6,8 @@ from tasks.core.report import human_bytes
 
 
 class Pace:
-    """How fast a build goes and when it will be done, from its progress calls: ``5.1k tokens/s · ETA 12m``.
-
-    Measured from the first call of the current phase (a phase restarts when ``total`` changes or ``done``
-    goes back, e.g. the corpus going from downloading to unzipping), so a resumed build's ETA counts only the
-    work left. ``unit`` = ``(name, units per progress unit)`` for the rate (``("B", 1)`` shows bytes/s); None =
-    no rate, only the ETA."""
+    """``5.1k tokens/s · ETA 12m`` from a build's progress calls, measured from the first call of the current
+    phase (a new ``total`` or a ``done`` going back), so a resumed build's ETA counts only the work left."""
 
     def __init__(self, unit: tuple[str, float] | None = None) -> None:
         self.unit = unit

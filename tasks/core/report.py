@@ -1,10 +1,5 @@
-"""Text a user chose (a prompt, a URL, a setting's value) inside the markdown of a Prefect UI artifact, shown as
-text and never read as markup: the one home of the escaping every report uses.
-
-The UI renders artifact markdown, raw HTML included, so a prompt holding ``<img onerror=...>``, ``[a](http://x)``
-or a ``|`` would otherwise inject a tag, a link or a table column. :func:`md_code` makes an inline code span (HTML
-and markdown inside it are literal) safe in a table cell; :func:`md_text` escapes plain text.
-"""
+"""The report helpers of stages and flows: markdown escaping (the UI renders raw HTML, so user text must never
+read as markup), tables, byte sizes, numbers and the SVG line chart."""
 
 from __future__ import annotations
 
@@ -49,6 +44,11 @@ def settings_table(settings: dict) -> str:
     return f"\n## Settings\n\n| setting | value |\n|---|---|\n{rows}\n"
 
 
+def number(value: object, spec: str = ".4f") -> str:
+    """``value`` formatted with ``spec``, or ``–`` when it is not a number (a metric an old version lacks)."""
+    return "–" if not isinstance(value, int | float) else format(value, spec)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
@@ -59,8 +59,7 @@ def human_bytes(n: float) -> str:
 
 # ---- the UI artifact: summary + loss curve -------------------------------------------------------------
 def nice_ticks(lo: float, hi: float, log: bool = False, count: int = 5) -> list[float]:
-    """Round axis ticks covering ``lo``..``hi``: multiples of 1, 2 or 5 x 10^k (on a log axis the 1-2-5 values in
-    range when there are at least three of them)."""
+    """Round axis ticks covering ``lo``..``hi``: multiples of 1, 2 or 5 x 10^k."""
     if log:
         k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
         ticks = [m * 10.0**k for k in range(k0, k1 + 1) for m in (1, 2, 5) if lo <= m * 10.0**k <= hi]
@@ -75,18 +74,15 @@ def nice_ticks(lo: float, hi: float, log: bool = False, count: int = 5) -> list[
 
 
 def _tick_label(value: float, ticks: list[float]) -> str:
-    """``value`` with as few decimals as show every one of ``ticks`` exactly (``2.5``, ``3``, ``3.5``), so that no
-    two labels read the same on a flat curve (``3.4841000``, ``3.4841025``; at most 15 decimals, beyond any loss
-    the model stage records)."""
+    """``value`` with as few decimals as show every tick exactly, so no two labels of a flat curve read the same."""
     step = min((b - a for a, b in zip(ticks, ticks[1:], strict=False) if b > a), default=1.0)
     decimals = next((d for d in range(16) if all(abs(round(t, d) - t) < 1e-6 * step for t in ticks)), 15)
     return f"{value:,.{decimals}f}"
 
 
 def line_chart(series: list[tuple[str, str, list]], x_title: str, y_title: str, height: int = 300) -> str:
-    """An SVG line chart of ``series`` (``(label, colour, [(x, y), ...])``) with round ticks, axis titles and a
-    legend; no fixed size, only a viewBox, so it takes the width of the page it is shown in. The y axis is
-    logarithmic when the values span more than 4x (a steep start would flatten everything else)."""
+    """An SVG line chart of ``series`` (``(label, colour, [(x, y), ...])``) that takes the page's width (a
+    viewBox only); the y axis is logarithmic when the values span more than 4x (a steep start flattens the rest)."""
     width = 640
     clean = [
         (label, colour, [(x, y) for x, y in pts if y is not None and math.isfinite(y) and y > 0])

@@ -1,19 +1,8 @@
-"""Typed stage settings: one frozen model per stage, the only home of its defaults (the chapter's).
+"""Typed stage settings: one frozen, strict pydantic model per stage, the only home of its defaults.
 
-Every stage module declares its settings as a subclass of :class:`Settings` (a frozen pydantic model that
-refuses unknown fields and validates strictly: ``2.0`` is not an integer, ``"yes"`` is not a boolean). The
-flow takes one settings object per stage as a named parameter, so Prefect's parameter schema -- and the
-deployment's "Run" form in the UI -- shows each stage's fields with their types, defaults and descriptions.
-A stage's version id is a hash of its settings (:meth:`Settings.version_params`), its inputs and its code
-version.
-
-:meth:`Settings.parse` turns a dict (what Prefect passes for a JSON parameter) or an instance into a valid
-instance, and a validation failure into one :class:`~mygpt.errors.UserError` that names the field, says what
-it must be and what was given, and repeats the field's description (which carries the chapter's value):
-``tokenizer.num_merges must be an integer >= 0, got -1 (BPE merges to learn; the chapter uses 1024)``.
-
-:class:`RunOptions` says how to run rather than what to build (artifact root, ``force``, ``full_check``,
-``only``, worker and thread counts, the Dask scheduler): nothing in it enters a version id.
+A validation failure becomes one ``UserError`` naming the field, what it must be, what was given and the field's
+description: ``tokenizer.num_merges must be an integer >= 0, got -1 (BPE merges to learn; ...)``.
+:class:`RunOptions` says how to run, not what to build: nothing in it enters a version id.
 """
 
 from __future__ import annotations
@@ -25,22 +14,21 @@ import typing
 from typing import Annotated, Any, Literal
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from mygpt.errors import UserError
 
 
 class Settings(BaseModel):
-    """Base of every stage's settings (see the module docstring)."""
+    """Base of every stage's settings."""
 
     # allow_inf_nan=False: every float setting refuses inf and nan (``lr=Infinity``) with the field's message
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+    _resolved: bool = PrivateAttr(False)
 
     @classmethod
     def parse(cls, value: Any, name: str = "") -> typing.Self:
-        """``value`` (an instance, a dict or ``None`` for the defaults) as a valid instance; ``UserError`` otherwise.
-
-        ``name`` prefixes field names in messages (``"tokenizer"`` gives ``tokenizer.num_merges ...``)."""
+        """``value`` (an instance, a dict or None) as a valid instance, else ``UserError`` naming ``name.field``."""
         if isinstance(value, cls):
             return value
         if isinstance(value, BaseModel):  # e.g. another Settings class, or an instance from a reloaded module
@@ -57,25 +45,39 @@ class Settings(BaseModel):
             raise UserError(cls._explain(e, value, name)) from None
 
     def resolved(self) -> typing.Self:
-        """These settings with whatever depends on this machine settled (e.g. ``device="auto"`` -> ``"cpu"``);
-        the stage builds with, and computes its version from, the resolved settings. Default: unchanged."""
+        """These settings with what depends on this machine settled (``device="auto"`` -> ``"cpu"``); a stage
+        builds with, and versions by, resolved settings. Default: unchanged. Callers use :meth:`resolved_once`."""
         return self
+
+    def resolved_once(self) -> typing.Self:
+        """:meth:`resolved`, marked: settings this returned come back as they are (resolution asks torch)."""
+        if self._resolved:
+            return self
+        settled = self.resolved()
+        settled = settled.model_copy() if settled is self else settled
+        settled._resolved = True
+        return settled
+
+    def model_copy(self, *, update: typing.Mapping[str, Any] | None = None, deep: bool = False) -> typing.Self:
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            copy._resolved = False  # a changed field may need resolving again
+        return copy
 
     def skipped(self) -> bool:
         """Whether the flow leaves this stage out (``export.enabled=false``). Default: never."""
         return False
 
     def check_against(self, groups: typing.Mapping[str, Settings]) -> None:
-        """Check these settings against the other stages' (``groups``: every stage's settings by name), before
-        any stage runs; ``UserError`` naming the fields. The one home of each cross-stage check. Default: none."""
+        """Check these settings against the other stages' (``groups``, by name) before any stage runs; ``UserError``
+        naming the fields. The one home of each cross-stage check. Default: none."""
 
     def version_params(self) -> dict:
         """What this stage's version id is computed from (all fields, JSON-shaped)."""
         return self.model_dump(mode="json")
 
     def progress_unit(self) -> tuple[str, float] | None:
-        """What one unit of this stage's progress counts, for the rate shown while it builds (e.g. training:
-        ``("tokens", batch_size * seq_len)`` per step; ``("B", 1)`` for bytes); None = no rate, only the ETA."""
+        """``(unit, units per progress step)`` for the build's rate (``("B", 1)``); None: only the ETA."""
         return None
 
     @classmethod
@@ -143,22 +145,21 @@ _KINDS = {
 }
 
 
-#: Upper bounds of the run options: far above anything useful, far below what breaks a machine (a million
-#: threads or processes, a chunk that does not fit in memory). ``workers`` is also bounded by this machine's
-#: CPU count (:meth:`RunOptions._workers_fit`).
+# Upper bounds of the run options: far above anything useful, far below what breaks a machine.
 MAX_WORKERS = 256
 MAX_THREADS = 1024
 MAX_CHUNK_BYTES = 1 << 30
-#: The smallest chunk: each chunk is a Dask task with a fixed cost (about a millisecond), so 1-byte chunks made
-#: 200 KB of text a 5-minute job; at 1000 bytes the per-chunk cost stays well below the chunk's own work.
+# The smallest chunk: each chunk is a Dask task with a fixed cost, which must stay below the chunk's own work.
 MIN_CHUNK_BYTES = 1000
-#: Seeds: what every generator the stages seed accepts (torch takes < 2**64, and training also seeds seed + 1).
+# What every generator the stages seed accepts (torch takes < 2**64; training also seeds seed + 1).
 MAX_SEED = 2**63 - 1
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
 
 class RunOptions(Settings):
     """How to run the pipeline, not what it builds: nothing here enters a version id."""
+
+    TINY: typing.ClassVar[dict] = {"workers": 1, "threads": 1}  # the run options' part of the tiny preset
 
     artifacts_dir: str | None = Field(
         None,
@@ -259,18 +260,15 @@ class RunOptions(Settings):
         return self
 
     def root(self) -> str:
-        """The artifact root as an absolute path or an ``s3://bucket/prefix`` URL (``artifacts_dir``, else the
-        store's default)."""
+        """The artifact root: an absolute path or an ``s3://bucket/prefix`` URL."""
         from tasks.store import absolute_root, default_root
 
         return absolute_root(self.artifacts_dir or default_root())
 
 
 class DeviceSettings(Settings):
-    """``device`` and ``precision``, for the stages that run the model (training and sampling).
-
-    They are part of the version once resolved (:meth:`resolved`): ``auto`` becomes what this machine runs,
-    because a model trained in bf16 on a GPU is not the one fp32 on a CPU would give."""
+    """``device`` and ``precision``, for the stages that run the model; part of the version once resolved (a
+    model trained in bf16 on a GPU is not the one fp32 on a CPU would give)."""
 
     device: str = Field("auto", description="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     precision: Literal["auto", "fp32", "bf16"] = Field(
@@ -286,8 +284,7 @@ class DeviceSettings(Settings):
 
     def resolved(self) -> typing.Self:
         """``device``/``precision`` as this machine runs them; ``UserError`` when one is not available here.
-        Where the device is the CPU without asking torch (``cpu``, or ``auto`` on a machine that cannot hold an
-        accelerator: :func:`mygpt.limits.resolves_to_cpu`), torch is not imported: a cached rerun never loads it."""
+        Torch is not imported where the answer is the CPU anyway: a cached rerun never loads it."""
         from mygpt.limits import cpu_precision, resolves_to_cpu
 
         if resolves_to_cpu(self.device):

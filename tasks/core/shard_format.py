@@ -1,7 +1,4 @@
-"""The token-shard format of the ``shards`` stage, in one place.
-
-Readers need nothing from this project: every shard is a plain Parquet file (see :data:`SCHEMA`).
-"""
+"""The token-shard format of the ``shards`` stage: plain Parquet files (:data:`SCHEMA`)."""
 
 from __future__ import annotations
 
@@ -74,10 +71,7 @@ def shard_name(split: str, index: int) -> str:
 
 
 def write_shard(path: str | os.PathLike, ids: np.ndarray) -> int:
-    """Write ``ids`` (1-D uint16/uint32) as one shard, atomically (temp beside it, fsync, rename).
-
-    Returns the file size. The bytes depend only on ``ids`` (and the pyarrow version).
-    """
+    """Write ``ids`` as one shard, atomically; its size. The bytes depend only on ``ids`` (and pyarrow)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -148,13 +142,8 @@ def shard_paths(shards_dir: str | os.PathLike, split: str) -> list[Path]:
 
 
 def materialize_tokens(shards_dir: str | os.PathLike, split: str, dest: str | os.PathLike) -> np.ndarray:
-    """Stream a split's shards into one flat binary token file ``dest``; return it memory-mapped (read-only).
-
-    ``dest`` holds the ids back to back in the shards' dtype (native byte order, no header). It is written
-    atomically (temp file beside it, fsync, rename); when it already exists with the right size nothing is
-    rewritten. Memory stays at one row group. A split with no tokens gives an empty (non-mapped) array,
-    since an empty file cannot be memory-mapped.
-    """
+    """A split's ids in one flat native-order file ``dest`` (written atomically unless it has the right size),
+    memory-mapped read-only; an empty split gives an empty array (an empty file cannot be mapped)."""
     import pyarrow.parquet as pq
 
     paths = shard_paths(shards_dir, split)

@@ -1,37 +1,13 @@
 """Running a stage: reuse its version from the artifact store, or build it in staging and publish it.
 
-A stage module holds the stage's settings (a :class:`~tasks.core.settings.Settings` subclass), a ``build``
-function, a ``report`` function for its Prefect UI artifact, ``STAGE = Stage(...)`` and one Prefect task with
-an explicit signature -- its inputs, its settings, the run options -- whose body is one call of the one verb,
-:meth:`Stage.run`::
-
-    @stage_task(STAGE)
-    def train_tokenizer(corpus: StageRef, settings: TokenizerSettings = TokenizerSettings(),
-                        run: RunOptions = RunOptions()) -> StageRef:
-        return STAGE.run(build_tokenizer, settings, run, corpus=corpus)
-
-:meth:`Stage.run`
-
-0. holds a shared lock on each input version (``ArtifactStore.pin``) until it returns, so ``gc`` keeps what a
-   running build reads and no rebuild replaces it meanwhile;
-1. computes the version id from the settings, the inputs (each upstream version plus its build id, so a
-   rebuilt upstream gives new downstream versions), the stage's code version and, for a stage that reads from
-   outside the store (:attr:`Stage.source`: the corpus), the identity of what it reads now;
-2. reuses that version if the store verifies it (and ``run.force`` does not name the stage); inside a Prefect
-   task run it then returns a ``Completed`` state named ``Cached`` (Prefect's documented way for a task to set
-   its own final state), so the UI shows the reuse; the artifact store is the only cache -- Prefect keeps no
-   cache records and no results for these tasks;
-3. otherwise takes the version's lock, builds into the staging area (which survives a crash, so a stage may
-   resume), publishes atomically with the manifest written last, and posts the stage's UI artifact under
-   ``wiki-<stage>``.
-
-A flow calls a stage task with ``return_state=True`` and takes ``.result()`` (the :class:`StageRef`, built or
-reused); outside Prefect, ``task.fn(...)`` runs the same code and returns the ref.
+A stage module holds its settings, a ``build`` function, a ``report``, ``STAGE = Stage(...)`` and
+``task = stage_task(STAGE, ...)``; the steps of :meth:`Stage.reuse_or_build` are in docs/STAGES.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -85,8 +61,7 @@ def _flow_run_id() -> str | None:
 
 
 def ref_dir(ref: StageRef) -> Path:
-    """A local directory holding the version ``ref`` names: its own, or (published on object storage) a verified
-    copy in this machine's cache (``ArtifactStore.local_copy``)."""
+    """A local directory holding the version ``ref`` names (for an object-store root: a verified local copy)."""
     where, suffix = ref["path"], f"/{ref['stage']}/{ref['version']}"
     if not where.endswith(suffix) or "://" not in where:
         return Path(where)
@@ -94,8 +69,7 @@ def ref_dir(ref: StageRef) -> Path:
 
 
 def lineage(name: str, ref: StageRef) -> dict:
-    """What a manifest records of an input: stage, version and build id, never a path (an artifact root can be
-    moved or copied; the input lives under whichever root the version is read from)."""
+    """What a manifest records of an input: stage, version and build id, never a path (a root can be moved)."""
     return {"stage": ref.get("stage", name), "version": ref["version"], "build_id": ref["build_id"]}
 
 
@@ -141,22 +115,19 @@ class BuildContext(Generic[S]):
         return self.build.resumed
 
     def save(self, *paths: Path) -> None:
-        """Mark ``paths`` (under :attr:`out` or :attr:`work`) as resume state: on an object-store root they are
-        uploaded now, so a rerun on another machine resumes from them (see ``Build.save``)."""
+        """Mark ``paths`` as resume state (on an object-store root: uploaded now, see ``Build.save``)."""
         self.build.save(*paths)
 
     def worker_path(self, name: str, rel: str) -> str:
-        """Where a Dask worker reads the file ``rel`` of the input ``name`` from: on an external cluster
-        (``run.dask_address``), where it is published (a path, or an ``s3://`` URL read by range, so the cluster
-        needs no shared disk); on the local cluster this stage starts, its workers share this machine's disk, so
-        the local copy the build reads (the same bytes, checked against the manifest)."""
+        """Where a Dask worker reads the file ``rel`` of the input ``name``: where it is published for an external
+        cluster (a path or an ``s3://`` URL), else the local copy the build reads (the workers share this disk)."""
         version = self.inputs[name]["version"]
         if self.run.dask_address:
             return f"{self.store.location(name, version)}/{rel}"
         return str(self.store.local_copy(name, version) / rel)
 
     def progress(self, done: float, total: float, message: str = "", force: bool = False) -> None:
-        """Report progress: a log line (every ~10 s or 10 %) and a Prefect progress artifact."""
+        """Report progress: a log line (at most every 10 s or 10 %) and a Prefect progress artifact."""
         fault_point(f"{self.stage}.progress")
         pct = 100.0 * done / total if total else 100.0
         now = time.monotonic()
@@ -178,59 +149,64 @@ class BuildContext(Generic[S]):
                 update_progress_artifact(self._progress_id, progress=pct, description=description)
 
 
+Column = tuple[str, Callable[[dict], str]]  # (title, metrics -> cell) of a comparison table
+
+
 @dataclass(frozen=True)
 class Stage:
-    """One stage: its name (the noun it makes), its settings, code version, UI report and the stages it reads.
+    """One stage: the noun it makes, its settings, build, code version, UI report and run-summary facts.
 
-    A stage module declares ``STAGE = Stage(...)`` and decorates its task with :func:`stage_task`, which binds
-    the task here (:attr:`task`); ``tasks.registry`` lists the stages in order, and everything that lists
-    stages (the flow, its parameters, ``only=``, the CLI, the store's listings) is derived from that list."""
+    Its inputs are the build function's parameters after ``(ctx, settings)``: named once. ``tasks.registry``
+    lists the stages; everything that lists stages derives from that list (see docs/PIPELINE.md)."""
 
-    name: str  # corpus, tokenizer, ...: the store folder, the Prefect task, the flow parameter, the UI key
-    settings: type[Settings]  # the stage's settings class: the flow parameter's type, the home of its defaults
-    code_version: str  # bump when the stage's output for the same settings and inputs changes
-    # manifest -> markdown for the Prefect UI; the manifest handed to it also has "path", where the version is
-    # published (a manifest itself never names its root)
-    report: Callable[[dict], str]
-    inputs: tuple[str, ...] = ()  # upstream stages, passed to the build function as directories
-    #: For a stage that reads from outside the store (the corpus: the zip at source_url): ``(settings, store,
-    #: logger) -> {...}``, the identity of what it would read now (e.g. size and ETag). It enters the version id
-    #: and the manifest, so new content at the same address gives a new version.
+    name: str  # the store folder, the Prefect task, the flow parameter, the UI key
+    settings: type[Settings]  # the flow parameter's type, the home of its defaults
+    code_version: str  # bump when the output for the same settings and inputs changes
+    build: Callable[..., dict]  # build(ctx, settings, **input_dirs) -> metrics; writes ctx.out
+    report: Callable[[dict], str]  # manifest (plus "path") -> markdown for the UI
+    #: For a stage that reads from outside the store (the corpus): ``(settings, store, logger) -> {...}``, the
+    #: identity of what it would read now; it enters the version id, so new content gives a new version.
     source: Callable[..., dict] | None = None
-    #: ``(upstream stage, check)``: ``check(settings, upstream_ref) -> warnings`` runs as soon as that upstream
-    #: version exists, before the stages in between (the samples' prompt against the tokenizer: refused before
-    #: the shards and the model are built); it raises ``UserError`` for settings that cannot work.
+    #: ``(upstream stage, check(settings, upstream_ref) -> warnings)``, run as soon as that upstream exists;
+    #: raises ``UserError`` for settings that cannot work.
     early_check: tuple[str, Callable[[Any, StageRef], list[str]]] | None = None
-    #: The older verb for this stage (``train`` for model), still accepted where a user names a stage.
-    alias: str | None = None
+    alias: str | None = None  # the older verb (``train`` for model), still accepted where a user names a stage
+    headline: Callable[[dict], str] | None = None  # metrics -> the run summary's one number
+    columns: tuple[Column, ...] = ()  # metrics -> cells of a version comparison
+    #: The stage whose comparison :attr:`columns` join (matched by that input's version); None: this stage's own.
+    columns_for: str | None = None
+    chart: Callable[[list], str] | None = None  # versions -> a markdown chart atop this stage's comparison
+    shared_flat: tuple[str, ...] = ()  # fields a flat name (``--param seed=``) sets here and in other stages
+    tiny: dict = field(default_factory=dict, compare=False)  # this stage's part of the tiny preset
     #: The stage's Prefect task, bound by :func:`stage_task`: ``task(*inputs, settings, run) -> StageRef``.
     task: Any = field(default=None, init=False, compare=False, repr=False)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The upstream stages, in the build function's order."""
+        return tuple(inspect.signature(self.build).parameters)[2:]
 
     @property
     def artifact_key(self) -> str:
         return f"wiki-{self.name}"
 
     def version(self, settings: Settings, inputs: dict[str, StageRef], source: dict | None = None) -> str:
-        """The version id of this stage for ``settings`` (resolved, see :meth:`Settings.resolved`), ``inputs``
-        and (for a stage with a :attr:`source`) the identity of what it reads."""
+        """The version id for resolved ``settings``, ``inputs`` and (with :attr:`source`) what it reads."""
         return version_id(self.name, settings.version_params(), input_ids(inputs), self.code_version, source)
 
-    def run(self, build: Callable[..., dict], settings: S, run: RunOptions, **inputs: StageRef) -> Any:
-        """Reuse or build this stage's version: the one verb every stage task calls (see the module docstring).
+    def reuse_or_build(self, settings: S, run: RunOptions, inputs: dict[str, StageRef]) -> Any:
+        """This stage's version for ``settings`` and ``inputs``: reused if published and verified, else built.
 
-        ``build(ctx, settings, **input_dirs)`` writes the version's files into ``ctx.out`` and returns its
-        metrics; ``input_dirs`` maps each input stage to its published directory under ``run``'s artifact root.
-        Returns the :class:`StageRef`, or inside a Prefect task run a ``Cached`` state holding it when reused.
-        """
+        Returns the :class:`StageRef`, or inside a Prefect task run a ``Cached``/``Completed`` state holding it."""
         if set(inputs) != set(self.inputs):
             raise ValueError(f"stage {self.name} takes inputs {list(self.inputs)}, got {sorted(inputs)}")
-        settings = settings.resolved()
+        settings = settings.resolved_once()  # a no-op for settings the flow resolved (Pipeline.parse)
         store = ArtifactStore(run.root())
         logger = stage_logger(self.name)
         with contextlib.ExitStack() as pins:
             for name, ref in sorted(inputs.items()):  # read-pinned while this stage runs: gc keeps them
                 pins.enter_context(store.pin(name, ref["version"], on_wait=self._pin_wait(logger, name, ref)))
-            return self._run_pinned(build, settings, run, store, logger, inputs)
+            return self._reuse_or_build_pinned(settings, run, store, logger, inputs)
 
     def _pin_wait(self, logger: Any, name: str, ref: StageRef) -> Callable[[], None]:
         def waiting() -> None:
@@ -240,9 +216,8 @@ class Stage:
 
         return waiting
 
-    def _run_pinned(
+    def _reuse_or_build_pinned(
         self,
-        build: Callable[..., dict],
         settings: S,
         run: RunOptions,
         store: ArtifactStore,
@@ -307,7 +282,7 @@ class Stage:
             )
             fault_point(f"{self.name}.start")
             t0 = time.time()
-            metrics = build(ctx, settings, **input_dirs) or {}
+            metrics = self.build(ctx, settings, **input_dirs) or {}
             seconds = round(time.time() - t0, 3)
             manifest = staging.publish(
                 settings=settings.version_params(),
@@ -331,9 +306,8 @@ class Stage:
         return self._final(ref(manifest), manifest, reused=False)
 
     def _final(self, ref: StageRef, manifest: dict, reused: bool) -> Any:
-        """The ref, or inside a Prefect task run a final state holding it: ``Cached`` when reused, else
-        ``Completed``; its message says which version and how big (``reused corpus/<version> · 1.2 MB``), what
-        ``wiki-pipeline wait`` prints for the stage."""
+        """The ref, or in a task run a ``Cached``/``Completed`` state holding it, its message what ``wiki-pipeline
+        wait`` prints (``reused corpus/<version> · 1.2 MB``)."""
         if not in_task_run():
             return ref
         from prefect.states import Completed
@@ -343,17 +317,33 @@ class Stage:
         return Completed(name="Cached" if reused else "Completed", message=message, data=ref)
 
 
-def stage_task(stage: Stage):
-    """The Prefect task decorator for a stage's task function: named after the stage, no Prefect caching (the
-    artifact store decides reuse, see :meth:`Stage.run`), no persisted results."""
+def stage_task(stage: Stage, name: str, doc: str) -> Any:
+    """The stage's Prefect task, the function ``name(*inputs, settings, run) -> StageRef`` with docstring ``doc``:
+    task and task runs named after the stage, no Prefect caching and no persisted results (the artifact store
+    decides reuse). Bound to ``stage.task``."""
     from prefect import task
     from prefect.cache_policies import NO_CACHE
 
-    decorate = task(name=stage.name, task_run_name=stage.name, cache_policy=NO_CACHE, persist_result=False)
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature(
+        [inspect.Parameter(i, kind, annotation=StageRef) for i in stage.inputs]
+        + [
+            inspect.Parameter("settings", kind, default=stage.settings(), annotation=stage.settings),
+            inspect.Parameter("run", kind, default=RunOptions(), annotation=RunOptions),
+        ],
+        return_annotation=StageRef,
+    )
 
-    def bind(fn):
-        stage_task_ = decorate(fn)
-        object.__setattr__(stage, "task", stage_task_)
-        return stage_task_
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        given = signature.bind(*args, **kwargs)
+        given.apply_defaults()
+        a = given.arguments
+        return stage.reuse_or_build(a["settings"], a["run"], {i: a[i] for i in stage.inputs})
 
-    return bind
+    fn.__signature__ = signature  # type: ignore[attr-defined]
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    fn.__module__ = stage.build.__module__
+    decorated = task(name=stage.name, task_run_name=stage.name, cache_policy=NO_CACHE, persist_result=False)(fn)
+    object.__setattr__(stage, "task", decorated)
+    return decorated

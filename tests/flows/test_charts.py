@@ -1,4 +1,4 @@
-"""The loss charts of the model report and the comparison (issue 20, item 5): round y ticks, axis titles, a width
+"""The loss charts of the model report and the comparison: round y ticks, axis titles, a width
 that follows the page (a viewBox, no fixed size), and the checkpoint's long path kept out of the summary table.
 The curve is a real tiny run's (the 40-step tiny preset: train loss at each print, val loss at each eval)."""
 

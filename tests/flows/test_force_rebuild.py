@@ -53,6 +53,7 @@ def test_force_bpe_rebuilds_bpe_and_everything_after_it(tiny_run):
 
 
 #: What a rerun whose stages are all Cached has no use for (each costs start-up time to import).
+STAGE_NAMES = list(NAMES)
 HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "pyarrow", "dask", "distributed", "pandas")
 
 

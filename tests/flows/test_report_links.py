@@ -1,4 +1,4 @@
-"""The run summary and the comparisons link every version to the artifact that describes it (issue 20, items 3-4),
+"""The run summary and the comparisons link every version to the artifact that describes it,
 however many artifacts the Prefect server holds: it answers at most a page (200 by default) a request, so the links are
 read a page at a time (``flows.reports.artifact_links``), through a real Prefect server on 127.0.0.1."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from flows.reports import artifact_links
+from tasks.registry import BY_NAME, STAGES
 
 SERVER_PAGE = 200  # what a Prefect server answers at most a request (PREFECT_SERVER_API_DEFAULT_LIMIT)
 
@@ -50,3 +51,24 @@ def test_the_summary_shows_a_failure_as_one_line_without_secrets_or_markup():
     assert not [s for s in ("PW1", "TK2", "SG3", "second line") if s in summary], summary
     assert re.search(r"(?<!\\)<img", summary) is None, "markup only escaped"
     assert "\\<img src=a\\> \\| b" in summary, summary
+
+
+def test_every_stage_with_columns_has_a_comparison_and_every_headline_reads_old_manifests():
+    """The stages own their headline and columns: a stage declaring columns gets a comparison, and a manifest
+    without the metrics (an older version's) shows dashes, not an error."""
+    from types import SimpleNamespace
+
+    from flows.reports import compared_stages, comparison, headline
+    from tasks.registry import NAMES
+
+    assert [s.name for s in compared_stages()] == [s.name for s in STAGES if s.columns and s.columns_for is None]
+    assert {"model", "tokenizer"} <= {s.name for s in compared_stages()}
+    assert all(isinstance(headline(name, {}), str) for name in NAMES)
+    model = BY_NAME["model"]
+    versions = [
+        SimpleNamespace(stage="model", version=v, manifest={"metrics": {"final_val_bpb": bpb, "loss_curve": []}})
+        for v, bpb in (("v1", 2.5), ("v2", None))
+    ]
+    md = comparison(model, versions, {}, [(("test bits/byte", lambda m: str(m["x"])), {"v1": {"x": 1.25}})])
+    assert md.startswith("# Model versions compared (2)") and "| val bits/byte |" in md and "test bits/byte" in md
+    assert "| `v2` |" in md and "| `v1` |" in md and " 2.5000 " in md and " 1.25 " in md and " – " in md

@@ -7,13 +7,15 @@ import inspect
 import os
 
 import pytest
+from pydantic import create_model
 
 from flows.choices import parse_param
 from flows.cli import main
-from flows.settings import TINY, Pipeline
+from flows.settings import SHARED_FLAT, TINY, Pipeline
 from mygpt.errors import UserError
-from tasks.core.settings import RunOptions
+from tasks.core.settings import DeviceSettings, RunOptions, Settings
 from tasks.model import ModelSettings
+from tasks.registry import NAMES, STAGES
 from tasks.samples import SamplesSettings
 from tests.support.prefect_server import task_run_states
 from tests.support.tiny import tiny_flow_parameters, tiny_zip_url
@@ -30,10 +32,10 @@ BAD = [
     ({"precision": "fp16"}, r"precision must be one of auto, fp32, bf16"),
     (
         {"force": ["tokenize"]},
-        r"run.force names no stage: 'tokenize'; the stages are corpus, tokenizer, shards, model, samples, export$",
+        rf"run.force names no stage: 'tokenize'; the stages are {', '.join(NAMES)}$",
     ),
     ({"force": "nope"}, r"force names no stage: 'nope'"),
-    ({"only": "evaluate"}, r"only names no stage: 'evaluate'"),
+    ({"only": "evaluation"}, r"only names no stage: 'evaluation'"),
     ({"train_splits": "most"}, r"train_splits must be one of train, all"),
     ({"lr": 0}, r"lr must be a positive number"),
     ({"norm": "batch"}, r"norm must be one of layer, rms"),
@@ -154,6 +156,32 @@ def test_force_and_only_accept_task_or_store_names():
 def test_tiny_preset_is_valid_and_small():
     p = Pipeline.parse(**TINY)
     assert p.model.steps <= 60 and p.model.embed_dim <= 64 and p.tokenizer.num_merges <= 64
+    assert {**{s.name: s.tiny for s in STAGES if s.tiny}, "run": RunOptions.TINY} == TINY, "each stage owns its part"
+
+
+def test_shared_flat_names_are_an_explicit_table():
+    """The flat names that reach several stages are these; any other name several stages share is refused."""
+    device_stages = tuple(s.name for s in STAGES if issubclass(s.settings, DeviceSettings))
+    assert {"seed": ("model", "samples"), "device": device_stages, "precision": device_stages} == SHARED_FLAT
+    p = Pipeline.from_flat({"seed": 3, "device": "cpu"})
+    assert all(p.resolved(name).device == "cpu" for name in device_stages) and (p.model.seed, p.samples.seed) == (3, 3)
+
+    class Extra(Settings):  # a new stage with a field named like the model's
+        steps: int = 1
+
+    wider = create_model("Wider", __base__=Pipeline, __module__=__name__, extra=(Extra, Extra()))
+    with pytest.raises(UserError, match=r"steps is a setting of model, extra; say which with stage.field"):
+        wider.group_flat({"steps": 5})
+    assert wider.group_flat({"model.steps": 5, "extra.steps": 2}) == {"model": {"steps": 5}, "extra": {"steps": 2}}
+
+
+def test_parse_resolves_once_and_keeps_what_was_given():
+    """The flow passes the resolved settings to the stages; the fields (and the deployment's parameters) keep
+    what the user asked for, so another machine resolves them for itself."""
+    p = Pipeline.parse(model={"device": "auto"})
+    assert p.model.device == "auto" and p.resolved("model").device != "auto"
+    assert p.resolved("model").resolved_once() is p.resolved("model"), "resolved: not resolved again"
+    assert "device" not in p.flow_parameters().get("model", {})
 
 
 def test_parse_param():

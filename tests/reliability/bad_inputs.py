@@ -60,7 +60,9 @@ _ZIPS = {"notzip": "not-a", "latin1": "latin1", "encrypted": "encrypted", "defla
 
 def bad_input_cases(tmp: Path, url: str, *, with_flow: bool = True) -> list[dict]:
     """The catalogue's cases with their ``${name}``s filled in (``flow`` cases only ``with_flow``)."""
-    values = _files(tmp, url)
+    from tasks.registry import NAMES
+
+    values = {**_files(tmp, url), "stages": ", ".join(NAMES)}
 
     def fill(s: str) -> str:
         return Template(s).substitute(values)

@@ -19,6 +19,7 @@ import torch
 from mygpt.training.failure import TrainingProcessError
 from mygpt.training.worker import EXIT_RANK_ENV
 from tasks.model import CHECKPOINT, PIPELINE_STALL_ENV, train_model
+from tasks.registry import NAMES
 from tests.support.tiny import SETTINGS, run_in
 
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="nproc=2 needs 2 CPU cores")
@@ -34,7 +35,7 @@ CHILD = (
 
 def _copy_root(upstream, dest: Path) -> Path:
     """A root of its own holding the shared corpus, tokenizer and shards versions."""
-    shutil.copytree(upstream[0], dest, ignore=shutil.ignore_patterns("model", "samples", "export"))
+    shutil.copytree(upstream[0], dest, ignore=shutil.ignore_patterns(*NAMES[NAMES.index("model") :]))
     return dest
 
 

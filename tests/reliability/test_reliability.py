@@ -108,8 +108,8 @@ def _run(calls: list, root) -> dict:
         (ctx.out / "data.txt").write_text("same bytes\n")
         return {}
 
-    return Stage(name="samples", settings=P, code_version="t", report=lambda m: "").run(
-        build, P(), RunOptions(artifacts_dir=str(root))
+    return Stage(name="samples", settings=P, code_version="t", build=build, report=lambda m: "").reuse_or_build(
+        P(), RunOptions(artifacts_dir=str(root)), {}
     )
 
 

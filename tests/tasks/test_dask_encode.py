@@ -19,6 +19,7 @@ import pytest
 from flows.mirror import build_wikitext_zip
 from flows.server import free_port
 from mygpt.errors import UserError
+from tasks import shards
 from tasks.core import dask_work
 from tasks.core.settings import RunOptions
 from tests.support import REPO, stages
@@ -168,7 +169,7 @@ def cluster(tmp_path_factory):
 
 def copy_inputs(inputs, root: Path):
     src, corpus, tokenizer = inputs
-    for stage in ("corpus", "tokenizer"):
+    for stage in shards.STAGE.inputs:  # the shards stage reads these
         shutil.copytree(Path(src) / stage, root / stage)
     return root, corpus, tokenizer
 
@@ -273,7 +274,7 @@ def test_sigkill_one_worker_mid_encode_still_gives_the_same_shards(inputs, basel
     assert manifest(outcome["ref"])["files"] == manifest(baseline)["files"]
 
 
-# ---- dask_address: every wrong one is one clear error naming it (issue 21) ----------------------------------
+# ---- dask_address: every wrong one is one clear error naming it ----------------------------------
 @pytest.mark.parametrize(
     "address, says",
     [
@@ -326,7 +327,7 @@ def test_one_worker_local_cluster_listens_on_loopback_only_and_logs_no_dask_info
     and [::]); and none of distributed's INFO lines (cluster start and stop: a few dozen) in the log."""
     root, corpus, tokenizer = copy_inputs(inputs, tmp_path / "art")
     seen: list[str] = []
-    in_order = dask_work.in_order
+    ordered_results = dask_work.ordered_results
 
     def listening_then_work(*args, **kwargs):  # inside the stage, while its cluster is up
         me = psutil.Process()
@@ -336,9 +337,9 @@ def test_one_worker_local_cluster_listens_on_loopback_only_and_logs_no_dask_info
                 for c in p.net_connections(kind="inet")
                 if c.status == psutil.CONN_LISTEN
             )
-        return in_order(*args, **kwargs)
+        return ordered_results(*args, **kwargs)
 
-    monkeypatch.setattr(dask_work, "in_order", listening_then_work)
+    monkeypatch.setattr(dask_work, "ordered_results", listening_then_work)
     caplog.set_level(logging.INFO)
     stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
     assert seen, "the stage ran no chunk work on its cluster"
@@ -448,7 +449,7 @@ def test_external_cluster_over_tls_gives_the_same_shards_and_refuses_plain_clien
 def test_an_external_cluster_with_no_shared_disk_reads_its_chunks_from_the_bucket(
     inputs, baseline, s3_root, s3_endpoint, tmp_path
 ):
-    """Issue 19: with an s3:// root, the workers (started in a folder holding no artifacts, with only the AWS
+    """With an s3:// root, the workers (started in a folder holding no artifacts, with only the AWS
     environment) read their byte ranges from the bucket, and the shards are the local root's, byte for byte."""
     from tasks.registry import open_store
     from tests.support.s3 import aws_env

@@ -50,7 +50,7 @@ def test_export_publishes_a_directory_transformers_loads(exported, trained, wiki
     with torch.no_grad():
         assert torch.equal(hf_model(window).logits, model(window)[0])
 
-    assert str(info.path) not in (Path(info.path) / "manifest.json").read_text()  # a root can move (issue 10)
+    assert str(info.path) not in (Path(info.path) / "manifest.json").read_text()  # a root can move
     md = export_stage.report({**info.manifest, "path": str(info.path)})  # what Stage.run hands the report
     assert f"AutoModelForCausalLM.from_pretrained({str(info.path)!r})" in md and "ArceeForCausalLM" in md
 

@@ -15,7 +15,7 @@ import pytest
 
 from mygpt.errors import UserError
 from tasks import model as train_stage
-from tasks.registry import open_store
+from tasks.registry import NAMES, open_store
 from tests.support.tiny import SETTINGS, run_in
 
 TINY_MODEL = SETTINGS.model
@@ -255,7 +255,7 @@ def test_a_diverging_run_publishes_nothing(upstream, tmp_path):
 
     root, _, tokenizer, shards = upstream
     art = tmp_path / "art"
-    shutil.copytree(root, art, ignore=shutil.ignore_patterns("model", "samples", "export"))
+    shutil.copytree(root, art, ignore=shutil.ignore_patterns(*NAMES[NAMES.index("model") :]))
     settings = TINY_MODEL.model_copy(update={"lr": 1e30, "steps": 6, "warmup": 0, "checkpoint_every": 2})
     with pytest.raises(UserError, match=r"^training diverged at step \d: the loss is nan .* the likely cause is lr "):
         train_stage.train_model.fn(shards, tokenizer, settings, run_in(art))

@@ -15,6 +15,7 @@ from flows.mirror import MEMBER, build_wikitext_zip, make_zip
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
 from tasks import shards as E
+from tasks.core import dask_work
 from tasks.core import shard_format as SF
 from tasks.core.settings import RunOptions
 from tests.support import stages
@@ -111,7 +112,7 @@ def test_readable_with_pyarrow_pandas_and_duckdb(baseline):
 def same_inputs_under(inputs, root: Path) -> tuple:
     """The fixture's corpus and tokenizer versions, copied under a fresh artifact root ``root``."""
     src, corpus, tokenizer = inputs
-    for stage in ("corpus", "tokenizer"):
+    for stage in E.STAGE.inputs:
         shutil.copytree(Path(src) / stage, root / stage)
     return root, corpus, tokenizer
 
@@ -173,7 +174,7 @@ def test_kill_and_resume_keeps_finished_shards(inputs, baseline, tmp_path, monke
 
 
 def test_death_between_last_shard_and_done_mark_resumes(inputs, baseline, tmp_path, monkeypatch):
-    """Issue 10 #1: killed after a split's last shard is recorded (next_chunk null) but before "done" is written,
+    """Killed after a split's last shard is recorded (next_chunk null) but before "done" is written,
     a rerun used to fail for good (TypeError: None * int); it must finish the version, byte-identical."""
     root, corpus, tokenizer = same_inputs_under(inputs, tmp_path / "art")
     real_write = E.atomic_write_text
@@ -190,7 +191,7 @@ def test_death_between_last_shard_and_done_mark_resumes(inputs, baseline, tmp_pa
         stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
     record = json.loads((root / "shards" / ".staging" / baseline["version"] / "work" / E.PROGRESS_FILE).read_text())
     train = record["splits"]["train"]
-    assert not train["done"] and train["shards"][-1]["next_chunk"] is None  # the wedge of issue 10
+    assert not train["done"] and train["shards"][-1]["next_chunk"] is None  # the wedge
     monkeypatch.setattr(E, "atomic_write_text", real_write)
     ref = stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": CHUNK})
     assert manifest(ref)["files"] == manifest(baseline)["files"]
@@ -284,7 +285,7 @@ def test_shard_paths_reports_a_gap(tmp_path):
     [
         ({"shard_tokens": 0}, "shard_tokens must be an integer >= 1"),
         ({"shard_tokens": 1.0}, "shard_tokens must be an integer >= 1"),
-        ({"shard_tokens": 10**13}, "shard_tokens must be at most 1,000,000,000 .* got 10000000000000"),  # issue 10 #7
+        ({"shard_tokens": 10**13}, "shard_tokens must be at most 1,000,000,000 .* got 10000000000000"),
         ({"unk_policy": "ignore"}, "unk_policy must be one of skip, error"),
     ],
 )
@@ -308,11 +309,11 @@ def test_run_options_reject(options, message):
 def test_workers_and_chunk_bytes_are_not_settings():
     assert "workers" not in E.ShardsSettings.model_fields and "chunk_bytes" not in E.ShardsSettings.model_fields
     assert E.ShardsSettings().version_params() == {"shard_tokens": 10_000_000, "unk_policy": "skip"}
-    assert os.cpu_count() and E.default_workers() >= 1
+    assert os.cpu_count() and dask_work.default_workers() >= 1
 
 
 def test_huge_shard_tokens_is_refused_before_any_stage(tmp_path, capsys, monkeypatch):
-    """Issue 10 #7: ``shard_tokens=10**13`` (an 18 TiB buffer) ends as ``error: ...``, exit 2, before anything runs."""
+    """``shard_tokens=10**13`` (an 18 TiB buffer) ends as ``error: ...``, exit 2, before anything runs."""
     from flows.cli import main
 
     monkeypatch.setenv("WIKI_PIPELINE_ARTIFACTS", str(tmp_path / "art"))

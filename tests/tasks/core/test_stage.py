@@ -1,5 +1,5 @@
-"""The one verb, Stage.run, under a real Prefect server: reuse shows as Cached; force, damage and rebuilds
-invalidate; nothing is cached by Prefect itself."""
+"""Stage.reuse_or_build under a real Prefect server: reuse shows as Cached; force, damage and rebuilds
+invalidate; nothing is cached by Prefect itself. The task is derived from the Stage."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tasks.core.settings import RunOptions, Settings
-from tasks.core.stage import Stage, StageRef, stage_task
+from tasks.core.stage import Stage, stage_task
 from tests.support.prefect_server import task_run_states
 
 BUILDS: list[str] = []
@@ -36,18 +36,10 @@ def _build_upper(ctx, settings: NoSettings, corpus: Path) -> dict:
     return {}
 
 
-SOURCE = Stage("corpus", WordSettings, "1", lambda m: f"# source {m['version']}")
-UPPER = Stage("tokenizer", NoSettings, "1", lambda m: "# upper", inputs=("corpus",))
-
-
-@stage_task(SOURCE)
-def make_source(settings: WordSettings, run: RunOptions) -> StageRef:
-    return SOURCE.run(_build_source, settings, run)
-
-
-@stage_task(UPPER)
-def make_upper(corpus: StageRef, settings: NoSettings, run: RunOptions) -> StageRef:
-    return UPPER.run(_build_upper, settings, run, corpus=corpus)
+SOURCE = Stage("corpus", WordSettings, "1", _build_source, lambda m: f"# source {m['version']}")
+UPPER = Stage("tokenizer", NoSettings, "1", _build_upper, lambda m: "# upper")
+make_source = stage_task(SOURCE, "make_source", "Make the source.")
+make_upper = stage_task(UPPER, "make_upper", "Upper-case the source.")
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +99,7 @@ def test_plain_call_without_prefect_and_input_check(tmp_path):
     assert (Path(ref["path"]) / "a.txt").read_text() == "hello plain"
     assert make_source.fn(WordSettings(word="plain"), run)["build_id"] == ref["build_id"]
     with pytest.raises(ValueError, match=r"takes inputs \['corpus'\], got \[\]"):
-        UPPER.run(_build_upper, NoSettings(), run)
+        UPPER.reuse_or_build(NoSettings(), run, {})
 
 
 def test_failed_build_publishes_nothing(tmp_path):
@@ -115,17 +107,17 @@ def test_failed_build_publishes_nothing(tmp_path):
         (ctx.out / "partial.txt").write_text("half")
         raise RuntimeError("disk on fire")
 
-    stage = Stage("corpus", NoSettings, "1", lambda m: "")
+    stage = Stage("corpus", NoSettings, "1", boom, lambda m: "")
     with pytest.raises(RuntimeError, match="disk on fire"):
-        stage.run(boom, NoSettings(), RunOptions(artifacts_dir=str(tmp_path)))
+        stage.reuse_or_build(NoSettings(), RunOptions(artifacts_dir=str(tmp_path)), {})
     assert list((tmp_path / "corpus").iterdir()) != [] and not any(
         p.name != ".staging" and p.name != ".locks" for p in (tmp_path / "corpus").iterdir()
     )
 
 
 def test_a_manifest_records_its_inputs_lineage_but_no_path(tmp_path):
-    """Issue 10 item 2: an input's path belongs to the root it was read from; the manifest keeps stage,
-    version and build id only, so a moved or copied root holds nothing of where it came from."""
+    """An input's path belongs to the root it was read from; the manifest keeps stage, version and build id
+    only, so a moved or copied root holds nothing of where it came from."""
     import json
 
     run = RunOptions(artifacts_dir=str(tmp_path))
@@ -164,8 +156,45 @@ def test_progress_log_line_carries_the_pace(tmp_path, caplog):
         return {}
 
     with caplog.at_level("INFO", logger="wiki_pipeline"):
-        Stage("corpus", NoSettings, "1", lambda m: "").run(
-            slow_build, NoSettings(), RunOptions(artifacts_dir=str(tmp_path))
+        Stage("corpus", NoSettings, "1", slow_build, lambda m: "").reuse_or_build(
+            NoSettings(), RunOptions(artifacts_dir=str(tmp_path)), {}
         )
     line = next(r.getMessage() for r in caplog.records if "step 1/4" in r.getMessage())
     assert re.search(r"corpus:  25\.0% step 1/4 · ETA \d+", line), line
+
+
+def test_the_task_is_derived_from_the_stage():
+    """Inputs named once (the build's parameters); the task takes them positionally or by name, then settings
+    and run, and is named after the stage."""
+    import inspect
+
+    assert UPPER.inputs == ("corpus",) and SOURCE.inputs == ()
+    assert list(inspect.signature(make_upper.fn).parameters) == ["corpus", "settings", "run"]
+    assert inspect.signature(make_upper.fn).parameters["settings"].default == NoSettings()
+    assert make_upper.name == "tokenizer" and make_upper.fn.__name__ == "make_upper" and UPPER.task is make_upper
+    assert make_upper.fn.__doc__ == "Upper-case the source."
+
+
+def test_settings_are_resolved_once(tmp_path, monkeypatch):
+    """The flow hands resolved settings (``Pipeline.parse``); a plain call resolves them in the stage; neither
+    resolves twice."""
+    calls = []
+
+    class Counted(WordSettings):
+        def resolved(self):
+            calls.append(self.word)
+            return self.model_copy(update={"word": self.word.upper()})
+
+    def build(ctx, settings):
+        (ctx.out / "a.txt").write_text(settings.word)
+        return {}
+
+    stage = Stage("corpus", Counted, "1", build, lambda m: "")
+    run = RunOptions(artifacts_dir=str(tmp_path))
+    ref = stage.reuse_or_build(Counted(word="a"), run, {})
+    assert calls == ["a"] and (Path(ref["path"]) / "a.txt").read_text() == "A"
+    settled = Counted(word="b").resolved_once()
+    assert settled.resolved_once() is settled and calls == ["a", "b"]
+    stage.reuse_or_build(settled, run, {})
+    assert calls == ["a", "b"], "resolved settings are not resolved again"
+    assert settled.model_copy(update={"word": "c"}).resolved_once().word == "C" and calls[-1] == "c"

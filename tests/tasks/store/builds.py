@@ -35,4 +35,4 @@ def write_word(ctx, settings: Word) -> dict:
     return {}
 
 
-SOURCE = Stage("corpus", Word, code_versions()["corpus"], lambda m: "")
+SOURCE = Stage("corpus", Word, code_versions()["corpus"], write_word, lambda m: "")

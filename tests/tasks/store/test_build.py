@@ -98,6 +98,6 @@ def test_a_leftover_manifest_in_staging_is_removed_before_the_build(tmp_path):
     out = ArtifactStore(tmp_path).staging_path("corpus", version) / "out"
     out.mkdir(parents=True)
     (out / "manifest.json").write_text('{"build_id": "left-over"}')
-    ref = SOURCE.run(write_word, Word(), run)
+    ref = SOURCE.reuse_or_build(Word(), run, {})
     assert ref["version"] == version and ref["build_id"] != "left-over"
     assert ArtifactStore(tmp_path).verify("corpus", version, full=True) == (True, "ok")

@@ -15,7 +15,7 @@ from tests.tasks.store.builds import SOURCE, Word, publish_locked, write_word
 def test_gc_keeps_the_inputs_a_running_build_reads_and_deletes_lock_files(tmp_path, capsys):
     """`gc --stale --yes` during a build keeps the build's input, and deletes lock files of nothing."""
     run = RunOptions(artifacts_dir=str(tmp_path))
-    corpus = SOURCE.run(write_word, Word(), run)
+    corpus = SOURCE.reuse_or_build(Word(), run, {})
     store = open_store(tmp_path)
     # the corpus turns stale (built by an older code version), as an input rebuilt or replaced would
     manifest_path = Path(corpus["path"]) / "manifest.json"
@@ -31,8 +31,8 @@ def test_gc_keeps_the_inputs_a_running_build_reads_and_deletes_lock_files(tmp_pa
         (ctx.out / "b.txt").write_text((corpus / "a.txt").read_text().upper())  # the input is still there
         return {}
 
-    upper = Stage("tokenizer", Word, code_versions()["tokenizer"], lambda m: "", inputs=("corpus",))
-    upper.run(reader, Word(), run, corpus=corpus)
+    upper = Stage("tokenizer", Word, code_versions()["tokenizer"], reader, lambda m: "")
+    upper.reuse_or_build(Word(), run, {"corpus": corpus})
     assert f"corpus/{corpus['version']}  kept: a running build is writing or reading it" in seen["gc"]
     assert (tmp_path / "tokenizer" / upper.version(Word(), {"corpus": corpus}) / "b.txt").read_text() == "HELLO X"
 

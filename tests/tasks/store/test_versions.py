@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pathlib import Path
 
 import pytest
@@ -78,9 +80,9 @@ def test_reuse_checks_every_sha256_under_full_check(tmp_path, full_check):
         return write_word(ctx, settings)
 
     run = RunOptions(artifacts_dir=str(tmp_path), full_check=full_check)
-    first = SOURCE.run(build, Word(), run)
+    first = replace(SOURCE, build=build).reuse_or_build(Word(), run, {})
     (Path(first["path"]) / "a.txt").write_text("HELLO x")  # same size, other bytes
-    again = SOURCE.run(build, Word(), run)
+    again = replace(SOURCE, build=build).reuse_or_build(Word(), run, {})
     if full_check:
         assert len(builds) == 2 and again["build_id"] != first["build_id"]
         assert (Path(again["path"]) / "a.txt").read_text() == "hello x"

@@ -1,0 +1,101 @@
+"""Stage ``evaluate`` (task ``evaluate_model``): the model's loss and bits per byte on the corpus's test split.
+
+The test split (``wiki.test.txt``, which nothing else reads) as the shards stage encoded it (``test-*.parquet``),
+in fixed non-overlapping windows of the model's ``max_seq_len`` (:mod:`mygpt.heldout`); bits per byte is what
+compares models with different tokenizers. Also the tokenizer's tokens per byte of the test text.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from pydantic import Field
+
+from mygpt.atomic import atomic_write_text
+from tasks.core import shard_format
+from tasks.core.report import number, summary_table
+from tasks.core.settings import DeviceSettings
+from tasks.core.stage import BuildContext, Stage, stage_task
+from tasks.corpus import SPLIT_FILES
+
+
+class EvaluateSettings(DeviceSettings):
+    """How much of the test split to evaluate; ``device``/``precision``: DeviceSettings."""
+
+    max_tokens: int | None = Field(
+        None, ge=2, description="evaluate the first N tokens of the test split; null = the whole split"
+    )
+
+
+def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, shards: Path, model: Path) -> dict:
+    """Evaluate the model version on the test split; write evaluate.json."""
+    from mygpt.checkpoint import load_checkpoint
+    from mygpt.device import torch_threads
+    from mygpt.heldout import heldout_loss
+
+    ids = np.concatenate([shard_format.read_shard(p) for p in shard_format.shard_paths(shards, "test")])
+    text_bytes = (corpus / SPLIT_FILES["test"]).stat().st_size
+    used = ids[: settings.max_tokens] if settings.max_tokens else ids
+    gpt, tokenizer = load_checkpoint(model / "model.ckpt")
+    sizes = tokenizer.token_bytes()  # type: ignore[attr-defined]  # a pipeline model carries its BPETokenizer
+    ctx.progress(0, 1, f"{len(used):,} of {len(ids):,} test tokens", force=True)
+    t0 = time.perf_counter()
+    with torch_threads(ctx.run.threads):
+        result = heldout_loss(
+            gpt.to(settings.device), used, sizes, gpt.max_seq_len, settings.device, settings.precision
+        )
+    metrics = {
+        "test_loss": round(result.loss, 6),
+        "test_bpb": round(result.bpb, 6) if result.bpb is not None else None,
+        "tokens_evaluated": result.targets,
+        "bytes_evaluated": result.target_bytes,
+        "windows": result.windows,
+        "seq_len": gpt.max_seq_len,
+        "test_tokens": len(ids),
+        "test_text_bytes": text_bytes,
+        "tokens_per_byte": round(len(ids) / text_bytes, 6) if text_bytes else None,
+        "device": settings.device,
+        "precision": settings.precision,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    atomic_write_text(ctx.out / "evaluate.json", json.dumps(metrics, indent=1) + "\n")
+    ctx.progress(1, 1, "done", force=True)
+    return metrics
+
+
+def report(manifest: dict) -> str:
+    m = manifest.get("metrics", {})
+    where = manifest.get("path", f"evaluate/{manifest['version']}")
+    table = summary_table(
+        [
+            ("test loss", number(m.get("test_loss"))),
+            ("test bits per byte", number(m.get("test_bpb"))),
+            ("tokenizer: tokens per byte", number(m.get("tokens_per_byte"))),
+            (
+                "evaluated",
+                f"{m.get('tokens_evaluated', 0):,} predicted tokens ({m.get('bytes_evaluated', 0):,} bytes) of "
+                f"{m.get('test_tokens', 0):,}, in {m.get('windows', 0):,} windows of {m.get('seq_len')} tokens",
+            ),
+            ("test text", f"{m.get('test_text_bytes', 0):,} bytes of wiki.test.txt"),
+            ("device / precision", f"{m.get('device')} / {m.get('precision')}"),
+        ]
+    )
+    return f"# Evaluation: evaluate/{manifest['version']}\n\n{table}\n\nFile: `{where}/evaluate.json`\n"
+
+
+STAGE = Stage(
+    name="evaluate",
+    settings=EvaluateSettings,
+    code_version="1",
+    build=build_evaluate,
+    report=report,
+    headline=lambda m: f"test {number(m.get('test_bpb'))} bits/byte, {number(m.get('tokens_per_byte'), '.3f')} tok/B",
+    columns=(("test bits/byte", lambda m: number(m.get("test_bpb"))),),
+    columns_for="model",
+    shared_flat=("device", "precision"),
+    tiny={"max_tokens": 20_000},
+)
+evaluate_model = stage_task(STAGE, "evaluate_model", "Evaluate a model version on the test split (or reuse it).")

@@ -1,0 +1,67 @@
+"""The evaluate stage: the model's loss and bits per byte on the test split, published with its report, in the
+run summary's headline and the model comparison."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from flows.reports import comparison, headline, joined_columns
+from mygpt.checkpoint import load_checkpoint
+from mygpt.heldout import heldout_loss
+from tasks import evaluate as evaluate_stage
+from tasks.core import shard_format
+from tasks.registry import BY_NAME, open_store
+from tests.support.tiny import SETTINGS, run_in
+
+
+def evaluate(upstream, trained, **settings):
+    root, corpus, _, shards = upstream
+    return evaluate_stage.evaluate_model.fn(
+        corpus, shards, trained, SETTINGS.evaluate.model_copy(update=settings), run_in(root)
+    )
+
+
+def test_evaluate_measures_the_test_split_and_is_reused(upstream, trained):
+    root, corpus, _, shards = upstream
+    ref = evaluate(upstream, trained, max_tokens=None)
+    info = open_store(root).get("evaluate", ref["version"])
+    m = json.loads((Path(info.path) / "evaluate.json").read_text())
+    assert m == {k: info.manifest["metrics"][k] for k in m}
+    test_ids = np.concatenate([shard_format.read_shard(p) for p in shard_format.shard_paths(shards["path"], "test")])
+    text_bytes = (Path(corpus["path"]) / "wiki.test.txt").stat().st_size
+    assert m["test_tokens"] == len(test_ids) and m["tokens_evaluated"] == len(test_ids) - 1
+    assert m["tokens_per_byte"] == round(len(test_ids) / text_bytes, 6) and 0 < m["tokens_per_byte"] < 1
+    gpt, tok = load_checkpoint(Path(trained["path"]) / "model.ckpt")
+    want = heldout_loss(gpt, test_ids, tok.token_bytes(), gpt.max_seq_len)
+    assert math.isclose(m["test_bpb"], want.bpb, rel_tol=1e-5) and math.isclose(m["test_loss"], want.loss, rel_tol=1e-5)
+    assert m["seq_len"] == gpt.max_seq_len and m["windows"] == math.ceil((len(test_ids) - 1) / gpt.max_seq_len)
+    assert info.manifest["inputs"].keys() == {"corpus", "shards", "model"}
+    again = evaluate(upstream, trained, max_tokens=None)
+    assert again["build_id"] == ref["build_id"], "reused"
+
+    capped = evaluate(upstream, trained, max_tokens=100)
+    mc = open_store(root).get("evaluate", capped["version"]).manifest["metrics"]
+    assert capped["version"] != ref["version"] and mc["tokens_evaluated"] == 99 and mc["test_tokens"] == len(test_ids)
+
+
+def test_the_report_headline_and_model_comparison_show_test_bits_per_byte(upstream, trained):
+    root = upstream[0]
+    ref = evaluate(upstream, trained)
+    store = open_store(root)
+    info = store.get("evaluate", ref["version"])
+    bpb = f"{info.manifest['metrics']['test_bpb']:.4f}"
+    md = evaluate_stage.report({**info.manifest, "path": str(info.path)})
+    assert "| test bits per byte | " + bpb in md and "evaluate.json" in md
+    assert headline("evaluate", info.manifest["metrics"]).startswith(f"test {bpb} bits/byte")
+    models = store.versions("model")
+    table = comparison(BY_NAME["model"], models, {}, joined_columns(store, "model"))
+    header = next(line for line in table.splitlines() if line.startswith("| version"))
+    assert "| test bits/byte |" in header
+    latest = [v for v in store.versions("evaluate") if v.manifest["inputs"]["model"]["version"] == trained["version"]]
+    row = next(line for line in table.splitlines() if trained["version"] in line)
+    cell = [c.strip() for c in row.split("|")][[c.strip() for c in header.split("|")].index("test bits/byte")]
+    assert cell == f"{latest[-1].manifest['metrics']['test_bpb']:.4f}", "the latest evaluation of that model"
