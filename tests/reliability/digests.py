@@ -9,8 +9,8 @@ import json
 import re
 from pathlib import Path
 
-from tasks.registry import NAMES, open_store
 from mygpt.atomic import sha256_file
+from tasks.registry import NAMES, open_store
 from tasks.store import MANIFEST
 
 # Fields that measure time, not content: they differ between any two runs.

@@ -12,7 +12,7 @@ from tasks.core.settings import RunOptions
 from tasks.registry import open_store
 from tasks.store import MANIFEST, ArtifactStore
 from tests.support import REPO
-from tests.tasks.store.builds import SOURCE, Word, publish_local, write_word
+from tests.tasks.store.builds import SOURCE, Word, publish_local
 
 
 def test_publish_writes_manifest_last_and_drops_staging(tmp_path):

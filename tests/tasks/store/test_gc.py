@@ -9,7 +9,7 @@ from flows.cli import main
 from tasks.core.settings import RunOptions
 from tasks.core.stage import Stage
 from tasks.registry import code_versions, open_store
-from tests.tasks.store.builds import SOURCE, Word, publish_locked, write_word
+from tests.tasks.store.builds import SOURCE, Word, publish_locked
 
 
 def test_gc_keeps_the_inputs_a_running_build_reads_and_deletes_lock_files(tmp_path, capsys):
