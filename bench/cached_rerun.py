@@ -57,7 +57,7 @@ PARTS = (
 )
 
 
-#: Issue 20, item 7: an all-Cached run Completed within this many seconds of its trigger (the moment the user's
+#: The target: an all-Cached run Completed within this many seconds of its trigger (the moment the user's
 #: `prefect deployment run` command starts) on 2 cores.
 TARGET_S = 5.0
 
@@ -104,7 +104,7 @@ def summary(runs: list[dict]) -> dict:
 
 
 def deployment_reruns(reruns: int, watch_interval: int | None = None) -> dict:
-    """The user's view of a cached rerun (issue 20, item 7): `wiki-pipeline serve --tiny` against a loopback mirror,
+    """The user's view of a cached rerun: `wiki-pipeline serve --tiny` against a loopback mirror,
     one `prefect deployment run wiki-pipeline/wiki-pipeline --watch` that builds, then ``reruns`` more that must be
     all Cached, each timed (:data:`FIGURES`) from the trigger to the run Completed on the server (target: within
     :data:`TARGET_S` on 2 cores) and to `--watch` returning, with where the time went (:data:`PARTS`)."""

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.full_scale                       # build corpus + zip once, run, print the table
     flock /tmp/wiki-bench.lock .venv/bin/python -m bench.full_scale --compare bench/out/full_scale-before.json
 
-What it does (issue 14's measurement, repeatable):
+What it does (repeatable):
 
 1. the corpus: ``bench/make_corpus.py --bytes 545000000`` (``bench/out/wiki545m.txt``, generated once, seed 0);
 2. a zip shaped like ``wikitext-103-raw-v1.zip``: the last ~2.4 MB of the text, cut at article boundaries (the
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
         "--store",
         choices=("local", "s3"),
         default="local",
-        help="the artifact root: a local directory, or s3:// on a moto S3 server on 127.0.0.1 (issue 19)",
+        help="the artifact root: a local directory, or s3:// on a moto S3 server on 127.0.0.1",
     )
     ap.add_argument("--keep", action="store_true", help="keep the artifact root")
     args = ap.parse_args(argv)

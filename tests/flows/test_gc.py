@@ -1,4 +1,4 @@
-"""`wiki-pipeline gc` and the stale marks of `wiki-pipeline artifacts` (issue 10, item 4): a dry run lists what no
+"""`wiki-pipeline gc` and the stale marks of `wiki-pipeline artifacts`: a dry run lists what no
 run needs -- what, how big, why --, `--yes` deletes it, and a build whose lock a running process holds is never
 touched."""
 
