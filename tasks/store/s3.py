@@ -319,7 +319,7 @@ class ObjectFiles:
         becomes the cached copy."""
         manifest = parse_manifest((out / MANIFEST).read_text(encoding="utf-8"))
         prefix = files_prefix(manifest) if manifest is not None else None
-        if prefix is None:
+        if manifest is None or prefix is None:
             raise RuntimeError(f"{out / MANIFEST} is no manifest this store wrote")
         rels = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
         mine = [f"{key}/{prefix}{rel}" for rel in rels if rel != MANIFEST]
@@ -332,14 +332,19 @@ class ObjectFiles:
                 still_held()
             if fault:
                 fault("publish")
-            with self._errors(f"publishing {key}/{MANIFEST}"):
-                tag = self.put_object(
-                    f"{key}/{MANIFEST}",
-                    (out / MANIFEST).read_bytes(),
-                    if_none_match=replaces is None,
-                    if_match=replaces.tag if replaces is not None else None,
-                )
-            if tag is None:
+            try:
+                with self._errors(f"publishing {key}/{MANIFEST}"):
+                    tag = self.put_object(
+                        f"{key}/{MANIFEST}",
+                        (out / MANIFEST).read_bytes(),
+                        if_none_match=replaces is None,
+                        if_match=replaces.tag if replaces is not None else None,
+                    )
+            except UserError:
+                tag = None
+                if not self._is_ours(key, manifest):
+                    raise
+            if tag is None and not self._is_ours(key, manifest):  # a retried PUT meets the first one's manifest
                 raise UserError(
                     f"{self.where(key)} was published by another run while this one was stopped (it lost its "
                     "build lock); that version stands unchanged, and this build's files are deleted"
@@ -352,6 +357,13 @@ class ObjectFiles:
             self._delete_keys(self._named(key, replaces.manifest))
         # an older build's copy (a forced rebuild) goes: no build of this machine reads it now
         self._install(out, self.local / key)
+
+    def _is_ours(self, key: str, manifest: dict) -> bool:
+        """Whether the version ``key`` holds ``manifest``'s build (its commit landed, its answer did not)."""
+        with contextlib.suppress(Exception):
+            current = self.found(key)
+            return current is not None and current.manifest is not None and current.manifest == manifest
+        return False
 
     def _named(self, key: str, manifest: dict) -> list[str]:
         """The objects of the build ``manifest`` (of the version ``key``) publishes: its own folder's, or (files
