@@ -39,6 +39,8 @@ def test_publish_verify_copy_and_discard(s3_root, tmp_path):
         f"{manifest['build_id']}/sub/b.bin",
         f"{manifest['build_id']}/train.txt",
     }
+    # where an external Dask cluster reads a file from (no local copy)
+    assert store.file_location("corpus", "v1", "train.txt") == f"s3://{folder}/train.txt"
     # a published object changed behind the store's back: the quick check sees the size, the copy the sha256
     store.files.fs.pipe_file(f"{folder}/train.txt", b"HELLO WORLD\n")
     assert store.verify("corpus", "v1") == (True, "ok")  # same size: only the full check can tell
