@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 
 from mygpt.atomic import atomic_write_text, sha256_file
-from mygpt.errors import UserError
 from tasks.store.files import FILES_UNDER, MANIFEST
 from tasks.store.versions import Versions
 
@@ -125,10 +124,5 @@ class Build:
         files_.place(self.out, key, self._found, fault, still_held=lambda: files_.check_held(self._lock_key))
         if fault:
             fault("published")
-        try:
-            files_.check_held(self._lock_key)
-        except UserError:  # published, then lost the lock: the staging is the next holder's now
-            log.warning("%s/%s: published, but its lock was taken over since; staging left", self.stage, self.version)
-            return manifest
         self.store.drop_staging(self.stage, self.version)
         return manifest

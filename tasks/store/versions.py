@@ -247,6 +247,14 @@ class Versions:
             log.info("discarded %s/%s (%s)", stage, version, reason)
 
     def drop_staging(self, stage: str, version: str) -> None:
-        """Delete the staging area of ``stage/version``, local and kept (call under ``lock``, once published)."""
+        """Delete the staging area of ``stage/version``, local and kept (call under ``lock``, once published);
+        kept while another run holds the lock this one lost (its resume state, now)."""
+        try:
+            self.files.check_held(self._lock_key(stage, version))
+        except UserError:
+            log.warning(
+                "%s/%s: this run's lock was taken over; its staging is left to the run holding it", stage, version
+            )
+            return
         shutil.rmtree(self.staging_path(stage, version), ignore_errors=True)
         self.files.delete(self._staging_key(stage, version))  # an object store's copy (a directory's: gone now)
