@@ -123,12 +123,13 @@ class BuildContext(Generic[S]):
         cluster (a path or an ``s3://`` URL), else the local copy the build reads (the workers share this disk)."""
         version = self.inputs[name]["version"]
         if self.run.dask_address:
-            return f"{self.store.location(name, version)}/{rel}"
+            return self.store.file_location(name, version, rel)
         return str(self.store.local_copy(name, version) / rel)
 
     def progress(self, done: float, total: float, message: str = "", force: bool = False) -> None:
         """Report progress: a log line (at most every 10 s or 10 %) and a Prefect progress artifact."""
         fault_point(f"{self.stage}.progress")
+        self.build.check_lease()  # a build whose lock was taken over stops here (another run builds the version)
         pct = 100.0 * done / total if total else 100.0
         now = time.monotonic()
         pace = self._pace.update(done, total, now)

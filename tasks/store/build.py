@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 from mygpt.atomic import atomic_write_text, sha256_file
-from tasks.store.files import MANIFEST
+from tasks.store.files import FILES_UNDER, MANIFEST
 from tasks.store.versions import Versions
 
 MANIFEST_FORMAT = 1
@@ -33,6 +33,9 @@ class Build:
         self.out = self.dir / "out"
         self.work = self.dir / "work"
         self._kept_key = store._staging_key(stage, version)
+        self._lock_key = store._lock_key(stage, version)
+        # what this build may replace, read under its lock: publish's last lock check comes after this read
+        self._found = store.files.found(store._version_key(stage, version))
         # An earlier attempt that died leaves its staging dir: a stage may resume from it.
         self.resumed = self.dir.exists() and any(self.dir.rglob("*"))
         if not self.resumed:
@@ -53,15 +56,21 @@ class Build:
             if p.is_file() and _is_temp_name(p.name):
                 p.unlink(missing_ok=True)
 
+    def check_lease(self) -> None:
+        """``UserError`` once this build's lock was taken over (another run builds the version): stop here."""
+        self.store.files.check_held(self._lock_key, renew=False)
+
     def save(self, *paths: Path) -> None:
         """Mark ``paths`` (files under ``out/`` or ``work/``; one that is gone is dropped) as resume state."""
         for path in paths:
+            self.store.files.check_held(self._lock_key)  # a build that lost its lock writes nothing more
             rel = Path(path).absolute().relative_to(self.dir.absolute()).as_posix()
             self.store.files.save_state(Path(path), f"{self._kept_key}/{rel}")
 
     def reset(self) -> None:
         """Throw away everything an earlier attempt left (for stages that cannot resume)."""
         shutil.rmtree(self.dir, ignore_errors=True)
+        self.store.files.check_held(self._lock_key)
         self.store.files.delete(self._kept_key)
         for d in (self.out, self.work):
             d.mkdir(parents=True, exist_ok=True)
@@ -90,11 +99,13 @@ class Build:
             if rel == MANIFEST:
                 raise RuntimeError(f"stage {self.stage} must not write its own {MANIFEST}")
             files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        build_id = uuid.uuid4().hex[:12]
+        under = self.store.files.build_folder(build_id)
         manifest = {
             "format": MANIFEST_FORMAT,
             "stage": self.stage,
             "version": self.version,
-            "build_id": uuid.uuid4().hex[:12],
+            "build_id": build_id,
             "code_version": code_version,
             "settings": settings,
             "inputs": inputs,
@@ -103,17 +114,15 @@ class Build:
             "timings": timings or {},
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "host": socket.gethostname(),
+            **({FILES_UNDER: under} if under else {}),
             **(extra or {}),
         }
         atomic_write_text(self.out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
-        store = self.store
-        lock_key = store._lock_key(self.stage, self.version)
-        store.files.check_held(lock_key)
-        key = store._version_key(self.stage, self.version)
-        if store.files.exists(key):
-            store.discard(self.stage, self.version, "replaced by a rebuild")
-        store.files.place(self.out, key, fault, still_held=lambda: store.files.check_held(lock_key))
+        files_ = self.store.files
+        files_.check_held(self._lock_key)
+        key = self.store._version_key(self.stage, self.version)
+        files_.place(self.out, key, self._found, fault, still_held=lambda: files_.check_held(self._lock_key))
         if fault:
             fault("published")
-        store.drop_staging(self.stage, self.version)
+        self.store.drop_staging(self.stage, self.version)
         return manifest

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 MANIFEST = "manifest.json"
+FILES_UNDER = "files_under"  # a manifest's folder (inside its version) holding the files; absent: the version itself
 
 
 def safe_rel(rel: object) -> bool:
@@ -28,6 +30,25 @@ def parse_manifest(text: str | None) -> dict | None:
     except json.JSONDecodeError:
         return None
     return manifest if isinstance(manifest, dict) else None
+
+
+def files_prefix(manifest: dict) -> str | None:
+    """Where the manifest's files lie, relative to its version: ``""`` or ``"<folder>/"``; None when the manifest
+    names no single plain folder (damage, or a hand-written manifest pointing elsewhere)."""
+    under = manifest.get(FILES_UNDER)
+    if under is None:
+        return ""
+    if not safe_rel(under) or "/" in under or under == MANIFEST:
+        return None
+    return f"{under}/"
+
+
+@dataclass(frozen=True)
+class Found:
+    """A version's manifest as a build found it under its lock: the one its publication may replace."""
+
+    tag: str  # the object's ETag: the publication replaces it only while it is unchanged
+    manifest: dict | None  # None when unreadable
 
 
 class Files(Protocol):
@@ -67,17 +88,28 @@ class Files(Protocol):
         """Bring the resume state kept at ``key`` into the local directory ``dest``; how many files."""
         ...
 
+    def build_folder(self, build_id: str) -> str:
+        """The folder of a version that holds a new build's files ("" : the version itself), a name no other
+        build uses where a builder that lost its lock could still write."""
+        ...
+
+    def found(self, key: str) -> Found | None:
+        """The manifest of the version ``key`` as it is now (None: not there, or a directory's, whose lock holds)."""
+        ...
+
     def place(
         self,
         out: Path,
         key: str,
+        replaces: Found | None,
         fault: Callable[[str], None] | None = None,
         still_held: Callable[[], None] | None = None,
     ) -> None:
-        """Publish the complete local directory ``out`` (its manifest inside) as ``key``, the manifest last."""
+        """Publish the complete local directory ``out`` (its manifest inside) as ``key``, the manifest last; on
+        an object store the manifest is created only if ``replaces`` is still what ``key`` holds."""
         ...
 
-    def discard(self, key: str) -> bool:
+    def discard(self, key: str, still_held: Callable[[], None] | None = None) -> bool:
         """Take the version ``key`` away for every reader at once, then delete it; whether it was there."""
         ...
 
@@ -90,7 +122,10 @@ class Files(Protocol):
         gives up)."""
         ...
 
-    def check_held(self, key: str) -> None: ...  # UserError when this process took the lock and lost it since
+    def check_held(self, key: str, renew: bool = True) -> None:
+        """UserError when this process took the lock ``key`` and lost it since; ``renew=False`` renews only a
+        lease unrenewed for a lease time (cheap enough for every progress report)."""
+        ...
 
     def lock_exists(self, key: str) -> bool: ...
 

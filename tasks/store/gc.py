@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.store.files import Files
+from tasks.store.files import Files, files_prefix
 from tasks.store.layout import VERSION_RE
 from tasks.store.posix import PosixFiles
 from tasks.store.s3 import INCOMING
@@ -123,6 +123,8 @@ def _garbage_of(store: Versions, files: Files, st: str, local: bool) -> Iterator
                 in_use = store.is_locked(st, name)  # a build here may be reading it
                 yield Garbage(key, files.where(key), st, name, files.usage(key)[0], why, in_use, local=True)
         return
+    if files.remote:
+        yield from _other_builds(store, files, st)
     for name in files.names(f"{st}/.locks"):
         version = name.removesuffix(".lock")
         if not name.endswith(".lock") or not VERSION_RE.fullmatch(version):
@@ -131,6 +133,23 @@ def _garbage_of(store: Versions, files: Files, st: str, local: bool) -> Iterator
             key = f"{st}/.locks/{name}"
             why = f"the lock file of {st}/{version}, which is neither published nor being built"
             yield Garbage(key, files.where(key), st, version, 0, why, store.is_locked(st, version))
+
+
+def _other_builds(store: Versions, files: Files, st: str) -> Iterator[Garbage]:
+    """On an object store, the build folders in a version that its manifest does not name: builds killed or
+    stopped (their lock lost) before their manifest, or replaced since."""
+    for name in files.subdirs(st):
+        if name.startswith(".") or not VERSION_RE.fullmatch(name):
+            continue
+        manifest = store.read_manifest(st, name)
+        keep = files_prefix(manifest) if manifest is not None else "/"
+        if not keep:
+            continue  # damaged, or published with its files in the version itself: every folder is its own
+        for folder in files.subdirs(f"{st}/{name}"):
+            if f"{folder}/" != keep:
+                key = f"{st}/{name}/{folder}"
+                why = f"files of a build of {st}/{name} that did not publish them (killed, lost its lock, or replaced)"
+                yield Garbage(key, files.where(key), st, name, files.usage(key)[0], why, store.is_locked(st, name))
 
 
 def collect(store: Versions, item: Garbage) -> bool:

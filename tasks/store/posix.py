@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import shutil
 import uuid
@@ -12,6 +13,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from mygpt.atomic import fsync_dir, sha256_file
+from tasks.store.files import Found
+
+log = logging.getLogger("wiki_pipeline.store")
 
 
 def _flock(fh, how: int) -> bool:
@@ -93,14 +97,23 @@ class PosixFiles:
         return 0
 
     # ---- writing ---------------------------------------------------------------------------------
+    def build_folder(self, build_id: str) -> str:
+        return ""  # the version is the renamed staging dir; its flock cannot be lost while its holder lives
+
+    def found(self, key: str) -> Found | None:
+        return None
+
     def place(
         self,
         out: Path,
         key: str,
+        replaces: Found | None,
         fault: Callable[[str], None] | None = None,
         still_held: Callable[[], None] | None = None,
     ) -> None:
-        """Fsync every file of ``out``, then one rename to ``key`` (the caller discarded any earlier version)."""
+        """Discard the version ``key`` if there is one, fsync every file of ``out``, then one rename to ``key``."""
+        if self.discard(key):
+            log.info("discarded %s (replaced by a rebuild)", key)
         for p in sorted(out.rglob("*")):
             if p.is_file():
                 with open(p, "rb") as f:
@@ -115,7 +128,7 @@ class PosixFiles:
         os.rename(out, final)
         fsync_dir(final.parent)
 
-    def discard(self, key: str) -> bool:
+    def discard(self, key: str, still_held: Callable[[], None] | None = None) -> bool:
         """Rename the version ``key`` into its stage's ``.trash``, then delete it; whether it was there."""
         path = self.root / key
         if not path.exists():
@@ -170,7 +183,7 @@ class PosixFiles:
                     fcntl.flock(fh, fcntl.LOCK_UN)
                 return
 
-    def check_held(self, key: str) -> None:
+    def check_held(self, key: str, renew: bool = True) -> None:
         """A ``flock`` cannot be lost while its holder lives: nothing to check."""
 
     def lock_exists(self, key: str) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
-from tasks.store.files import MANIFEST, parse_manifest, safe_rel
+from tasks.store.files import MANIFEST, Found, files_prefix, parse_manifest, safe_rel
 from tasks.store.s3_lease import Lease, lease_seconds
 from tasks.store.s3_urls import SCHEME, normal_url, scrub, split_url
 
@@ -203,22 +203,24 @@ class ObjectFiles:
         files: dict[str, dict] = manifest.get("files") or {}
         if self._cached(final, manifest, full):
             return final
+        prefix = files_prefix(manifest)
         incoming = self.local / INCOMING / f"{key.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
         incoming.mkdir(parents=True)
         try:
             for rel, meta in sorted(files.items()):
-                if not safe_rel(rel) or not isinstance(meta, dict):
+                if not safe_rel(rel) or not isinstance(meta, dict) or prefix is None:
                     raise UserError(
                         f"{self.where(key)}: its manifest names the file {rel!r}, which is not a plain relative path "
                         "inside the version; refusing to download it (someone wrote the manifest by hand?)"
                     )
                 target = incoming / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
-                with self._errors(f"downloading {key}/{rel}"):
-                    self.fs.get_file(self._path(f"{key}/{rel}"), str(target))
+                with self._errors(f"downloading {key}/{prefix}{rel}"):
+                    self.fs.get_file(self._path(f"{key}/{prefix}{rel}"), str(target))
                 if target.stat().st_size != meta["size"] or sha256_file(target) != meta["sha256"]:
+                    where = self.where(f"{key}/{prefix}{rel}")
                     raise UserError(
-                        f"{self.where(key + '/' + rel)} does not match its sha256 in the manifest (it was changed "
+                        f"{where} does not match its sha256 in the manifest (it was changed "
                         "after publication); rerun with force for that stage to rebuild it"
                     )
             atomic_write_text(incoming / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -288,39 +290,105 @@ class ObjectFiles:
         with self._errors(f"uploading {key}"):
             self.fs.put_file(str(local), self._path(key), chunksize=UPLOAD_PART_BYTES, max_concurrency=2)
 
+    def build_folder(self, build_id: str) -> str:
+        return build_id  # unique: a late upload of a build that lost its lock lands beside, never over, another's
+
+    def found(self, key: str) -> Found | None:
+        with self._errors(f"reading {key}/{MANIFEST}"):
+            current = self.get_object(f"{key}/{MANIFEST}")
+        if current is None:
+            return None
+        body, tag = current
+        try:
+            text: str | None = body.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        return Found(tag, parse_manifest(text))
+
     def place(
         self,
         out: Path,
         key: str,
+        replaces: Found | None,
         fault: Callable[[str], None] | None = None,
         still_held: Callable[[], None] | None = None,
     ) -> None:
-        """Upload every file of ``out`` but the manifest, then the manifest; ``out`` becomes the cached copy."""
+        """Upload every file of ``out`` into the build's own folder, then create the manifest only if ``key``
+        still holds what ``replaces`` names (``If-None-Match: *`` or ``If-Match``), so a write that lands late
+        changes nothing another build published; then delete the replaced build's files, by name. ``out``
+        becomes the cached copy."""
+        manifest = parse_manifest((out / MANIFEST).read_text(encoding="utf-8"))
+        prefix = files_prefix(manifest) if manifest is not None else None
+        if manifest is None or prefix is None:
+            raise RuntimeError(f"{out / MANIFEST} is no manifest this store wrote")
         rels = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-        for rel in rels:
-            if rel != MANIFEST:
+        mine = [f"{key}/{prefix}{rel}" for rel in rels if rel != MANIFEST]
+        try:
+            for rel, target in zip([r for r in rels if r != MANIFEST], mine, strict=True):
                 if still_held:
-                    still_held()  # narrows the window in which a run that lost its lease writes over another's
-                self.upload(out / rel, f"{key}/{rel}")
-        if fault:
-            fault("publish")
-        if still_held:
-            still_held()  # the lease, renewed right now: a run that lost it never makes its build visible
-        self.upload(out / MANIFEST, f"{key}/{MANIFEST}")
+                    still_held()  # a build that lost its lock uploads nothing more
+                self.upload(out / rel, target)
+            if still_held:
+                still_held()
+            if fault:
+                fault("publish")
+            try:
+                with self._errors(f"publishing {key}/{MANIFEST}"):
+                    tag = self.put_object(
+                        f"{key}/{MANIFEST}",
+                        (out / MANIFEST).read_bytes(),
+                        if_none_match=replaces is None,
+                        if_match=replaces.tag if replaces is not None else None,
+                    )
+            except UserError:
+                tag = None
+                if not self._is_ours(key, manifest):
+                    raise
+            if tag is None and not self._is_ours(key, manifest):  # a retried PUT meets the first one's manifest
+                raise UserError(
+                    f"{self.where(key)} was published by another run while this one was stopped (it lost its "
+                    "build lock); that version stands unchanged, and this build's files are deleted"
+                )
+        except Exception:
+            with contextlib.suppress(Exception):  # its own names: no other build's file, published or not
+                self._delete_keys(mine)
+            raise
+        if replaces is not None and replaces.manifest is not None:
+            self._delete_keys(self._named(key, replaces.manifest))
         # an older build's copy (a forced rebuild) goes: no build of this machine reads it now
         self._install(out, self.local / key)
 
-    def discard(self, key: str) -> bool:
-        """Delete the version ``key``, its manifest first (gone for every reader from then on)."""
-        listing = self.files(key)
-        if not listing:
+    def _is_ours(self, key: str, manifest: dict) -> bool:
+        """Whether the version ``key`` holds ``manifest``'s build (its commit landed, its answer did not)."""
+        with contextlib.suppress(Exception):
+            current = self.found(key)
+            return current is not None and current.manifest is not None and current.manifest == manifest
+        return False
+
+    def _named(self, key: str, manifest: dict) -> list[str]:
+        """The objects of the build ``manifest`` (of the version ``key``) publishes: its own folder's, or (files
+        in the version itself) those it names."""
+        prefix = files_prefix(manifest)
+        files = manifest.get("files")
+        if prefix:
+            return [f"{key}/{prefix}{rel}" for rel in self.files(f"{key}/{prefix}")]
+        if prefix is None or not isinstance(files, dict):
+            return []
+        return [f"{key}/{rel}" for rel in files if safe_rel(rel) and rel != MANIFEST]
+
+    def discard(self, key: str, still_held: Callable[[], None] | None = None) -> bool:
+        """Delete the manifest of ``key`` if it is unchanged since read (gone for every reader from then on),
+        then the files it names; the objects of other builds there are gc's."""
+        current = self.found(key)
+        if current is None:
             return False
+        if still_held:
+            still_held()  # held after that read: no other run published since
         with self._errors(f"deleting {key}"):
-            if MANIFEST in listing:
-                self._delete_keys([f"{key}/{MANIFEST}"])
-            rest = [f"{key}/{rel}" for rel in listing if rel != MANIFEST]
-            if rest:
-                self._delete_keys(rest)
+            if not self.delete_object(f"{key}/{MANIFEST}", if_match=current.tag):
+                return False
+            if current.manifest is not None:
+                self._delete_keys(self._named(key, current.manifest))
         return True
 
     def delete(self, key: str) -> None:
@@ -345,9 +413,9 @@ class ObjectFiles:
                 self._held.pop(key, None)
                 lease.release()
 
-    def check_held(self, key: str) -> None:
+    def check_held(self, key: str, renew: bool = True) -> None:
         lease = self._held.get(key)
-        if lease is not None and not lease.confirm():
+        if lease is not None and not (lease.confirm() if renew else lease.holds()):
             raise UserError(
                 f"lost the build lock {self.where(key)} (its lease was not renewed in time, and another run took it "
                 "over); that run builds this version, so this one stops without publishing"

@@ -233,6 +233,13 @@ class Lease:
         self._renew_once()
         return not self.lost
 
+    def holds(self) -> bool:
+        """Whether the lease is still ours: the renewals' verdict, renewed now only when they stalled for a lease
+        time (a process stopped and resumed acts before its renewal thread has run)."""
+        if not self.lost and time.monotonic() - self._renewed_at > self.seconds:
+            self._renew_once()
+        return not self.lost
+
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from mygpt.atomic import sha256_file
 from mygpt.errors import UserError
-from tasks.store.files import MANIFEST, parse_manifest, safe_rel
+from tasks.store.files import MANIFEST, files_prefix, parse_manifest, safe_rel
 from tasks.store.layout import STAGE_NAME_RE, VERSION_RE
 from tasks.store.roots import absolute_root, default_root, open_files
 
@@ -116,7 +116,8 @@ class Versions:
 
     def intact_manifest(self, stage: str, version: str, full: bool = False) -> tuple[dict | None, str]:
         """``(manifest, "ok")`` when every file the manifest lists is there with its size (``full``: its sha256)
-        and no other is; else ``(None, "missing")`` or ``(None, what is wrong)``."""
+        and no other is (in its folder, where it names one: other builds' folders are gc's); else
+        ``(None, "missing")`` or ``(None, what is wrong)``."""
         key = self._version_key(stage, version)
         where = self.files.where(key)
         present = self.files.files(key)
@@ -130,6 +131,11 @@ class Versions:
         files = manifest.get("files")
         if not isinstance(files, dict):
             return None, f"{MANIFEST} in {where} has no file list"
+        prefix = files_prefix(manifest)
+        if prefix is None:
+            return None, f"{MANIFEST} in {where} names a folder that is not one of the version's"
+        if prefix:
+            present = {rel[len(prefix) :]: size for rel, size in present.items() if rel.startswith(prefix)}
         for rel, meta in sorted(files.items()):
             if not safe_rel(rel) or not isinstance(meta, dict):
                 return None, f"{MANIFEST} in {where} lists {rel!r}, which is not a file of the version"
@@ -138,7 +144,7 @@ class Versions:
                 return None, f"{rel} is missing"
             if size != meta.get("size"):
                 return None, f"{rel} is {size} bytes, manifest says {meta.get('size')}"
-            if full and self.files.sha256(f"{key}/{rel}") != meta.get("sha256"):
+            if full and self.files.sha256(f"{key}/{prefix}{rel}") != meta.get("sha256"):
                 return None, f"{rel} does not match its sha256 in the manifest"
         stray = sorted(set(present) - set(files) - {MANIFEST})
         if stray:
@@ -163,6 +169,14 @@ class Versions:
                 if manifest is not None:
                     found.append(VersionInfo(st, name, self.location(st, name), manifest))
         return sorted(found, key=lambda v: (order.index(v.stage), v.manifest.get("created_at", "")))
+
+    def file_location(self, stage: str, version: str, rel: str) -> str:
+        """Where the file ``rel`` of the published ``stage/version`` lies: a path, or an ``s3://`` URL."""
+        manifest = self.get(stage, version).manifest
+        prefix = files_prefix(manifest)
+        if prefix is None or not safe_rel(rel):
+            raise UserError(f"{self.location(stage, version)}: its manifest does not say where {rel!r} lies")
+        return self.files.where(f"{self._version_key(stage, version)}/{prefix}{rel}")
 
     def local_copy(self, stage: str, version: str, full: bool = False) -> Path:
         """A local directory holding ``stage/version`` for a build to read (see :meth:`Files.local_copy`)."""
@@ -228,10 +242,19 @@ class Versions:
     # ---- taking away -------------------------------------------------------------------------
     def discard(self, stage: str, version: str, reason: str) -> None:
         """Take a published (damaged or replaced) version away for every reader at once, then delete it."""
-        if self.files.discard(self._version_key(stage, version)):
+        lock = self._lock_key(stage, version)
+        if self.files.discard(self._version_key(stage, version), lambda: self.files.check_held(lock)):
             log.info("discarded %s/%s (%s)", stage, version, reason)
 
     def drop_staging(self, stage: str, version: str) -> None:
-        """Delete the staging area of ``stage/version``, local and kept (call under ``lock``, once published)."""
+        """Delete the staging area of ``stage/version``, local and kept (call under ``lock``, once published);
+        kept while another run holds the lock this one lost (its resume state, now)."""
+        try:
+            self.files.check_held(self._lock_key(stage, version))
+        except UserError:
+            log.warning(
+                "%s/%s: this run's lock was taken over; its staging is left to the run holding it", stage, version
+            )
+            return
         shutil.rmtree(self.staging_path(stage, version), ignore_errors=True)
         self.files.delete(self._staging_key(stage, version))  # an object store's copy (a directory's: gone now)

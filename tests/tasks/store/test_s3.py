@@ -12,6 +12,7 @@ from flows.cli import main
 from mygpt.errors import UserError
 from tasks.core.faults import FaultInjected
 from tasks.registry import open_store
+from tasks.store import MANIFEST
 from tests.tasks.store.builds import publish_locked
 
 
@@ -30,15 +31,25 @@ def test_publish_verify_copy_and_discard(s3_root, tmp_path):
     )
     assert json.loads((copy / "manifest.json").read_text())["build_id"] == manifest["build_id"]
 
+    # the files lie in the build's own folder of the version, which the manifest names
+    folder = f"{s3_root[5:]}/corpus/v1/{manifest['files_under']}"
+    assert manifest["files_under"] == manifest["build_id"]
+    assert set(store.files.files("corpus/v1")) == {
+        "manifest.json",
+        f"{manifest['build_id']}/sub/b.bin",
+        f"{manifest['build_id']}/train.txt",
+    }
+    # where an external Dask cluster reads a file from (no local copy)
+    assert store.file_location("corpus", "v1", "train.txt") == f"s3://{folder}/train.txt"
     # a published object changed behind the store's back: the quick check sees the size, the copy the sha256
-    store.files.fs.pipe_file(f"{s3_root[5:]}/corpus/v1/train.txt", b"HELLO WORLD\n")
+    store.files.fs.pipe_file(f"{folder}/train.txt", b"HELLO WORLD\n")
     assert store.verify("corpus", "v1") == (True, "ok")  # same size: only the full check can tell
     assert store.verify("corpus", "v1", full=True) == (False, "train.txt does not match its sha256 in the manifest")
 
     shutil.rmtree(copy)
     with pytest.raises(UserError, match="does not match its sha256"):
         store.local_copy("corpus", "v1")
-    store.files.fs.pipe_file(f"{s3_root[5:]}/corpus/v1/stray.txt", b"x")
+    store.files.fs.pipe_file(f"{folder}/stray.txt", b"x")
     assert store.verify("corpus", "v1") == (False, "unexpected file(s) not in the manifest: stray.txt")
     store.discard("corpus", "v1", "test")
     assert store.verify("corpus", "v1") == (False, "missing") and store.versions() == []
@@ -53,12 +64,20 @@ def test_a_publish_killed_before_the_manifest_leaves_nothing_visible(s3_root):
 
     with pytest.raises(FaultInjected):
         publish_locked(store, "tokenizer", "t1", {"tokenizer.json": b"{}"}, fault=crash)
-    assert store.files.files("tokenizer/t1") == {"tokenizer.json": 2}  # the files are there, the manifest is not
+    # the files are there (in the build's own folder), the manifest is not
+    assert [rel.split("/", 1)[1] for rel in store.files.files("tokenizer/t1")] == ["tokenizer.json"]
     assert (
         store.verify("tokenizer", "t1")[1] == "manifest.json is missing or unreadable in " + f"{s3_root}/tokenizer/t1"
     )
     assert store.versions() == []
-    publish_locked(store, "tokenizer", "t1", {"tokenizer.json": b"{}"})
+    killed = next(iter(store.files.files("tokenizer/t1"))).split("/")[0]
+    manifest = publish_locked(store, "tokenizer", "t1", {"tokenizer.json": b"{}"})
+    assert store.verify("tokenizer", "t1", full=True) == (True, "ok")
+    # the killed build's folder is gc's: listed, collected, and the published build kept
+    (item,) = [g for g in store.garbage() if g.key.startswith("tokenizer/t1") and not g.local]
+    assert item.key == f"tokenizer/t1/{killed}" and "did not publish them" in item.reason
+    assert store.collect(item)
+    assert set(store.files.files("tokenizer/t1")) == {MANIFEST, f"{manifest['files_under']}/tokenizer.json"}
     assert store.verify("tokenizer", "t1", full=True) == (True, "ok")
 
 

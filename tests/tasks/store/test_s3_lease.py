@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -116,3 +119,148 @@ def test_a_dead_readers_pin_does_not_keep_gc_away(s3_root):
     with store.try_lock("corpus", "c1") as taken:
         assert taken
     assert store.files.files("corpus/.locks/c1.lock.pins") == {}
+
+
+# ---- a builder that lost its lease: its late writes change nothing another published -------------------------
+_OTHER_RUN = textwrap.dedent(
+    """
+    import json, sys
+    from tasks.registry import open_store
+    from tests.tasks.store.builds import publish_locked
+    store = open_store(sys.argv[1])
+    folder = publish_locked(store, "corpus", "v1", {"a.txt": b"the other run's"}).get("files_under", "")
+    assert store.verify("corpus", "v1", full=True) == (True, "ok")
+    print(json.dumps({
+        rel: store.files.fs.cat_file(store.files._path(f"corpus/v1/{rel}")).hex()
+        for rel in store.files.files("corpus/v1")
+        if rel == "manifest.json" or not folder or rel.startswith(folder + "/")
+    }))
+    """
+)
+
+
+def _objects(store, key: str) -> dict[str, bytes]:
+    """Every object under ``key``, with its bytes."""
+    return {rel: store.files.fs.cat_file(store.files._path(f"{key}/{rel}")) for rel in store.files.files(key)}
+
+
+@contextlib.contextmanager
+def _one_request_held(
+    store, operations: tuple[str, ...], which, other: list[str], env: dict, published: dict[str, bytes]
+) -> Iterator[None]:
+    """Hold this process's first request of ``operations`` whose URL ``which`` accepts, its event loop (every
+    request of this process: its lease renewals too) frozen meanwhile, while the process ``other`` takes the
+    lock over and publishes corpus/v1 (its objects into ``published``); then send it as it was."""
+
+    def hold(request, **_) -> None:
+        if published or not which(request.url):
+            return
+        done = subprocess.run(other, capture_output=True, text=True, timeout=120, check=True, env=env)
+        published.update({rel: bytes.fromhex(h) for rel, h in json.loads(done.stdout).items()})
+
+    events = store.files.fs.s3.meta.events
+    for op in operations:
+        events.register_first(f"before-send.s3.{op}", hold, unique_id=f"held-{op}")
+    try:
+        yield
+    finally:
+        for op in operations:
+            events.unregister(f"before-send.s3.{op}", unique_id=f"held-{op}")
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new version", "forced rebuild"])
+@pytest.mark.parametrize("held", ["manifest", "data"])
+def test_a_late_write_changes_nothing_another_run_published(s3_root, s3_endpoint, tmp_path, existing, held):
+    from tests.support.s3 import environ_with
+
+    store = open_store(s3_root)
+    if existing:
+        publish_locked(store, "corpus", "v1", {"a.txt": b"the first build"})
+    other = [sys.executable, "-c", _OTHER_RUN, s3_root]
+    env = environ_with(s3_endpoint, WIKI_PIPELINE_CACHE=str(tmp_path / "other"))
+    published: dict[str, bytes] = {}
+
+    def which(url: str) -> bool:
+        return "/corpus/v1/" in url and url.endswith("/manifest.json") == (held == "manifest")
+
+    # a held data upload lands in its own folder, and the lock check before the next upload stops the run
+    error = "was published by another run while this one was stopped" if held == "manifest" else "lost the build lock"
+    held_put = _one_request_held(store, ("PutObject",), which, other, env, published)
+    with held_put, pytest.raises(UserError, match=error):
+        publish_locked(store, "corpus", "v1", {"a.txt": b"the late run's", "b.txt": b"more"})
+    assert published and _objects(store, "corpus/v1") == published  # byte for byte; the late run's files gone
+    assert (store.local_copy("corpus", "v1", full=True) / "a.txt").read_bytes() == b"the other run's"
+
+
+def test_a_late_discard_deletes_nothing_another_run_published(s3_root, s3_endpoint, tmp_path):
+    from tests.support.s3 import environ_with
+
+    store = open_store(s3_root)
+    publish_locked(store, "corpus", "v1", {"a.txt": b"the first build"})
+    other = [sys.executable, "-c", _OTHER_RUN, s3_root]
+    env = environ_with(s3_endpoint, WIKI_PIPELINE_CACHE=str(tmp_path / "other"))
+    published: dict[str, bytes] = {}
+    deletes = ("DeleteObject", "DeleteObjects")
+    held_delete = _one_request_held(store, deletes, lambda url: True, other, env, published)
+    with held_delete, store.lock("corpus", "v1"):
+        store.discard("corpus", "v1", "judged damaged")  # its deletion is held while another run publishes
+    assert published and _objects(store, "corpus/v1") == published
+
+
+_TRAINER = textwrap.dedent(
+    """
+    import sys, time
+    from tasks.core.settings import RunOptions
+    from tests.tasks.store.builds import SOURCE, Word
+
+    def train(ctx, settings):
+        ckpt = ctx.work / "train.ckpt"
+        for step in range(100000):
+            ckpt.write_text(f"step {step}")
+            ctx.save(ckpt)
+            ctx.progress(step, 100000)
+            print(f"step {step}", flush=True)
+            time.sleep(0.05)
+
+    SOURCE.run(train, Word(), RunOptions(artifacts_dir=sys.argv[1]))
+    """
+)
+
+
+def test_a_builder_whose_lease_was_taken_stops_and_writes_nothing_more(s3_root, s3_endpoint, tmp_path):
+    from tests.support.s3 import LEASE_SECONDS, environ_with
+    from tests.tasks.store.builds import SOURCE, Word
+
+    version = SOURCE.version(Word().resolved(), {})
+    env = environ_with(s3_endpoint, WIKI_PIPELINE_CACHE=str(tmp_path / "trainer"))
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", _TRAINER, s3_root],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert trainer.stdout is not None
+        while trainer.stdout.readline().strip() != "step 3":
+            assert trainer.poll() is None
+        os.kill(trainer.pid, signal.SIGSTOP)  # between two steps: no request of its own in flight
+        store = open_store(s3_root)
+        with store.lock("corpus", version):  # a lease time unrenewed: taken over
+            staged = _objects(store, f"corpus/.staging/{version}")
+            assert staged == {"work/train.ckpt": b"step 3"}
+            errors: queue.Queue[str] = queue.Queue()
+            threading.Thread(target=lambda: [errors.put(line) for line in trainer.stderr], daemon=True).start()
+            os.kill(trainer.pid, signal.SIGCONT)
+            t0 = time.monotonic()
+            try:
+                while "lost the build lock" not in errors.get(timeout=max(0.1, t0 + 60 - time.monotonic())):
+                    pass
+            except queue.Empty:
+                pytest.fail("the builder whose lease was taken still runs a minute later")
+            assert time.monotonic() - t0 < float(LEASE_SECONDS)  # it stopped, with the error naming why
+            assert trainer.wait(60) != 0
+            assert _objects(store, f"corpus/.staging/{version}") == staged  # nothing written after the loss
+    finally:
+        trainer.kill()
+        trainer.wait()

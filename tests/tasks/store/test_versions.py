@@ -87,3 +87,24 @@ def test_reuse_checks_every_sha256_under_full_check(tmp_path, full_check):
         assert (Path(again["path"]) / "a.txt").read_text() == "hello x"
     else:
         assert len(builds) == 1 and again["build_id"] == first["build_id"]
+
+
+def test_a_directory_versions_files_lie_in_the_version_itself(tmp_path):
+    store = open_store(tmp_path)
+    manifest = publish_local(store)
+    assert "files_under" not in manifest  # the layout of a directory root is unchanged
+    assert store.file_location("corpus", "v1", "sub/b.bin") == str(tmp_path / "corpus" / "v1" / "sub" / "b.bin")
+
+
+def test_a_manifest_naming_a_folder_outside_its_version_is_damage(s3_root):
+    import json
+
+    from tests.tasks.store.builds import publish_locked
+
+    store = open_store(s3_root)
+    publish_locked(store, "corpus", "v1", {"a.txt": b"a"})
+    key = f"{s3_root[5:]}/corpus/v1/{MANIFEST}"
+    manifest = json.loads(store.files.fs.cat_file(key))
+    for folder in ("..", "a/b", MANIFEST, ""):
+        store.files.fs.pipe_file(key, json.dumps({**manifest, "files_under": folder}).encode())
+        assert store.verify("corpus", "v1")[1].endswith("names a folder that is not one of the version's")
