@@ -49,6 +49,7 @@ MEASURED = {
     "tokenizer": {"stats.json"},
     "model": {"loss_history.json", "loss_history.csv", "model.ckpt"},
     "samples": {"samples.json"},
+    "evaluate": {"evaluate.json"},
 }
 _TIMING = ("seconds", "tokens_per_sec")
 
@@ -94,6 +95,7 @@ def test_tiny_pipeline_on_s3_publishes_local_bytes_and_resumes_elsewhere(
     local = open_store(local_root)
     l_samples = stages.samples(local_root, trained, run=TINY["run"], **TINY["samples"])
     l_export = stages.export(local_root, trained, run=TINY["run"])
+    l_evaluate = stages.evaluate(local_root, l_corpus, l_shards, trained, run=TINY["run"], **TINY["evaluate"])
 
     corpus = stages.corpus(s3_root, run=TINY["run"], source_url=tiny_zip_url(tmp_path))
     tokenizer = stages.tokenizer(s3_root, corpus, run=TINY["run"], **TINY["tokenizer"])
@@ -128,11 +130,12 @@ def test_tiny_pipeline_on_s3_publishes_local_bytes_and_resumes_elsewhere(
     assert "resuming from step" in caplog.text
     samples = stages.samples(s3_root, model, run=TINY["run"], **TINY["samples"])
     export = stages.export(s3_root, model, run=TINY["run"])
+    evaluate = stages.evaluate(s3_root, corpus, shards, model, run=TINY["run"], **TINY["evaluate"])
 
     # the same bytes as the local root's
     for ref, lref in zip(
-        (corpus, tokenizer, shards, model, samples, export),
-        (l_corpus, l_tokenizer, l_shards, trained, l_samples, l_export),
+        (corpus, tokenizer, shards, model, samples, export, evaluate),
+        (l_corpus, l_tokenizer, l_shards, trained, l_samples, l_export, l_evaluate),
     ):
         # a version id names its inputs' build ids, so only the corpus (no inputs) has the local one's id
         assert (ref["version"] == lref["version"]) == (ref["stage"] == "corpus"), ref["stage"]

@@ -210,6 +210,7 @@ def test_a_late_discard_deletes_nothing_another_run_published(s3_root, s3_endpoi
 _TRAINER = textwrap.dedent(
     """
     import sys, time
+    from dataclasses import replace
     from tasks.core.settings import RunOptions
     from tests.tasks.store.builds import SOURCE, Word
 
@@ -222,7 +223,7 @@ _TRAINER = textwrap.dedent(
             print(f"step {step}", flush=True)
             time.sleep(0.05)
 
-    SOURCE.run(train, Word(), RunOptions(artifacts_dir=sys.argv[1]))
+    replace(SOURCE, build=train).reuse_or_build(Word(), RunOptions(artifacts_dir=sys.argv[1]), {})
     """
 )
 
