@@ -30,8 +30,11 @@ def _is_stage_folder(d: Path) -> bool:
 
 def enclosing_root(path: Path) -> str | None:
     """What of another artifact root the directory ``path`` lies inside (a published version or a stage folder),
-    or None; a root there would write into that root's versions."""
-    for d in (path, *path.parents):
+    or None; a root there would write into that root's versions. Checked as written and with links resolved (a
+    symlink to a version writes into it all the same)."""
+    written = [path, *path.parents]
+    real = path.resolve()
+    for d in [*written, *(r for r in (real, *real.parents) if r not in written)]:
         if _is_version(d):
             return f"the published version {d.parent.name}/{d.name} of the artifact root {d.parent.parent}"
         if _is_stage_folder(d):

@@ -32,3 +32,16 @@ def test_a_root_inside_another_roots_version_or_stage_folder_is_refused(tmp_path
     assert [v.version for v in open_store(art).versions()] == ["m1"]
     assert open_store(tmp_path / "other").versions() == []
     assert open_store(tmp_path).versions() == []
+
+
+def test_a_symlink_to_another_roots_version_is_refused_like_the_version(tmp_path, capsys):
+    art = tmp_path / "art"
+    publish_locked(open_store(art), "model", "m1", {"model.pt": b"weights"})
+    link = tmp_path / "mlink"
+    link.symlink_to(art / "model" / "m1")
+    with pytest.raises(UserError) as err:
+        open_store(link)
+    assert f"is inside the published version model/m1 of the artifact root {art}" in str(err.value)
+    assert main(["artifacts", "--artifacts-dir", str(link / "sub")]) == 2
+    assert "is inside the published version model/m1" in capsys.readouterr().err
+    assert sorted(p.name for p in (art / "model" / "m1").iterdir()) == ["manifest.json", "model.pt"]
