@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from mygpt.device import autocast
+from mygpt.errors import UserError
 from mygpt.metrics import bits_per_byte
 
 WINDOWS_PER_BATCH = 8
@@ -46,6 +47,8 @@ def heldout_loss(
 ) -> HeldOut:
     """Cross-entropy of ``model`` on ``ids`` in the windows of :func:`windows`; bits per byte = the summed nats /
     ln 2 / the UTF-8 bytes of the predicted tokens (``token_bytes[id]``, as validation during training counts)."""
+    if len(ids) < 2:  # nothing to predict: a loss of nothing is no number
+        raise UserError(f"held-out text of {len(ids)} token id(s): at least 2 are needed (one predicts the next)")
     was_training = model.training
     model.eval()
     device = torch.device(device)
@@ -67,7 +70,7 @@ def heldout_loss(
             nbytes += int(sizes[y].sum().item())
     model.train(was_training)
     return HeldOut(
-        loss=nats / targets if targets else float("nan"),
+        loss=nats / targets,
         bpb=bits_per_byte(nats, nbytes),
         targets=targets,
         target_bytes=nbytes,

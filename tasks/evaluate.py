@@ -15,11 +15,13 @@ import numpy as np
 from pydantic import Field
 
 from mygpt.atomic import atomic_write_text
+from mygpt.errors import UserError
 from tasks.core import shard_format
 from tasks.core.report import number, summary_table
 from tasks.core.settings import DeviceSettings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.corpus import SPLIT_FILES
+from tasks.store import MANIFEST
 
 
 class EvaluateSettings(DeviceSettings):
@@ -39,6 +41,15 @@ def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, 
     ids = np.concatenate([shard_format.read_shard(p) for p in shard_format.shard_paths(shards, "test")])
     text_bytes = (corpus / SPLIT_FILES["test"]).stat().st_size
     used = ids[: settings.max_tokens] if settings.max_tokens else ids
+    if len(used) < 2:
+        raise UserError(
+            f"the test split has {len(ids)} token(s) ({text_bytes:,} bytes of {SPLIT_FILES['test']}): evaluating needs "
+            "at least 2; the corpus's last articles are its test split, so check the corpus stage's source_url"
+        )
+    # a model trained on all three splits has seen the test text: its "held-out" numbers are not held out
+    trained_on_test = json.loads((model / MANIFEST).read_text())["settings"].get("train_splits") == "all"
+    if trained_on_test:
+        ctx.log.warning("evaluate: the model was trained with train_splits=all, the test split included")
     gpt, tokenizer = load_checkpoint(model / "model.ckpt")
     sizes = tokenizer.token_bytes()  # type: ignore[attr-defined]  # a pipeline model carries its BPETokenizer
     ctx.progress(0, 1, f"{len(used):,} of {len(ids):,} test tokens", force=True)
@@ -55,6 +66,7 @@ def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, 
         "windows": result.windows,
         "seq_len": gpt.max_seq_len,
         "test_tokens": len(ids),
+        "trained_on_test": trained_on_test,
         "test_text_bytes": text_bytes,
         "tokens_per_byte": round(len(ids) / text_bytes, 6) if text_bytes else None,
         "device": settings.device,
@@ -80,20 +92,31 @@ def report(manifest: dict) -> str:
                 f"{m.get('test_tokens', 0):,}, in {m.get('windows', 0):,} windows of {m.get('seq_len')} tokens",
             ),
             ("test text", f"{m.get('test_text_bytes', 0):,} bytes of wiki.test.txt"),
+            *([("warning", "the model was trained on all splits, the test split included")] if _seen(m) else []),
             ("device / precision", f"{m.get('device')} / {m.get('precision')}"),
         ]
     )
     return f"# Evaluation: evaluate/{manifest['version']}\n\n{table}\n\nFile: `{where}/evaluate.json`\n"
 
 
+def _seen(m: dict) -> str:
+    return " (trained on it)" if m.get("trained_on_test") else ""
+
+
+def _evaluated(m: dict) -> str:
+    return f"{m.get('tokens_evaluated', 0):,}{_seen(m)}"
+
+
 STAGE = Stage(
     name="evaluate",
     settings=EvaluateSettings,
-    code_version="1",
+    code_version="2",
     build=build_evaluate,
     report=report,
-    headline=lambda m: f"test {number(m.get('test_bpb'))} bits/byte, {number(m.get('tokens_per_byte'), '.3f')} tok/B",
-    columns=(("test bits/byte", lambda m: number(m.get("test_bpb"))),),
+    headline=lambda m: (
+        f"test {number(m.get('test_bpb'))} bits/byte{_seen(m)}, {number(m.get('tokens_per_byte'), '.3f')} tok/B"
+    ),
+    columns=(("test bits/byte", lambda m: number(m.get("test_bpb"))), ("test tokens", _evaluated)),
     columns_for="model",
     shared_flat=("device", "precision"),
     tiny={"max_tokens": 20_000},

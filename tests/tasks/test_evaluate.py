@@ -65,3 +65,63 @@ def test_the_report_headline_and_model_comparison_show_test_bits_per_byte(upstre
     row = next(line for line in table.splitlines() if trained["version"] in line)
     cell = [c.strip() for c in row.split("|")][[c.strip() for c in header.split("|")].index("test bits/byte")]
     assert cell == f"{latest[-1].manifest['metrics']['test_bpb']:.4f}", "the latest evaluation of that model"
+    tokens = [c.strip() for c in row.split("|")][[c.strip() for c in header.split("|")].index("test tokens")]
+    assert tokens == f"{latest[-1].manifest['metrics']['tokens_evaluated']:,}", "how much that number measured"
+
+
+def test_a_model_trained_on_the_test_split_is_marked_so(upstream, trained, tmp_path):
+    import shutil
+
+    root, corpus, _, shards = upstream
+    seen = tmp_path / "model"  # the tiny model, its manifest saying it trained on all three splits
+    shutil.copytree(trained["path"], seen)
+    manifest = json.loads((seen / "manifest.json").read_text())
+    manifest["settings"]["train_splits"] = "all"
+    (seen / "manifest.json").write_text(json.dumps(manifest))
+
+    class Ctx:
+        out, run, log = tmp_path / "out", run_in(root), __import__("logging").getLogger("test")
+
+        def progress(self, *args, **kwargs):
+            pass
+
+    Ctx.out.mkdir()
+    m = evaluate_stage.build_evaluate(
+        Ctx(), SETTINGS.evaluate.resolved(), Path(corpus["path"]), Path(shards["path"]), seen
+    )
+    assert m["trained_on_test"] is True
+    assert "(trained on it)" in headline("evaluate", m)
+    assert "the test split included" in evaluate_stage.report({"version": "v", "metrics": m})
+
+
+def test_a_test_split_of_fewer_than_two_tokens_is_refused_not_a_nan(upstream, trained, tmp_path):
+    import shutil
+
+    import pytest
+
+    from mygpt.errors import UserError
+
+    root, corpus, _, shards = upstream
+    empty = tmp_path / "shards"
+    shutil.copytree(shards["path"], empty)
+    paths = shard_format.shard_paths(empty, "test")
+    dtype = shard_format.read_shard(paths[0]).dtype
+    for path in paths:
+        path.unlink()
+    shard_format.write_shard(paths[0], np.array([7], dtype=dtype))  # a test split of one token
+
+    class Ctx:
+        out, run, log = tmp_path / "out", run_in(root), __import__("logging").getLogger("test")
+
+        def progress(self, *args, **kwargs):
+            pass
+
+    Ctx.out.mkdir()
+    with pytest.raises(UserError, match="evaluating needs at least 2"):
+        evaluate_stage.build_evaluate(
+            Ctx(), SETTINGS.evaluate.resolved(), Path(corpus["path"]), empty, Path(trained["path"])
+        )
+    assert not list(Ctx.out.iterdir()), "nothing written"
+    with pytest.raises(UserError, match="at least 2"):
+        gpt, tok = load_checkpoint(Path(trained["path"]) / "model.ckpt")
+        heldout_loss(gpt, np.array([5]), tok.token_bytes(), 8)
