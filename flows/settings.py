@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, create_model
 
@@ -61,6 +61,12 @@ class PipelineBase(BaseModel):
         pipeline = cls(**parsed)
         pipeline._resolved = resolved
         return pipeline
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        copy = super().model_copy(update=update, deep=deep)
+        # a group given anew is resolved anew; the others keep what parse settled (a dict of the copy's own)
+        copy._resolved = {k: v for k, v in self._resolved.items() if k not in (update or {})}
+        return copy
 
     def resolved(self, group: str) -> Settings:
         """The settings of ``group`` as this machine runs them (resolved once, by :meth:`parse`)."""

@@ -279,3 +279,12 @@ print(sorted(m for m in ("torch", "transformers", "safetensors", "tokenizers") i
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_copy_with_a_group_given_anew_resolves_that_group_anew():
+    p = Pipeline.from_flat({"steps": 5})
+    assert p.resolved("model").steps == 5
+    q = p.model_copy(update={"model": p.model.model_copy(update={"steps": 7})})
+    assert q.model.steps == 7 and q.resolved("model").steps == 7
+    assert p.resolved("model").steps == 5, "the original keeps its own"
+    assert q.resolved("tokenizer") is p.resolved("tokenizer"), "a group not given anew is not resolved again"
