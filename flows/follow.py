@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, cast
 
-from flows.prefect_api import check_prefect_server, prefect_api_url
+from flows.prefect_api import check_prefect_server, shown_api_url
 from mygpt.errors import UserError
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def cmd_wait(args) -> int:
                 run = client.read_flow_run(run_id)
             except ObjectNotFound:
                 raise UserError(
-                    f"the Prefect server at {prefect_api_url()} has no flow run {run_id}; check the id "
+                    f"the Prefect server at {shown_api_url()} has no flow run {run_id}; check the id "
                     "(`prefect flow-run ls` lists them)"
                 ) from None
             tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))

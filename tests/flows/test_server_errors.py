@@ -59,3 +59,10 @@ def test_waiting_for_a_run_the_server_does_not_know_is_one_error_line(prefect_se
     run_id = uuid.uuid4()
     code, err = _run_against(prefect_server.api_url, ["wait", str(run_id)], capsys)
     assert code == 2 and f"has no flow run {run_id}" in err and "Traceback" not in err, err
+
+
+def test_the_server_address_in_an_error_shows_no_credentials(not_prefect, capsys):
+    secret = not_prefect.replace("http://", "http://team:S3cretPW@") + "?token=T0kenXYZ"
+    code, err = _run_against(secret, ["wait", str(uuid.uuid4())], capsys)
+    assert code == 2 and "does not answer as a Prefect server" in err, err
+    assert "S3cretPW" not in err and "T0kenXYZ" not in err and "***@127.0.0.1" in err, err
