@@ -5,7 +5,7 @@ from tasks.store.build import Build
 from tasks.store.files import MANIFEST
 from tasks.store.gc import Garbage
 from tasks.store.roots import absolute_root, default_root
-from tasks.store.s3 import filesystem
+from tasks.store.s3_client import filesystem
 from tasks.store.s3_urls import normal_url
 from tasks.store.versions import VersionInfo, canonical_json, version_id
 

@@ -16,88 +16,12 @@ from typing import Any
 from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
 from tasks.store.files import MANIFEST, Found, files_prefix, parse_manifest, safe_rel
+from tasks.store.s3_client import cache_root, filesystem, no_bucket, precondition_failed
 from tasks.store.s3_lease import Lease, lease_seconds
 from tasks.store.s3_urls import SCHEME, normal_url, scrub, split_url
 
-ENV_CACHE = "WIKI_PIPELINE_CACHE"
 UPLOAD_PART_BYTES = 8 << 20
 INCOMING = ".incoming"  # downloads into the local cache in progress (a killed one is left there for gc)
-
-
-def _s3_error(exc: BaseException) -> tuple[str, object] | None:
-    """``(error code, HTTP status)`` of the botocore error behind ``exc`` (s3fs re-raises it as an OSError)."""
-    seen: BaseException | None = exc
-    for _ in range(5):
-        if seen is None:
-            break
-        response = getattr(seen, "response", None)
-        if isinstance(response, dict):
-            code = str((response.get("Error") or {}).get("Code", ""))
-            return code, (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _precondition_failed(exc: BaseException) -> bool:
-    """Whether ``exc`` is a 412 or 409 (a conditional write that lost a race), whichever OSError s3fs made of it."""
-    error = _s3_error(exc)
-    if error is not None:
-        code, status = error
-        return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
-    return "pre-conditions you specified did not hold" in str(exc) or "ConditionalRequestConflict" in str(exc)
-
-
-def _no_bucket(exc: BaseException) -> bool:
-    error = _s3_error(exc)
-    return error[0] == "NoSuchBucket" if error is not None else "bucket does not exist" in str(exc)
-
-
-def cache_root() -> Path:
-    env = os.environ.get(ENV_CACHE)
-    if env:
-        return Path(env).expanduser().absolute()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "wiki-pipeline"
-
-
-_S3FS_BY_ENVIRONMENT: dict[tuple, Any] = {}
-_AWS_ENV = (
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_PROFILE",
-    "AWS_DEFAULT_REGION",
-    "AWS_REGION",
-    "AWS_MAX_ATTEMPTS",
-)
-
-
-def filesystem():
-    """This process's s3fs filesystem for its AWS environment, made once (a botocore client is slow to make): no
-    listings cache (another machine may have just published), bounded retries (``AWS_MAX_ATTEMPTS``, default 4)."""
-    import s3fs
-
-    env = tuple(os.environ.get(name) for name in _AWS_ENV)
-    fs = _S3FS_BY_ENVIRONMENT.get(env)
-    if fs is not None and getattr(fs, "_pid", None) == os.getpid():
-        return fs
-    try:
-        attempts = max(1, min(int(os.environ.get("AWS_MAX_ATTEMPTS") or 4), 20))
-    except ValueError:
-        attempts = 4
-    fs = _S3FS_BY_ENVIRONMENT[env] = s3fs.S3FileSystem(
-        use_listings_cache=False,
-        skip_instance_cache=True,
-        config_kwargs={
-            "connect_timeout": 10,
-            "read_timeout": 120,
-            "retries": {"max_attempts": attempts, "mode": "standard"},
-        },
-    )
-    fs._pid = os.getpid()  # a forked child makes its own (an event loop and its connections do not survive a fork)
-    return fs
 
 
 class ObjectFiles:
@@ -481,9 +405,9 @@ class ObjectFiles:
         try:
             return self._call("put_object", **kwargs)["ETag"]
         except OSError as exc:
-            if _no_bucket(exc):
+            if no_bucket(exc):
                 raise self._missing_bucket() from None
-            if conditional and _precondition_failed(exc):
+            if conditional and precondition_failed(exc):
                 return None  # the condition did not hold: another holds the lock, or took it over
             if if_match is not None and isinstance(exc, FileNotFoundError):
                 return None  # If-Match on an object that is gone: the lease was deleted
@@ -496,9 +420,9 @@ class ObjectFiles:
         try:
             self._call("delete_object", **kwargs)
         except OSError as exc:
-            if _no_bucket(exc):
+            if no_bucket(exc):
                 raise self._missing_bucket() from None
-            if isinstance(exc, FileNotFoundError) or _precondition_failed(exc):
+            if isinstance(exc, FileNotFoundError) or precondition_failed(exc):
                 return False
             raise
         return True
@@ -517,6 +441,6 @@ class ObjectFiles:
             except FileNotFoundError:
                 raise self._missing_bucket() from None
             except OSError as exc:
-                if _no_bucket(exc):
+                if no_bucket(exc):
                     raise self._missing_bucket() from None
                 raise
