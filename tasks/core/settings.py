@@ -244,6 +244,16 @@ class RunOptions(Settings):
         if os.path.exists(path) and not os.path.isdir(path):
             where = "is a file" if path == os.path.abspath(os.path.expanduser(value)) else f"is inside {path}, a file"
             raise ValueError(f"artifacts_dir {value} {where}, not a directory; give a directory for the artifacts")
+        from pathlib import Path
+
+        from tasks.store.layout import enclosing_root  # the rule's home, checked here before anything starts
+
+        inside = enclosing_root(Path(os.path.abspath(os.path.expanduser(value))))
+        if inside is not None:
+            raise ValueError(
+                f"artifacts_dir {value} is inside {inside}: a root there would write into that root's versions; "
+                "choose a directory outside it"
+            )
         return value
 
     @model_validator(mode="after")

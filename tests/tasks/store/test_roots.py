@@ -45,3 +45,15 @@ def test_a_symlink_to_another_roots_version_is_refused_like_the_version(tmp_path
     assert main(["artifacts", "--artifacts-dir", str(link / "sub")]) == 2
     assert "is inside the published version model/m1" in capsys.readouterr().err
     assert sorted(p.name for p in (art / "model" / "m1").iterdir()) == ["manifest.json", "model.pt"]
+
+
+def test_a_run_with_a_root_inside_a_version_is_refused_before_anything_starts(tmp_path, capsys):
+    art = tmp_path / "art"
+    publish_locked(open_store(art), "model", "m1", {"model.pt": b"weights"})
+    inner = art / "model" / "m1" / "sub"
+    argv = ["run", "--tiny", "--artifacts-dir", str(inner), "--source-url", "http://127.0.0.1:9/wiki.zip"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"artifacts_dir {inner} is inside the published version model/m1" in err, err
+    assert "Traceback" not in err and "Prefect server" not in err, "refused before a server started"
+    assert not inner.exists()
