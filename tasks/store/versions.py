@@ -17,7 +17,7 @@ from typing import Any
 from mygpt.atomic import sha256_file
 from mygpt.errors import UserError
 from tasks.store.files import MANIFEST, files_prefix, parse_manifest, safe_rel
-from tasks.store.layout import STAGE_NAME_RE, VERSION_RE
+from tasks.store.layout import STAGE_NAME_RE, VERSION_RE, enclosing_root
 from tasks.store.roots import absolute_root, default_root, open_files
 
 log = logging.getLogger("wiki_pipeline.store")
@@ -190,6 +190,9 @@ class Versions:
             raise UserError(
                 f"{dest} exists and is not an empty directory; give a new directory to copy {stage}/{version} into"
             )
+        inside = enclosing_root(dest)  # a copy there would add files to a published version: damage
+        if inside is not None:
+            raise UserError(f"{dest} is inside {inside}; give a directory outside every artifact root's versions")
         source = self.local_copy(stage, version, full=True)  # a cached copy edited since is fetched again
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"

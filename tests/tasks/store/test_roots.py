@@ -57,3 +57,16 @@ def test_a_run_with_a_root_inside_a_version_is_refused_before_anything_starts(tm
     assert f"artifacts_dir {inner} is inside the published version model/m1" in err, err
     assert "Traceback" not in err and "Prefect server" not in err, "refused before a server started"
     assert not inner.exists()
+
+
+def test_pull_into_a_published_version_is_refused(tmp_path, capsys):
+    art = tmp_path / "art"
+    store = open_store(art)
+    publish_locked(store, "model", "m1", {"model.pt": b"weights"})
+    publish_locked(store, "samples", "s1", {"samples.md": b"text"})
+    inner = art / "model" / "m1" / "copy"
+    assert main(["pull", "samples/s1", str(inner), "--artifacts-dir", str(art)]) == 2
+    assert "is inside the published version model/m1" in capsys.readouterr().err
+    assert sorted(p.name for p in (art / "model" / "m1").iterdir()) == ["manifest.json", "model.pt"]
+    assert main(["pull", "samples/s1", str(tmp_path / "out"), "--artifacts-dir", str(art)]) == 0
+    assert (tmp_path / "out" / "samples.md").read_bytes() == b"text"
