@@ -117,7 +117,7 @@ def run_summary(
     if store is not None and rows:
         lines += [
             "Built: made by this run. Cached: the same version (settings, inputs, code) was already in the "
-            f"artifact store under `{store.root}`, so it was reused.",
+            f"artifact store under {md_code(store.root)}, so it was reused.",
             "",
         ]
     if rows:

@@ -29,7 +29,7 @@ from mygpt.errors import UserError
 from mygpt.gpt_config import GPTConfig
 from mygpt.options import Option, options
 from mygpt.training.config import TrainConfig
-from tasks.core.report import line_chart, number, summary_table
+from tasks.core.report import line_chart, md_code, number, summary_table
 from tasks.core.settings import DeviceSettings, Seed
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.tokenizer import load_tokenizer
@@ -407,8 +407,8 @@ def report(manifest: dict) -> str:
 
 {picture}{summary}
 
-Checkpoint (a long path: kept out of the table): `{where}/model.ckpt`; sample from it with
-`mygpt generate --checkpoint {where}/model.ckpt`
+Checkpoint (a long path: kept out of the table): {md_code(where + "/model.ckpt")}; sample from it with
+{md_code("mygpt generate --checkpoint " + where + "/model.ckpt")}
 
 | step | train loss | val loss |
 |---:|---:|---:|

@@ -138,7 +138,7 @@ def report(manifest: dict) -> str:
     return (
         f"# Samples: samples/{manifest['version']}\n\n"
         + samples_markdown(manifest["metrics"]["samples"], manifest["settings"])
-        + f"\nFiles: `{where}/samples.md`, `{where}/samples.json`\n"
+        + f"\nFiles: {md_code(f'{where}/samples.md')}, {md_code(f'{where}/samples.json')}\n"
     )
 
 
