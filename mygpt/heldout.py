@@ -36,6 +36,14 @@ def windows(num_ids: int, seq_len: int) -> list[tuple[int, int]]:
     return [(s, min(seq_len, num_ids - 1 - s)) for s in range(0, max(num_ids - 1, 0), seq_len)]
 
 
+def summed_nats(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device, precision: str) -> float:
+    """The summed cross-entropy (nats) of ``model`` predicting ``y`` from ``x``: what held-out evaluation and
+    training's validation both add up."""
+    with autocast(device, precision):
+        logits, _ = model(x)
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum").item()
+
+
 @torch.no_grad()
 def heldout_loss(
     model: torch.nn.Module,
@@ -62,10 +70,7 @@ def heldout_loss(
             starts = [s for s, n in batch if n == length]
             x = torch.stack([data[s : s + length] for s in starts]).to(device)
             y = torch.stack([data[s + 1 : s + 1 + length] for s in starts])
-            with autocast(device, precision):
-                logits, _ = model(x)
-            logits = logits.float().view(-1, logits.size(-1)).cpu()
-            nats += F.cross_entropy(logits, y.reshape(-1), reduction="sum").item()
+            nats += summed_nats(model, x, y.to(device), device, precision)
             targets += y.numel()
             nbytes += int(sizes[y].sum().item())
     model.train(was_training)

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from mygpt.device import autocast
+from mygpt.heldout import summed_nats
 from mygpt.metrics import bits_per_byte
 from mygpt.training.data import get_batch
 
@@ -134,9 +134,7 @@ def evaluate(
     nats_total, bytes_total = 0.0, 0
     for _ in range(batches):
         x, y = get_batch(tokens, batch_size, seq_len, gen, device, rows=rows)
-        with autocast(device, precision):
-            logits, _ = model(x)
-        nats_total += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum").item()
+        nats_total += summed_nats(model, x, y, device, precision)
         if token_bytes is not None:
             bytes_total += int(token_bytes[y].sum().item())
     model.train(was_training)
