@@ -23,7 +23,23 @@ SHARED_DATA = Path(os.environ.get("WIKI_PIPELINE_SHARED_DATA", REPO.parent / "sh
 ZIP_NAME = "wikitext-103-raw-v1.zip"
 DEMO_PORT = 8765  # the loopback mirror of --mirror and scripts/pipeline --demo
 MEMBER = "wikitext-103-raw/wiki.{split}.raw"
+PORT_VARIABLE = "WIKI_PIPELINE_MIRROR_PORT"  # moves the demo's mirror off DEMO_PORT
 _TITLE_RE = re.compile(r"^ = [^=].* = $")
+
+
+def chosen_port() -> int | None:
+    """The port ``WIKI_PIPELINE_MIRROR_PORT`` names (1024-65535), or None when it is unset.
+
+    Raises ValueError with the message to show for any other value."""
+    raw = os.environ.get(PORT_VARIABLE)
+    if raw is None:
+        return None
+    if not re.fullmatch(r"[1-9][0-9]{3,4}", raw) or not 1024 <= int(raw) <= 65535:
+        raise ValueError(
+            f"{PORT_VARIABLE}={raw!r} is not a port the mirror can use: give a number from 1024 to 65535, or unset "
+            f"it for {DEMO_PORT}"
+        )
+    return int(raw)
 
 
 # ---- the zip -----------------------------------------------------------------------------------------

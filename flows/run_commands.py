@@ -23,8 +23,12 @@ POLL_SECONDS = 0.5  # how often `serve`'s runner asks the server for flow runs t
 @contextlib.contextmanager
 def loopback_mirror():
     """Serve a wikitext-103-style zip built from ../shared/data on 127.0.0.1 (flows/mirror.py)."""
-    from flows.mirror import DEMO_PORT, ZIP_NAME, Mirror, build_wikitext_zip
+    from flows.mirror import DEMO_PORT, PORT_VARIABLE, ZIP_NAME, Mirror, build_wikitext_zip, chosen_port
 
+    try:
+        port = chosen_port()
+    except ValueError as e:
+        raise UserError(str(e)) from None
     try:
         data = build_wikitext_zip()
     except OSError as e:
@@ -32,12 +36,16 @@ def loopback_mirror():
             f"--mirror needs ../shared/data/wikitext2-valid.txt (or WIKI_PIPELINE_SHARED_DATA): {e}"
         ) from None
     try:  # a fixed port keeps source_url, and so every version, the same from one run to the next
-        mirror = Mirror({"/" + ZIP_NAME: data}, port=DEMO_PORT).start()
-    except OSError:
+        mirror = Mirror({"/" + ZIP_NAME: data}, port=port or DEMO_PORT).start()
+    except OSError as e:
+        if port is not None:  # the user chose it: say so rather than serve elsewhere
+            raise UserError(
+                f"{PORT_VARIABLE}={port}: that port on 127.0.0.1 cannot be used ({e.strerror}); give a free one"
+            ) from None
         mirror = Mirror({"/" + ZIP_NAME: data}).start()
         print(
             f"note: port {DEMO_PORT} is busy; the mirror serves on another port (the versions follow the zip's bytes, "
-            "so they are the same)",
+            f"so they are the same; {PORT_VARIABLE} picks one)",
             file=sys.stderr,
         )
     try:

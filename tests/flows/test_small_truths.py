@@ -139,3 +139,71 @@ def test_stop_leaves_a_process_that_only_reuses_a_recorded_pid(tmp_path):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_the_demo_prints_this_runs_samples_and_restarts_a_runner_with_another_environment(prefect_server, tmp_path):
+    """scripts/pipeline shows the samples version its own run named (not the newest folder), prints the
+    PREFECT_API_URL line only for a server it runs itself, and restarts a runner started under another artifact
+    root rather than let it serve this call, without writing the environment's values anywhere."""
+    import time
+
+    from flows.server import free_port
+
+    home = tmp_path / "home"
+    decoy = tmp_path / "art1" / "samples" / "decoy"
+    decoy.mkdir(parents=True)
+    (decoy / "samples.md").write_text("DECOY SAMPLES\n")
+    future = time.time() + 3600
+    os.utime(decoy, (future, future))  # the most recently modified samples folder, yet no run's
+    env = {
+        **os.environ,
+        **prefect_server.env,
+        "PREFECT_HOME": str(home),
+        "WIKI_PIPELINE_MIRROR_PORT": str(free_port()),
+        "WIKI_PIPELINE_ARTIFACTS": str(tmp_path / "art1"),
+    }
+    script = str(REPO / "scripts" / "pipeline")
+    try:
+        first = subprocess.run([script, "--demo"], env=env, capture_output=True, text=True, timeout=480)
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+        named = [w for line in first.stdout.splitlines() if line.startswith("  samples ") for w in line.split()[2:3]]
+        assert named and named[-1].startswith("samples/"), first.stdout
+        assert f"this run's samples ({named[-1]}):" in first.stdout and "DECOY" not in first.stdout, first.stdout
+        assert "export PREFECT_API_URL" not in first.stdout, "the URL the user set is theirs: not echoed"
+
+        env["WIKI_PIPELINE_ARTIFACTS"] = str(tmp_path / "art2")
+        second = subprocess.run([script, "--demo", "--no-wait"], env=env, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert "restarting the deployment runner: its environment differs in WIKI_PIPELINE_ARTIFACTS" in second.stdout
+        assert "reusing the deployment runner" not in second.stdout, second.stdout
+        recorded = (home / "runner.env").read_text()
+        assert "WIKI_PIPELINE_ARTIFACTS=" in recorded and str(tmp_path / "art2") not in recorded, recorded
+        assert (home / "runner.env").stat().st_mode & 0o077 == 0
+    finally:
+        subprocess.run([script, "--stop"], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_run_mirror_serves_on_the_port_the_environment_names(monkeypatch):
+    """`wiki-pipeline run --mirror` honours WIKI_PIPELINE_MIRROR_PORT as `scripts/pipeline --demo` does: it serves
+    there, refuses a value that is no port, and says so when the port it was told to use is taken."""
+    import pytest
+    import requests
+
+    from flows.run_commands import loopback_mirror
+    from flows.server import free_port
+    from mygpt.errors import UserError
+
+    port = free_port()
+    monkeypatch.setenv("WIKI_PIPELINE_MIRROR_PORT", str(port))
+    with loopback_mirror() as url:
+        assert url.startswith(f"http://127.0.0.1:{port}/")
+        assert requests.head(url, timeout=10).status_code == 200
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        with pytest.raises(UserError, match=f"WIKI_PIPELINE_MIRROR_PORT={port}: that port"), loopback_mirror():
+            pass
+    for bad in ("80", "x", "99999"):
+        monkeypatch.setenv("WIKI_PIPELINE_MIRROR_PORT", bad)
+        with pytest.raises(UserError, match="is not a port the mirror can use"), loopback_mirror():
+            pass
