@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, cast
 
-from flows.prefect_api import check_prefect_server, shown_api_url
+from flows.prefect_api import check_prefect_server, prefect_api_url, shown_api_url
 from mygpt.errors import UserError
 
 if TYPE_CHECKING:
@@ -113,6 +113,11 @@ def cmd_wait(args) -> int:
         raise UserError(f"{args.flow_run_id!r} is not a flow run id (a UUID)") from None
     from prefect.exceptions import ObjectNotFound
 
+    if not prefect_api_url():  # else Prefect starts a temporary server of its own, which has no runs
+        raise UserError(
+            "wait follows a flow run on a Prefect server, and PREFECT_API_URL names none; set it to the server that "
+            "runs it (scripts/pipeline prints the line to paste, e.g. export PREFECT_API_URL=http://127.0.0.1:4200/api)"
+        )
     check_prefect_server()
     shown: set = set()
     last_progress: dict = {}

@@ -85,3 +85,21 @@ def test_wait_shows_the_running_stages_progress_live(prefect_server, upstream, t
         if follower:
             follower.kill()
             follower.wait()
+
+
+def test_wait_without_a_server_named_says_how_to_name_one(tmp_path):
+    """With no PREFECT_API_URL, `wait` refuses in one line instead of asking a temporary server of its own."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "wait", "0f0e0d0c-0b0a-0908-0706-050403020100"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: wait follows a flow run on a Prefect server, and PREFECT_API_URL names none; set it to the server "
+        "that runs it (scripts/pipeline prints the line to paste, e.g. export PREFECT_API_URL=http://127.0.0.1:4200/api)"
+    ], done.stderr
