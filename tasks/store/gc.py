@@ -29,8 +29,9 @@ class Garbage:
     bytes: int
     reason: str
     in_use: bool = False  # a run held its lock when it was listed
-    published: bool = False  # a stale published version (not a staging or trash dir)
+    published: bool = False  # a stale or damaged published version (not a staging or trash dir)
     local: bool = False  # in the local cache of an object-store root
+    build_id: str = ""  # a published one's build when it was listed ("": damaged); collected only while unchanged
 
 
 def _input_problem(name: str, ref: dict, manifests: dict, stale: dict) -> str | None:
@@ -88,12 +89,18 @@ def find_garbage(
         for path, size, why in finder(store.stage_dir(st)):
             key = path.relative_to(store.files.local).as_posix()
             found.append(Garbage(key, str(path), st, "", size, why, local=store.remote))
+    listing = store.versions(damaged=True)
+    verdicts = {(v.stage, v.version): f"damaged: {v.damage}; no run reuses it" for v in listing if v.damage}
     if code_versions is not None:
-        for (st, version), why in stale_versions(store.versions(), code_versions).items():
-            key = store._version_key(st, version)
-            size = store.files.usage(key)[0]
-            in_use = store.is_locked(st, version)
-            found.append(Garbage(key, store.files.where(key), st, version, size, f"stale: {why}", in_use, True))
+        current = [v for v in listing if not v.damage]
+        verdicts.update({k: f"stale: {why}" for k, why in stale_versions(current, code_versions).items()})
+    for v in listing:
+        verdict = verdicts.get((v.stage, v.version))
+        if verdict is not None:
+            key = store._version_key(v.stage, v.version)
+            size, in_use = store.files.usage(key)[0], store.is_locked(v.stage, v.version)
+            where, build = store.files.where(key), v.manifest.get("build_id", "")
+            found.append(Garbage(key, where, v.stage, v.version, size, verdict, in_use, published=True, build_id=build))
     return found
 
 

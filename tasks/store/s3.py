@@ -16,6 +16,7 @@ from typing import Any
 from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
 from tasks.store.files import MANIFEST, Found, files_prefix, parse_manifest, safe_rel
+from tasks.store.manifest_schema import manifest_problem
 from tasks.store.s3_client import cache_root, filesystem, no_bucket, precondition_failed
 from tasks.store.s3_lease import Lease, lease_seconds
 from tasks.store.s3_urls import SCHEME, normal_url, scrub, split_url
@@ -111,6 +112,9 @@ class ObjectFiles:
     def names(self, key: str) -> list[str]:
         return sorted(rel for rel in self.files(key) if "/" not in rel)
 
+    def links(self, key: str) -> list[str]:
+        return []  # an object store has none
+
     def sha256(self, key: str) -> str:
         h = hashlib.sha256()
         with self._errors(f"reading {key}"), self.fs.open(self._path(key), "rb", block_size=8 << 20) as f:
@@ -129,9 +133,13 @@ class ObjectFiles:
 
     def local_copy(self, key: str, full: bool = False) -> Path:
         """The cached copy of ``key``, downloaded unless the cache holds its build, every file checked first."""
-        manifest = parse_manifest(self.read_text(f"{key}/{MANIFEST}"))
-        if manifest is None:
+        text = self.read_text(f"{key}/{MANIFEST}")
+        if text is None:
             raise FileNotFoundError(f"no published version {key} under {self.display}")
+        manifest = parse_manifest(text)
+        problem = "it is not JSON" if manifest is None else manifest_problem(manifest, *key.split("/", 1))
+        if manifest is None or problem:
+            raise UserError(f"{self.where(key)}: its {MANIFEST} is damaged ({problem}); rerun with force to rebuild it")
         final = self.local / key
         files: dict[str, dict] = manifest.get("files") or {}
         if self._cached(final, manifest, full):

@@ -128,10 +128,10 @@ def test_a_manifest_naming_files_outside_its_version_is_refused(s3_root, tmp_pat
         f"../../../../../../../..{target}": {"size": 1, "sha256": manifest["files"]["a.txt"]["sha256"]}
     }
     store.files.fs.pipe_file(key, json.dumps(manifest).encode())
-    assert "not a file of the version" in store.verify("corpus", "v1")[1]
+    assert "which is not a relative file name inside the version" in store.verify("corpus", "v1")[1]
 
     shutil.rmtree(store.version_path("corpus", "v1"), ignore_errors=True)  # no cached copy: it must download
-    with pytest.raises(UserError, match="not a plain relative path"):
+    with pytest.raises(UserError, match="which is not a relative file name inside the version"):
         store.local_copy("corpus", "v1")
     assert not target.exists()
 
