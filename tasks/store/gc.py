@@ -159,14 +159,25 @@ def _other_builds(store: Versions, files: Files, st: str) -> Iterator[Garbage]:
                 yield Garbage(key, files.where(key), st, name, files.usage(key)[0], why, store.is_locked(st, name))
 
 
+def _unchanged(store: Versions, item: Garbage) -> bool:
+    """Whether the published version ``item`` names is still the one listed: the same build (a stale one), or
+    still damaged; a run may have rebuilt it between the listing and the lock."""
+    manifest, damage = store.checked_manifest(item.stage, item.version)
+    if not item.build_id:
+        return damage is not None
+    return manifest is not None and manifest["build_id"] == item.build_id
+
+
 def collect(store: Versions, item: Garbage) -> bool:
-    """Delete ``item`` under its version's lock, and the lock file with it; False when a run builds or reads it."""
+    """Delete ``item`` under its version's lock, taken now (the listing's ``in_use`` is already old: a run may
+    have pinned or locked it since), and the lock file with it; False when a run builds or reads it, or rebuilt
+    it since it was listed."""
     files = PosixFiles(store.files.local) if item.local else store.files
     if not item.version:
         files.delete(item.key)
         return True
     with store.try_lock(item.stage, item.version) as taken:
-        if not taken:
+        if not taken or (item.published and not _unchanged(store, item)):
             return False
         if item.published:
             store.discard(item.stage, item.version, item.reason)
