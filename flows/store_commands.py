@@ -15,7 +15,8 @@ def format_listing(
     store: ArtifactStore, versions: list[VersionInfo] | None = None, stale: dict[tuple[str, str], str] | None = None
 ) -> str:
     """Published versions (all, or ``versions``): stage, version, creation time, size, and lineage; those in
-    ``stale`` (see :meth:`ArtifactStore.stale_versions`) are marked, with why."""
+    ``stale`` (see :meth:`ArtifactStore.stale_versions`) are marked, with why, and a damaged one (listed by
+    ``versions(damaged=True)``) shows only why: none of its manifest's values is trusted."""
     from tasks.core.report import human_bytes
 
     versions = store.versions() if versions is None else versions
