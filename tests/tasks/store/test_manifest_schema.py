@@ -109,3 +109,25 @@ def test_a_damaged_manifest_on_s3_is_refused_by_the_copy_and_listed_as_damaged(s
     with pytest.raises(ValueError, match=r"manifest.json is damaged \(inputs.shards is of type str"):
         store.local_copy("corpus", "c1")
     assert [v.damage != "" for v in store.versions(damaged=True)] == [True] and store.versions() == []
+
+
+def test_the_run_summarys_comparisons_skip_a_damaged_manifest(tmp_path):
+    """An evaluate version whose inputs.model is a string (was: AttributeError in the comparison the run summary
+    posts) is left out of the model comparison's joined columns; a sound one is in."""
+    from flows.reports import joined_columns
+
+    store = open_store(tmp_path)
+    for version, model in (("e1", {"version": "m1", "build_id": "b1"}), ("e2", "m1")):
+        with store.lock("evaluate", version):
+            build = store.open_build("evaluate", version)
+            (build.out / "metrics.json").write_text("{}")
+            manifest = build.publish(
+                settings={},
+                inputs={"model": {"version": "m1", "build_id": "b1"}},
+                code_version="1",
+                metrics={"test_bpb": 1.5},
+            )
+        path = tmp_path / "evaluate" / version / MANIFEST
+        path.write_text(json.dumps({**manifest, "inputs": {"model": model}}))
+    joined = joined_columns(store, "model")
+    assert joined and all(by == {"m1": {"test_bpb": 1.5}} for _, by in joined)
