@@ -15,7 +15,8 @@ def format_listing(
     store: ArtifactStore, versions: list[VersionInfo] | None = None, stale: dict[tuple[str, str], str] | None = None
 ) -> str:
     """Published versions (all, or ``versions``): stage, version, creation time, size, and lineage; those in
-    ``stale`` (see :meth:`ArtifactStore.stale_versions`) are marked, with why."""
+    ``stale`` (see :meth:`ArtifactStore.stale_versions`) are marked, with why, and a damaged one (listed by
+    ``versions(damaged=True)``) shows only why: none of its manifest's values is trusted."""
     from tasks.core.report import human_bytes
 
     versions = store.versions() if versions is None else versions
@@ -27,23 +28,43 @@ def format_listing(
         f"{'stage':10s} {'version':12s} {'created (UTC)':20s} {'size':>9s}  inputs",
     ]
     for v in versions:
-        inputs = ", ".join(f"{k}/{i['version']}" for k, i in sorted((v.manifest.get("inputs") or {}).items()))
+        if v.damage:
+            lines.append(f"{v.stage:10s} {v.version:12s} {'?':20s} {'?':>9s}  ?  [damaged: {v.damage}]")
+            continue
+        inputs = ", ".join(f"{k}/{i['version']}" for k, i in sorted(v.manifest["inputs"].items()))
         why = stale.get((v.stage, v.version))
         lines.append(
-            f"{v.stage:10s} {v.version:12s} {v.manifest.get('created_at', ''):20s} "
+            f"{v.stage:10s} {v.version:12s} {v.manifest['created_at']:20s} "
             f"{human_bytes(v.size_bytes):>9s}  {inputs or '-'}" + (f"  [stale: {why}]" if why else "")
         )
     return "\n".join(lines)
 
 
+def open_existing(artifacts_dir) -> ArtifactStore:
+    """The store of the root ``artifacts_dir`` (None: the default one); ``UserError`` when that directory does
+    not exist (an empty listing would read as "nothing published there", a typo's answer too)."""
+    from pathlib import Path
+
+    from tasks.registry import open_store
+
+    store = open_store(artifacts_dir)
+    if not store.remote and not Path(store.root).is_dir():
+        what = "is not a directory" if Path(store.root).exists() else "does not exist"
+        raise UserError(
+            f"the artifact root {store.root} {what}; give the directory a run published into "
+            "(--artifacts-dir, or WIKI_PIPELINE_ARTIFACTS)"
+        )
+    return store
+
+
 def cmd_artifacts(args) -> int:
     from tasks.core.report import human_bytes
-    from tasks.registry import code_versions, open_store, stage_name
+    from tasks.registry import code_versions, stage_name
 
-    store = open_store(args.artifacts_dir)
+    store = open_existing(args.artifacts_dir)
     stage = stage_name(args.stage, "--stage") if args.stage else None
-    everything = store.versions()  # read once: the listing and the stale verdicts (which need every version)
-    stale = store.stale_versions(code_versions(), everything)
+    everything = store.versions(damaged=True)  # read once: the listing and the stale verdicts (need every version)
+    stale = store.stale_versions(code_versions(), [v for v in everything if not v.damage])
     rows = [v for v in everything if stage in (None, v.stage)]
     if args.json:
         print(
@@ -59,6 +80,7 @@ def cmd_artifacts(args) -> int:
                         "inputs": {k: i["version"] for k, i in v.manifest.get("inputs", {}).items()},
                         "settings": v.manifest.get("settings"),
                         "stale": stale.get((v.stage, v.version)),
+                        "damaged": v.damage or None,
                     }
                     for v in rows
                 ],
@@ -67,25 +89,36 @@ def cmd_artifacts(args) -> int:
         )
         return 0
     print(format_listing(store, rows, stale))
-    leftovers = [g for g in store.garbage() if not g.local]  # this machine's cached copies are no leftovers
-    if leftovers or stale:
+    garbage = [g for g in store.garbage() if not g.local]  # this machine's cached copies are no leftovers
+    leftovers = [g for g in garbage if not g.published]
+    damaged = len(garbage) - len(leftovers)
+    if leftovers or stale or damaged:
         size = sum(g.bytes for g in leftovers)
         print(
-            f"\n{len(stale)} stale version(s) (no run reuses them); {len(leftovers)} unfinished build or leftover "
-            f"dir(s) holding {human_bytes(size)}: `wiki-pipeline gc` lists them (--stale for the stale versions)"
+            f"\n{len(stale)} stale version(s) (no run reuses them); {damaged} damaged version(s); "
+            f"{len(leftovers)} unfinished build or leftover dir(s) holding {human_bytes(size)}: `wiki-pipeline gc` "
+            "lists them (--stale for the stale versions)"
         )
     return 0
+
+
+def _stale_kept(count: int) -> str:
+    return (
+        f"{count} stale version(s) kept (no run reuses them; `wiki-pipeline artifacts` marks them): "
+        "`wiki-pipeline gc --stale` lists them, `--stale --yes` deletes them"
+    )
 
 
 def cmd_gc(args) -> int:
     """List what no run needs -- how big, why -- and with ``--yes`` delete it, never what a running build locks."""
     from tasks.core.report import human_bytes
-    from tasks.registry import code_versions, open_store
+    from tasks.registry import code_versions
 
-    store = open_store(args.artifacts_dir)
+    store = open_existing(args.artifacts_dir)
     items = store.garbage(code_versions() if args.stale else None)
+    stale = 0 if args.stale else len(store.stale_versions(code_versions()))  # kept: say so, and how to collect
     if not items:
-        print(f"nothing to collect under {store.root}")
+        print(f"nothing to collect under {store.root}" + (f"; {_stale_kept(stale)}" if stale else ""))
         return 0
     print(f"{'deleting' if args.yes else 'would delete (dry run; --yes deletes)'} under {store.root}:")
     freed = kept = 0
@@ -100,6 +133,8 @@ def cmd_gc(args) -> int:
         print(f"  {human_bytes(item.bytes):>9s}  {where}  {item.reason}")
     verb = "freed" if args.yes else "would free"
     print(f"{verb} {human_bytes(freed)} in {len(items) - kept} item(s)" + (f"; {kept} in use, kept" if kept else ""))
+    if stale:
+        print(_stale_kept(stale))
     return 0
 
 
@@ -108,10 +143,9 @@ def cmd_pull(args) -> int:
     from pathlib import Path
 
     from tasks.core.report import human_bytes
-    from tasks.registry import open_store
 
     stage, _, version = args.version.strip().strip("/").partition("/")
-    store = open_store(args.artifacts_dir)
+    store = open_existing(args.artifacts_dir)
     try:
         info = store.pull(stage, version, Path(args.dest))
     except UserError:
@@ -122,7 +156,9 @@ def cmd_pull(args) -> int:
         ) from None
     except FileNotFoundError as exc:
         raise UserError(f"pull {args.version}: {exc}; `wiki-pipeline artifacts` lists what is published") from None
+    count = len(info.manifest["files"])
     print(
-        f"copied {stage}/{version} ({human_bytes(info.size_bytes)}, every file checked) from {info.path} to {args.dest}"
+        f"copied {stage}/{version} ({count} file(s) its manifest lists, {human_bytes(info.size_bytes)}, each checked "
+        f"against its sha256) from {info.path} to {args.dest}"
     )
     return 0

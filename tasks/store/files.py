@@ -72,6 +72,8 @@ class Files(Protocol):
 
     def files(self, key: str) -> dict[str, int]: ...  # ``{relative path: size}`` of every file under ``key``
 
+    def links(self, key: str) -> list[str]: ...  # symbolic links under ``key`` (relative; "." for ``key``)
+
     def sha256(self, key: str) -> str: ...
 
     def usage(self, key: str) -> tuple[int, float]: ...  # bytes under ``key``, its newest mtime

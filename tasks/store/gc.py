@@ -29,8 +29,9 @@ class Garbage:
     bytes: int
     reason: str
     in_use: bool = False  # a run held its lock when it was listed
-    published: bool = False  # a stale published version (not a staging or trash dir)
+    published: bool = False  # a stale or damaged published version (not a staging or trash dir)
     local: bool = False  # in the local cache of an object-store root
+    build_id: str = ""  # a published one's build when it was listed ("": damaged); collected only while unchanged
 
 
 def _input_problem(name: str, ref: dict, manifests: dict, stale: dict) -> str | None:
@@ -88,12 +89,18 @@ def find_garbage(
         for path, size, why in finder(store.stage_dir(st)):
             key = path.relative_to(store.files.local).as_posix()
             found.append(Garbage(key, str(path), st, "", size, why, local=store.remote))
+    listing = store.versions(damaged=True)
+    verdicts = {(v.stage, v.version): f"damaged: {v.damage}; no run reuses it" for v in listing if v.damage}
     if code_versions is not None:
-        for (st, version), why in stale_versions(store.versions(), code_versions).items():
-            key = store._version_key(st, version)
-            size = store.files.usage(key)[0]
-            in_use = store.is_locked(st, version)
-            found.append(Garbage(key, store.files.where(key), st, version, size, f"stale: {why}", in_use, True))
+        current = [v for v in listing if not v.damage]
+        verdicts.update({k: f"stale: {why}" for k, why in stale_versions(current, code_versions).items()})
+    for v in listing:
+        verdict = verdicts.get((v.stage, v.version))
+        if verdict is not None:
+            key = store._version_key(v.stage, v.version)
+            size, in_use = store.files.usage(key)[0], store.is_locked(v.stage, v.version)
+            where, build = store.files.where(key), v.manifest.get("build_id", "")
+            found.append(Garbage(key, where, v.stage, v.version, size, verdict, in_use, published=True, build_id=build))
     return found
 
 
@@ -152,14 +159,25 @@ def _other_builds(store: Versions, files: Files, st: str) -> Iterator[Garbage]:
                 yield Garbage(key, files.where(key), st, name, files.usage(key)[0], why, store.is_locked(st, name))
 
 
+def _unchanged(store: Versions, item: Garbage) -> bool:
+    """Whether the published version ``item`` names is still the one listed: the same build (a stale one), or
+    still damaged; a run may have rebuilt it between the listing and the lock."""
+    manifest, damage = store.checked_manifest(item.stage, item.version)
+    if not item.build_id:
+        return damage is not None
+    return manifest is not None and manifest["build_id"] == item.build_id
+
+
 def collect(store: Versions, item: Garbage) -> bool:
-    """Delete ``item`` under its version's lock, and the lock file with it; False when a run builds or reads it."""
+    """Delete ``item`` under its version's lock, taken now (the listing's ``in_use`` is already old: a run may
+    have pinned or locked it since), and the lock file with it; False when a run builds or reads it, or rebuilt
+    it since it was listed."""
     files = PosixFiles(store.files.local) if item.local else store.files
     if not item.version:
         files.delete(item.key)
         return True
     with store.try_lock(item.stage, item.version) as taken:
-        if not taken:
+        if not taken or (item.published and not _unchanged(store, item)):
             return False
         if item.published:
             store.discard(item.stage, item.version, item.reason)

@@ -72,6 +72,19 @@ class PosixFiles:
                     found[p.relative_to(base).as_posix()] = p.stat().st_size
         return found
 
+    def links(self, key: str) -> list[str]:
+        """The symbolic links under ``key``, not followed: a version holding one could hand out a file from
+        anywhere on this machine."""
+        base = self.root / key
+        if base.is_symlink():
+            return ["."]
+        found = []
+        for dirpath, dirs, names in os.walk(base):
+            for name in [*dirs, *names]:
+                if os.path.islink(os.path.join(dirpath, name)):
+                    found.append(Path(dirpath, name).relative_to(base).as_posix())
+        return sorted(found)
+
     def sha256(self, key: str) -> str:
         return sha256_file(self.root / key)
 

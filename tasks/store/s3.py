@@ -16,6 +16,7 @@ from typing import Any
 from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
 from tasks.store.files import MANIFEST, Found, files_prefix, parse_manifest, safe_rel
+from tasks.store.manifest_schema import manifest_problem
 from tasks.store.s3_client import cache_root, filesystem, no_bucket, precondition_failed
 from tasks.store.s3_lease import Lease, lease_seconds
 from tasks.store.s3_urls import SCHEME, normal_url, scrub, split_url
@@ -51,10 +52,15 @@ class ObjectFiles:
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
-        """A failure of the object store as a ``UserError`` naming the root and ``what``; not FileNotFoundError."""
+        """A failure of the object store as a ``UserError`` naming the root and ``what``; a FileNotFoundError
+        passes (an object that is not there) unless it is the bucket's."""
         try:
             yield
-        except (FileNotFoundError, UserError):
+        except FileNotFoundError as exc:
+            if no_bucket(exc):
+                raise self._missing_bucket(what) from None
+            raise
+        except UserError:
             raise
         except Exception as exc:
             why = scrub(str(exc))
@@ -69,7 +75,9 @@ class ObjectFiles:
         with self._errors(f"reading {key}"):
             try:
                 data = self.fs.cat_file(self._path(key))
-            except (FileNotFoundError, IsADirectoryError):
+            except (FileNotFoundError, IsADirectoryError) as exc:
+                if no_bucket(exc):
+                    raise
                 return None
         try:
             return data.decode("utf-8")
@@ -81,7 +89,9 @@ class ObjectFiles:
         with self._errors(f"listing {key}"):
             try:
                 found = self.fs.find(base, detail=True, withdirs=False)
-            except FileNotFoundError:
+            except FileNotFoundError as exc:
+                if no_bucket(exc):
+                    raise
                 return {}
         # a console's "folder" marker (a key ending in /) is no file
         return {
@@ -102,6 +112,9 @@ class ObjectFiles:
     def names(self, key: str) -> list[str]:
         return sorted(rel for rel in self.files(key) if "/" not in rel)
 
+    def links(self, key: str) -> list[str]:
+        return []  # an object store has none
+
     def sha256(self, key: str) -> str:
         h = hashlib.sha256()
         with self._errors(f"reading {key}"), self.fs.open(self._path(key), "rb", block_size=8 << 20) as f:
@@ -120,9 +133,13 @@ class ObjectFiles:
 
     def local_copy(self, key: str, full: bool = False) -> Path:
         """The cached copy of ``key``, downloaded unless the cache holds its build, every file checked first."""
-        manifest = parse_manifest(self.read_text(f"{key}/{MANIFEST}"))
-        if manifest is None:
+        text = self.read_text(f"{key}/{MANIFEST}")
+        if text is None:
             raise FileNotFoundError(f"no published version {key} under {self.display}")
+        manifest = parse_manifest(text)
+        problem = "it is not JSON" if manifest is None else manifest_problem(manifest, *key.split("/", 1))
+        if manifest is None or problem:
+            raise UserError(f"{self.where(key)}: its {MANIFEST} is damaged ({problem}); rerun with force to rebuild it")
         final = self.local / key
         files: dict[str, dict] = manifest.get("files") or {}
         if self._cached(final, manifest, full):
@@ -278,7 +295,8 @@ class ObjectFiles:
                 self._delete_keys(mine)
             raise
         if replaces is not None and replaces.manifest is not None:
-            self._delete_keys(self._named(key, replaces.manifest))
+            with self._errors(f"deleting the files {key} held before"):
+                self._delete_keys(self._named(key, replaces.manifest))
         # an older build's copy (a forced rebuild) goes: no build of this machine reads it now
         self._install(out, self.local / key)
 
@@ -369,7 +387,9 @@ class ObjectFiles:
         """When the server last wrote the object ``key`` (its clock, epoch seconds), or None."""
         try:
             info = self.fs.info(self._path(key))
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if no_bucket(exc):
+                raise self._missing_bucket(f"reading {key}") from None
             return None
         modified = info.get("LastModified")
         return modified.timestamp() if hasattr(modified, "timestamp") else None
@@ -381,7 +401,9 @@ class ObjectFiles:
         async def get() -> tuple[bytes, str] | None:
             try:
                 resp = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self._object_key(key))
-            except FileNotFoundError:
+            except FileNotFoundError as exc:
+                if no_bucket(exc):
+                    raise self._missing_bucket(f"reading {key}") from None
                 return None
             body = resp["Body"]
             try:
@@ -406,7 +428,7 @@ class ObjectFiles:
             return self._call("put_object", **kwargs)["ETag"]
         except OSError as exc:
             if no_bucket(exc):
-                raise self._missing_bucket() from None
+                raise self._missing_bucket(f"writing {key}") from None
             if conditional and precondition_failed(exc):
                 return None  # the condition did not hold: another holds the lock, or took it over
             if if_match is not None and isinstance(exc, FileNotFoundError):
@@ -421,16 +443,18 @@ class ObjectFiles:
             self._call("delete_object", **kwargs)
         except OSError as exc:
             if no_bucket(exc):
-                raise self._missing_bucket() from None
+                raise self._missing_bucket(f"deleting {key}") from None
             if isinstance(exc, FileNotFoundError) or precondition_failed(exc):
                 return False
             raise
         return True
 
-    def _missing_bucket(self) -> UserError:
+    def _missing_bucket(self, what: str) -> UserError:
+        """The error for a bucket that is not there while ``what``: at the start, or deleted during a run."""
         return UserError(
-            f"the artifact store {self.display}: the bucket {self.bucket!r} does not exist at this endpoint; create "
-            "it, or check the root's spelling and AWS_ENDPOINT_URL"
+            f"the artifact store {self.display} failed while {what}: the bucket {self.bucket!r} does not exist at "
+            "this endpoint (never made, or deleted while in use); create it (or check the root's spelling and "
+            "AWS_ENDPOINT_URL) and rerun: nothing half-written is visible, and a rerun resumes"
         )
 
     def check_bucket(self) -> None:
@@ -439,8 +463,8 @@ class ObjectFiles:
             try:
                 self._call("head_bucket")
             except FileNotFoundError:
-                raise self._missing_bucket() from None
+                raise self._missing_bucket("looking for the bucket") from None
             except OSError as exc:
                 if no_bucket(exc):
-                    raise self._missing_bucket() from None
+                    raise self._missing_bucket("looking for the bucket") from None
                 raise

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mygpt.atomic import sha256_file
 from mygpt.errors import UserError
 from tasks.store.files import MANIFEST, files_prefix, parse_manifest, safe_rel
-from tasks.store.layout import STAGE_NAME_RE, VERSION_RE, enclosing_root
+from tasks.store.layout import STAGE_NAME_RE, VERSION_RE
+from tasks.store.manifest_schema import manifest_problem
+from tasks.store.pull import check_destination, copy_checked
 from tasks.store.roots import absolute_root, default_root, open_files
 
 log = logging.getLogger("wiki_pipeline.store")
@@ -43,7 +44,8 @@ class VersionInfo:
     stage: str
     version: str
     path: str  # where it is published: a directory, or an s3:// URL
-    manifest: dict
+    manifest: dict  # checked against the manifest schema; {} for a damaged version
+    damage: str = ""  # why its manifest is damage (listings show it; every other reader skips it)
 
     @property
     def size_bytes(self) -> int:
@@ -107,7 +109,21 @@ class Versions:
 
     # ---- reading -----------------------------------------------------------------------------
     def read_manifest(self, stage: str, version: str) -> dict | None:
-        return parse_manifest(self.files.read_text(f"{self._version_key(stage, version)}/{MANIFEST}"))
+        """The manifest of the published ``stage/version``, or None when there is none or it is damaged."""
+        return self.checked_manifest(stage, version)[0]
+
+    def checked_manifest(self, stage: str, version: str) -> tuple[dict | None, str | None]:
+        """``(manifest, None)`` for a manifest the schema accepts (``manifest_schema``), ``(None, None)`` when
+        there is none, ``(None, why)`` when it is damage: unreadable, or a field missing or of another type."""
+        key = f"{self._version_key(stage, version)}/{MANIFEST}"
+        text = self.files.read_text(key)
+        if text is None:
+            return None, None
+        manifest = parse_manifest(text)
+        problem = "it is not JSON" if manifest is None else manifest_problem(manifest, stage, version)
+        if problem:
+            return None, f"{MANIFEST} in {self.files.where(self._version_key(stage, version))} is damaged: {problem}"
+        return manifest, None
 
     def verify(self, stage: str, version: str, full: bool = False) -> tuple[bool, str]:
         """``(ok, reason)`` of :meth:`intact_manifest`."""
@@ -123,22 +139,16 @@ class Versions:
         present = self.files.files(key)
         if not present:
             return None, "missing"
-        manifest = self.read_manifest(stage, version)
+        manifest, damage = self.checked_manifest(stage, version)
         if manifest is None:
-            return None, f"{MANIFEST} is missing or unreadable in {where}"
-        if manifest.get("stage") != stage or manifest.get("version") != version:
-            return None, f"{MANIFEST} in {where} names {manifest.get('stage')}/{manifest.get('version')}"
-        files = manifest.get("files")
-        if not isinstance(files, dict):
-            return None, f"{MANIFEST} in {where} has no file list"
-        prefix = files_prefix(manifest)
-        if prefix is None:
-            return None, f"{MANIFEST} in {where} names a folder that is not one of the version's"
+            return None, damage or f"{MANIFEST} is missing or unreadable in {where}"
+        links = self.files.links(key)
+        if links:
+            return None, f"{where} holds symbolic links ({', '.join(links[:5])}); a version holds only regular files"
+        files, prefix = manifest["files"], files_prefix(manifest) or ""
         if prefix:
             present = {rel[len(prefix) :]: size for rel, size in present.items() if rel.startswith(prefix)}
         for rel, meta in sorted(files.items()):
-            if not safe_rel(rel) or not isinstance(meta, dict):
-                return None, f"{MANIFEST} in {where} lists {rel!r}, which is not a file of the version"
             size = present.get(rel)
             if size is None:
                 return None, f"{rel} is missing"
@@ -152,22 +162,28 @@ class Versions:
         return manifest, "ok"
 
     def get(self, stage: str, version: str) -> VersionInfo:
-        manifest = self.read_manifest(stage, version)
+        """The published ``stage/version``: FileNotFoundError when there is none, UserError when it is damaged."""
+        manifest, damage = self.checked_manifest(stage, version)
+        if damage:
+            raise UserError(f"{stage}/{version} is damaged ({damage}); the next run that needs it rebuilds it")
         if manifest is None:
             raise FileNotFoundError(f"no published version {stage}/{version} under {self.root}")
         return VersionInfo(stage, version, self.location(stage, version), manifest)
 
-    def versions(self, stage: str | None = None) -> list[VersionInfo]:
-        """Published versions (those with a manifest), oldest first."""
+    def versions(self, stage: str | None = None, damaged: bool = False) -> list[VersionInfo]:
+        """Published versions (those with a manifest the schema accepts), oldest first; with ``damaged`` those
+        whose manifest is damage too (``VersionInfo.damage`` says why; listed first in their stage)."""
         found = []
         order = self._all_stages() if stage is None else (stage,)
         for st in order:
             for name in self.files.subdirs(self._stage_key(st)):
                 if name.startswith(".") or not VERSION_RE.fullmatch(name):
                     continue
-                manifest = self.read_manifest(st, name)
+                manifest, damage = self.checked_manifest(st, name)
                 if manifest is not None:
                     found.append(VersionInfo(st, name, self.location(st, name), manifest))
+                elif damage and damaged:
+                    found.append(VersionInfo(st, name, self.location(st, name), {}, damage))
         return sorted(found, key=lambda v: (order.index(v.stage), v.manifest.get("created_at", "")))
 
     def file_location(self, stage: str, version: str, rel: str) -> str:
@@ -183,32 +199,36 @@ class Versions:
         return self.files.local_copy(self._version_key(stage, version), full)
 
     def pull(self, stage: str, version: str, dest: Path) -> VersionInfo:
-        """Copy ``stage/version`` into the new (or empty) directory ``dest``, checked, appearing by one rename."""
-        info = self.get(stage, version)
-        dest = Path(dest).expanduser().absolute()
-        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-            raise UserError(
-                f"{dest} exists and is not an empty directory; give a new directory to copy {stage}/{version} into"
-            )
-        inside = enclosing_root(dest)  # a copy there would add files to a published version: damage
-        if inside is not None:
-            raise UserError(f"{dest} is inside {inside}; give a directory outside every artifact root's versions")
+        """Copy exactly the files the manifest of ``stage/version`` lists, and the manifest, into the new (or
+        empty) directory ``dest``, each checked against its sha256 as it is copied, appearing by one rename. The
+        destination is checked before anything is read; a damaged version (a symbolic link in it included:
+        followed, it would hand out a file from anywhere on this machine) is refused."""
+        what = f"{stage}/{version}"
+        dest = check_destination(Path(dest), what)
+        manifest, reason = self.intact_manifest(stage, version)
+        if manifest is None and reason == "missing":
+            raise FileNotFoundError(f"no published version {what} under {self.root}")
+        if manifest is None:
+            raise UserError(f"{what} under {self.root} is damaged ({reason}); rerun with force for {stage}")
         source = self.local_copy(stage, version, full=True)  # a cached copy edited since is fetched again
+        made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
-            shutil.copytree(source, partial)
-            for rel, meta in info.manifest.get("files", {}).items():
-                if sha256_file(partial / rel) != meta.get("sha256"):
-                    raise UserError(
-                        f"{stage}/{version}: {rel} does not match its sha256 in the manifest; rerun with force"
-                    )
+            partial.mkdir()
+            for rel, meta in sorted(manifest["files"].items()):
+                copy_checked(source, rel, meta, partial / rel, what)
+            (partial / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
             if dest.exists():
                 dest.rmdir()
             os.rename(partial, dest)
-        finally:
+        except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
-        return info
+            for p in made:  # the parents this copy made, innermost first: nothing half-written left
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+            raise
+        return VersionInfo(stage, version, self.location(stage, version), manifest)
 
     # ---- locks -------------------------------------------------------------------------------
     @contextlib.contextmanager

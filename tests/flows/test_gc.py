@@ -86,7 +86,7 @@ def test_gc_lists_deletes_and_spares_a_locked_build(root, capsys):
     before = _paths(art)
     listing = _cli(capsys, "gc", "--artifacts-dir", str(art))
     assert _paths(art) == before, "a dry run deletes nothing"
-    lines = {line.split()[2]: line for line in listing.splitlines()[1:-1]}  # "  292.9 KB  <where>  <why>"
+    lines = {line.split()[2]: line for line in listing.splitlines()[1:-2]}  # "  292.9 KB  <where>  <why>"
     assert "unfinished build of model/m1, last written" in lines["model/.staging/m1"]
     assert lines["model/.staging/m1"].split()[:2] == ["293.0", "KB"]  # 300,000 bytes
     assert "unfinished build of corpus/old" in lines["corpus/.staging/old"]
@@ -94,7 +94,7 @@ def test_gc_lists_deletes_and_spares_a_locked_build(root, capsys):
     assert "a discarded version whose deletion was interrupted" in lines["corpus/.trash/v0.1234abcd"]
     assert "kept: a running build is writing or reading it" in lines["model/.staging/m2"]
     total = human_bytes(300_000 + 150_000 + 300 + 700)
-    assert listing.splitlines()[-1] == f"would free {total} in 4 item(s); 1 in use, kept"
+    assert listing.splitlines()[-2] == f"would free {total} in 4 item(s); 1 in use, kept"
     assert "tokenizer/t1" not in listing, "published versions only with --stale"
 
     listing = _cli(capsys, "artifacts", "--artifacts-dir", str(art))
@@ -109,7 +109,7 @@ def test_gc_lists_deletes_and_spares_a_locked_build(root, capsys):
     assert "2 stale version(s)" in listing and "5 unfinished build or leftover dir(s)" in listing
 
     done = _cli(capsys, "gc", "--artifacts-dir", str(art), "--yes")
-    assert done.splitlines()[-1] == f"freed {total} in 4 item(s); 1 in use, kept"
+    assert done.splitlines()[-2] == f"freed {total} in 4 item(s); 1 in use, kept"
     assert _paths(art) == {"model/.staging/m2", "corpus/v1", "tokenizer/t1", "samples/s1"}
     assert (art / "model" / ".staging" / "m2" / "work" / "train.ckpt").stat().st_size == 5000
 
@@ -147,3 +147,64 @@ def test_gc_collects_downloads_no_build_took(tmp_path, capsys):
     _cli(capsys, "gc", "--artifacts-dir", str(art), "--yes")
     assert sorted(p.name for p in downloads.iterdir()) == sorted([*names[2:], "d" * 32 + ".zip"]), "the rest stays"
     assert (tmp_path / "elsewhere.zip").read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize("command", ["artifacts", "gc", "pull"])
+def test_a_root_that_does_not_exist_is_an_error_not_an_empty_listing(tmp_path, capsys, command):
+    (tmp_path / "a-file").write_text("x")
+    for root, what in ((tmp_path / "missing", "does not exist"), (tmp_path / "a-file", "is not a directory")):
+        argv = [command, "--artifacts-dir", str(root)] + (
+            ["corpus/abcdef012345", str(tmp_path / "o")] * (command == "pull")
+        )
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert (
+            err == f"error: the artifact root {root} {what}; give the directory a run published into "
+            "(--artifacts-dir, or WIKI_PIPELINE_ARTIFACTS)\n"
+        ), err
+    assert not (tmp_path / "missing").exists()
+
+
+def test_gc_says_how_many_stale_versions_it_keeps_and_how_to_collect_them(root, tmp_path, capsys):
+    """`artifacts` counts 2 stale versions; `gc` without --stale says it keeps those 2 and how to delete them
+    (was: "nothing to collect", or a total that never named them)."""
+    art, _ = root
+    kept = (
+        "2 stale version(s) kept (no run reuses them; `wiki-pipeline artifacts` marks them): "
+        "`wiki-pipeline gc --stale` lists them, `--stale --yes` deletes them"
+    )
+    assert _cli(capsys, "gc", "--artifacts-dir", str(art)).splitlines()[-1] == kept
+    assert _cli(capsys, "gc", "--artifacts-dir", str(art), "--yes").splitlines()[-1] == kept
+    assert kept not in _cli(capsys, "gc", "--artifacts-dir", str(art), "--stale")
+
+    only_stale = tmp_path / "only-stale"
+    build = open_store(only_stale).open_build("samples", "s1")
+    (build.out / "samples.md").write_text("old")
+    build.publish(settings={}, inputs={}, code_version="0")
+    assert _cli(capsys, "gc", "--artifacts-dir", str(only_stale)) == (
+        f"nothing to collect under {only_stale}; {kept.replace('2 stale', '1 stale')}\n"
+    )
+
+
+def test_artifacts_lists_a_damaged_manifest_as_damaged(root, capsys):
+    """A manifest whose inputs.corpus is a string (was: a crash of `wiki-pipeline artifacts`) or whose created_at
+    holds table markup: listed as damaged, with why, in the table and in --json; gc lists it for deletion."""
+    import json
+
+    art, _ = root
+    path = art / "tokenizer" / "t1" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "inputs": {"corpus": "v1"}}))
+    path = art / "samples" / "s1" / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "created_at": "| x |\n| injected |"}))
+    listing = _cli(capsys, "artifacts", "--artifacts-dir", str(art))
+    rows = {line.split()[0]: line for line in listing.splitlines()[2:] if line.startswith(("corpus ", "tok", "sam"))}
+    assert "[damaged: manifest.json in " in rows["tokenizer"] and "inputs.corpus is of type str" in rows["tokenizer"]
+    assert "created_at is '| x |\\n| injected |', not a time written" in rows["samples"]
+    assert "injected |\n" not in listing and "damaged" not in rows["corpus"]
+    assert "0 stale version(s) (no run reuses them); 2 damaged version(s); " in listing
+    shown = {v["stage"]: v for v in json.loads(_cli(capsys, "artifacts", "--artifacts-dir", str(art), "--json"))}
+    assert "inputs.corpus is of type str" in shown["tokenizer"]["damaged"] and shown["corpus"]["damaged"] is None
+    gc = _cli(capsys, "gc", "--artifacts-dir", str(art), "--yes")
+    assert "tokenizer/t1  damaged: " in gc and "samples/s1  damaged: " in gc
+    assert [v.version for v in open_store(art).versions(damaged=True)] == ["v1"]

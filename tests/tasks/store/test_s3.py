@@ -4,6 +4,7 @@ last, the local cache's checked copies, resume state, and what an unreachable st
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -127,10 +128,10 @@ def test_a_manifest_naming_files_outside_its_version_is_refused(s3_root, tmp_pat
         f"../../../../../../../..{target}": {"size": 1, "sha256": manifest["files"]["a.txt"]["sha256"]}
     }
     store.files.fs.pipe_file(key, json.dumps(manifest).encode())
-    assert "not a file of the version" in store.verify("corpus", "v1")[1]
+    assert "which is not a relative file name inside the version" in store.verify("corpus", "v1")[1]
 
     shutil.rmtree(store.version_path("corpus", "v1"), ignore_errors=True)  # no cached copy: it must download
-    with pytest.raises(UserError, match="not a plain relative path"):
+    with pytest.raises(UserError, match="which is not a relative file name inside the version"):
         store.local_copy("corpus", "v1")
     assert not target.exists()
 
@@ -154,3 +155,49 @@ def test_a_cached_copy_edited_since_is_fetched_again_by_full_check_and_pull(s3_r
     store.files.fs.pipe_file(f"{s3_root[5:]}/corpus/.staging/../x", b"x")
     assert main(["gc", "--artifacts-dir", s3_root]) == 0
     capsys.readouterr()
+
+
+def _delete_bucket(root: str) -> str:
+    """Delete the bucket of ``root`` with everything in it, as someone might while a run uses it; its name."""
+    import boto3
+
+    bucket = root[5:].split("/")[0]
+    client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+    for obj in client.list_objects_v2(Bucket=bucket).get("Contents", []):
+        client.delete_object(Bucket=bucket, Key=obj["Key"])
+    client.delete_bucket(Bucket=bucket)
+    return bucket
+
+
+def test_a_bucket_deleted_mid_run_is_one_error_naming_root_bucket_and_operation(s3_root, capsys):
+    """The bucket goes while a build holds its lock: the upload, and every read after, fail with one UserError
+    that names the root, the bucket and what the store was doing (was: FileNotFoundError "The specified bucket
+    does not exist", or an empty listing read as "nothing published")."""
+    store = open_store(s3_root)
+    publish_locked(store, "corpus", "c1", {"a.txt": b"a"})
+    with store.lock("shards", "s1"):
+        build = store.open_build("shards", "s1")
+        (build.out / "x.parquet").write_bytes(b"rows")
+        bucket = _delete_bucket(s3_root)
+        with pytest.raises(UserError) as err:
+            build.publish(settings={}, inputs={}, code_version="1")
+    reads = {
+        "listing corpus": store.versions,
+        "reading corpus/c1/manifest.json": lambda: store.read_manifest("corpus", "c1"),
+        "listing corpus/c1": lambda: store.verify("corpus", "c1"),
+        "reading corpus/c2/manifest.json": lambda: store.local_copy("corpus", "c2"),
+        "listing corpus/.staging": store.garbage,
+    }
+    errors = [("uploading shards/s1/", err.value)]
+    for what, read in reads.items():
+        with pytest.raises(UserError) as err:
+            read()
+        errors.append((what, err.value))
+    for what, error in errors:
+        text = str(error)
+        assert text.startswith(f"the artifact store {s3_root} failed while {what}"), text
+        assert f"the bucket {bucket!r} does not exist at this endpoint" in text and "create it" in text, text
+    assert main(["artifacts", "--artifacts-dir", s3_root]) == 2
+    out = capsys.readouterr().err
+    assert out.startswith(f"error: the artifact store {s3_root} failed while looking for the bucket: the bucket")
+    assert out.count("\n") == 1 and "Traceback" not in out

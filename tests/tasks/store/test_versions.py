@@ -36,7 +36,7 @@ def test_version_id_depends_on_every_ingredient():
         (lambda d: (d / "a.txt").write_bytes(b"alphA\n"), False, "ok"),  # same size: only the full check sees it
         (lambda d: (d / "a.txt").write_bytes(b"alphA\n"), True, "a.txt does not match its sha256"),
         (lambda d: (d / MANIFEST).unlink(), False, "manifest.json is missing or unreadable"),
-        (lambda d: (d / MANIFEST).write_text("{not json"), False, "manifest.json is missing or unreadable"),
+        (lambda d: (d / MANIFEST).write_text("{not json"), False, "manifest.json in "),
         (lambda d: (d / "extra.txt").write_text("x"), False, "unexpected file(s) not in the manifest: extra.txt"),
     ],
 )
