@@ -1,6 +1,8 @@
 """What a run may touch on this machine: the artifact roots (``WIKI_PIPELINE_ALLOWED_ROOTS``) and source URLs
 (``WIKI_PIPELINE_ALLOWED_SOURCES``) its environment allows; unset means the defaults for a deployment run and
-everything for a person's own run (docs/SERVING.md). :func:`check_allowed` refuses the rest with a ``UserError``."""
+everything for a person's own run (docs/SERVING.md). :func:`check_allowed` refuses the rest with a ``UserError``.
+The environment is the worker's own: the work pool's base job template (:data:`WORK_POOL_TEMPLATE`) lets no caller
+set a run's environment, command or working directory."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from tasks.store import normal_url
 
 ENV_ROOTS = "WIKI_PIPELINE_ALLOWED_ROOTS"
 ENV_SOURCES = "WIKI_PIPELINE_ALLOWED_SOURCES"
+WORK_POOL_TEMPLATE = "prefect-work-pool.json"  # in the repository root: what a work pool lets a run's caller vary
 DEFAULT = "default"  # in either list: the defaults
 
 
