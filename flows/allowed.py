@@ -1,8 +1,9 @@
-"""What a run may touch on this machine: the artifact roots (``WIKI_PIPELINE_ALLOWED_ROOTS``) and source URLs
-(``WIKI_PIPELINE_ALLOWED_SOURCES``) its environment allows; unset means the defaults for a deployment run and
-everything for a person's own run (docs/SERVING.md). :func:`check_allowed` refuses the rest with a ``UserError``.
-The environment is the worker's own: the work pool's base job template (:data:`WORK_POOL_TEMPLATE`) lets no caller
-set a run's environment, command or working directory."""
+"""What a run may touch on this machine: the artifact roots (``WIKI_PIPELINE_ALLOWED_ROOTS``), source URLs
+(``WIKI_PIPELINE_ALLOWED_SOURCES``) and Dask schedulers (``WIKI_PIPELINE_ALLOWED_SCHEDULERS``) its environment
+allows; unset means the defaults for a deployment run (for schedulers: none, only a local cluster the run starts)
+and everything for a person's own run (docs/SERVING.md). :func:`check_allowed` refuses the rest with a
+``UserError``. The environment is the worker's own: the work pool's base job template (:data:`WORK_POOL_TEMPLATE`)
+lets no caller set a run's environment, command or working directory."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tasks.store import normal_url
 
 ENV_ROOTS = "WIKI_PIPELINE_ALLOWED_ROOTS"
 ENV_SOURCES = "WIKI_PIPELINE_ALLOWED_SOURCES"
+ENV_SCHEDULERS = "WIKI_PIPELINE_ALLOWED_SCHEDULERS"
 WORK_POOL_TEMPLATE = "prefect-work-pool.json"  # in the repository root: what a work pool lets a run's caller vary
 DEFAULT = "default"  # in either list: the defaults
 
@@ -84,6 +86,27 @@ def allowed_sources(deployment: bool = False) -> list[str] | None:
     return sources
 
 
+def allowed_schedulers(deployment: bool = False) -> list[tuple[str, str, int]] | None:
+    """The Dask schedulers a run may name, as ``(scheme, host, port)``, or None when every one is allowed; unset,
+    none for a deployment run (a scheduler runs code in the flow run: Dask ships pickles)."""
+    from tasks.core.dask_work import address_parts
+
+    value = os.environ.get(ENV_SCHEDULERS, "").strip()
+    if not value:
+        return [] if deployment else None
+    schedulers = []
+    for item in re.split(r"[\s,]+", value):
+        if item:
+            parts = address_parts(item)
+            if parts is None:
+                raise UserError(
+                    f"{ENV_SCHEDULERS}: {item!r} is not a Dask scheduler address like tls://host:8786 or "
+                    "tcp://host:8786; fix it"
+                )
+            schedulers.append(parts)
+    return schedulers
+
+
 def allow_served(root: str, source_urls: Iterable[str]) -> None:
     """Where a list is unset, let this runner's deployment runs use the root and sources ``serve`` was given, besides
     the defaults (set in this process's environment, which its flow runs inherit)."""
@@ -99,9 +122,10 @@ def _plain(url: str) -> str:
     return u._replace(netloc=u.netloc.rpartition("@")[2], query="", fragment="").geturl()
 
 
-def check_allowed(root: str, source_urls: Iterable[str]) -> None:
-    """``UserError`` when the artifact root ``root`` or one of ``source_urls`` (what the run's stages download: the
-    corpus's ``source_url``) is outside this machine's allow-lists (for a deployment run, the defaults when unset)."""
+def check_allowed(root: str, source_urls: Iterable[str], dask_address: str | None = None) -> None:
+    """``UserError`` when the artifact root ``root``, one of ``source_urls`` (what the run's stages download: the
+    corpus's ``source_url``) or the Dask scheduler ``dask_address`` is outside this machine's allow-lists (for a
+    deployment run, the defaults when unset)."""
     deployment = in_deployment_run()
     roots = allowed_roots(deployment)
     if roots is not None and not any(_under(root, allowed) for allowed in roots):
@@ -112,15 +136,31 @@ def check_allowed(root: str, source_urls: Iterable[str]) -> None:
             f"ask whoever runs this worker to add yours to {ENV_ROOTS}"
         )
     sources = allowed_sources(deployment)
-    if sources is None:
-        return
     for source_url in source_urls:
-        if not any(_url_under(source_url, allowed) for allowed in sources):
+        if sources is not None and not any(_url_under(source_url, allowed) for allowed in sources):
             raise UserError(
                 f"corpus.source_url {redact_url(source_url)} is outside the sources this machine allows "
                 f"({_shown(ENV_SOURCES, ' '.join(sources))}); use one of them, or ask whoever runs this worker to "
                 f"add yours to {ENV_SOURCES}"
             )
+    if dask_address:
+        _check_scheduler(dask_address, allowed_schedulers(deployment))
+
+
+def _check_scheduler(address: str, schedulers: list[tuple[str, str, int]] | None) -> None:
+    from tasks.core.dask_work import address_parts
+
+    if schedulers is None or address_parts(address) in schedulers:
+        return
+    if os.environ.get(ENV_SCHEDULERS, "").strip():
+        shown = f"{ENV_SCHEDULERS}={os.environ[ENV_SCHEDULERS].strip()}"
+    else:
+        shown = f"{ENV_SCHEDULERS} is unset, so a deployment run may use only a local cluster it starts itself"
+    raise UserError(
+        f"run.dask_address {address} is not a Dask scheduler this machine allows ({shown}; a scheduler runs code "
+        f"in the flow run, as Dask ships pickles); leave dask_address unset for a local cluster, or ask whoever "
+        f"runs this worker to add the scheduler to {ENV_SCHEDULERS} (docs/TEAM.md: a team's cluster over TLS)"
+    )
 
 
 def _shown(name: str, value: str) -> str:
