@@ -21,6 +21,7 @@ ENV_ROOTS = "WIKI_PIPELINE_ALLOWED_ROOTS"
 ENV_SOURCES = "WIKI_PIPELINE_ALLOWED_SOURCES"
 ENV_SCHEDULERS = "WIKI_PIPELINE_ALLOWED_SCHEDULERS"
 WORK_POOL_TEMPLATE = "prefect-work-pool.json"  # in the repository root: what a work pool lets a run's caller vary
+WORKER_JOB_VARIABLES = ("command", "env", "working_dir")  # what the worker runs, and with which environment
 DEFAULT = "default"  # in either list: the defaults
 
 
@@ -127,6 +128,8 @@ def check_allowed(root: str, source_urls: Iterable[str], dask_address: str | Non
     corpus's ``source_url``) or the Dask scheduler ``dask_address`` is outside this machine's allow-lists (for a
     deployment run, the defaults when unset)."""
     deployment = in_deployment_run()
+    if deployment:
+        check_work_pool()
     roots = allowed_roots(deployment)
     if roots is not None and not any(_under(root, allowed) for allowed in roots):
         resolved = root if "://" in root else os.path.realpath(root)
@@ -145,6 +148,40 @@ def check_allowed(root: str, source_urls: Iterable[str], dask_address: str | Non
             )
     if dask_address:
         _check_scheduler(dask_address, allowed_schedulers(deployment))
+
+
+def open_job_variables(base_job_template: dict) -> list[str]:
+    """What a work pool with ``base_job_template`` lets whoever triggers a run set of :data:`WORKER_JOB_VARIABLES`:
+    those its variables declare, and any job variable where it does not refuse undeclared ones (Prefect's worker
+    merges a caller's ``env`` into a fixed one all the same)."""
+    variables = base_job_template.get("variables") or {}
+    opened = [name for name in WORKER_JOB_VARIABLES if name in (variables.get("properties") or {})]
+    if variables.get("additionalProperties", True) is not False:
+        opened.append("any job variable it does not declare (it lacks additionalProperties: false)")
+    return opened
+
+
+def check_work_pool() -> None:
+    """``UserError`` when this flow run came through a work pool whose base job template lets the run's caller set
+    the worker's command, environment or working directory (and so the allow-lists). Why at every run: a pool made
+    with Prefect's stock template then fails every run, naming the fix, instead of staying open unnoticed."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    pool = ctx.flow_run.work_pool_name if ctx and ctx.flow_run else None
+    if not pool:  # a runner's run (wiki-pipeline serve): no pool, and no job variables reach its process
+        return
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        opened = open_job_variables(client.read_work_pool(pool).base_job_template)
+    if opened:
+        raise UserError(
+            f"work pool {pool} lets whoever triggers a run set {', '.join(opened)}: the worker's command or "
+            f"environment, and with it {ENV_ROOTS}; whoever runs the worker: give the pool this repository's "
+            f"template, prefect work-pool create {pool} --type process --base-job-template {WORK_POOL_TEMPLATE} "
+            "--overwrite (docs/TEAM.md)"
+        )
 
 
 def _check_scheduler(address: str, schedulers: list[tuple[str, str, int]] | None) -> None:

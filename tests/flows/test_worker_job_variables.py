@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prefect.workers.process import ProcessWorker
 
 from flows.allowed import ENV_ROOTS, WORK_POOL_TEMPLATE
 from flows.server import HEARTBEAT_SECONDS
@@ -119,6 +120,18 @@ def test_a_caller_cannot_set_the_workers_environment_command_or_directory(confin
     with pytest.raises(PrefectHTTPStatusError, match="422"):
         _client_call(through_the_api)
 
+    async def a_deployment_that_sets_env(client):  # nor can a deployment set what callers may not
+        return await client.create_deployment(
+            flow_id=await client.create_flow_from_name("wiki-pipeline"),
+            name=f"{pool}-env",
+            entrypoint="flows/wiki_pipeline.py:wiki_pipeline",
+            work_pool_name=pool,
+            job_variables={"env": {ENV_ROOTS: "/"}},
+        )
+
+    with pytest.raises(PrefectHTTPStatusError, match="422"):
+        _client_call(a_deployment_that_sets_env)
+
     # a real worker takes what may run: a run whose root is outside the worker's allowed roots fails on the
     # flow's first line, confined by the worker's own environment; nothing of the refused runs ever ran
     async def allowed_run(client):
@@ -127,6 +140,10 @@ def test_a_caller_cannot_set_the_workers_environment_command_or_directory(confin
         )
 
     run = _client_call(allowed_run)
+    # the pool remade later with Prefect's stock template (as the docs once said): the next run is refused at once,
+    # naming the fix, though its caller set nothing (another caller could have)
+    stock = tmp_path / "stock.json"
+    stock.write_text(json.dumps(ProcessWorker.get_default_base_job_template()))
     log_path = tmp_path / "worker.log"
     with open(log_path, "w") as log:
         worker = subprocess.Popen(
@@ -144,12 +161,26 @@ def test_a_caller_cannot_set_the_workers_environment_command_or_directory(confin
             timeout=300,
             every=0.5,
         )
+        remade = _prefect(env, "work-pool", "update", pool, "--base-job-template", str(stock))
+        assert remade.returncode == 0, remade.stdout + remade.stderr
+        second = _client_call(allowed_run)
+        refused = wait_for(
+            lambda: (r := _client_call(lambda c: c.read_flow_run(second.id))).state.is_final() and r,
+            "the run through the stock pool to end",
+            timeout=300,
+            every=0.5,
+        )
         runs = _client_call(lambda c: c.read_flow_runs())
     finally:
         if worker.poll() is None:
             worker.send_signal(signal.SIGINT)  # a worker stops on SIGINT
         stop_processes(worker)
-    assert done.state.name == "Failed", log_path.read_text()[-4000:]
-    assert f"run.artifacts_dir {outside}" in log_path.read_text() and ENV_ROOTS in log_path.read_text()
-    assert [r.id for r in runs if r.deployment_id == deployment_id] == [run.id]  # the refused runs do not exist
+    log_text = log_path.read_text()
+    assert done.state.name == "Failed" and refused.state.name == "Failed", log_text[-4000:]
+    assert f"run.artifacts_dir {outside} (resolved: {outside}) is outside the artifact roots" in log_text
+    assert (
+        f"work pool {pool} lets whoever triggers a run set command, env, working_dir, any job variable it does "
+        f"not declare (it lacks additionalProperties: false)" in " ".join(log_text.split())
+    ), log_text[-4000:]
+    assert sorted(r.id for r in runs if r.deployment_id == deployment_id) == sorted([run.id, second.id])
     assert not outside.exists() and not pwned.exists()
