@@ -54,7 +54,7 @@ class PipelineBase(BaseModel):
             )
         parsed = {name: cls.settings_class(name).parse(groups.get(name), name) for name in cls.model_fields}
         parsed["run"] = run = check_run(cast(RunOptions, parsed["run"]))  # settings_class("run") is RunOptions
-        check_allowed(run.root(), source_urls(parsed.values()))
+        check_allowed(run.root(), source_urls(parsed.values()), run.dask_address)
         resolved = {name: group.resolved_once() for name, group in parsed.items()}
         for group in resolved.values():
             group.check_against(resolved)

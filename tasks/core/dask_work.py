@@ -116,20 +116,29 @@ def worker_can_read(path: str) -> bool:
 
 
 # ---- the cluster -------------------------------------------------------------------------------------------
+def address_parts(address: str) -> tuple[str, str, int] | None:
+    """``(scheme, host, port)`` of a Dask scheduler address (no scheme = ``tcp``; scheme and host lower-cased), or
+    None when it is not ``tcp://`` or ``tls://`` host and port 1..65535: how allow-list entries are compared."""
+    import re
+
+    m = re.fullmatch(r"(?:([A-Za-z][A-Za-z0-9+.-]*)://)?(\[[0-9a-fA-F:.]+\]|[^\s/:@\[\]]+):(\d{1,5})", address.strip())
+    scheme = (m.group(1) or "tcp").lower() if m else ""
+    if not m or scheme not in SCHEMES or not 0 < int(m.group(3)) < 65536:
+        return None
+    return scheme, m.group(2).lower(), int(m.group(3))
+
+
 def check_address(address: str) -> str:
     """``address`` stripped when Dask can use it (``tcp://`` or ``tls://`` with Dask's TLS settings, host,
     port); ``ValueError`` with the fix otherwise."""
-    import re
-
     address = address.strip()
-    m = re.fullmatch(r"(?:([A-Za-z][A-Za-z0-9+.-]*)://)?(\[[0-9a-fA-F:.]+\]|[^\s/:@\[\]]+):(\d{1,5})", address)
-    scheme = (m.group(1) or "tcp").lower() if m else ""
-    if not m or scheme not in SCHEMES or not 0 < int(m.group(3)) < 65536:
+    parts = address_parts(address)
+    if parts is None:
         raise ValueError(
             f"dask_address must be a Dask scheduler address, tcp://host:port or tls://host:port (port 1..65535; "
             f"the scheduler's port, 8786 by default, not its dashboard's), got {address!r}"
         )
-    if scheme == "tls" and _security().get_connection_args("client")["ssl_context"] is None:
+    if parts[0] == "tls" and _security().get_connection_args("client")["ssl_context"] is None:
         raise ValueError(
             f"dask_address {address}: tls:// needs Dask's TLS settings in this process's environment: "
             f"{TLS_SETTINGS} (see docs/PIPELINE.md, Dask over TLS)"

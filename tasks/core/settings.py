@@ -190,7 +190,8 @@ class RunOptions(Settings):
         description="run the tokenizer and shards stages' chunk work on this "
         "existing Dask scheduler (tcp://host:port, e.g. tcp://10.0.0.5:8786, or tls://host:port with Dask's "
         "distributed.comm.tls.* settings) instead of a local cluster; its workers must see the corpus at the "
-        "same path (a shared filesystem)",
+        "same path (a shared filesystem). A deployment run may name only the schedulers its worker's "
+        "WIKI_PIPELINE_ALLOWED_SCHEDULERS lists (a scheduler runs code in the flow run)",
     )
     threads: int | None = Field(
         None,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.allowed import WORK_POOL_TEMPLATE
 from flows.server import PrefectServer, free_port, running_server
 from tasks.registry import NAMES, open_store
 from tests.support import REPO
@@ -83,7 +84,7 @@ def team_server(tmp_path, monkeypatch):
         pytest.skip(f"no PostgreSQL server binaries at {PG_BIN} (Debian's postgresql-15; or set WIKI_PIPELINE_PG_BIN)")
     pg = Postgres().start()
     try:
-        monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", pg.url)
+        monkeypatch.setenv("PREFECT_SERVER_DATABASE_CONNECTION_URL", pg.url)
         monkeypatch.setenv("PREFECT_SERVER_API_AUTH_STRING", AUTH)  # the team setup: basic auth on
         with running_server(PrefectServer(tmp_path / "prefect-home")) as server:
             yield server
@@ -121,11 +122,11 @@ def test_two_runs_at_once_through_a_worker_on_postgres(team_server, tmp_path):
     env = {
         k: v
         for k, v in team_server.env.items()
-        if k not in ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_API_AUTH_STRING")
+        if k not in ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_SERVER_API_AUTH_STRING")
     }
     assert env["PREFECT_API_AUTH_STRING"] == AUTH  # clients of the server send the string
     _assert_refused_without_auth(team_server.api_url, env)
-    _prefect(env, "work-pool", "create", "wiki-local", "--type", "process")
+    _prefect(env, "work-pool", "create", "wiki-local", "--type", "process", "--base-job-template", WORK_POOL_TEMPLATE)
     _prefect(env, "--no-prompt", "deploy", "--name", "wiki-pipeline")  # from prefect.yaml, in the repository root
 
     root = tmp_path / "art"
