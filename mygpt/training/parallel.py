@@ -14,7 +14,7 @@ from mygpt.heldout import summed_nats
 from mygpt.metrics import bits_per_byte
 from mygpt.training.data import get_batch
 
-__all__ = ["World", "evaluate", "forward_backward"]
+__all__ = ["World", "evaluate", "forward_backward", "wrap_ddp"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,18 @@ class World:
     def after_step(self, step: int) -> None:
         if self.step_hook is not None:
             self.step_hook(step)
+
+
+def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` in ``DistributedDataParallel`` for the initialised process group: on CUDA pinned to ``device``
+    (``device_ids``, which NCCL needs), on the CPU (gloo) without. The only buffers are constant rope tables, so
+    they are not broadcast at every forward."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = None
+    if device.type == "cuda":
+        ids = [device.index if device.index is not None else torch.cuda.current_device()]
+    return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
 
 
 def forward_backward(
