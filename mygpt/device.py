@@ -73,10 +73,6 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     raise UserError(f"unknown device {name!r}; expected auto, cpu, cuda, cuda:N or mps")
 
 
-def _cuda_index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
 def _macos_version() -> tuple[int, ...]:
     release = platform.mac_ver()[0]
     return tuple(int(p) for p in release.split(".") if p.isdigit()) if release else ()
@@ -88,7 +84,7 @@ def bf16_native(device: str | torch.device) -> tuple[bool, str]:
     attention, and asks about the current device); MPS from macOS 14 (PyTorch refuses bf16 there before)."""
     device = as_device(device)
     if device.type == "cuda":
-        index = _cuda_index(device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(index)
         name = torch.cuda.get_device_name(index)
         native = (major, minor) >= (8, 0)

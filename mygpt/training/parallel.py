@@ -1,5 +1,6 @@
 """Data parallelism inside the loop: which rows of the global batch a rank takes, and how losses and gradients
-add up so any world size computes a single process's step (up to float rounding); design: docs/TRAINING.md."""
+add up so any world size computes a single process's step (up to float rounding; on GPUs per step, see
+docs/TRAINING.md's Exactness); design: docs/TRAINING.md."""
 
 from __future__ import annotations
 

@@ -80,6 +80,8 @@ class TrainResult:
     warnings: list = field(default_factory=list)
     #: the first step this process ran (device setup, compile), timed on its own and left out of tokens_per_sec
     warmup_seconds: float | None = None
+    #: bytes: the most this process (rank 0) had allocated on its GPU; ``None`` off CUDA
+    peak_memory: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -184,6 +186,8 @@ def train(
     torch.manual_seed(config.seed + world.rank)
     gen = torch.Generator().manual_seed(config.seed)  # batch offsets: a dedicated, checkpointed generator
     model.to(dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
     model.train()
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=dev.type == "cuda" or None
@@ -389,4 +393,5 @@ def train(
         compiled=compiled,
         warnings=warnings,
         warmup_seconds=clock.warmup_seconds,
+        peak_memory=int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None,
     )
