@@ -218,7 +218,8 @@ def _train_command(args) -> int:
         nproc=nproc,
         micro_batch_size=config.micro_batch_size,
         names={
-            k: "--" + k.replace("_", "-") for k in ("batch_size", "seq_len", "max_seq_len", "embed_dim", "num_layers")
+            k: "--" + k.replace("_", "-")
+            for k in ("batch_size", "seq_len", "max_seq_len", "embed_dim", "num_layers", "micro_batch_size")
         },
     )
 

@@ -1,28 +1,35 @@
 """Device and precision: ``resolve_device("auto")`` (CUDA, then MPS, then CPU) and ``resolve_precision``
-(``auto`` = bf16 on CUDA with bf16 and on MPS, else fp32); ``UserError`` for what this machine lacks. Also the
-bf16-on-CPU warning, ``compile_unavailable`` and TF32. Design: docs/TRAINING.md."""
+(``auto`` = bf16 where the device has it natively: CUDA compute capability 8.0+, MPS on macOS 14+; else fp32);
+``UserError`` for what this machine lacks. Also the warnings a run prints about them (:func:`device_warnings`),
+``compile_unavailable``, TF32 and the opt-in deterministic mode. Design: docs/TRAINING.md."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import re
 
 import torch
 
 from mygpt.errors import UserError
-from mygpt.limits import PRECISIONS, precision_name
+from mygpt.limits import PRECISIONS, accelerator_evidence, precision_name
 
 __all__ = [
+    "DETERMINISTIC_ENV",
     "PRECISIONS",
     "as_device",
     "autocast",
     "bf16_cpu_warning",
+    "bf16_native",
     "compile_unavailable",
     "cpu_has_native_bf16",
+    "deterministic_mode",
+    "device_warnings",
     "mps_available",
     "resolve_device",
     "resolve_precision",
+    "synchronize",
     "tf32_matmuls",
     "torch_threads",
 ]
@@ -66,13 +73,41 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     raise UserError(f"unknown device {name!r}; expected auto, cpu, cuda, cuda:N or mps")
 
 
-def _bf16_supported(device: torch.device) -> bool:
+def _macos_version() -> tuple[int, ...]:
+    release = platform.mac_ver()[0]
+    return tuple(int(p) for p in release.split(".") if p.isdigit()) if release else ()
+
+
+def bf16_native(device: str | torch.device) -> tuple[bool, str]:
+    """``(whether device has native bf16, why)``: CUDA from compute capability 8.0 (Ampere) on, of ``device``
+    itself (``torch.cuda.is_bf16_supported`` also counts emulation, which V100 and T4 offer, without flash
+    attention, and asks about the current device); MPS from macOS 14 (PyTorch refuses bf16 there before)."""
+    device = as_device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        name = torch.cuda.get_device_name(index)
+        native = (major, minor) >= (8, 0)
+        has = "8.0+: native" if native else "below 8.0: no native"
+        return native, f"{name} has compute capability {major}.{minor} ({has} bf16)"
+    if device.type == "mps":
+        version = _macos_version()
+        shown = ".".join(map(str, version)) or "unknown"
+        native = version >= (14,)
+        return native, f"MPS on macOS {shown} ({'14+: bf16' if native else 'PyTorch offers bf16 on MPS from macOS 14'})"
+    return False, "auto never picks bf16 on the CPU"
+
+
+def _bf16_allowed(device: torch.device) -> bool:
+    """Where an explicit ``precision="bf16"`` can run (emulated on CUDA below 8.0, with a warning)."""
     if device.type == "cuda":
         try:
-            return bool(torch.cuda.is_bf16_supported())
+            return bool(torch.cuda.is_bf16_supported(including_emulation=True))
         except Exception:  # pragma: no cover - defensive: odd driver states
             return False
-    return device.type in ("mps", "cpu")
+    if device.type == "mps":
+        return bf16_native(device)[0]
+    return device.type == "cpu"
 
 
 def resolve_precision(device: str | torch.device, precision: str = "auto") -> str:
@@ -82,13 +117,41 @@ def resolve_precision(device: str | torch.device, precision: str = "auto") -> st
     if precision == "fp32":
         return "fp32"
     if precision == "bf16":
-        if not _bf16_supported(device):
-            raise UserError(f"precision 'bf16' is not supported on device {device}; use --precision fp32")
+        if not _bf16_allowed(device):
+            why = f" ({bf16_native(device)[1]})" if device.type == "mps" else ""
+            raise UserError(f"precision 'bf16' is not supported on device {device}{why}; use --precision fp32")
         return "bf16"
     # auto
-    if device.type in ("cuda", "mps") and _bf16_supported(device):
+    if device.type in ("cuda", "mps") and bf16_native(device)[0]:
         return "bf16"
     return "fp32"
+
+
+def device_warnings(requested_device: str, device: torch.device, requested_precision: str, precision: str) -> list[str]:
+    """What a run on ``device`` at ``precision`` should say about how they were chosen, one line each: ``auto``
+    settling on the CPU where a GPU driver is loaded, ``auto`` keeping fp32 on an accelerator without native bf16
+    (and why), an explicit bf16 that is emulated, bf16 on a CPU without it."""
+    out = []
+    if (requested_device or "auto").strip().lower() == "auto" and device.type == "cpu":
+        evidence = accelerator_evidence()
+        if evidence is not None:
+            build = f"torch {torch.__version__} " + ("has CUDA" if torch.version.cuda else "is built without CUDA")
+            out.append(
+                f"device auto settled on the CPU, but {evidence} says a GPU driver is here ({build}, and "
+                f"torch.cuda.is_available() is False): install a torch build for this GPU or check the driver "
+                f"(nvidia-smi); pass device cpu to train on the CPU without this warning"
+            )
+    requested = (requested_precision or "auto").strip().lower()
+    if device.type in ("cuda", "mps"):
+        native, why = bf16_native(device)
+        if requested == "auto" and not native:
+            out.append(f"precision auto is fp32 here: {why}")
+        elif requested == "bf16" and precision == "bf16" and not native:
+            out.append(f"precision bf16 is emulated here: {why}; fp32 (or auto) is faster")
+    slow = bf16_cpu_warning(device, requested)
+    if slow:
+        out.append(slow)
+    return out
 
 
 def autocast(device: str | torch.device, precision: str):
@@ -162,7 +225,17 @@ def compile_unavailable(device: str | torch.device) -> str | None:
             return "cannot check for Triton, which TorchInductor needs on CUDA"
         if not has_triton():
             return "Triton is not installed (TorchInductor needs it on CUDA)"
+    elif device.type == "mps":
+        return "TorchInductor's MPS backend is experimental"
     return None
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until ``device`` has finished the work queued on it (CUDA and MPS run asynchronously; the CPU not)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 @contextlib.contextmanager
@@ -180,16 +253,42 @@ def torch_threads(threads: int | None):
 
 @contextlib.contextmanager
 def tf32_matmuls(device: str | torch.device, enabled: bool = True):
-    """TF32 for fp32 matmuls and convolutions on CUDA while inside (restored after); a no-op elsewhere."""
+    """TF32 for fp32 matmuls and convolutions on CUDA while inside (restored after); a no-op elsewhere. Set through
+    the legacy flags only: setting the newer ``fp32_precision`` ones makes every later read of the legacy ones (or of
+    ``torch.get_float32_matmul_precision()``, which TorchInductor's autotuning does) raise "mix of the legacy and
+    new APIs"."""
     device = as_device(device)
     if not enabled or device.type != "cuda":
         yield
         return
-    # torch.backends.cudnn is replaced by a CudnnModule at import; its annotations omit ``conv``.
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv  # type: ignore[attr-defined]
-    old = matmul.fp32_precision, conv.fp32_precision
-    matmul.fp32_precision, conv.fp32_precision = "tf32", "tf32"
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    old = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32, cudnn.allow_tf32 = True, True
     try:
         yield
     finally:
-        matmul.fp32_precision, conv.fp32_precision = old
+        matmul.allow_tf32, cudnn.allow_tf32 = old
+
+
+#: Set (to anything but empty or ``0``) for the opt-in deterministic mode of :func:`deterministic_mode`.
+DETERMINISTIC_ENV = "MYGPT_DETERMINISTIC"
+
+
+@contextlib.contextmanager
+def deterministic_mode(enabled: bool | None = None):
+    """While inside, with ``enabled`` (default: :data:`DETERMINISTIC_ENV` set): ``torch.use_deterministic_algorithms``
+    and cuBLAS's fixed workspace (``CUBLAS_WORKSPACE_CONFIG``, when not set already), so a GPU run repeats bit for
+    bit on the same machine and software, at some speed; restored after. A no-op otherwise (the CPU is exact
+    without it)."""
+    if enabled is None:
+        enabled = os.environ.get(DETERMINISTIC_ENV, "").strip() not in ("", "0")
+    if not enabled:
+        yield
+        return
+    old = torch.are_deterministic_algorithms_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(old)

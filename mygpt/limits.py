@@ -16,33 +16,59 @@ from mygpt.metrics import machine_memory, training_memory
 
 __all__ = [
     "ACCELERATOR_NODES",
+    "GPU_DRIVERS",
     "PRECISIONS",
+    "accelerator_evidence",
     "check_memory",
     "check_nproc",
     "check_seq_len",
     "cpu_precision",
+    "micro_batch_hint",
     "precision_name",
     "resolves_to_cpu",
 ]
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
-#: The device nodes (globs under ``/dev``) without which Linux has no accelerator torch could use: NVIDIA's
-#: driver (``nvidia0``, ``nvidiactl``, ...), AMD ROCm's (``kfd``; torch's ROCm build answers as CUDA), and WSL 2's
-#: GPU paravirtualisation (``dxg``, through which CUDA runs there).
-ACCELERATOR_NODES = ("nvidia*", "kfd", "dxg")
+#: The device nodes (globs under ``/dev``) that mean an accelerator torch could use may be here: NVIDIA's driver
+#: (``nvidia0``, ``nvidiactl``, ...), NVIDIA Jetson boards' (``nvhost-*``, ``nvmap``), AMD ROCm's (``kfd``; torch's
+#: ROCm build answers as CUDA), and WSL 2's GPU paravirtualisation (``dxg``, through which CUDA runs there).
+ACCELERATOR_NODES = ("nvidia*", "nvhost-*", "nvmap", "kfd", "dxg")
+#: A loaded GPU kernel driver, under ``/proc`` and ``/sys``: NVIDIA's ``/dev/nvidia0`` may appear only after the
+#: first CUDA call (headless hosts without the persistence daemon), so a driver without a node is a GPU too.
+GPU_DRIVERS = (
+    ("proc", "driver/nvidia"),
+    ("sys", "module/nvidia"),
+    ("sys", "module/nvgpu"),
+    ("sys", "module/amdgpu"),
+)
 
 
-def resolves_to_cpu(device: str, dev: str = "/dev") -> bool:
+def accelerator_evidence(dev: str = "/dev", proc: str = "/proc", sys_root: str = "/sys") -> str | None:
+    """The first path that says this Linux machine may have a GPU (an :data:`ACCELERATOR_NODES` node or a loaded
+    :data:`GPU_DRIVERS` driver), or ``None``; the roots are parameters so tests can give fake trees."""
+    for pattern in ACCELERATOR_NODES:
+        found = sorted(glob.glob(os.path.join(dev, pattern)))
+        if found:
+            return found[0]
+    roots = {"proc": proc, "sys": sys_root}
+    for root, rel in GPU_DRIVERS:
+        path = os.path.join(roots[root], rel)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def resolves_to_cpu(device: str, dev: str = "/dev", proc: str = "/proc", sys_root: str = "/sys") -> bool:
     """Whether ``device`` runs on the CPU, known without torch (see the module docstring): ``"cpu"``, or
-    ``"auto"`` on Linux with none of :data:`ACCELERATOR_NODES` under ``dev``. ``False`` means: ask torch
+    ``"auto"`` on Linux with no :func:`accelerator_evidence`. ``False`` means: ask torch
     (``mygpt.device.resolve_device``), not "not the CPU"."""
     name = (device or "auto").strip().lower()
     if name == "cpu":
         return True
     if name != "auto" or not sys.platform.startswith("linux"):
         return False
-    return not any(glob.glob(os.path.join(dev, pattern)) for pattern in ACCELERATOR_NODES)
+    return accelerator_evidence(dev, proc, sys_root) is None
 
 
 def precision_name(precision: str) -> str:
@@ -116,6 +142,8 @@ def check_memory(
         which = "batch_size" if rows >= seq_len else "seq_len"
         culprit = f"{name(which, which)} ({batch_size if which == 'batch_size' else seq_len:,})"
         fix = f"lower {name('batch_size', 'batch_size')} or {name('seq_len', 'seq_len')}"
+        if rows > 1:
+            fix += f", or set {micro_batch_hint(rows, name('micro_batch_size', 'micro_batch_size'))}"
     else:
         culprit = f"the model's size ({model.num_params():,} parameters)"
         fix = f"lower {name('embed_dim', 'embed_dim')} or {name('num_layers', 'num_layers')}"
@@ -124,6 +152,15 @@ def check_memory(
         f"{culprit} makes training need at least {_gib(total)}, more than the {_gib(have)} {what} "
         f"(weights, gradients and AdamW state {_gib(need.state)}, position tables {_gib(need.positions)}, "
         f"activations of {rows:,} rows x {seq_len:,} tokens {_gib(need.activations)}{each}); {fix}"
+    )
+
+
+def micro_batch_hint(rows: int, knob: str = "micro_batch_size") -> str:
+    """How the memory messages name the micro-batch knob for a process that runs ``rows`` rows at once: fewer rows
+    per forward pass, gradients accumulated, the same step up to float rounding."""
+    return (
+        f"{knob} to fewer than the {rows:,} rows each process runs at once (e.g. {max(1, rows // 2):,}; gradients "
+        f"are accumulated, the step is the same up to float rounding)"
     )
 
 

@@ -27,14 +27,18 @@ FLOPS_FORMULA = "6N + 12*L*H*Q*T"
 PEAK_ENV = "MYGPT_PEAK_TFLOPS"
 
 #: Dense bf16 tensor-core peak in TFLOP/s (no sparsity), matched as a substring of
-#: ``torch.cuda.get_device_name()``; the first match wins, so specific names come before general ones.
+#: ``torch.cuda.get_device_name()``; the first match wins, so each specific part (``H200 NVL``, ``GB200``) comes
+#: before its family's name (``H200``, ``B200``): no entry is a substring of a later one.
 GPU_BF16_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
     ("GH200", 989.0),
+    ("H200 NVL", 835.0),
     ("H200", 989.0),
     ("H100 PCIe", 756.0),
     ("H100 NVL", 835.0),
     ("H100", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("H800 PCIe", 756.0),
     ("H800", 989.0),
+    ("GB200", 2500.0),
     ("B200", 2250.0),
     ("A100", 312.0),
     ("A800", 312.0),
@@ -107,8 +111,10 @@ def format_throughput(
     peak: float | None,
     peak_note: str,
     world_size: int = 1,
+    span: str = "",
 ) -> str:
-    """One log line: tokens/s, FLOPs/token (with the formula), achieved TFLOP/s and MFU."""
+    """One log line: tokens/s (``span``: over what, e.g. `` over steps 2-100 (...)``), FLOPs/token (with the
+    formula), achieved TFLOP/s and MFU."""
     procs = f" ({world_size} processes)" if world_size > 1 else ""
     if mfu is not None and peak:
         devices = f"{world_size} x " if world_size > 1 else ""
@@ -116,7 +122,7 @@ def format_throughput(
     else:
         mfu_text = f"MFU n/a ({peak_note})"
     return (
-        f"throughput: {tokens_per_sec:,.0f} tokens/s{procs}, {flops_per_tok:,} FLOPs/token "
+        f"throughput: {tokens_per_sec:,.0f} tokens/s{procs}{span}, {flops_per_tok:,} FLOPs/token "
         f"({FLOPS_FORMULA}), {tflops:.3g} TFLOP/s, {mfu_text}"
     )
 
@@ -149,15 +155,17 @@ def training_memory(config, rows: int, seq_len: int, precision: str = "fp32") ->
 
 def machine_memory(device) -> tuple[int | None, str]:
     """``(bytes, what they are)`` a training process on ``device`` (a ``torch.device`` or its name) can use at
-    most: the GPU's total memory on CUDA, else this machine's physical memory (``os.sysconf``; MPS shares it);
-    ``(None, ...)`` where it cannot be read."""
+    most: what is free on the GPU on CUDA (other processes and the CUDA context hold the rest), else this machine's
+    physical memory (``os.sysconf``; MPS shares it); ``(None, ...)`` where it cannot be read."""
     kind = getattr(device, "type", str(device).split(":")[0])
     if kind == "cuda":
         import torch
 
         index = getattr(device, "index", None)
-        props = torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device())
-        return int(props.total_memory), f"of memory on the GPU ({props.name})"
+        index = index if index is not None else torch.cuda.current_device()
+        free, total = torch.cuda.mem_get_info(index)
+        name = torch.cuda.get_device_name(index)
+        return int(free), f"free on the GPU ({name}, {total / 2**30:,.1f} GiB in all)"
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - no sysconf (Windows)

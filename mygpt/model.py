@@ -67,6 +67,14 @@ class KVCache:
         return 0 if not self.keys else self.keys[0].size(2)
 
 
+def native_gqa_on(device: torch.device) -> bool:
+    """Whether attention hands the key/value groups to ``scaled_dot_product_attention(enable_gqa=True)`` on
+    ``device`` (accelerators: flash attention serves the groups without copying K/V, under bf16 too) rather than
+    copying each kv head ``num_heads // num_kv_heads`` times (the CPU: the same numbers, tested, and bit for bit
+    what earlier versions computed)."""
+    return device.type != "cpu"
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: int, dropout: float) -> None:
         super().__init__()
@@ -96,7 +104,9 @@ class CausalSelfAttention(nn.Module):
             else:
                 cache.keys.append(k)
                 cache.values.append(v)
-        if self.num_kv_heads != self.num_heads:  # GQA: each kv head serves a group of query heads
+        gqa = self.num_kv_heads != self.num_heads  # each kv head serves a group of query heads
+        native_gqa = gqa and native_gqa_on(x.device)
+        if gqa and not native_gqa:
             group = self.num_heads // self.num_kv_heads
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
@@ -108,7 +118,13 @@ class CausalSelfAttention(nn.Module):
             q_pos = torch.arange(T_k - T, T_k, device=x.device)
             mask = torch.arange(T_k, device=x.device)[None, :] <= q_pos[:, None]
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            **({"enable_gqa": True} if native_gqa else {}),
         )
         y = y.transpose(1, 2).contiguous().view(B, T, E)
         return self.resid_dropout(self.o_proj(y))

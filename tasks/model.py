@@ -46,6 +46,7 @@ MODEL_SETTINGS = ("embed_dim", "num_layers", "num_heads", "num_kv_heads", "max_s
 RECIPE_SETTINGS = (
     "steps",
     "batch_size",
+    "micro_batch_size",
     "seq_len",
     "lr",
     "schedule",
@@ -146,9 +147,18 @@ class ModelSettingsBase(DeviceSettings):
                 device=device,
                 precision=precision,
                 nproc=nproc,
+                micro_batch_size=self.micro_batch_size,
             )
         except UserError as e:
             raise UserError(f"model.{e}" if not str(e).startswith("the ") else f"model: {e}") from None
+
+    def version_params(self) -> dict:
+        """All fields, but ``micro_batch_size`` only where it is set: accumulating gradients changes the weights'
+        last bits, and without it a version keeps the id it had before the setting existed."""
+        params = super().version_params()
+        if params.get("micro_batch_size") == 0:
+            del params["micro_batch_size"]
+        return params
 
     def gpt_config(self, vocab_size: int) -> GPTConfig:
         """The model these settings describe; ``vocab_size`` comes from the tokenizer."""

@@ -35,7 +35,11 @@ class TrainConfig:
     schedule: str = option("constant", "learning-rate schedule after warmup", choices=SCHEDULES)
     warmup: int = option(0, "linear warmup steps; the chapter uses 500", ge=0)
     max_grad_norm: float = option(0.0, "gradient clipping norm; 0 = no clipping", ge=0)
-    precision: str = option("fp32", "fp32 or bf16 autocast; auto = bf16 on cuda/mps, fp32 on cpu", choices=PRECISIONS)
+    precision: str = option(
+        "fp32",
+        "fp32 or bf16 autocast; auto = bf16 where native (cuda 8.0+, mps on macOS 14+), else fp32",
+        choices=PRECISIONS,
+    )
     print_every: int = option(500, "record the training loss every N steps", ge=0)
     eval_every: int = option(0, "validation loss every N steps; 0 = at every print point", ge=0)
     eval_batches: int = option(20, "batches per validation estimate", ge=1)

@@ -1,5 +1,6 @@
 """Data parallelism inside the loop: which rows of the global batch a rank takes, and how losses and gradients
-add up so any world size computes a single process's step (up to float rounding); design: docs/TRAINING.md."""
+add up so any world size computes a single process's step (up to float rounding; on GPUs per step, see
+docs/TRAINING.md's Exactness); design: docs/TRAINING.md."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from mygpt.heldout import summed_nats
 from mygpt.metrics import bits_per_byte
 from mygpt.training.data import get_batch
 
-__all__ = ["World", "evaluate", "forward_backward"]
+__all__ = ["World", "evaluate", "forward_backward", "wrap_ddp"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,18 @@ class World:
     def after_step(self, step: int) -> None:
         if self.step_hook is not None:
             self.step_hook(step)
+
+
+def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` in ``DistributedDataParallel`` for the initialised process group: on CUDA pinned to ``device``
+    (``device_ids``, which NCCL needs), on the CPU (gloo) without. The only buffers are constant rope tables, so
+    they are not broadcast at every forward."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = None
+    if device.type == "cuda":
+        ids = [device.index if device.index is not None else torch.cuda.current_device()]
+    return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
 
 
 def forward_backward(

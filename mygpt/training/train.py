@@ -12,31 +12,32 @@ Design notes: docs/TRAINING.md.
 
 from __future__ import annotations
 
-import math
 import os
-import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import cast
 
-import numpy as np
 import torch
 
 from mygpt.checkpoint import gpt_config_from_payload, load_checkpoint_payload, save_checkpoint
 from mygpt.device import (
-    bf16_cpu_warning,
     compile_unavailable,
+    deterministic_mode,
+    device_warnings,
     resolve_device,
     resolve_precision,
+    synchronize,
     tf32_matmuls,
 )
 from mygpt.errors import UserError
 from mygpt.limits import check_memory, check_nproc, check_seq_len
 from mygpt.metrics import flops_per_token, format_throughput, peak_tflops, throughput
+from mygpt.training.clock import StepClock
 from mygpt.training.config import TrainConfig, lr_at
 from mygpt.training.data import get_batch, num_tokens
-from mygpt.training.parallel import World, evaluate, forward_backward
+from mygpt.training.guards import FiniteLoss, out_of_memory_error
+from mygpt.training.parallel import World, evaluate, forward_backward, wrap_ddp
+from mygpt.training.rng import capture_rng, rank_rng, restore_rng
 
 __all__ = ["TrainResult", "train"]
 
@@ -54,50 +55,10 @@ _RESUME_MUST_MATCH = (
 )
 
 
-class _FiniteLoss:
-    """Stops training at the first non-finite loss, before anything after it is saved; on an accelerator the
-    first bad step stays on the device until training synchronises anyway, so no step waits for it."""
-
-    def __init__(self, config: TrainConfig, device: torch.device) -> None:
-        self.config = config
-        self.first: torch.Tensor | None = None  # on an accelerator: the first bad step, 0 = none yet
-        if device.type != "cpu":
-            self.first = torch.zeros((), dtype=torch.long, device=device)
-
-    def see(self, step: int, loss: torch.Tensor) -> None:
-        if self.first is None:
-            value = loss.item()
-            if not math.isfinite(value):
-                raise self._error(step, f"the loss is {value}")
-        else:
-            self.first = torch.where((self.first == 0) & ~torch.isfinite(loss.detach()), step, self.first)
-
-    def check(self) -> None:
-        if self.first is not None:
-            step = int(self.first.item())
-            if step:
-                raise self._error(step, "the loss is not finite")
-
-    def check_weights(self, model, step: int) -> None:
-        self.check()
-        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-            raise self._error(step, "the weights are not finite after it")
-
-    def _error(self, step: int, what: str) -> UserError:
-        c = self.config
-        also = ", raise warmup" if c.warmup < step else ""
-        if c.max_grad_norm == 0:
-            also += " or set max_grad_norm (gradient clipping, e.g. 1.0)"
-        return UserError(
-            f"training diverged at step {step}: {what} (learning rate there {lr_at(c, step):.3g}); the likely "
-            f"cause is lr ({c.lr:g}), too high for this model: lower lr{also}. Nothing from this step on was saved"
-        )
-
-
 @dataclass
 class TrainResult:
-    """What a run did; ``tokens_per_sec`` counts the global batch over training time only (``mfu``: ``None``
-    where no peak is known)."""
+    """What a run did; ``tokens_per_sec`` counts the global batch over training steps only, the warm-up step,
+    validation and checkpoints left out (``mfu``: ``None`` where no peak is known)."""
 
     steps: int
     start_step: int
@@ -117,6 +78,10 @@ class TrainResult:
     world_size: int = 1
     compiled: bool = False
     warnings: list = field(default_factory=list)
+    #: the first step this process ran (device setup, compile), timed on its own and left out of tokens_per_sec
+    warmup_seconds: float | None = None
+    #: bytes: the most this process (rank 0) had allocated on its GPU; ``None`` off CUDA
+    peak_memory: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -125,59 +90,6 @@ class TrainResult:
     def from_dict(cls, d: dict) -> TrainResult:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
-
-
-# -- RNG state capture (kept as tensors / plain lists so checkpoints load with weights_only=True) -------------
-def _rank_rng(device: torch.device) -> dict:
-    """This process's own global RNG states (dropout draws from them; they differ between ranks)."""
-    rng = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state(device)
-    return rng
-
-
-def _capture_rng(gen: torch.Generator, device: torch.device, ranks: list | None = None) -> dict:
-    # The legacy tuple (the global RNG is an MT19937); numpy's stubs type the default call as the dict form.
-    np_state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
-    py_state = random.getstate()
-    rng = {
-        **_rank_rng(device),
-        "generator": gen.get_state(),
-        "numpy": {
-            "kind": np_state[0],
-            "keys": np_state[1].tolist(),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-        "python": [py_state[0], list(py_state[1]), py_state[2]],
-    }
-    if ranks is not None:
-        rng["ranks"] = ranks
-    return rng
-
-
-def _set_rank_rng(rng: dict, device: torch.device) -> None:
-    """Restore what :func:`_rank_rng` captured."""
-    torch.set_rng_state(rng["torch"])
-    if device.type == "cuda" and "cuda" in rng:
-        torch.cuda.set_rng_state(rng["cuda"], device)
-
-
-def _restore_rng(rng: dict, gen: torch.Generator, device: torch.device, world: World | None = None) -> None:
-    _set_rank_rng(rng, device)
-    gen.set_state(rng["generator"])
-    n = rng.get("numpy")
-    if n:
-        np.random.set_state(
-            (n["kind"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-        )
-    p = rng.get("python")
-    if p:
-        random.setstate((p[0], tuple(p[1]), p[2]))
-    ranks = rng.get("ranks")
-    if world is not None and ranks and len(ranks) == world.size:  # same world size: each rank its own stream
-        _set_rank_rng(ranks[world.rank], device)
 
 
 def _check_resume_compatible(payload: dict, model, tokenizer, config: TrainConfig, path: str) -> None:
@@ -267,13 +179,15 @@ def train(
         warnings.append(message)
         log(f"warning: {message}")
 
-    slow_bf16 = bf16_cpu_warning(dev, config.precision)
-    if slow_bf16:
-        warn(slow_bf16)
+    for message in device_warnings(str(device), dev, config.precision, precision):
+        warn(message)
 
-    torch.manual_seed(config.seed)  # dropout draws from the global generator
+    # dropout draws from the global generator: each rank its own masks (rank 0's are a single process's)
+    torch.manual_seed(config.seed + world.rank)
     gen = torch.Generator().manual_seed(config.seed)  # batch offsets: a dedicated, checkpointed generator
     model.to(dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
     model.train()
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=dev.type == "cuda" or None
@@ -290,7 +204,7 @@ def train(
             _check_resume_compatible(payload, model, tokenizer, config, checkpoint_path)
             model.load_state_dict(payload["model_state_dict"])
             optimizer.load_state_dict(state["optimizer"])
-            _restore_rng(state["rng"], gen, dev, world)
+            restore_rng(state["rng"], gen, dev, world)
             history = list(state.get("history", []))
             start_step = int(state["step"])
             log(f"resuming from {checkpoint_path} at step {start_step}")
@@ -308,21 +222,17 @@ def train(
                 f"checkpoint {checkpoint_path} (it must be on a filesystem every process shares)"
             )
 
-    step_model = model  # what the training step calls: maybe compiled, DDP-wrapped with several processes
+    step_model = model  # what the training step calls: DDP-wrapped with several processes, maybe compiled
+    if world.size > 1:
+        step_model = wrap_ddp(model, dev)
     compiled = False
     if config.compile:
         reason = compile_unavailable(dev)
         if reason:
             warn(f"compile=True, but torch.compile is unavailable here: {reason}; training without it")
-        else:
-            step_model = torch.compile(model)
+        else:  # around DDP, so its graph breaks at bucket boundaries let the all-reduce overlap the backward pass
+            step_model = torch.compile(step_model)
             compiled = True
-    if world.size > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else None
-        # the only buffers are constant rope tables: no need to broadcast them at every forward
-        step_model = DistributedDataParallel(step_model, device_ids=ids, forward_sync_buffers=False)
 
     token_bytes = None
     if val_tokens is not None and callable(getattr(tokenizer, "token_bytes", None)):
@@ -337,18 +247,18 @@ def train(
             "step": step,
             "optimizer": optimizer.state_dict(),
             "train_config": asdict(config),
-            "rng": _capture_rng(gen, dev, ranks),
+            "rng": capture_rng(gen, dev, ranks),
             "history": list(history),
         }
         if world.size > 1:
             state["world_size"] = world.size
         return state
 
-    finite = _FiniteLoss(config, dev)
+    finite = FiniteLoss(config, dev)
 
     def save(step: int) -> None:
         finite.check_weights(model, step)  # every rank: the weights are the same everywhere
-        ranks = world.all_gather(_rank_rng(dev)) if world.size > 1 else None  # every rank takes part
+        ranks = world.all_gather(rank_rng(dev)) if world.size > 1 else None  # every rank takes part
         if not world.is_main:
             return
         save_checkpoint(model, tokenizer, checkpoint_path, resume=resume_state(step, ranks), meta=meta)
@@ -362,17 +272,10 @@ def train(
     final_val_loss = next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None)
     final_val_bpb = next((h.get("val_bpb") for h in reversed(history) if "val_loss" in h), None)
     t_start = time.perf_counter()
-    train_seconds = 0.0
-    interval_start, interval_steps = time.perf_counter(), 0
+    clock = StepClock(start_step + 1, last=config.steps)
 
-    if start_step >= config.steps:
-        log(f"checkpoint is already at step {start_step} >= steps ({config.steps}); nothing to train")
-
-    with tf32_matmuls(dev, config.tf32):
-        for step in range(start_step + 1, config.steps + 1):
-            lr = lr_at(config, step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+    def timed_step(step: int) -> torch.Tensor:
+        try:
             x, y = get_batch(train_tokens, config.batch_size, config.seq_len, gen, dev, rows=rows)
             optimizer.zero_grad(set_to_none=True)
             loss = forward_backward(
@@ -389,8 +292,24 @@ def train(
             if config.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             optimizer.step()
+        except torch.OutOfMemoryError as e:
+            mine = rows.stop - rows.start if rows else config.batch_size
+            raise out_of_memory_error(e, config, dev, mine, step) from None
+        return loss
+
+    if start_step >= config.steps:
+        log(f"checkpoint is already at step {start_step} >= steps ({config.steps}); nothing to train")
+
+    with tf32_matmuls(dev, config.tf32), deterministic_mode():
+        for step in range(start_step + 1, config.steps + 1):
+            lr = lr_at(config, step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss = timed_step(step)
             world.after_step(step)
-            interval_steps += 1
+            if clock.step_done(step):  # the warm-up step: timed on its own once the device has finished it
+                synchronize(dev)
+                clock.warmed_up()
 
             last = step == config.steps
             is_print = config.print_every > 0 and (step == 1 or step % config.print_every == 0 or last)
@@ -406,9 +325,7 @@ def train(
                 finite.check()
                 # .item() synchronises the device, so the interval timing below is honest
                 final_loss = world.all_reduce_sum(loss.clone() if world.size > 1 else loss).item()
-                elapsed = time.perf_counter() - interval_start
-                train_seconds += elapsed
-                tps = interval_steps * tokens_per_step / elapsed if elapsed > 0 else 0.0
+                tps = clock.interval(tokens_per_step)
                 point = {"step": step, "loss": final_loss, "lr": lr, "tokens_per_sec": tps}
                 if is_eval:
                     final_val_loss, final_val_bpb = evaluate(
@@ -441,15 +358,17 @@ def train(
                 if is_ckpt and not last:
                     save(step)
                     log(f"  [checkpoint saved at step {step}]")
-                interval_start, interval_steps = time.perf_counter(), 0
+                clock.restart()
 
     ran = config.steps - start_step
-    steps_done = max(ran, 0)
-    tokens_per_sec = steps_done * tokens_per_step / train_seconds if train_seconds > 0 else 0.0
+    tokens_per_sec = clock.tokens_per_sec(tokens_per_step)
     numbers = throughput(tokens_per_sec, fpt, peak, world.size)
     if ran > 0:
         finite.check_weights(model, config.steps)  # also where only ``output`` is written, after this returns
-        log(format_throughput(tokens_per_sec, fpt, numbers["tflops"], numbers["mfu"], peak, peak_note, world.size))
+        if clock.warmup_seconds is not None:
+            log(clock.warmup_line(compiled))
+        tflops, mfu = numbers["tflops"], numbers["mfu"]
+        log(format_throughput(tokens_per_sec, fpt, tflops, mfu, peak, peak_note, world.size, span=clock.span()))
     if checkpoint_path and ran > 0:
         save(config.steps)
         log(f"saved checkpoint to {checkpoint_path}")
@@ -473,4 +392,6 @@ def train(
         world_size=world.size,
         compiled=compiled,
         warnings=warnings,
+        warmup_seconds=clock.warmup_seconds,
+        peak_memory=int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None,
     )

@@ -114,6 +114,22 @@ def _worker(job_path: str) -> int:
     return 0
 
 
+def join_process_group(dev, local_rank: int):
+    """Join the default process group for training on ``dev`` (a resolved ``torch.device``); returns this rank's
+    device: on CUDA, GPU ``local_rank``, made current and given to NCCL (one GPU per process); else gloo on the
+    CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if dev.type == "cuda":
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+        dist.init_process_group("nccl", device_id=dev)
+    else:
+        dist.init_process_group("gloo")
+    return dev
+
+
 def _work(job: TrainJob, rank: int, local_rank: int, run_path: Path) -> None:
     import torch
     import torch.distributed as dist
@@ -121,13 +137,7 @@ def _work(job: TrainJob, rank: int, local_rank: int, run_path: Path) -> None:
     from mygpt.device import resolve_device
     from mygpt.training.parallel import World
 
-    dev = resolve_device(job.device)
-    if dev.type == "cuda":
-        dev = torch.device("cuda", local_rank)
-        torch.cuda.set_device(dev)
-        dist.init_process_group("nccl", device_id=dev)
-    else:
-        dist.init_process_group("gloo")
+    dev = join_process_group(resolve_device(job.device), local_rank)
     if job.threads:
         torch.set_num_threads(job.threads)
     try:

@@ -234,7 +234,8 @@ def test_float_settings_refuse_inf_and_nan(settings, message):
         (
             {"batch_size": 10**12},
             r"^model.batch_size \(1,000,000,000,000\) makes training need at least .* activations of "
-            r"1,000,000,000,000 rows x 256 tokens .*; lower batch_size or seq_len$",
+            r"1,000,000,000,000 rows x 256 tokens .*; lower batch_size or seq_len, or set micro_batch_size to fewer "
+            r"than the 1,000,000,000,000 rows each process runs at once \(e\.g\. 500,000,000,000; .*\)$",
         ),
         (
             {"embed_dim": 60_000, "num_heads": 6, "num_layers": 64},

@@ -329,9 +329,9 @@ def test_a_model_too_big_for_this_machine_is_refused_before_anything_is_allocate
 
 
 def test_on_an_accelerator_the_first_bad_step_is_kept_on_the_device_and_named():
-    from mygpt.training.train import _FiniteLoss
+    from mygpt.training.guards import FiniteLoss
 
-    watch = _FiniteLoss(TrainConfig(lr=1.0), torch.device("cpu"))
+    watch = FiniteLoss(TrainConfig(lr=1.0), torch.device("cpu"))
     watch.first = torch.zeros((), dtype=torch.long)  # the accelerator's path (no read per step), on the CPU
     watch.see(1, torch.tensor(2.0))
     watch.check()
@@ -344,19 +344,19 @@ def test_on_an_accelerator_the_first_bad_step_is_kept_on_the_device_and_named():
 def test_resume_restores_each_ranks_own_rng_state():
     """A resumed rank gets its own torch RNG state back (dropout draws from it), not rank 0's."""
     from mygpt.training.parallel import World
-    from mygpt.training.train import _capture_rng, _rank_rng, _restore_rng
+    from mygpt.training.rng import capture_rng, rank_rng, restore_rng
 
     cpu = torch.device("cpu")
     ranks = []
     for rank in range(2):
         torch.manual_seed(100 + rank)
-        ranks.append(_rank_rng(cpu))
+        ranks.append(rank_rng(cpu))
     torch.manual_seed(7)  # rank 0's global state when it writes the checkpoint differs from both
-    saved = _capture_rng(torch.Generator().manual_seed(1), cpu, ranks)
+    saved = capture_rng(torch.Generator().manual_seed(1), cpu, ranks)
     for rank in range(2):
         torch.manual_seed(999)
-        _restore_rng(saved, torch.Generator(), cpu, World(rank=rank, size=2))
+        restore_rng(saved, torch.Generator(), cpu, World(rank=rank, size=2))
         assert torch.equal(torch.get_rng_state(), ranks[rank]["torch"]), f"rank {rank} did not get its own state"
     torch.manual_seed(999)
-    _restore_rng(saved, torch.Generator(), cpu, World(rank=1, size=3))  # another world size: the saved state
+    restore_rng(saved, torch.Generator(), cpu, World(rank=1, size=3))  # another world size: the saved state
     assert torch.equal(torch.get_rng_state(), saved["torch"])

@@ -1,0 +1,68 @@
+"""How fast training goes, measured so the numbers mean one thing: :class:`StepClock` adds up the time of training
+steps between the loop's synchronisation points, with this process's first step (CUDA initialisation, cuBLAS
+setup, compilation) timed on its own and left out, since it would understate tokens/s and MFU by as much as it
+took; validation and checkpoint writes are left out too."""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+__all__ = ["StepClock"]
+
+
+class StepClock:
+    """Steps ``first`` to ``last`` of one process's run. The loop calls :meth:`step_done` after every step,
+    :meth:`warmed_up` once the device has finished the first step when it says so, and :meth:`interval` then
+    :meth:`restart` around each synchronisation point."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last = first, last
+        #: the first step's seconds, when more steps follow it (a one-step run has no other to compare with)
+        self.warmup_seconds: float | None = None
+        self.seconds = 0.0  # training seconds counted so far, without the warm-up step
+        self.steps = 0  # steps counted so far, without the warm-up step
+        self._start = perf_counter()
+        self._interval_steps = 0
+        self._warmup_inside = False  # whether the current interval holds the warm-up step
+
+    def step_done(self, step: int) -> bool:
+        """Count ``step``; ``True`` when it is the warm-up step, to be timed on its own after a synchronisation."""
+        self._interval_steps += 1
+        return step == self.first and self.first < self.last
+
+    def warmed_up(self) -> None:
+        self.warmup_seconds = perf_counter() - self._start
+        self._warmup_inside = True
+
+    def interval(self, tokens_per_step: int) -> float:
+        """Tokens/s since the last :meth:`restart` (the device synchronised): without the warm-up step where the
+        interval has others, the warm-up's own rate where it is the interval's only step. Counts the interval."""
+        elapsed, steps = perf_counter() - self._start, self._interval_steps
+        if self._warmup_inside and self.warmup_seconds is not None:
+            if steps == 1:
+                return tokens_per_step / elapsed if elapsed > 0 else 0.0
+            elapsed, steps = elapsed - self.warmup_seconds, steps - 1
+        self.seconds += elapsed
+        self.steps += steps
+        return steps * tokens_per_step / elapsed if elapsed > 0 else 0.0
+
+    def restart(self) -> None:
+        self._start, self._interval_steps, self._warmup_inside = perf_counter(), 0, False
+
+    def tokens_per_sec(self, tokens_per_step: int) -> float:
+        """The run's throughput over the counted steps."""
+        return self.steps * tokens_per_step / self.seconds if self.seconds > 0 else 0.0
+
+    def span(self) -> str:
+        """What :meth:`tokens_per_sec` covers, for the throughput line."""
+        if self.warmup_seconds is None:
+            return f" over step {self.first} (its only step: warm-up included)"
+        return f" over steps {self.first + 1}-{self.last} (warm-up, validation and checkpoints left out)"
+
+    def warmup_line(self, compiled: bool) -> str:
+        """The log line for the warm-up step (only when :attr:`warmup_seconds` is set)."""
+        what = "compilation, device setup" if compiled else "device setup"
+        return (
+            f"warm-up: step {self.first} took {self.warmup_seconds:.2f} s ({what} and first allocations), "
+            f"left out of the throughput below"
+        )

@@ -1,0 +1,67 @@
+"""Two real gloo processes training a compiled model: the DDP module is what is compiled (so DDP's graph splitting
+lets the all-reduce overlap the backward pass), and the run equals the eager one."""
+
+from __future__ import annotations
+
+import pytest
+
+from mygpt.device import compile_unavailable
+from mygpt.training.launcher import run_training
+from tests.mygpt.training.test_launcher import WORKER_ENV, assert_close_runs, files, make_job  # noqa: F401
+
+#: 3 rows over 2 processes (2 + 1), micro-batches of 1 on rank 0: no_sync through the compiled module too
+SHORT = dict(steps=4, batch_size=3, micro_batch_size=1, seq_len=32, lr=3e-3, print_every=1, eval_every=2,
+             eval_batches=1, seed=3)  # fmt: skip
+
+
+@pytest.mark.slow  # two processes compiling forward and backward
+def test_two_processes_compiled_equal_two_processes_eager(files, tmp_path):  # noqa: F811
+    reason = compile_unavailable("cpu")
+    if reason:
+        pytest.skip(f"torch.compile cannot run on this machine: {reason}")
+    lines: list[str] = []
+    eager = run_training(make_job(files, tmp_path / "eager", **SHORT), 2, log=None, env=WORKER_ENV)
+    compiled = run_training(
+        make_job(files, tmp_path / "compiled", **SHORT, compile=True), 2, log=lines.append, env=WORKER_ENV
+    )
+    assert compiled.compiled and not eager.compiled and compiled.world_size == 2
+    assert not any(line.startswith("warning: ") for line in lines), lines
+    assert_close_runs(tmp_path / "eager" / "train.ckpt", tmp_path / "compiled" / "train.ckpt")
+
+
+def test_compile_is_applied_to_the_ddp_module_not_inside_it(monkeypatch, shakespeare_text):
+    """With several processes, torch.compile gets the DDP wrapper (a stand-in here: one process posing as rank 0
+    of two, its collectives answering alone)."""
+    import torch
+
+    from mygpt import GPT, CharTokenizer, TrainConfig
+    from mygpt.training import train as train_mod
+    from mygpt.training.parallel import World
+    from tests.support.tiny_model import TINY_MODEL
+
+    class PosingWorld(World):
+        def all_gather(self, obj) -> list:
+            return [obj] * self.size
+
+        def all_reduce_sum(self, tensor):
+            return tensor
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args):
+            return self.inner(*args)
+
+    compiled_what = []
+    monkeypatch.setattr(train_mod, "compile_unavailable", lambda device: None)
+    monkeypatch.setattr(train_mod, "wrap_ddp", lambda model, device: Wrapper(model))
+    monkeypatch.setattr(train_mod.torch, "compile", lambda module: compiled_what.append(module) or module)
+    text = shakespeare_text[:5000]
+    tok = CharTokenizer.from_text(text)
+    model = GPT(tok.vocab_size, **TINY_MODEL)
+    config = TrainConfig(steps=1, batch_size=2, seq_len=32, print_every=0, compile=True)
+    result = train_mod.train(model, tok, tok.encode_array(text), config=config, device="cpu", world=PosingWorld(size=2))
+    assert result.compiled and len(compiled_what) == 1
+    assert isinstance(compiled_what[0], Wrapper) and compiled_what[0].inner is model
