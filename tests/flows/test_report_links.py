@@ -72,3 +72,40 @@ def test_every_stage_with_columns_has_a_comparison_and_every_headline_reads_old_
     md = comparison(model, versions, {}, [(("test bits/byte", lambda m: str(m["x"])), {"v1": {"x": 1.25}})])
     assert md.startswith("# Model versions compared (2)") and "| val bits/byte |" in md and "test bits/byte" in md
     assert "| `v2` |" in md and "| `v1` |" in md and " 2.5000 " in md and " 1.25 " in md and " – " in md
+
+
+def test_a_stage_that_failed_is_shown_failed_never_built():
+    """The summary's row, title and counts say how each stage ended: a Failed or Crashed stage is not "built"."""
+    from flows.reports import Outcome, run_summary
+
+    outcomes = [Outcome("corpus", "", "Failed", 0.5)]
+    summary = run_summary(None, outcomes, {}, RuntimeError("boom"))
+    assert "| corpus | **Failed** | – |" in summary, summary
+    assert "0 built, 0 Cached" in summary and "| corpus | **built**" not in summary, summary
+    assert [Outcome("m", "", state, 0).verdict for state in ("Failed", "Crashed", "Cancelled")] == [
+        "Failed",
+        "Crashed",
+        "Cancelled",
+    ]
+    assert (Outcome("m", "v", "Completed", 0).verdict, Outcome("m", "v", "Cached", 0).verdict) == ("built", "Cached")
+
+
+def test_a_flow_run_whose_stage_fails_publishes_a_summary_naming_it_failed(prefect_server, tmp_path):
+    """Through a real flow run: the corpus stage fails (its zip is missing), and the run summary the server holds
+    shows it Failed, with the reason, and counts nothing built."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    from flows.wiki_pipeline import wiki_pipeline
+    from tests.support.tiny import tiny_flow_parameters
+
+    params = tiny_flow_parameters((tmp_path / "missing.zip").as_uri(), tmp_path / "art")
+    state = wiki_pipeline(**params, return_state=True)
+    assert state.is_failed(), state
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+        )
+    summary = next(a for a in found if a.key == "wiki-run-summary")
+    assert summary.description.startswith("Failed: 0 built, 0 Cached: corpus Failed"), summary.description
+    assert "| corpus | **Failed** | – |" in summary.data and "**Failed in stage corpus**" in summary.data, summary.data
