@@ -82,7 +82,7 @@ _RECIPE = {o.name: o for o in options(TrainConfig).values()}
 def _setting(o: Option, annotation: Any = None) -> tuple[Any, Any]:
     """A pydantic field for ``o``: its type (a Literal of its choices), bounds, description, pipeline default."""
     kind = annotation or (Literal[o.choices] if o.choices else o.kind)
-    return kind, Field(CHAPTER_RUN.get(o.name, o.default), ge=o.ge, gt=o.gt, description=o.help)
+    return kind, Field(CHAPTER_RUN.get(o.name, o.default), ge=o.ge, gt=o.gt, le=o.le, description=o.help)
 
 
 class ModelSettingsBase(DeviceSettings):

@@ -23,6 +23,8 @@ MAX_TEMPERATURE = 100.0
 class SamplesSettings(DeviceSettings):
     """What to generate (the chapter's §28.7): prompts, length, sampling. ``device``/``precision``: DeviceSettings."""
 
+    TEXT_FIELDS = frozenset({"prompt"})
+
     prompt: tuple[str, ...] = Field(
         ("The history of",), strict=False, description="one prompt or a list of them; the chapter uses 'The history of'"
     )
