@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.core.report import human_bytes, md_code, md_text
+from tasks.core.report import Markdown, human_bytes, md_code, md_row, md_text
 from tasks.core.stage import Column, Stage
 from tasks.core.urls import redact_text
 from tasks.registry import BY_NAME, STAGES, open_store
@@ -74,8 +74,9 @@ def artifact_links(keys_versions: list[tuple[str, str]]) -> dict[tuple[str, str]
     return found
 
 
-def _linked(version: str, link: str | None) -> str:
-    return f"[{version}]({link})" if link else f"`{version}`"  # the UI shows no code inside a link's text
+def _linked(version: str, link: str | None) -> Markdown:
+    # the UI shows no code inside a link's text; the link is the server's own artifact page
+    return Markdown(f"[{md_text(version)}]({link})") if link else md_code(version)
 
 
 def one_line(error: BaseException, limit: int = 500) -> str:
@@ -100,9 +101,9 @@ def run_summary(
             size, metric = human_bytes(info.size_bytes), headline(o.stage, info.manifest.get("metrics", {}))
         else:
             size, metric = "–", (one_line(failure) if failure is not None else "")
-        shown = {"built": "**built**", "Cached": "Cached"}.get(o.verdict, f"**{o.verdict}**")
+        shown = Markdown("Cached") if o.verdict == "Cached" else Markdown(f"**{md_text(o.verdict)}**")
         version = _linked(o.version, links.get((o.stage, o.version))) if o.version else "–"
-        rows.append(f"| {o.stage} | {shown} | {version} | {o.seconds:.1f} s | {size} | {metric} |")
+        rows.append(md_row(o.stage, shown, version, f"{o.seconds:.1f} s", size, metric))
     lines = [f"# wiki-pipeline run: {title}", ""]
     if failure is not None:
         if root is None:
@@ -175,19 +176,19 @@ def _comparison_table(
     inputs = differing_inputs(versions)
     head = ["version", "built", *(name for name, _ in columns), *(name for (name, _), _ in joined)]
     head += [md_code(k) for k in differ] + [f"{name} (input)" for name in inputs]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [md_row(*head), "|" + "---|" * len(head)]
     for v in reversed(versions):  # newest first
         m, p = v.manifest.get("metrics", {}), v.manifest.get("settings", {})
         used = v.manifest.get("inputs", {})
         cells = [
             _linked(v.version, links.get((v.stage, v.version))),
-            (v.manifest.get("created_at") or "").replace("T", " ").removesuffix("Z"),
+            str(v.manifest.get("created_at") or "").replace("T", " ").removesuffix("Z"),
             *(value(m) for _, value in columns),
             *(value(by[v.version]) if v.version in by else "–" for (_, value), by in joined),
             *(md_code(p.get(k)) for k in differ),
             *(md_code((used.get(name) or {}).get("version", "–")) for name in inputs),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(md_row(*cells))
     return "\n".join(lines)
 
 
