@@ -1,15 +1,17 @@
 """The flow's own UI artifacts, published when a run ends: ``wiki-run-summary`` (each stage built or Cached, its
-version, time, size and headline) and ``wiki-<stage>-comparison`` for every stage with columns (every published
-version side by side, from the store's manifests, whichever run built it)."""
+version, time, size and headline) and ``wiki-<stage>-comparison-<root>`` for every stage with columns (every
+version published under that artifact root side by side, from the store's manifests, whichever run built it)."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.core.report import Markdown, human_bytes, md_code, md_row, md_text
 from tasks.core.stage import Column, Stage
-from tasks.core.urls import redact_text
+from tasks.core.urls import redact_text, redact_url
 from tasks.registry import BY_NAME, STAGES, open_store
 from tasks.store import ArtifactStore, VersionInfo
 
@@ -42,8 +44,21 @@ def headline(stage: str, metrics: dict) -> str:
     return found(metrics) if found else ""
 
 
-def comparison_key(stage: str) -> str:
-    return f"wiki-{stage}-comparison"
+def shown_root(root: str | Path) -> str:
+    """An artifact root as the reports name it: an ``s3://`` URL without user info or query (what a URL may carry
+    credentials in), a directory as it is."""
+    root = str(root)
+    return redact_url(root) if "://" in root else root
+
+
+def comparison_key(stage: str, root: str | Path) -> str:
+    """``wiki-<stage>-comparison-<root>``: one comparison history per artifact root (runs on another root compare
+    other versions), the root as a slug of its last part and 8 hex digits of its sha256 (what a Prefect key may
+    hold: lowercase letters, digits and dashes)."""
+    tail = re.sub(r"[^a-z0-9]+", "-", shown_root(root).rstrip("/").rsplit("/", 1)[-1].lower()).strip("-")[:24]
+    tail = tail.strip("-")  # cut at 24 characters, it may end in a dash
+    digest = hashlib.sha256(str(root).encode("utf-8")).hexdigest()[:8]
+    return f"wiki-{stage}-comparison-{tail + '-' if tail else ''}{digest}"
 
 
 def artifact_links(keys_versions: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
@@ -118,7 +133,7 @@ def run_summary(
     if store is not None and rows:
         lines += [
             "Built: made by this run. Cached: the same version (settings, inputs, code) was already in the "
-            f"artifact store under {md_code(store.root)}, so it was reused.",
+            f"artifact store under {md_code(shown_root(store.root))}, so it was reused.",
             "",
         ]
     if rows:
@@ -197,11 +212,14 @@ def comparison(
     versions: list[VersionInfo],
     links: dict[tuple[str, str], str],
     joined: list[tuple[Column, dict[str, dict]]] = (),  # type: ignore[assignment]
+    root: str | Path | None = None,
 ) -> str:
-    """Every version of ``stage`` side by side: its chart (``Stage.chart``), then the table."""
+    """Every version of ``stage`` under ``root`` side by side: its chart (``Stage.chart``), then the table."""
     chart = stage.chart(versions) if stage.chart else ""
+    where = f"Every published version under the artifact root {md_code(shown_root(root))}. " if root else ""
     return (
         f"# {stage.name.capitalize()} versions compared ({len(versions)})\n\n{chart}"
+        + where
         + HOW_TO_READ
         + _comparison_table(versions, stage.columns, links, joined)
         + "\n"
@@ -235,9 +253,9 @@ def publish(root: str | Path | None, outcomes: list[Outcome], failure: BaseExcep
         description=("Failed: " if failure is not None else "") + description,
     )
     for name, versions in compared.items():
-        if versions:
+        if versions and store is not None:
             create_markdown_artifact(
-                key=comparison_key(name),
-                markdown=comparison(BY_NAME[name], versions, links, joined_columns(store, name)),
+                key=comparison_key(name, store.root),
+                markdown=comparison(BY_NAME[name], versions, links, joined_columns(store, name), store.root),
                 description=f"{len(versions)} {name} version(s) side by side",
             )

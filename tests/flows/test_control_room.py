@@ -70,16 +70,16 @@ def wait_output(env: dict, flow_run_id: str, *args: str) -> subprocess.Completed
 
 
 def artifact(flow_run_id: str, key: str):
+    """The flow run's artifact ``key``; a comparison's key is followed by its root's (``-<root slug>-<hash>``)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
-            artifact_filter=ArtifactFilter(
-                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), key=ArtifactFilterKey(any_=[key])
-            )
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
-    assert found, f"flow run {flow_run_id} has no {key} artifact"
+    found = [a for a in found if a.key == key or (key.endswith("-comparison") and (a.key or "").startswith(key + "-"))]
+    assert len(found) == 1, f"flow run {flow_run_id} has {len(found)} {key} artifact(s), not one"
     return found[0]
 
 

@@ -109,3 +109,45 @@ def test_a_flow_run_whose_stage_fails_publishes_a_summary_naming_it_failed(prefe
     summary = next(a for a in found if a.key == "wiki-run-summary")
     assert summary.description.startswith("Failed: 0 built, 0 Cached: corpus Failed"), summary.description
     assert "| corpus | **Failed** | – |" in summary.data and "**Failed in stage corpus**" in summary.data, summary.data
+
+
+def test_each_artifact_root_has_its_own_comparison_naming_the_root(prefect_server, tmp_path, monkeypatch):
+    """Runs on two roots, through a real server: each root's comparison is a key of its own (its latest never
+    flips to the other root's versions) and names its root, escaped, an s3 URL without credentials."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.reports import comparison, comparison_key, publish
+    from tasks.core.report import md_code
+    from tasks.registry import open_store
+    from tests.tasks.store.builds import publish_locked
+
+    one, two = tmp_path / "root-one", tmp_path / "root`<b>two</b>"
+    for root, versions in ((one, ("aaaaaaaaaaa1",)), (two, ("bbbbbbbbbbb1", "bbbbbbbbbbb2", "bbbbbbbbbbb3"))):
+        for version in versions:
+            publish_locked(open_store(root), "tokenizer", version, {"tokenizer.json": b"{}"})
+
+    @flow(name="comparisons-per-root")
+    def runs_on_two_roots() -> None:
+        publish(str(one), [])
+        publish(str(two), [])
+        publish(str(one), [])
+
+    runs_on_two_roots()
+    keys = {comparison_key("tokenizer", root) for root in (one, two)}
+    assert len(keys) == 2 and all(re.fullmatch(r"wiki-tokenizer-comparison-[a-z0-9-]+", k) for k in keys), keys
+    assert comparison_key("tokenizer", one).startswith("wiki-tokenizer-comparison-root-one-")
+    with get_client(sync_client=True) as client:
+        latest = {
+            a.key: a.data
+            for a in client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=sorted(keys))))
+        }
+    first, second = latest[comparison_key("tokenizer", one)], latest[comparison_key("tokenizer", two)]
+    assert first.startswith("# Tokenizer versions compared (1)") and f"root {md_code(one)}." in first, first
+    assert second.startswith("# Tokenizer versions compared (3)") and f"root {md_code(two)}." in second, second
+    assert md_code(two).startswith("``/") and "<b>" not in second.replace(md_code(two), ""), second
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    shown = comparison(BY_NAME["tokenizer"], [], {}, [], "s3://AKIAKEY:S3CRET@bkt/wiki")
+    assert "S3CRET" not in shown and "AKIAKEY" not in shown and "`s3://***@bkt/wiki`" in shown, shown

@@ -73,7 +73,9 @@ def artifacts_of(flow_run_id: str) -> dict:
         found = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
-    return {a.key: str(a.id) for a in found if a.key}
+    keys = {a.key: str(a.id) for a in found if a.key}
+    # a comparison's key names its artifact root (wiki-model-comparison-<root slug>-<hash>): found by its stem
+    return keys | {k.rsplit("-", 2)[0]: v for k, v in keys.items() if "-comparison-" in k}
 
 
 def test_the_ui_shows_the_artifacts_summary_chart_comparison_and_run_form(ui_runs):
