@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,7 +105,11 @@ def one_line(error: BaseException, limit: int = 500) -> str:
 
 
 def run_summary(
-    root: str | Path | None, outcomes: list[Outcome], links: dict[tuple[str, str], str], failure: BaseException | None
+    root: str | Path | None,
+    outcomes: list[Outcome],
+    links: dict[tuple[str, str], str],
+    failure: BaseException | None,
+    warnings: Sequence[str] = (),
 ) -> str:
     counts = {v: sum(o.verdict == v for o in outcomes) for v in ("built", "Cached")}
     title = f"{counts['built']} built, {counts['Cached']} Cached"
@@ -130,6 +135,7 @@ def run_summary(
         else:
             where = f"after stage {outcomes[-1].stage}"
         lines = [f"# wiki-pipeline run failed: {title}", "", f"**Failed {where}**: {one_line(failure)}", ""]
+    lines += [f"**Warning**: {md_text(w)}\n" for w in warnings]
     if store is not None and rows:
         lines += [
             "Built: made by this run. Cached: the same version (settings, inputs, code) was already in the "
@@ -226,9 +232,15 @@ def comparison(
     )
 
 
-def publish(root: str | Path | None, outcomes: list[Outcome], failure: BaseException | None = None) -> None:
+def publish(
+    root: str | Path | None,
+    outcomes: list[Outcome],
+    failure: BaseException | None = None,
+    warnings: Sequence[str] = (),
+) -> None:
     """Post the run summary and the comparisons (inside a flow run). ``failure``: why the run stopped, when it
-    did; ``root`` is None when the settings were refused (there is no store to compare)."""
+    did; ``root`` is None when the settings were refused (there is no store to compare); ``warnings``: about the
+    settings (``Settings.warnings``), listed under the title."""
     from prefect.artifacts import create_markdown_artifact
 
     store = open_store(root) if root is not None else None
@@ -249,7 +261,7 @@ def publish(root: str | Path | None, outcomes: list[Outcome], failure: BaseExcep
     description = f"{built} built, {cached} Cached: {verdicts}" if outcomes else "no stage ran"
     create_markdown_artifact(
         key=SUMMARY_KEY,
-        markdown=run_summary(root, outcomes, links, failure),
+        markdown=run_summary(root, outcomes, links, failure, warnings),
         description=("Failed: " if failure is not None else "") + description,
     )
     for name, versions in compared.items():

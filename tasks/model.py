@@ -150,6 +150,15 @@ class ModelSettingsBase(DeviceSettings):
         except UserError as e:
             raise UserError(f"model.{e}" if not str(e).startswith("the ") else f"model: {e}") from None
 
+    def warnings(self) -> list[str]:
+        if self.warmup and self.warmup >= self.steps:
+            return [
+                f"model.warmup ({self.warmup}) is not shorter than steps ({self.steps}): the learning rate rises for "
+                f"the whole run, peaks at {100 * self.steps / self.warmup:.0f}% of lr ({self.lr:g}) and never "
+                f"reaches the {self.schedule} schedule; set warmup below steps (the chapter warms up for 5% of them)"
+            ]
+        return []
+
     def gpt_config(self, vocab_size: int) -> GPTConfig:
         """The model these settings describe; ``vocab_size`` comes from the tokenizer."""
         return GPTConfig(vocab_size, **{_MODEL[name].field: getattr(self, name) for name in MODEL_SETTINGS})

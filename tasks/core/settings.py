@@ -104,6 +104,11 @@ class Settings(BaseModel):
         """Check these settings against the other stages' (``groups``, by name) before any stage runs; ``UserError``
         naming the fields. The one home of each cross-stage check. Default: none."""
 
+    def warnings(self) -> list[str]:
+        """What in these settings runs but is likely not meant (the flow logs each and the run summary lists
+        them); each names the fields. Default: none."""
+        return []
+
     def version_params(self) -> dict:
         """What this stage's version id is computed from (all fields, JSON-shaped)."""
         return self.model_dump(mode="json")

@@ -151,3 +151,10 @@ def test_each_artifact_root_has_its_own_comparison_naming_the_root(prefect_serve
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     shown = comparison(BY_NAME["tokenizer"], [], {}, [], "s3://AKIAKEY:S3CRET@bkt/wiki")
     assert "S3CRET" not in shown and "AKIAKEY" not in shown and "`s3://***@bkt/wiki`" in shown, shown
+
+
+def test_the_summary_lists_the_settings_warnings_as_text():
+    from flows.reports import run_summary
+
+    summary = run_summary(None, [], {}, None, ["model.warmup (500) is not shorter than steps (60) <b>"])
+    assert "**Warning**: model.warmup (500) is not shorter than steps (60) \\<b\\>" in summary, summary

@@ -315,3 +315,13 @@ def test_a_copy_with_a_group_given_anew_resolves_that_group_anew():
     assert q.model.steps == 7 and q.resolved("model").steps == 7
     assert p.resolved("model").steps == 5, "the original keeps its own"
     assert q.resolved("tokenizer") is p.resolved("tokenizer"), "a group not given anew is not resolved again"
+
+
+def test_a_warmup_not_shorter_than_the_steps_is_a_warning_not_an_error():
+    """It runs (the learning rate never leaves warmup): a warning naming both fields, none for a sane recipe."""
+    s = Pipeline.from_flat({"steps": 60})  # the chapter's warmup, 500
+    (warning,) = s.resolved("model").warnings()
+    assert warning.startswith("model.warmup (500) is not shorter than steps (60): the learning rate rises for the")
+    assert "peaks at 12% of lr (0.001)" in warning, warning
+    assert Pipeline.from_flat({"steps": 600}).resolved("model").warnings() == []
+    assert Pipeline.from_flat({"steps": 6, "warmup": 0}).resolved("model").warnings() == []
