@@ -217,10 +217,18 @@ class RunOptions(Settings):
         "environment); null = $WIKI_PIPELINE_ARTIFACTS, else artifacts/ in the checkout",
     )
     force: tuple[str, ...] = Field(
-        (), strict=False, description='stages to rebuild even though a valid version exists, e.g. ["tokenizer"]'
+        (),
+        strict=False,
+        description='stages to rebuild even though a valid version exists, e.g. ["tokenizer"] (a stage may also be '
+        "named by its older verb: download = corpus, bpe = tokenizer, encode = shards, train = model, "
+        "sample = samples)",
     )
     full_check: bool = Field(False, description="verify every reused file's sha256, not only its size")
-    only: str | None = Field(None, description="run only this stage, against the latest published upstream versions")
+    only: str | None = Field(
+        None,
+        description="run only this stage, against the latest published upstream versions (its name, or its older "
+        "verb: download = corpus, bpe = tokenizer, encode = shards, train = model, sample = samples)",
+    )
     workers: int | None = Field(
         None,
         ge=1,

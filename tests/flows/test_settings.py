@@ -325,3 +325,17 @@ def test_a_warmup_not_shorter_than_the_steps_is_a_warning_not_an_error():
     assert "peaks at 12% of lr (0.001)" in warning, warning
     assert Pipeline.from_flat({"steps": 600}).resolved("model").warnings() == []
     assert Pipeline.from_flat({"steps": 6, "warmup": 0}).resolved("model").warnings() == []
+
+
+def test_the_older_verbs_a_stage_answers_to_are_documented_in_the_help():
+    """``only: "train"`` runs the model stage: every alias the registry accepts is in the help of ``only`` and
+    ``force`` (the UI form's text), as ``verb = stage``."""
+    from tasks.core.settings import RunOptions
+    from tasks.registry import STAGES
+
+    aliases = {s.alias: s.name for s in STAGES if s.alias}
+    assert aliases, "the registry has older verbs"
+    for field in ("only", "force"):
+        help_text = RunOptions.model_fields[field].description or ""
+        assert [f"{verb} = {name}" for verb, name in aliases.items() if f"{verb} = {name}" not in help_text] == []
+    assert Pipeline.from_flat({"only": "train"}).run.only == "model"
