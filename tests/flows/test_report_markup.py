@@ -137,3 +137,11 @@ def test_the_run_summary_and_comparison_show_hostile_values_as_text(manifests, u
         assert shape(md).count("tr") == 3, ("a header and one row per version", md)
         plain = comparison(BY_NAME[stage], [versions[0], versions[0]], {}, [])
         assert shape(plain).count("tr") == 3
+
+
+def test_a_charts_labels_and_titles_are_escaped_svg_text():
+    from tasks.core.report import line_chart
+
+    svg = line_chart([(HOSTILE, "#000", [(1, 2.0), (2, 1.0)])], x_title=HOSTILE, y_title=HOSTILE)
+    assert "<script" not in svg and "<img" not in svg and "<a " not in svg, svg
+    assert svg.count("&lt;script&gt;alert(2)&lt;/script&gt;") == 3, "the legend and both axis titles, as text"
