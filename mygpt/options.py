@@ -7,7 +7,6 @@ settings are derived from :func:`options`, so each default, bound and descriptio
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import dataclass
@@ -37,8 +36,9 @@ class Option:
 def option(
     default: Any, help: str, *, name: str | None = None, ge=None, gt=None, le=None, choices: tuple[str, ...] = ()
 ) -> Any:
-    """A dataclass field with its :class:`Option` metadata. A float field gives ``le`` too: a finite value far
-    out of any sane range (``lr=1e300``) passes every lower bound and overflows inside training."""
+    """A dataclass field with its :class:`Option` metadata. ``le`` is a float's sane upper bound, which the
+    pipeline's settings enforce before a run starts (a finite ``lr=1e300`` passed every lower bound and overflowed
+    inside a stage); the library itself takes any finite value and stops a run that diverges, naming the field."""
     meta = {"help": help, "name": name, "ge": ge, "gt": gt, "le": le, "choices": tuple(choices)}
     return dataclasses.field(default=default, metadata=meta)
 
@@ -73,15 +73,13 @@ def _kind(hint: Any) -> type:
 
 
 def check_options(config: Any) -> None:
-    """``UserError`` naming the first integer, boolean or choice field of ``config`` out of its bounds, or float
-    field above its ``le`` (a float's lower bound, NaN and inf are checked by its class, whose messages say more)."""
+    """``UserError`` naming the first integer, boolean or choice field of ``config`` out of its bounds (floats
+    are checked by their class, whose messages say more)."""
     for o in options(type(config)).values():
         value = getattr(config, o.field)
         if o.kind is bool and not isinstance(value, bool):
             raise UserError(f"{o.field} must be true or false, got {value!r}")
         if o.kind is int:
             check_int(o.field, value, None if o.ge is None else int(o.ge))
-        if o.kind is float and o.le is not None and isinstance(value, int | float) and o.le < value < math.inf:
-            raise UserError(f"{o.field} must be <= {o.le:g}, got {value!r} ({o.help})")
         if o.choices and value not in o.choices:
             raise UserError(f"{o.field} must be one of {', '.join(o.choices)}; got {value!r}")

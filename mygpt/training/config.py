@@ -17,9 +17,9 @@ from mygpt.options import check_options, option
 __all__ = ["SCHEDULES", "TrainConfig", "lr_at"]
 
 SCHEDULES = ("constant", "cosine")
-# Upper bounds of the float fields: far above any useful value, far below an overflow. AdamW moves each weight by
-# about lr a step (weights start near 0.02) and multiplies it by 1 - lr * weight_decay; no gradient norm of a
-# finite model reaches MAX_GRAD_NORM (0 is how to say "no clipping").
+# The pipeline's upper bounds of the float fields (Option.le): far above any useful value, far below an overflow.
+# AdamW moves each weight by about lr a step (weights start near 0.02) and multiplies it by 1 - lr * weight_decay;
+# no gradient norm of a finite model reaches MAX_GRAD_NORM (0 is how to say "no clipping").
 MAX_LR = 1.0
 MAX_WEIGHT_DECAY = 1.0
 MAX_GRAD_NORM = 1e6

@@ -31,9 +31,6 @@ def test_lr_schedule_matches_chapter_figures():
         ({"compile": "yes"}, r"^compile must be true or false, got 'yes'$"),
         ({"lr": float("inf")}, r"^lr must be a positive number, got inf$"),
         ({"max_grad_norm": -1.0}, r"^max_grad_norm must be >= 0 \(0 = no clipping\), got -1.0$"),
-        ({"lr": 1e300}, r"^lr must be <= 1, got 1e\+300 \(AdamW peak learning rate"),  # finite: overflowed in training
-        ({"weight_decay": 5.0}, r"^weight_decay must be <= 1, got 5.0 \(AdamW weight decay\)$"),
-        ({"max_grad_norm": 1e300}, r"^max_grad_norm must be <= 1e\+06, got 1e\+300 "),
     ],
 )
 def test_a_config_checks_itself(fields, message):
