@@ -42,7 +42,7 @@ class StatusLine:
 
 
 def running_progress(client, task_run) -> str | None:
-    """``model      42.0% step 4200/10000 loss 3.6102 · 5.1k tokens/s · ETA 12m05s``: the running stage's
+    """``model      42.0% step 4200/10000 loss 3.6102 · 5.1k tokens/s wall-clock · ETA 12m05s``: the running stage's
     latest progress artifact (see ``tasks.core.stage.BuildContext.progress``), or None before it posted one."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId, ArtifactFilterType
     from prefect.client.schemas.sorting import ArtifactSort

@@ -1,15 +1,18 @@
 """The flow's own UI artifacts, published when a run ends: ``wiki-run-summary`` (each stage built or Cached, its
-version, time, size and headline) and ``wiki-<stage>-comparison`` for every stage with columns (every published
-version side by side, from the store's manifests, whichever run built it)."""
+version, time, size and headline) and ``wiki-<stage>-comparison-<root>`` for every stage with columns (every
+version published under that artifact root side by side, from the store's manifests, whichever run built it)."""
 
 from __future__ import annotations
 
+import hashlib
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.core.report import human_bytes, md_code, md_text
+from tasks.core.report import Markdown, human_bytes, md_code, md_row, md_text
 from tasks.core.stage import Column, Stage
-from tasks.core.urls import redact_text
+from tasks.core.urls import redact_text, redact_url
 from tasks.registry import BY_NAME, STAGES, open_store
 from tasks.store import ArtifactStore, VersionInfo
 
@@ -42,8 +45,21 @@ def headline(stage: str, metrics: dict) -> str:
     return found(metrics) if found else ""
 
 
-def comparison_key(stage: str) -> str:
-    return f"wiki-{stage}-comparison"
+def shown_root(root: str | Path) -> str:
+    """An artifact root as the reports name it: an ``s3://`` URL without user info or query (what a URL may carry
+    credentials in), a directory as it is."""
+    root = str(root)
+    return redact_url(root) if "://" in root else root
+
+
+def comparison_key(stage: str, root: str | Path) -> str:
+    """``wiki-<stage>-comparison-<root>``: one comparison history per artifact root (runs on another root compare
+    other versions), the root as a slug of its last part and 8 hex digits of its sha256 (what a Prefect key may
+    hold: lowercase letters, digits and dashes)."""
+    tail = re.sub(r"[^a-z0-9]+", "-", shown_root(root).rstrip("/").rsplit("/", 1)[-1].lower()).strip("-")[:24]
+    tail = tail.strip("-")  # cut at 24 characters, it may end in a dash
+    digest = hashlib.sha256(str(root).encode("utf-8")).hexdigest()[:8]
+    return f"wiki-{stage}-comparison-{tail + '-' if tail else ''}{digest}"
 
 
 def artifact_links(keys_versions: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
@@ -74,8 +90,9 @@ def artifact_links(keys_versions: list[tuple[str, str]]) -> dict[tuple[str, str]
     return found
 
 
-def _linked(version: str, link: str | None) -> str:
-    return f"[{version}]({link})" if link else f"`{version}`"  # the UI shows no code inside a link's text
+def _linked(version: str, link: str | None) -> Markdown:
+    # the UI shows no code inside a link's text; the link is the server's own artifact page
+    return Markdown(f"[{md_text(version)}]({link})") if link else md_code(version)
 
 
 def one_line(error: BaseException, limit: int = 500) -> str:
@@ -88,7 +105,11 @@ def one_line(error: BaseException, limit: int = 500) -> str:
 
 
 def run_summary(
-    root: str | Path | None, outcomes: list[Outcome], links: dict[tuple[str, str], str], failure: BaseException | None
+    root: str | Path | None,
+    outcomes: list[Outcome],
+    links: dict[tuple[str, str], str],
+    failure: BaseException | None,
+    warnings: Sequence[str] = (),
 ) -> str:
     counts = {v: sum(o.verdict == v for o in outcomes) for v in ("built", "Cached")}
     title = f"{counts['built']} built, {counts['Cached']} Cached"
@@ -100,9 +121,9 @@ def run_summary(
             size, metric = human_bytes(info.size_bytes), headline(o.stage, info.manifest.get("metrics", {}))
         else:
             size, metric = "–", (one_line(failure) if failure is not None else "")
-        shown = {"built": "**built**", "Cached": "Cached"}.get(o.verdict, f"**{o.verdict}**")
+        shown = Markdown("Cached") if o.verdict == "Cached" else Markdown(f"**{md_text(o.verdict)}**")
         version = _linked(o.version, links.get((o.stage, o.version))) if o.version else "–"
-        rows.append(f"| {o.stage} | {shown} | {version} | {o.seconds:.1f} s | {size} | {metric} |")
+        rows.append(md_row(o.stage, shown, version, f"{o.seconds:.1f} s", size, metric))
     lines = [f"# wiki-pipeline run: {title}", ""]
     if failure is not None:
         if root is None:
@@ -114,10 +135,11 @@ def run_summary(
         else:
             where = f"after stage {outcomes[-1].stage}"
         lines = [f"# wiki-pipeline run failed: {title}", "", f"**Failed {where}**: {one_line(failure)}", ""]
+    lines += [f"**Warning**: {md_text(w)}\n" for w in warnings]
     if store is not None and rows:
         lines += [
             "Built: made by this run. Cached: the same version (settings, inputs, code) was already in the "
-            f"artifact store under {md_code(store.root)}, so it was reused.",
+            f"artifact store under {md_code(shown_root(store.root))}, so it was reused.",
             "",
         ]
     if rows:
@@ -175,19 +197,19 @@ def _comparison_table(
     inputs = differing_inputs(versions)
     head = ["version", "built", *(name for name, _ in columns), *(name for (name, _), _ in joined)]
     head += [md_code(k) for k in differ] + [f"{name} (input)" for name in inputs]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [md_row(*head), "|" + "---|" * len(head)]
     for v in reversed(versions):  # newest first
         m, p = v.manifest.get("metrics", {}), v.manifest.get("settings", {})
         used = v.manifest.get("inputs", {})
         cells = [
             _linked(v.version, links.get((v.stage, v.version))),
-            (v.manifest.get("created_at") or "").replace("T", " ").removesuffix("Z"),
+            str(v.manifest.get("created_at") or "").replace("T", " ").removesuffix("Z"),
             *(value(m) for _, value in columns),
             *(value(by[v.version]) if v.version in by else "–" for (_, value), by in joined),
             *(md_code(p.get(k)) for k in differ),
             *(md_code((used.get(name) or {}).get("version", "–")) for name in inputs),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(md_row(*cells))
     return "\n".join(lines)
 
 
@@ -196,20 +218,29 @@ def comparison(
     versions: list[VersionInfo],
     links: dict[tuple[str, str], str],
     joined: list[tuple[Column, dict[str, dict]]] = (),  # type: ignore[assignment]
+    root: str | Path | None = None,
 ) -> str:
-    """Every version of ``stage`` side by side: its chart (``Stage.chart``), then the table."""
+    """Every version of ``stage`` under ``root`` side by side: its chart (``Stage.chart``), then the table."""
     chart = stage.chart(versions) if stage.chart else ""
+    where = f"Every published version under the artifact root {md_code(shown_root(root))}. " if root else ""
     return (
         f"# {stage.name.capitalize()} versions compared ({len(versions)})\n\n{chart}"
+        + where
         + HOW_TO_READ
         + _comparison_table(versions, stage.columns, links, joined)
         + "\n"
     )
 
 
-def publish(root: str | Path | None, outcomes: list[Outcome], failure: BaseException | None = None) -> None:
+def publish(
+    root: str | Path | None,
+    outcomes: list[Outcome],
+    failure: BaseException | None = None,
+    warnings: Sequence[str] = (),
+) -> None:
     """Post the run summary and the comparisons (inside a flow run). ``failure``: why the run stopped, when it
-    did; ``root`` is None when the settings were refused (there is no store to compare)."""
+    did; ``root`` is None when the settings were refused (there is no store to compare); ``warnings``: about the
+    settings (``Settings.warnings``), listed under the title."""
     from prefect.artifacts import create_markdown_artifact
 
     store = open_store(root) if root is not None else None
@@ -230,13 +261,13 @@ def publish(root: str | Path | None, outcomes: list[Outcome], failure: BaseExcep
     description = f"{built} built, {cached} Cached: {verdicts}" if outcomes else "no stage ran"
     create_markdown_artifact(
         key=SUMMARY_KEY,
-        markdown=run_summary(root, outcomes, links, failure),
+        markdown=run_summary(root, outcomes, links, failure, warnings),
         description=("Failed: " if failure is not None else "") + description,
     )
     for name, versions in compared.items():
-        if versions:
+        if versions and store is not None:
             create_markdown_artifact(
-                key=comparison_key(name),
-                markdown=comparison(BY_NAME[name], versions, links, joined_columns(store, name)),
+                key=comparison_key(name, store.root),
+                markdown=comparison(BY_NAME[name], versions, links, joined_columns(store, name), store.root),
                 description=f"{len(versions)} {name} version(s) side by side",
             )

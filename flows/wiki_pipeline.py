@@ -29,17 +29,53 @@ def wiki_pipeline(**parameters) -> dict[str, StageRef]:
     ``Pipeline.parse`` checks. Every run, a failed one too, ends with its summary and the comparisons."""
     outcomes: list[Outcome] = []
     root = None
+    notes: list[str] = []
     try:
-        s = Pipeline.parse(**parameters)
+        s = Pipeline.parse(**over_the_deployments_groups(parameters))
         root = s.run.root()
+        notes = log_settings(s)
         watch_for_crashes()
         with untagged_task_runs():
             refs = run_only(s, outcomes) if s.run.only else run_stages(s, outcomes)
     except Exception as e:
-        publish_reports(root, outcomes, failure=e)
+        publish_reports(root, outcomes, failure=e, warnings=notes)
         raise
-    publish_reports(root, outcomes)
+    publish_reports(root, outcomes, warnings=notes)
     return refs
+
+
+def over_the_deployments_groups(parameters: dict) -> dict:
+    """In a deployment's run, each group given as an object on top of the deployment's own group, field by field.
+    Why: Prefect merges a run's parameters over the deployment's one level deep, so ``--param model='{"steps": 60}'``
+    arrives as the whole ``model`` group and would drop every other field the deployment set (its tiny model
+    became the chapter's). A group the run did not give arrives as the deployment's: unchanged."""
+    from prefect.runtime import deployment
+
+    if not deployment.id:
+        return parameters
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        own = client.read_deployment(deployment.id).parameters or {}
+    return {
+        name: {**own[name], **given} if isinstance(given, dict) and isinstance(own.get(name), dict) else given
+        for name, given in parameters.items()
+    }
+
+
+def log_settings(s: PipelineBase) -> list[str]:
+    """Log every field of every group as this run uses it (resolved; source_url without credentials), then each
+    group's warnings (``Settings.warnings``); returns the warnings, for the run summary."""
+    logger = get_run_logger()
+    logger.info("settings as this run uses them (every field of every group; defaults included):")
+    notes: list[str] = []
+    for name in type(s).model_fields:
+        group = s.resolved(name)
+        logger.info("  %s: %s", name, ", ".join(f"{k}={v!r}" for k, v in group.model_dump(mode="json").items()))
+        notes += group.warnings()
+    for note in notes:
+        logger.warning(note)
+    return notes
 
 
 def run_stages(s: PipelineBase, outcomes: list[Outcome]) -> dict[str, StageRef]:
@@ -85,11 +121,13 @@ def untagged_task_runs() -> TagsContext:
     return TagsContext(current_tags=TagsContext.get().current_tags - {HEARTBEAT_TAG})
 
 
-def publish_reports(root, outcomes: list[Outcome], failure: BaseException | None = None) -> None:
+def publish_reports(
+    root, outcomes: list[Outcome], failure: BaseException | None = None, warnings: list[str] | None = None
+) -> None:
     """The run summary and the comparisons (``flows.reports``); one that cannot be made is a warning, never a
     failed run."""
     try:
-        reports.publish(root, outcomes, failure)
+        reports.publish(root, outcomes, failure, warnings or [])
     except Exception as e:  # the versions are published; a report is an extra
         get_run_logger().warning("could not publish the run summary and comparisons: %s: %s", type(e).__name__, e)
 

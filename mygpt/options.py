@@ -29,12 +29,17 @@ class Option:
     help: str
     ge: float | None = None
     gt: float | None = None
+    le: float | None = None
     choices: tuple[str, ...] = ()
 
 
-def option(default: Any, help: str, *, name: str | None = None, ge=None, gt=None, choices: tuple[str, ...] = ()) -> Any:
-    """A dataclass field with its :class:`Option` metadata."""
-    meta = {"help": help, "name": name, "ge": ge, "gt": gt, "choices": tuple(choices)}
+def option(
+    default: Any, help: str, *, name: str | None = None, ge=None, gt=None, le=None, choices: tuple[str, ...] = ()
+) -> Any:
+    """A dataclass field with its :class:`Option` metadata. ``le`` is a float's sane upper bound, which the
+    pipeline's settings enforce before a run starts (a finite ``lr=1e300`` passed every lower bound and overflowed
+    inside a stage); the library itself takes any finite value and stops a run that diverges, naming the field."""
+    meta = {"help": help, "name": name, "ge": ge, "gt": gt, "le": le, "choices": tuple(choices)}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -47,7 +52,15 @@ def options(cls: type) -> dict[str, Option]:
             continue
         m = f.metadata
         found[f.name] = Option(
-            f.name, m["name"] or f.name, _kind(hints[f.name]), f.default, m["help"], m["ge"], m["gt"], m["choices"]
+            f.name,
+            m["name"] or f.name,
+            _kind(hints[f.name]),
+            f.default,
+            m["help"],
+            m["ge"],
+            m["gt"],
+            m.get("le"),
+            m["choices"],
         )
     return found
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_serializer
 
 from mygpt.errors import UserError
-from tasks.core.report import human_bytes, md_code, summary_table
+from tasks.core.report import Markdown, human_bytes, md_code, md_row, md_text, summary_table
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.core.urls import address_sha256, file_path, redact_url, stored_url
@@ -227,13 +227,19 @@ def report(manifest: dict) -> str:
     m = manifest.get("metrics", {})
     d = m.get("download", {})
     lines = [
-        f"# corpus `{manifest['version']}`",
+        f"# corpus {md_code(manifest['version'])}",
         "",
         summary_table(
             [
                 ("source", md_code(redact_url(m.get("source_url") or ""))),
-                ("source identity (part of the version)", source_line(manifest.get("source"))),
-                ("zip", f"{m.get('zip_bytes', 0):,} bytes, sha256 `{m.get('zip_sha256')}` (not kept)"),
+                ("source identity (part of the version)", source_line(manifest.get("source"), markdown=True)),
+                (
+                    "zip",
+                    Markdown(
+                        f"{md_text(format(m.get('zip_bytes', 0), ','))} bytes, "
+                        f"sha256 {md_code(m.get('zip_sha256'))} (not kept)"
+                    ),
+                ),
                 (
                     "download",
                     f"{m.get('download_seconds', 0):.1f} s; {d.get('tries', 0)} request(s), "
@@ -251,15 +257,12 @@ def report(manifest: dict) -> str:
         st = m.get("splits", {}).get(split)
         if not st:
             continue
-        lines.append(
-            f"| {SPLIT_FILES[split]} | {st['bytes']:,} | {st['chars']:,} | {st['lines']:,} | "
-            f"{st['headers_stripped']:,} | {st['lines_removed']:,} | `{st['sha256'][:16]}…` |"
-        )
+        counts = (f"{st[k]:,}" for k in ("bytes", "chars", "lines", "headers_stripped", "lines_removed"))
+        lines.append(md_row(SPLIT_FILES[split], *counts, Markdown(md_code(st["sha256"][:16]) + "…")))
     w = m.get("wikipedia")
     if w:
-        lines.append(
-            f"| **{CORPUS_FILE}** | {w['bytes']:,} | {w['chars']:,} | {w['lines']:,} | | | `{w['sha256'][:16]}…` |"
-        )
+        counts = (f"{w[k]:,}" for k in ("bytes", "chars", "lines"))
+        lines.append(md_row(Markdown(f"**{CORPUS_FILE}**"), *counts, "", "", Markdown(md_code(w["sha256"][:16]) + "…")))
     return "\n".join(lines) + "\n"
 
 

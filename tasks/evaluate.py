@@ -17,7 +17,7 @@ from pydantic import Field
 from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
 from tasks.core import shard_format
-from tasks.core.report import md_code, number, summary_table
+from tasks.core.report import md_code, md_text, number, summary_table
 from tasks.core.settings import DeviceSettings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.corpus import SPLIT_FILES
@@ -96,7 +96,8 @@ def report(manifest: dict) -> str:
             ("device / precision", f"{m.get('device')} / {m.get('precision')}"),
         ]
     )
-    return f"# Evaluation: evaluate/{manifest['version']}\n\n{table}\n\nFile: {md_code(where + '/evaluate.json')}\n"
+    title = f"# Evaluation: evaluate/{md_text(manifest['version'])}"
+    return f"{title}\n\n{table}\n\nFile: {md_code(where + '/evaluate.json')}\n"
 
 
 def _seen(m: dict) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import Field
 
 from mygpt.errors import UserError
-from tasks.core.report import number, summary_table
+from tasks.core.report import md_code, md_fence, md_row, md_text, number, summary_table
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 
@@ -67,17 +67,15 @@ def report(manifest: dict) -> str:
     m = manifest.get("metrics", {})
     check = m.get("check", {})
     where = f"export/{manifest['version']}"
-    files = "\n".join(f"| `{name}` | {info['bytes']:,} |" for name, info in m.get("files", {}).items())
+    files = "\n".join(md_row(md_code(name), f"{info['bytes']:,}") for name, info in m.get("files", {}).items())
     from mygpt.export.publish import load_lines
 
-    load = "\n".join(load_lines(manifest.get("path", f"artifacts/{where}")))
-    return f"""# Export: {where}
+    load = md_fence("\n".join(load_lines(manifest.get("path", f"artifacts/{where}"))), "python")
+    return f"""# Export: {md_text(where)}
 
 Load it with transformers (no custom code):
 
-```python
 {load}
-```
 
 {
         summary_table(

@@ -29,7 +29,7 @@ from mygpt.errors import UserError
 from mygpt.gpt_config import GPTConfig
 from mygpt.options import Option, options
 from mygpt.training.config import TrainConfig
-from tasks.core.report import line_chart, md_code, number, summary_table
+from tasks.core.report import Markdown, line_chart, md_code, md_row, md_text, number, summary_table
 from tasks.core.settings import DeviceSettings, Seed
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.tokenizer import load_tokenizer
@@ -83,7 +83,7 @@ _RECIPE = {o.name: o for o in options(TrainConfig).values()}
 def _setting(o: Option, annotation: Any = None) -> tuple[Any, Any]:
     """A pydantic field for ``o``: its type (a Literal of its choices), bounds, description, pipeline default."""
     kind = annotation or (Literal[o.choices] if o.choices else o.kind)
-    return kind, Field(CHAPTER_RUN.get(o.name, o.default), ge=o.ge, gt=o.gt, description=o.help)
+    return kind, Field(CHAPTER_RUN.get(o.name, o.default), ge=o.ge, gt=o.gt, le=o.le, description=o.help)
 
 
 class ModelSettingsBase(DeviceSettings):
@@ -159,6 +159,15 @@ class ModelSettingsBase(DeviceSettings):
         if params.get("micro_batch_size") == 0:
             del params["micro_batch_size"]
         return params
+
+    def warnings(self) -> list[str]:
+        if self.warmup and self.warmup >= self.steps:
+            return [
+                f"model.warmup ({self.warmup}) is not shorter than steps ({self.steps}): the learning rate rises for "
+                f"the whole run, peaks at {100 * self.steps / self.warmup:.0f}% of lr ({self.lr:g}) and never "
+                f"reaches the {self.schedule} schedule; set warmup below steps (the chapter warms up for 5% of them)"
+            ]
+        return []
 
     def gpt_config(self, vocab_size: int) -> GPTConfig:
         """The model these settings describe; ``vocab_size`` comes from the tokenizer."""
@@ -371,7 +380,7 @@ def report(manifest: dict) -> str:
     picture = f"![loss curve](data:image/svg+xml;base64,{base64.b64encode(svg.encode()).decode()})\n\n" if svg else ""
     step = max(1, math.ceil(len(curve) / 12))
     rows = curve[::step] + ([curve[-1]] if curve and (len(curve) - 1) % step else [])
-    table = "\n".join(f"| {s:,} | {_fmt(t)} | {_fmt(v)} |" for s, t, v in rows)
+    table = "\n".join(md_row(f"{s:,}", _fmt(t), _fmt(v)) for s, t, v in rows)
     where = manifest.get("path", f"model/{manifest['version']}")
     resumed = f" (resumed from step {m['resumed_from']:,} after a crash)" if m.get("resumed_from") else ""
     mfu = m.get("mfu")
@@ -409,11 +418,11 @@ def report(manifest: dict) -> str:
                 f"(warmup {p['warmup']}), clip {p['max_grad_norm']}, seed {p['seed']}, splits {p['train_splits']}",
             ),
             ("tokens", f"{m.get('train_tokens', 0):,} train, {m.get('val_tokens', 0):,} validation"),
-            ("checkpoint", "`model.ckpt` in this version's folder (below)"),
+            ("checkpoint", Markdown("`model.ckpt` in this version's folder (below)")),
             *(("warning", w) for w in m.get("warnings", [])),
         ]
     )
-    return f"""# Training: model/{manifest["version"]}
+    return f"""# Training: model/{md_text(manifest["version"])}
 
 {picture}{summary}
 

@@ -23,6 +23,8 @@ MAX_TEMPERATURE = 100.0
 class SamplesSettings(DeviceSettings):
     """What to generate (the chapter's §28.7): prompts, length, sampling. ``device``/``precision``: DeviceSettings."""
 
+    TEXT_FIELDS = frozenset({"prompt"})
+
     prompt: tuple[str, ...] = Field(
         ("The history of",), strict=False, description="one prompt or a list of them; the chapter uses 'The history of'"
     )
@@ -115,8 +117,11 @@ def build_samples(ctx: BuildContext, settings: SamplesSettings, model: Path) -> 
 def samples_markdown(samples: list[dict], p: dict) -> str:
     """The samples as markdown: one blockquote per prompt, the prompt in bold, markdown syntax escaped."""
     parts = [
-        f"{p['max_new_tokens']} tokens per prompt, temperature {p['temperature']}, top-k {p['top_k']}, "
-        f"seed {p['seed']}, device {p['device']} ({p['precision']}). The prompt is in bold.\n"
+        md_text(
+            f"{p['max_new_tokens']} tokens per prompt, temperature {p['temperature']}, top-k {p['top_k']}, "
+            f"seed {p['seed']}, device {p['device']} ({p['precision']}). The prompt is in bold."
+        )
+        + "\n"
     ]
     for i, s in enumerate(samples, 1):
         note = (
@@ -136,7 +141,7 @@ def samples_markdown(samples: list[dict], p: dict) -> str:
 def report(manifest: dict) -> str:
     where = manifest.get("path", f"samples/{manifest['version']}")
     return (
-        f"# Samples: samples/{manifest['version']}\n\n"
+        f"# Samples: samples/{md_text(manifest['version'])}\n\n"
         + samples_markdown(manifest["metrics"]["samples"], manifest["settings"])
         + f"\nFiles: {md_code(f'{where}/samples.md')}, {md_code(f'{where}/samples.json')}\n"
     )

@@ -22,7 +22,7 @@ from mygpt.tokenizers.bpe import BPETokenizer
 from mygpt.tokenizers.bpe_chunks import chunk_bounds
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 from tasks.core import dask_work, shard_format
-from tasks.core.report import md_code
+from tasks.core.report import md_code, md_row, md_text
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.corpus import SPLIT_FILES, SPLITS
@@ -373,11 +373,14 @@ def _readme(index: dict, split_metrics: dict) -> str:
 def report(manifest: dict) -> str:
     m = manifest.get("metrics", {})
     lines = [
-        f"# shards `{manifest['version']}`",
+        f"# shards {md_code(manifest['version'])}",
         "",
-        f"{m.get('tokens', 0):,} tokens ({m.get('dtype')}, vocab {m.get('vocab_size')}), "
-        f"{len(m.get('shards', []))} Parquet shards of up to {m.get('shard_tokens', 0):,} tokens; "
-        f"encoded at {m.get('mb_per_s')} MB/s with {m.get('workers')} Dask worker(s) in {m.get('seconds', 0):.1f} s.",
+        md_text(
+            f"{m.get('tokens', 0):,} tokens ({m.get('dtype')}, vocab {m.get('vocab_size')}), "
+            f"{len(m.get('shards', []))} Parquet shards of up to {m.get('shard_tokens', 0):,} tokens; "
+            f"encoded at {m.get('mb_per_s')} MB/s with {m.get('workers')} Dask worker(s) in "
+            f"{m.get('seconds', 0):.1f} s."
+        ),
         "",
         "| split | shards | tokens | chars | chars/token | skipped positions | skipped distinct | MB/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -388,8 +391,16 @@ def report(manifest: dict) -> str:
             continue
         cpt = f"{sm['chars'] / sm['tokens']:.2f}" if sm["tokens"] else "-"
         lines.append(
-            f"| {s} | {sm['shards']} | {sm['tokens']:,} | {sm['chars']:,} | {cpt} | "
-            f"{sm['skipped_positions']:,} | {sm['skipped_distinct']:,} | {sm['mb_per_s'] or '-'} |"
+            md_row(
+                s,
+                sm["shards"],
+                f"{sm['tokens']:,}",
+                f"{sm['chars']:,}",
+                cpt,
+                f"{sm['skipped_positions']:,}",
+                f"{sm['skipped_distinct']:,}",
+                sm["mb_per_s"] or "-",
+            )
         )
     miss = m.get("missing")
     if miss:
@@ -403,7 +414,10 @@ def report(manifest: dict) -> str:
         if miss["missing_top"]:
             lines.append(
                 "Most frequent: "
-                + ", ".join(f"{md_code(t['char'])} {t['codepoint']} ×{t['count']}" for t in miss["missing_top"][:10])
+                + ", ".join(
+                    f"{md_code(t['char'])} {md_text(t['codepoint'])} ×{md_text(t['count'])}"
+                    for t in miss["missing_top"][:10]
+                )
             )
     return "\n".join(lines) + "\n"
 

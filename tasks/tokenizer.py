@@ -141,7 +141,7 @@ def report(manifest: dict) -> str:
     m = manifest.get("metrics", {})
     p = manifest.get("settings", {})
     lines = [
-        f"# tokenizer `{manifest['version']}`",
+        f"# tokenizer {md_code(manifest['version'])}",
         "",
         summary_table(
             [

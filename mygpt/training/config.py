@@ -17,6 +17,12 @@ from mygpt.options import check_options, option
 __all__ = ["SCHEDULES", "TrainConfig", "lr_at"]
 
 SCHEDULES = ("constant", "cosine")
+# The pipeline's upper bounds of the float fields (Option.le): far above any useful value, far below an overflow.
+# AdamW moves each weight by about lr a step (weights start near 0.02) and multiplies it by 1 - lr * weight_decay;
+# no gradient norm of a finite model reaches MAX_GRAD_NORM (0 is how to say "no clipping").
+MAX_LR = 1.0
+MAX_WEIGHT_DECAY = 1.0
+MAX_GRAD_NORM = 1e6
 
 
 @dataclass(frozen=True)
@@ -30,11 +36,14 @@ class TrainConfig:
     batch_size: int = option(16, "sequences per step; the chapter uses 16", ge=1)
     seq_len: int = option(64, "tokens per training sequence; <= max_seq_len; the chapter uses 256", ge=1)
     lr: float = option(
-        1e-3, "AdamW peak learning rate; 1e-3 is what the chapter's printed run used (its table says 3e-4)", gt=0
+        1e-3,
+        "AdamW peak learning rate; 1e-3 is what the chapter's printed run used (its table says 3e-4)",
+        gt=0,
+        le=MAX_LR,
     )
     schedule: str = option("constant", "learning-rate schedule after warmup", choices=SCHEDULES)
     warmup: int = option(0, "linear warmup steps; the chapter uses 500", ge=0)
-    max_grad_norm: float = option(0.0, "gradient clipping norm; 0 = no clipping", ge=0)
+    max_grad_norm: float = option(0.0, "gradient clipping norm; 0 = no clipping", ge=0, le=MAX_GRAD_NORM)
     precision: str = option(
         "fp32",
         "fp32 or bf16 autocast; auto = bf16 where native (cuda 8.0+, mps on macOS 14+), else fp32",
@@ -47,7 +56,7 @@ class TrainConfig:
         0, "resume checkpoint every N steps (a crash costs at most that many); 0 = at the end only", ge=0
     )
     seed: int = option(1337, "initial weights and batch order")
-    weight_decay: float = option(0.01, "AdamW weight decay", ge=0)
+    weight_decay: float = option(0.01, "AdamW weight decay", ge=0, le=MAX_WEIGHT_DECAY)
     micro_batch_size: int = option(
         0, "rows per forward pass in each process, gradients accumulated; 0 = all of the process's rows at once", ge=0
     )

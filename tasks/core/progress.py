@@ -6,8 +6,10 @@ from tasks.core.report import human_bytes
 
 
 class Pace:
-    """``5.1k tokens/s · ETA 12m`` from a build's progress calls, measured from the first call of the current
-    phase (a new ``total`` or a ``done`` going back), so a resumed build's ETA counts only the work left."""
+    """``5.1k tokens/s wall-clock · ETA 12m`` from a build's progress calls, measured from the first call of the
+    current phase (a new ``total`` or a ``done`` going back), so a resumed build's ETA counts only the work left.
+    A rate of a unit other than bytes says ``wall-clock``: it counts everything since the phase began (start-up,
+    evaluation, checkpoints), where training's own ``throughput:`` line counts its steps' time only."""
 
     def __init__(self, unit: tuple[str, float] | None = None) -> None:
         self.unit = unit
@@ -35,8 +37,8 @@ class Pace:
             return f"{human_bytes(value)}/s"
         for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
             if value >= factor:
-                return f"{value / factor:.1f}{suffix} {name}/s"
-        return f"{value:.1f} {name}/s"
+                return f"{value / factor:.1f}{suffix} {name}/s wall-clock"
+        return f"{value:.1f} {name}/s wall-clock"
 
 
 def human_seconds(seconds: float) -> str:

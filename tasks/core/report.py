@@ -11,37 +11,62 @@ import re
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~])")
 
 
-def md_text(text: object, one_line: bool = True) -> str:
+class Markdown(str):
+    """Text that is markdown already: made by :func:`md_text`, :func:`md_code`, :func:`md_fence` or written as
+    markup in the code (``Markdown("**built**")``). The builders below pass it through as it is and escape every
+    other value (:func:`md`), so a value read from a manifest or given by a user never reads as markup."""
+
+
+def md(value: object) -> Markdown:
+    """``value`` as markdown: itself when it is :class:`Markdown`, else escaped by :func:`md_text`."""
+    return value if isinstance(value, Markdown) else md_text(value)
+
+
+def md_text(text: object, one_line: bool = True) -> Markdown:
     """``text`` as literal markdown text: markup characters (and so HTML's ``<``) backslash-escaped; on one line
     (newlines as ``\\n``) unless ``one_line`` is false (a caller that quotes each line itself)."""
     s = str(text)
     if one_line:
         s = s.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
-    return _MD_SPECIAL.sub(r"\\\1", s)
+    return Markdown(_MD_SPECIAL.sub(r"\\\1", s))
 
 
-def md_code(text: object) -> str:
+def md_code(text: object) -> Markdown:
     """``text`` as an inline code span that is safe in a table cell: a fence longer than any run of backticks
     inside it, ``|`` escaped (GitHub's tables split cells on it even in code), newlines and tabs shown as
     ``\\n``/``\\t``."""
     s = str(text).replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t").replace("|", "\\|")
     fence = "`" * (max((len(run) for run in re.findall(r"`+", s)), default=0) + 1)
     pad = " " if s.startswith("`") or s.endswith("`") or not s.strip() else ""
-    return f"{fence}{pad}{s}{pad}{fence}"
+    return Markdown(f"{fence}{pad}{s}{pad}{fence}")
 
 
-def summary_table(rows: list[tuple[str, object]]) -> str:
-    """The two-column "what | value" markdown table at the top of every stage's UI artifact."""
-    return "\n".join(["| | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)])
+def md_fence(text: str, language: str = "") -> Markdown:
+    """``text`` as a fenced code block whose fence is longer than any run of backticks inside it (a line of
+    three backticks in ``text`` would otherwise close the block and let the rest read as markup)."""
+    fence = "`" * max(3, max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    return Markdown(f"{fence}{language}\n{text}\n{fence}")
 
 
-def settings_table(settings: dict) -> str:
+def md_row(*cells: object) -> Markdown:
+    """One markdown table row, each cell through :func:`md` (so a value's ``|`` or newline never adds a cell or
+    a row)."""
+    return Markdown("| " + " | ".join(md(c) for c in cells) + " |")
+
+
+def summary_table(rows: list[tuple[str, object]]) -> Markdown:
+    """The two-column "what | value" markdown table at the top of every stage's UI artifact; each name and value
+    through :func:`md`."""
+    return Markdown("\n".join(["| | value |", "|---|---|", *(md_row(name, value) for name, value in rows)]))
+
+
+def settings_table(settings: dict) -> Markdown:
     """The settings a version was built with, one named row each (the end of every stage's UI artifact)."""
 
     rows = "\n".join(
-        f"| {md_code(name)} | {md_code(json.dumps(value, ensure_ascii=False))} |" for name, value in settings.items()
+        md_row(md_code(name), md_code(json.dumps(value, ensure_ascii=False))) for name, value in settings.items()
     )
-    return f"\n## Settings\n\n| setting | value |\n|---|---|\n{rows}\n"
+    return Markdown(f"\n## Settings\n\n| setting | value |\n|---|---|\n{rows}\n")
 
 
 def number(value: object, spec: str = ".4f") -> str:

@@ -14,7 +14,16 @@ import typing
 from typing import Annotated, Any, Literal
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from mygpt.errors import UserError
 
@@ -24,7 +33,30 @@ class Settings(BaseModel):
 
     # allow_inf_nan=False: every float setting refuses inf and nan (``lr=Infinity``) with the field's message
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+    #: The fields that hold free text (a prompt), where a tab or a newline may be meant; every other string is a
+    #: path, URL or name, where no control character is.
+    TEXT_FIELDS: typing.ClassVar[frozenset[str]] = frozenset()
     _resolved: bool = PrivateAttr(False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_control_characters(cls, value: Any, info: ValidationInfo) -> Any:
+        # Settings travel to the Prefect server as the flow run's parameters: PostgreSQL cannot store a NUL or a
+        # lone surrogate (it refuses the whole run, after its retries), and a path with a NUL crashes the stage.
+        field = str(info.field_name)
+        texts = [value] if isinstance(value, str) else list(value) if isinstance(value, list | tuple) else []
+        for i, text in enumerate(texts):
+            found = isinstance(text, str) and (_UNSTORABLE if field in cls.TEXT_FIELDS else _CONTROL).search(text)
+            if found:  # the value itself is not quoted: a URL's credentials would be
+                ch, item = found.group(), f" of item {i + 1}" if not isinstance(value, str) else ""
+                where = f"({ascii(ch)[1:-1]}, at character {found.start() + 1}{item})"
+                if ch == "\x00" or ch >= "\ud800":
+                    what = "a NUL character" if ch == "\x00" else "a lone surrogate"
+                    raise ValueError(f"{field} holds {what} {where}, which the Prefect server cannot store; remove it")
+                raise ValueError(
+                    f"{field} holds a control character {where}, which no path, URL or name has; remove it"
+                )
+        return value
 
     @classmethod
     def parse(cls, value: Any, name: str = "") -> typing.Self:
@@ -72,6 +104,11 @@ class Settings(BaseModel):
         """Check these settings against the other stages' (``groups``, by name) before any stage runs; ``UserError``
         naming the fields. The one home of each cross-stage check. Default: none."""
 
+    def warnings(self) -> list[str]:
+        """What in these settings runs but is likely not meant (the flow logs each and the run summary lists
+        them); each names the fields. Default: none."""
+        return []
+
     def version_params(self) -> dict:
         """What this stage's version id is computed from (all fields, JSON-shaped)."""
         return self.model_dump(mode="json")
@@ -106,28 +143,35 @@ class Settings(BaseModel):
         return f"{where}{field} must be {requirement}, got {got!r}{hint}"
 
 
+def _bound(value: Any) -> str:
+    """A bound as a message shows it: an integer whole, a float short (``1e+06``, ``1``)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _requirement(annotation: Any, metadata: list) -> str:
     """``an integer >= 1``, ``a positive number``, ``one of a, b``, ``true or false``, ... for a field."""
     bounds = []
     for m in metadata:
         if isinstance(m, annotated_types.Ge):
-            bounds.append(f">= {m.ge}")
+            bounds.append(f">= {_bound(m.ge)}")
         elif isinstance(m, annotated_types.Gt):
-            bounds.append(f"> {m.gt}")
+            bounds.append(f"> {_bound(m.gt)}")
         elif isinstance(m, annotated_types.Le):
-            bounds.append(f"<= {m.le}")
-    if len(bounds) == 2:
-        bounds = [" and ".join(bounds)]
+            bounds.append(f"<= {_bound(m.le)}")
     args = typing.get_args(annotation)
     is_union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
     options = [a for a in args if a is not type(None)] if is_union else [annotation]
+    positive = float in options and bounds[:1] == ["> 0"]  # "a positive number", then any upper bound
+    if positive:
+        bounds = bounds[1:]
+    if len(bounds) == 2:
+        bounds = [" and ".join(bounds)]
     kinds = []
     for t in options:
         if typing.get_origin(t) is Literal:
             kinds.append("one of " + ", ".join(map(str, typing.get_args(t))))
-        elif t is float and bounds == ["> 0"]:
+        elif t is float and positive:
             kinds.append("a positive number")
-            bounds = []
         else:
             name: str = getattr(t, "__name__", str(t))
             kinds.append(_KINDS.get(t) or _KINDS.get(typing.get_origin(t)) or name)
@@ -156,6 +200,12 @@ MAX_SEED = 2**63 - 1
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
 
+#: What no stored text may hold: NUL and lone surrogates (UTF-8 and PostgreSQL have no form of them).
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+#: ... nor a path, URL or name: any C0 or C1 control character and DEL too.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
 class RunOptions(Settings):
     """How to run the pipeline, not what it builds: nothing here enters a version id."""
 
@@ -167,10 +217,18 @@ class RunOptions(Settings):
         "environment); null = $WIKI_PIPELINE_ARTIFACTS, else artifacts/ in the checkout",
     )
     force: tuple[str, ...] = Field(
-        (), strict=False, description='stages to rebuild even though a valid version exists, e.g. ["tokenizer"]'
+        (),
+        strict=False,
+        description='stages to rebuild even though a valid version exists, e.g. ["tokenizer"] (a stage may also be '
+        "named by its older verb: download = corpus, bpe = tokenizer, encode = shards, train = model, "
+        "sample = samples)",
     )
     full_check: bool = Field(False, description="verify every reused file's sha256, not only its size")
-    only: str | None = Field(None, description="run only this stage, against the latest published upstream versions")
+    only: str | None = Field(
+        None,
+        description="run only this stage, against the latest published upstream versions (its name, or its older "
+        "verb: download = corpus, bpe = tokenizer, encode = shards, train = model, sample = samples)",
+    )
     workers: int | None = Field(
         None,
         ge=1,

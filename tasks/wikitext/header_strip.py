@@ -143,29 +143,30 @@ def strip_headers(
     max_pending: int = MAX_PENDING_CHARS,
 ) -> Iterator[tuple[str, int]]:
     """Stream ``HEADER_RE.sub("", "".join(pieces))`` as ``(text, headers_removed)`` pieces, in blocks of about
-    ``block_chars``; ``UserError`` naming ``name`` when a header candidate stays undecided past ``max_pending``."""
+    ``block_chars``; ``UserError`` naming ``name`` as soon as more than ``max_pending`` characters of a header
+    candidate are held undecided (checked at every piece, so no longer candidate ever gets through)."""
     buf = ""
     line_start = True  # buf starts at a line start
     scan_at = block_chars
     for piece in pieces:
         buf = buf + piece if buf else piece
-        if len(buf) >= block_chars:
-            s = _safe_cut(buf)
-            if s > 0:
-                head, buf = buf[:s], buf[s:]
-                yield strip_block(head, line_start)
-                line_start, scan_at = True, block_chars
-            elif len(buf) >= scan_at:
-                text, n, cut = _decided(buf, line_start)
-                if cut:
-                    yield text, n
-                    line_start, buf = buf[cut - 1] == "\n", buf[cut:]
-                if len(buf) > max_pending:
-                    raise UserError(
-                        f"{name} has a line that starts like a `= Header =` line and runs on for more than "
-                        f"{max_pending:,} characters without deciding; wikitext headers are short lines: "
-                        "this is not the wikitext-103-raw-v1 text (check source_url)"
-                    )
-                scan_at = max(block_chars, 2 * len(buf))
+        s = _safe_cut(buf) if len(buf) >= block_chars else -1
+        if s > 0:
+            head, buf = buf[:s], buf[s:]
+            yield strip_block(head, line_start)
+            line_start, scan_at = True, block_chars
+        # Past the bound, what is held is decided now, not at the next doubling: the bound is exact.
+        if len(buf) >= scan_at or len(buf) > max_pending:
+            text, n, cut = _decided(buf, line_start)
+            if cut:
+                yield text, n
+                line_start, buf = buf[cut - 1] == "\n", buf[cut:]
+            if len(buf) > max_pending:
+                raise UserError(
+                    f"{name} has a line that starts like a `= Header =` line and runs on for more than "
+                    f"{max_pending:,} characters without deciding; wikitext headers are short lines: "
+                    "this is not the wikitext-103-raw-v1 text (check source_url)"
+                )
+            scan_at = max(block_chars, 2 * len(buf))
     if buf:
         yield strip_block(buf, line_start)

@@ -111,8 +111,9 @@ def downloaded_zip(ctx: BuildContext, settings: ZipSource, index: SourceIndex) -
     return zip_path, dict(NO_DOWNLOAD)
 
 
-def source_line(source: dict | None) -> str:
-    """What a source said (its validators, or an identity), as one line for logs and reports."""
+def source_line(source: dict | None, markdown: bool = False) -> str:
+    """What a source said (its validators, or an identity), as one line for logs, or with ``markdown`` for a
+    report: names and values escaped (an ETag is the server's text, and must not read as markup)."""
     if not source:
         return "(no ETag, Last-Modified or size)"
     names = {
@@ -122,4 +123,8 @@ def source_line(source: dict | None) -> str:
         "last_modified": "Last-Modified",
         "sha256": "sha256",
     }
+    if markdown:
+        from tasks.core.report import Markdown, md_code, md_text
+
+        return Markdown("; ".join(f"{md_text(names.get(k, k))} {md_code(v)}" for k, v in source.items()))
     return "; ".join(f"{names.get(k, k)} `{v}`" for k, v in source.items())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.support import REPO
 
-PROGRESS = re.compile(r"^  model +\d+\.\d% step 10/40 loss \d+\.\d+ .*· [\d.]+k? tokens/s · ETA \d+")
+PROGRESS = re.compile(r"^  model +\d+\.\d% step 10/40 loss \d+\.\d+ .*· [\d.]+k? tokens/s wall-clock · ETA \d+")
 
 
 def _flow_run_of(root: Path, deadline: float) -> str:

@@ -72,3 +72,89 @@ def test_every_stage_with_columns_has_a_comparison_and_every_headline_reads_old_
     md = comparison(model, versions, {}, [(("test bits/byte", lambda m: str(m["x"])), {"v1": {"x": 1.25}})])
     assert md.startswith("# Model versions compared (2)") and "| val bits/byte |" in md and "test bits/byte" in md
     assert "| `v2` |" in md and "| `v1` |" in md and " 2.5000 " in md and " 1.25 " in md and " – " in md
+
+
+def test_a_stage_that_failed_is_shown_failed_never_built():
+    """The summary's row, title and counts say how each stage ended: a Failed or Crashed stage is not "built"."""
+    from flows.reports import Outcome, run_summary
+
+    outcomes = [Outcome("corpus", "", "Failed", 0.5)]
+    summary = run_summary(None, outcomes, {}, RuntimeError("boom"))
+    assert "| corpus | **Failed** | – |" in summary, summary
+    assert "0 built, 0 Cached" in summary and "| corpus | **built**" not in summary, summary
+    assert [Outcome("m", "", state, 0).verdict for state in ("Failed", "Crashed", "Cancelled")] == [
+        "Failed",
+        "Crashed",
+        "Cancelled",
+    ]
+    assert (Outcome("m", "v", "Completed", 0).verdict, Outcome("m", "v", "Cached", 0).verdict) == ("built", "Cached")
+
+
+def test_a_flow_run_whose_stage_fails_publishes_a_summary_naming_it_failed(prefect_server, tmp_path):
+    """Through a real flow run: the corpus stage fails (its zip is missing), and the run summary the server holds
+    shows it Failed, with the reason, and counts nothing built."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    from flows.wiki_pipeline import wiki_pipeline
+    from tests.support.tiny import tiny_flow_parameters
+
+    params = tiny_flow_parameters((tmp_path / "missing.zip").as_uri(), tmp_path / "art")
+    state = wiki_pipeline(**params, return_state=True)
+    assert state.is_failed(), state
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+        )
+    summary = next(a for a in found if a.key == "wiki-run-summary")
+    assert summary.description.startswith("Failed: 0 built, 0 Cached: corpus Failed"), summary.description
+    assert "| corpus | **Failed** | – |" in summary.data and "**Failed in stage corpus**" in summary.data, summary.data
+
+
+def test_each_artifact_root_has_its_own_comparison_naming_the_root(prefect_server, tmp_path, monkeypatch):
+    """Runs on two roots, through a real server: each root's comparison is a key of its own (its latest never
+    flips to the other root's versions) and names its root, escaped, an s3 URL without credentials."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.reports import comparison, comparison_key, publish
+    from tasks.core.report import md_code
+    from tasks.registry import open_store
+    from tests.tasks.store.builds import publish_locked
+
+    one, two = tmp_path / "root-one", tmp_path / "root`<b>two</b>"
+    for root, versions in ((one, ("aaaaaaaaaaa1",)), (two, ("bbbbbbbbbbb1", "bbbbbbbbbbb2", "bbbbbbbbbbb3"))):
+        for version in versions:
+            publish_locked(open_store(root), "tokenizer", version, {"tokenizer.json": b"{}"})
+
+    @flow(name="comparisons-per-root")
+    def runs_on_two_roots() -> None:
+        publish(str(one), [])
+        publish(str(two), [])
+        publish(str(one), [])
+
+    runs_on_two_roots()
+    keys = {comparison_key("tokenizer", root) for root in (one, two)}
+    assert len(keys) == 2 and all(re.fullmatch(r"wiki-tokenizer-comparison-[a-z0-9-]+", k) for k in keys), keys
+    assert comparison_key("tokenizer", one).startswith("wiki-tokenizer-comparison-root-one-")
+    with get_client(sync_client=True) as client:
+        latest = {
+            a.key: a.data
+            for a in client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=sorted(keys))))
+        }
+    first, second = latest[comparison_key("tokenizer", one)], latest[comparison_key("tokenizer", two)]
+    assert first.startswith("# Tokenizer versions compared (1)") and f"root {md_code(one)}." in first, first
+    assert second.startswith("# Tokenizer versions compared (3)") and f"root {md_code(two)}." in second, second
+    assert md_code(two).startswith("``/") and "<b>" not in second.replace(md_code(two), ""), second
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    shown = comparison(BY_NAME["tokenizer"], [], {}, [], "s3://AKIAKEY:S3CRET@bkt/wiki")
+    assert "S3CRET" not in shown and "AKIAKEY" not in shown and "`s3://***@bkt/wiki`" in shown, shown
+
+
+def test_the_summary_lists_the_settings_warnings_as_text():
+    from flows.reports import run_summary
+
+    summary = run_summary(None, [], {}, None, ["model.warmup (500) is not shorter than steps (60) <b>"])
+    assert "**Warning**: model.warmup (500) is not shorter than steps (60) \\<b\\>" in summary, summary

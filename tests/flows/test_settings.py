@@ -60,7 +60,25 @@ BAD = [
         rf"^run.workers \({CORES + 1}\) is more than the {CORES} CPU cores here; each Dask worker is a process",
     ),
     ({"chunk_bytes": 1}, r"^run.chunk_bytes must be an integer >= 1000 and <= 1073741824 \(or null\), got 1 "),
-    ({"lr": float("inf")}, r"^model.lr must be a positive finite number, got inf \(AdamW peak learning rate"),
+    ({"lr": float("inf")}, r"^model.lr must be a positive finite number <= 1, got inf \(AdamW peak learning rate"),
+    # finite and far out of range (each overflowed inside training)
+    ({"lr": 1e300}, r"^model.lr must be a positive number <= 1, got 1e\+300 \(AdamW peak learning rate"),
+    ({"lr": 1.5}, r"^model.lr must be a positive number <= 1, got 1.5 "),
+    ({"max_grad_norm": 1e300}, r"^model.max_grad_norm must be a number >= 0 and <= 1e\+06, got 1e\+300 "),
+    # what the Prefect server cannot store (PostgreSQL refuses a NUL), and control characters in a path or name
+    (
+        {"prompt": "The history of\x00"},
+        r"^samples.prompt holds a NUL character \(\\x00, at character 15 of item 1\), which the Prefect server "
+        "cannot store; remove it$",
+    ),
+    ({"prompt": ["ok", "x\ud800"]}, r"^samples.prompt holds a lone surrogate \(\\ud800, at character 2 of item 2\)"),
+    ({"artifacts_dir": "/tmp/a\x00b"}, r"^run.artifacts_dir holds a NUL character \(\\x00, at character 7\)"),
+    ({"artifacts_dir": "/tmp/a\x1b[0mb"}, r"^run.artifacts_dir holds a control character \(\\x1b, at character 7\)"),
+    ({"source_url": "https://u:SECRET@h/\nw.zip"}, r"^corpus.source_url holds a control character \(\\n, at char"),
+    ({"device": "cpu\x00"}, r"^model.device holds a NUL character"),
+    ({"expected_sha256": "a\tb"}, r"^corpus.expected_sha256 holds a control character \(\\t, at character 2\)"),
+    ({"only": "model\x7f"}, r"^run.only holds a control character \(\\x7f, at character 6\)"),
+    ({"force": ["model\x00"]}, r"^run.force holds a NUL character \(\\x00, at character 6 of item 1\)"),
     ({"temperature": float("inf")}, r"^samples.temperature must be a finite number, got inf \(sampling temperature"),
     ({"temperature": float("nan")}, r"^samples.temperature must be a finite number, got nan"),
     ({"temperature": 100.5}, r"^samples.temperature must be 0 \(greedy\) or from 0.001 to 100, got 100.5"),
@@ -74,6 +92,15 @@ BAD = [
 def test_bad_parameter_is_refused_naming_it(bad, message):
     with pytest.raises(UserError, match=message):
         Pipeline.from_flat(bad)
+
+
+def test_text_keeps_tabs_and_newlines_and_a_refused_value_is_not_quoted():
+    """A prompt may mean a tab or a newline (only NUL and lone surrogates are refused there); the message about
+    a control character names its position, never the value (a URL's password would be in it)."""
+    assert Pipeline.from_flat({"prompt": ["a\tb", "line\nnext\r\n"]}).samples.prompt == ("a\tb", "line\nnext\r\n")
+    with pytest.raises(UserError) as refused:
+        Pipeline.from_flat({"source_url": "https://alice:SECRET@h/w\x00.zip"})
+    assert "SECRET" not in str(refused.value) and "alice" not in str(refused.value), refused.value
 
 
 def test_defaults_are_the_chapters_and_live_in_the_stage_settings():
@@ -288,3 +315,27 @@ def test_a_copy_with_a_group_given_anew_resolves_that_group_anew():
     assert q.model.steps == 7 and q.resolved("model").steps == 7
     assert p.resolved("model").steps == 5, "the original keeps its own"
     assert q.resolved("tokenizer") is p.resolved("tokenizer"), "a group not given anew is not resolved again"
+
+
+def test_a_warmup_not_shorter_than_the_steps_is_a_warning_not_an_error():
+    """It runs (the learning rate never leaves warmup): a warning naming both fields, none for a sane recipe."""
+    s = Pipeline.from_flat({"steps": 60})  # the chapter's warmup, 500
+    (warning,) = s.resolved("model").warnings()
+    assert warning.startswith("model.warmup (500) is not shorter than steps (60): the learning rate rises for the")
+    assert "peaks at 12% of lr (0.001)" in warning, warning
+    assert Pipeline.from_flat({"steps": 600}).resolved("model").warnings() == []
+    assert Pipeline.from_flat({"steps": 6, "warmup": 0}).resolved("model").warnings() == []
+
+
+def test_the_older_verbs_a_stage_answers_to_are_documented_in_the_help():
+    """``only: "train"`` runs the model stage: every alias the registry accepts is in the help of ``only`` and
+    ``force`` (the UI form's text), as ``verb = stage``."""
+    from tasks.core.settings import RunOptions
+    from tasks.registry import STAGES
+
+    aliases = {s.alias: s.name for s in STAGES if s.alias}
+    assert aliases, "the registry has older verbs"
+    for field in ("only", "force"):
+        help_text = RunOptions.model_fields[field].description or ""
+        assert [f"{verb} = {name}" for verb, name in aliases.items() if f"{verb} = {name}" not in help_text] == []
+    assert Pipeline.from_flat({"only": "train"}).run.only == "model"

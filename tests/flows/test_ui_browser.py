@@ -1,10 +1,13 @@
 """The Prefect UI as a user sees it: headless Chromium renders a real server's pages after two tiny runs and the test
 reads the DOM: the stage artifacts, run summary, loss chart, model comparison and the custom-run form's groups.
+The runs' artifact root holds markup (an ``<img onerror>``, a ``javascript:`` link, a ``<script>``, backticks), and
+a comparison is posted from a manifest whose values hold more: the pages show it as text, and no element of it.
 Skipped without Debian's ``chromium``; slow (``scripts/test -m slow tests/flows/test_ui_browser.py``)."""
 
 from __future__ import annotations
 
 import base64
+import html
 import re
 import shutil
 import subprocess
@@ -23,6 +26,10 @@ pytestmark = [
 ]
 
 GROUPS = (*NAMES, "run")
+#: The runs' artifact root's last part: what a root may hold (a path has no "/" in a name, nor a newline).
+HOSTILE_ROOT = "art`<img src=x onerror=alert(1)>`[clickme](javascript:alert(1))<script>alert(2)"
+#: What a manifest's value may hold on top: a closing tag, a newline and a row of a table.
+HOSTILE_VALUE = "x`<img src=y onerror=alert(3)>`</script><script>alert(4)</script> | a |\n| injected | row |"
 
 
 def render(url: str, shot: Path | None = None, expect: str = "", budget_ms: int = 30_000) -> str:
@@ -55,14 +62,35 @@ def ui_runs(tmp_path_factory):
 
         runs = []
         for steps in (TINY["model"]["steps"], 20):
-            params = tiny_flow_parameters(url, tmp / "art", model={"steps": steps})
+            params = tiny_flow_parameters(url, tmp / HOSTILE_ROOT, model={"steps": steps})
             state = wiki_pipeline(**params, return_state=True)
             assert state.is_completed(), state
             runs.append(str(state.state_details.flow_run_id))
         deployment_id = wiki_pipeline.to_deployment(
-            name="wiki-pipeline", parameters=tiny_flow_parameters(url, tmp / "art")
+            name="wiki-pipeline", parameters=tiny_flow_parameters(url, tmp / HOSTILE_ROOT)
         ).apply()
         yield server.api_url.removesuffix("/api"), runs, str(deployment_id), tmp
+
+
+def hostile_comparison(root: Path) -> str:
+    """Post the model comparison of ``root``'s two versions, the newest with :data:`HOSTILE_VALUE` as its
+    ``created_at`` and a setting (a manifest may say anything); its artifact id."""
+    import dataclasses
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
+
+    from flows.reports import comparison
+    from tasks.registry import BY_NAME, open_store
+
+    old, new = open_store(root).versions("model")[-2:]
+    manifest = {**new.manifest, "created_at": HOSTILE_VALUE}
+    manifest["settings"] = {**manifest["settings"], "norm": HOSTILE_VALUE}
+    versions = [old, dataclasses.replace(new, manifest=manifest)]
+    md = comparison(BY_NAME["model"], versions, {}, [], root)
+    with get_client(sync_client=True) as client:
+        made = client.create_artifact(ArtifactCreate(key="wiki-hostile-comparison", type="markdown", data=md))
+    return str(made.id)
 
 
 def artifacts_of(flow_run_id: str) -> dict:
@@ -73,7 +101,16 @@ def artifacts_of(flow_run_id: str) -> dict:
         found = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
-    return {a.key: str(a.id) for a in found if a.key}
+    keys = {a.key: str(a.id) for a in found if a.key}
+    # a comparison's key names its artifact root (wiki-model-comparison-<root slug>-<hash>): found by its stem
+    return keys | {k.partition("-comparison-")[0] + "-comparison": v for k, v in keys.items() if "-comparison-" in k}
+
+
+def no_live_markup(dom: str, page: str) -> None:
+    """No element, attribute or link of the hostile texts in ``dom``; their words are there, as text."""
+    for live in (r"<img[^>]*onerror", r"<img[^>]*src=\"?[xy]\b", r"<a[^>]*href=\"javascript:", r"<script>alert"):
+        assert not re.search(live, dom), f"{page}: {live} in the DOM"
+    assert "onerror=alert(" in html.unescape(text_of(dom)), f"{page}: the hostile text is not shown as text"
 
 
 def test_the_ui_shows_the_artifacts_summary_chart_comparison_and_run_form(ui_runs):
@@ -81,8 +118,9 @@ def test_the_ui_shows_the_artifacts_summary_chart_comparison_and_run_form(ui_run
     shots = tmp / "screenshots"
     shots.mkdir()
 
-    run_page = text_of(render(f"{ui}/runs/flow-run/{first}", shots / "flow-run.png", "6 Task runs"))
-    assert "Completed" in run_page and "6 Task runs" in run_page, run_page[:3000]
+    task_runs = f"{len(NAMES)} Task runs"
+    run_page = text_of(render(f"{ui}/runs/flow-run/{first}", shots / "flow-run.png", task_runs))
+    assert "Completed" in run_page and task_runs in run_page, run_page[:3000]
     page = text_of(render(f"{ui}/artifacts", shots / "artifacts.png", "wiki-tokenizer-comparison"))
     for key in (f"wiki-{name}" for name in NAMES):
         assert key in page, f"{key} is not on the Artifacts page: {page[:3000]}"
@@ -91,12 +129,19 @@ def test_the_ui_shows_the_artifacts_summary_chart_comparison_and_run_form(ui_run
     arts = artifacts_of(first)
     summary_url = f"{ui}/artifacts/artifact/{arts['wiki-run-summary']}"
     built = f"{len(NAMES)} built, 0 Cached"
-    summary = text_of(render(summary_url, shots / "run-summary.png", built))
+    summary_dom = render(summary_url, shots / "run-summary.png", built)
+    no_live_markup(summary_dom, "wiki-run-summary")
+    summary = text_of(summary_dom)
     assert built in summary, summary[:3000]
     for stage in NAMES:
         assert re.search(rf"{stage} built [0-9a-f]{{12}}", summary), (stage, summary[:3000])
+    assert re.search(re.escape(HOSTILE_ROOT) + r" ?, so it was reused", html.unescape(summary)), "the root, as text"
 
     model_dom = render(f"{ui}/artifacts/artifact/{arts['wiki-model']}", shots / "model.png", "final val loss")
+    no_live_markup(model_dom, "wiki-model")
+    samples_dom = render(f"{ui}/artifacts/artifact/{arts['wiki-samples']}", expect="samples.json")
+    no_live_markup(samples_dom, "wiki-samples")
+    assert f"{HOSTILE_ROOT}/samples/" in html.unescape(text_of(samples_dom)), "the files' paths, as text"
     chart = re.search(r'<img[^>]+src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"', model_dom)
     assert chart, "no loss chart on the model's artifact page"
     svg = base64.b64decode(chart.group(1)).decode()
@@ -106,13 +151,24 @@ def test_the_ui_shows_the_artifacts_summary_chart_comparison_and_run_form(ui_run
     arts2 = artifacts_of(second)
     comparison_url = f"{ui}/artifacts/artifact/{arts2['wiki-model-comparison']}"
     comparison = render(comparison_url, shots / "comparison.png", "Model versions compared")
+    no_live_markup(comparison, "wiki-model-comparison")
     words = text_of(comparison)
     assert "Model versions compared (2)" in words, words[:3000]
     assert re.search(r"[0-9a-f]{12} [\d-]+ [\d:]+ 20 ", words) and re.search(r"[0-9a-f]{12} [\d-]+ [\d:]+ 40 ", words)
     curves = re.search(r'<img[^>]+src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"', comparison)
     assert curves and base64.b64decode(curves.group(1)).decode().count("<polyline") == 2, "two val-loss curves"
-    summary2 = text_of(render(f"{ui}/artifacts/artifact/{arts2['wiki-run-summary']}", expect="3 built, 3 Cached"))
-    assert "3 built, 3 Cached" in summary2 and re.search(r"corpus Cached [0-9a-f]{12}", summary2), summary2[:3000]
+    cached = NAMES.index("model")  # the stages before the model are reused; the model and after are built
+    counts = f"{len(NAMES) - cached} built, {cached} Cached"
+    summary2_dom = render(f"{ui}/artifacts/artifact/{arts2['wiki-run-summary']}", expect=counts)
+    no_live_markup(summary2_dom, "wiki-run-summary")
+    summary2 = text_of(summary2_dom)
+    assert counts in summary2 and re.search(r"corpus Cached [0-9a-f]{12}", summary2), summary2[:3000]
+
+    hostile = render(f"{ui}/artifacts/artifact/{hostile_comparison(tmp / HOSTILE_ROOT)}", expect="injected")
+    no_live_markup(hostile, "a comparison from hostile manifest values")
+    shown = html.unescape(text_of(hostile))
+    assert "| a |\\n| injected | row |" in shown, "the value's newline and pipes, as text in its cell"
+    assert len(re.findall(r"<tr", hostile)) == 3, "a header and one row per version: no row from a value"
 
     form_url = f"{ui}/deployments/deployment/{deployment_id}/run"
     form = text_of(render(form_url, shots / "custom-run.png", "run (Optional)"))

@@ -213,9 +213,9 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_once(upstream, monkeypatch, cap
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"lr": float("inf")}, r"^model.lr must be a positive finite number, got inf \(AdamW peak learning rate"),
-        ({"lr": float("nan")}, r"^model.lr must be a positive finite number, got nan"),
-        ({"max_grad_norm": float("inf")}, r"^model.max_grad_norm must be a finite number >= 0, got inf"),
+        ({"lr": float("inf")}, r"^model.lr must be a positive finite number <= 1, got inf \(AdamW peak learning rate"),
+        ({"lr": float("nan")}, r"^model.lr must be a positive finite number <= 1, got nan"),
+        ({"max_grad_norm": float("inf")}, r"^model.max_grad_norm must be a finite number >= 0 and <= 1e\+06, got inf"),
     ],
 )
 def test_float_settings_refuse_inf_and_nan(settings, message):

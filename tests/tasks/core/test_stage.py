@@ -135,8 +135,9 @@ def test_pace_shows_rate_and_eta_of_the_current_phase():
 
     tokens = Pace(("tokens", 4096))
     assert tokens.update(100, 1000, now=10.0) == ""  # a resumed build: the pace counts from here
-    assert tokens.update(150, 1000, now=20.0) == "20.5k tokens/s · ETA 2m50s"  # 5 steps/s x 4096, 850 steps left
-    assert tokens.update(1000, 1000, now=30.0) == "184.3k tokens/s"  # 900 steps in 20 s, nothing left
+    # 5 steps/s x 4096, 850 steps left; wall-clock: what training's own throughput line does not count is in it
+    assert tokens.update(150, 1000, now=20.0) == "20.5k tokens/s wall-clock · ETA 2m50s"
+    assert tokens.update(1000, 1000, now=30.0) == "184.3k tokens/s wall-clock"  # 900 steps in 20 s, nothing left
     data = Pace(("B", 1))
     data.update(0, 8 << 20, now=0.0)
     assert data.update(4 << 20, 8 << 20, now=2.0) == "2.0 MB/s · ETA 2s"

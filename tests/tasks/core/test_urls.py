@@ -48,16 +48,29 @@ def test_redact_url():
     )
 
 
-@pytest.mark.parametrize("password", ["p@ss", "p:ss", "50%pw", "p/ss", "ü@:/%x"])
+@pytest.mark.parametrize("password", ["p@ss", "p:ss", "50%pw", "p/ss", "ü@:/%x", "open sesame 42"])
 def test_passwords_with_separators_are_redacted(password):
     """Secrets holding ``@``, ``:``, ``%`` or ``/`` (``partition("@")`` would show
     ``https://***@ss@host/w.zip`` for ``p@ss``)."""
-    from urllib.parse import quote
+    from urllib.parse import quote, quote_plus
 
     for written in {password.replace("/", "%2F"), quote(password, safe="")}:  # a raw "/" would end the host
         url = f"https://alice:{written}@mirror.example.org/w.zip?sig={quote(password, safe='')}"
         assert redact_url(url) == "https://***@mirror.example.org/w.zip?sig=***"
-        message = f"GET {url} failed; auth alice:{written}@; sig={quote(password, safe='')} / {password}"
+        message = (
+            f"GET {url} failed; auth alice:{written}@; sig={quote(password, safe='')} / {password}; "
+            f"form body sig={quote_plus(password)}&x=1 and on its own: {quote_plus(password)}"
+        )
         shown = redact_text(message, url)
         assert "alice:" not in shown and "mirror.example.org/w.zip?sig=***" in shown
         assert not [form for form in written_forms(password) if form in shown], shown
+
+
+def test_a_secret_with_spaces_written_with_plus_outside_a_url_is_redacted():
+    """A form-encoded body or log line writes a space as ``+``: a query secret with spaces must go in that form
+    too, next to its key and on its own, though no URL stands around it."""
+    url = "https://h/w.zip?token=open%20sesame%20now&x=1"
+    message = "POST body token=open+sesame+now&x=1; later the value alone: open+sesame+now (retrying)"
+    shown = redact_text(message, url)
+    assert shown == "POST body token=***&x=***; later the value alone: *** (retrying)"
+    assert "sesame" not in redact_text("userinfo form: open+sesame+42", "https://alice:open%20sesame%2042@h/w.zip")

@@ -124,3 +124,21 @@ def test_a_header_candidate_that_never_ends_is_refused():
     with pytest.raises(UserError, match=r"wiki.train.raw has a line that starts like a `= Header =` line and runs on"):
         list(strip_headers(pieces, block_chars=1000, name="wiki.train.raw", max_pending=100_000))
     assert "".join(t for t, _ in strip_headers(pieces, block_chars=1000)) == CHAPTER_RE.sub("", "".join(pieces))
+
+
+@pytest.mark.parametrize("piece", [None, 1, 7])
+def test_the_header_candidate_bound_is_exact(piece):
+    """A candidate held undecided for exactly ``max_pending`` characters passes (and strips as one ``re.sub``);
+    one character more is refused, however the text is cut into pieces (a bound checked only when the buffer
+    doubles let a candidate of twice the bound through)."""
+    head, tail = "= Open " + "x" * 1000, "x = y\ntail\n"
+    text = head + tail
+    if piece is None:  # the candidate arrives whole, then the text that decides it
+        pieces, longest = [head, tail], len(head)
+    else:  # decided by the piece holding the "y" after "x = ": every piece before it was held undecided
+        pieces = [text[i : i + piece] for i in range(0, len(text), piece)]
+        longest = (len(head) + len("x = ")) // piece * piece
+    got = list(strip_headers(pieces, name="wiki.train.raw", max_pending=longest))
+    assert "".join(t for t, _ in got) == CHAPTER_RE.sub("", text)
+    with pytest.raises(UserError, match=rf"wiki.train.raw has a line .* more than {longest - 1:,} characters"):
+        list(strip_headers(pieces, name="wiki.train.raw", max_pending=longest - 1))

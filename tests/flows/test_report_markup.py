@@ -1,0 +1,147 @@
+"""Every value that reaches a UI artifact's markdown is text, never markup: each stage's report, the run summary
+and the comparisons, built from real manifests whose every string value is replaced by hostile text (backticks,
+pipes, newlines, ``<script>``, ``<img onerror>``, a ``javascript:`` link), rendered by a real markdown renderer
+with raw HTML on (as the Prefect UI renders it): no element, link or table row or cell comes from a value."""
+
+from __future__ import annotations
+
+import copy
+from html.parser import HTMLParser
+from types import SimpleNamespace
+
+import pytest
+from markdown_it import MarkdownIt
+
+from flows.reports import Outcome, comparison, run_summary
+from tasks.core.report import settings_table
+from tasks.registry import BY_NAME, open_store
+
+HOSTILE = (
+    "a`<img src=x onerror=alert(1)>`[clickme](javascript:alert(1)) <script>alert(2)</script> "
+    "<a href='javascript:alert(3)'>x</a> ``` | x |\n| injected |\n```\n# head"
+)
+RENDER = MarkdownIt("commonmark", {"html": True}).enable("table")
+
+
+class _Elements(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+def elements(markdown: str) -> list[tuple[str, dict]]:
+    parser = _Elements()
+    parser.feed(RENDER.render(markdown))
+    return parser.tags
+
+
+def live_markup(markdown: str) -> list[tuple[str, dict]]:
+    """The elements a value could have made: script, iframe, a javascript: link, an image that is not our chart."""
+    return [
+        (tag, attrs)
+        for tag, attrs in elements(markdown)
+        if tag in ("script", "iframe", "object", "embed")
+        or (tag == "img" and not (attrs.get("src") or "").startswith("data:image/svg+xml;base64,"))
+        or any("javascript:" in (v or "").lower() for v in attrs.values())
+        or any(k.startswith("on") for k in attrs)
+    ]
+
+
+def shape(markdown: str) -> list[str]:
+    """The table structure and headings: what an injected newline or pipe would change."""
+    return [tag for tag, _ in elements(markdown) if tag in ("tr", "td", "th", "table", "h1", "h2", "h3", "pre")]
+
+
+def hostile(value, keep=()):
+    """``value`` with every string leaf replaced by :data:`HOSTILE` (dict keys and the names in ``keep`` kept)."""
+    if isinstance(value, dict):
+        return {k: (v if k in keep else hostile(v, keep)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [hostile(v, keep) for v in value]
+    return HOSTILE if isinstance(value, str) else value
+
+
+def test_the_renderer_sees_the_attack_unescaped():
+    """The check itself: the hostile text, not escaped, makes live markup and extra rows (so the tests below can
+    fail)."""
+    assert live_markup(HOSTILE)
+    assert shape(f"| a | b |\n|---|---|\n| {HOSTILE} | y |") != shape("| a | b |\n|---|---|\n| x | y |")
+
+
+@pytest.fixture(scope="module")
+def manifests(upstream, trained):
+    """A real manifest of every stage (export's: its fields by hand, as building it needs transformers)."""
+    from tests.support import stages
+    from tests.support.tiny import TINY
+
+    root, corpus, _, shards = upstream
+    store = open_store(root)
+    for name, inputs in (("samples", (trained,)), ("evaluate", (corpus, shards, trained))):
+        if not store.versions(name):
+            getattr(stages, name)(root, *inputs, run=TINY["run"], **TINY[name])
+    found = {v.stage: {**v.manifest, "path": v.path} for v in store.versions()}
+    found["export"] = {
+        "version": "0123456789ab",
+        "created_at": "2026-01-01T00:00:00Z",
+        "settings": {"enabled": True},
+        "inputs": {"model": {"version": found["model"]["version"]}},
+        "metrics": {
+            "architecture": "LlamaForCausalLM",
+            "num_params": 1000,
+            "vocab_size": 300,
+            "check": {"tokenizer_tokens": 10, "max_abs_logit_diff": 1e-6, "logit_tokens": 5},
+            "versions": {"transformers": "4.0"},
+            "files": {"config.json": {"bytes": 10}},
+        },
+        "path": "/tmp/export/0123456789ab",
+    }
+    return found
+
+
+@pytest.mark.parametrize("stage", ["corpus", "tokenizer", "shards", "model", "samples", "export", "evaluate"])
+def test_every_stage_report_shows_hostile_values_as_text(manifests, stage):
+    manifest = manifests[stage]
+    report = BY_NAME[stage].report
+    plain = report(manifest) + settings_table(manifest["settings"])
+    bad = hostile(manifest)
+    md = report(bad) + settings_table(bad["settings"])
+    assert not live_markup(plain), "the real report has no live markup"
+    assert not live_markup(md), md
+    assert shape(md) == shape(plain), md
+
+
+def test_the_run_summary_and_comparison_show_hostile_values_as_text(manifests, upstream):
+    root = upstream[0]
+    # the run summary: a version's headline, a failure's message and the root are the values it shows
+    md = run_summary(
+        str(root),
+        [Outcome("corpus", manifests["corpus"]["version"], "Cached", 0.1), Outcome("tokenizer", "", "Failed", 0.2)],
+        {},
+        RuntimeError(HOSTILE),
+    )
+    assert not live_markup(md), md
+    assert shape(md).count("tr") == 3 and shape(md).count("td") == 12, ("two rows of six cells", md)
+
+    # a comparison of the real model version and one whose manifest's every string (created_at too) is hostile
+    for stage in ("model", "tokenizer"):
+        real = manifests[stage]
+        versions = [
+            SimpleNamespace(stage=stage, version=real["version"], manifest=real),
+            SimpleNamespace(stage=stage, version="fedcba987654", manifest=hostile(copy.deepcopy(real))),
+        ]
+        md = comparison(BY_NAME[stage], versions, {}, [])
+        assert not live_markup(md), md
+        assert shape(md).count("tr") == 3, ("a header and one row per version", md)
+        plain = comparison(BY_NAME[stage], [versions[0], versions[0]], {}, [])
+        assert shape(plain).count("tr") == 3
+
+
+def test_a_charts_labels_and_titles_are_escaped_svg_text():
+    from tasks.core.report import line_chart
+
+    svg = line_chart([(HOSTILE, "#000", [(1, 2.0), (2, 1.0)])], x_title=HOSTILE, y_title=HOSTILE)
+    assert "<script" not in svg and "<img" not in svg and "<a " not in svg, svg
+    assert svg.count("&lt;script&gt;alert(2)&lt;/script&gt;") == 3, "the legend and both axis titles, as text"
