@@ -1,0 +1,174 @@
+"""``ByteBPETokenizer``: the byte-level BPE of GPT-2 and CS336 (:mod:`mygpt.tokenizers.byte_bpe_reference` states it).
+
+Ids: ``0..255`` the bytes, ``256 + i`` merge ``i``, then the special tokens (``<|endoftext|>`` by default), which
+get their ids after training and are never learnt. Any text encodes (256 byte symbols: nothing is out of
+vocabulary) and ``decode(encode(text)) == text``.
+
+Encoding runs on Hugging Face ``tokenizers`` loading this tokenizer's own ``tokenizer.json``
+(:func:`mygpt.tokenizers.byte_bpe_files.hf_tokenizer`): for a merge list its BPE is the reference's rule, merge the
+lowest-ranked pair first, and the tests prove the ids equal on real text. Specials are cut out here, never by HF
+(its added-token matching is switched off), so ``<|endoftext|>`` in a user's text is ordinary bytes unless the
+caller allows specials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mygpt.errors import UserError, check_int
+from mygpt.tokenizers.byte_bpe_reference import PATTERNS, split_specials
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+__all__ = ["DEFAULT_SPECIALS", "ByteBPETokenizer", "encode_with"]
+
+DEFAULT_SPECIALS = ("<|endoftext|>",)
+#: How many pieces one ``encode_batch_fast`` call gets (bounds the memory of HF's encodings).
+_BATCH = 8
+
+
+def id_dtype(vocab_size: int) -> type:
+    """The smallest unsigned integer type that holds every id."""
+    return np.uint16 if vocab_size <= 1 << 16 else np.uint32
+
+
+def encode_with(
+    hf: Tokenizer, text: str, specials: dict[str, int], allowed_special: bool, chunked: bool, dtype: type
+) -> np.ndarray:
+    """``text``'s ids under the HF tokenizer ``hf``: the ``specials`` (``{content: id}``) become their ids only when
+    allowed, everything else is ordinary text. ``chunked`` encodes in pieces cut where the split pattern always
+    ends a pre-token (true for the GPT-2 and GPT-4 patterns), in parallel on HF's threads."""
+    from mygpt.tokenizers.byte_bpe_pretokens import PIECE_CHARS, pieces
+
+    hf.encode_special_tokens = True  # the specials are cut out here, by the caller's choice
+    out: list[np.ndarray] = []
+    batch: list[str] = []
+
+    def flush() -> None:
+        if batch:
+            out.extend(np.asarray(e.ids, dtype=dtype) for e in hf.encode_batch_fast(batch, add_special_tokens=False))
+            batch.clear()
+
+    for part in split_specials(text, specials if allowed_special else ()):
+        if allowed_special and part in specials:
+            flush()
+            out.append(np.asarray([specials[part]], dtype=dtype))
+            continue
+        for piece in pieces(part, PIECE_CHARS >> 4) if chunked else [part]:
+            batch.append(piece)
+            if len(batch) >= _BATCH:
+                flush()
+    flush()
+    return np.concatenate(out) if out else np.zeros(0, dtype=dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class ByteBPETokenizer:
+    """A trained byte-level BPE: ``merges`` (pairs of byte strings, training order), ``specials``, ``pattern``
+    (``gpt2`` or ``gpt4``)."""
+
+    merges: tuple[tuple[bytes, bytes], ...]
+    specials: tuple[str, ...] = DEFAULT_SPECIALS
+    pattern: str = "gpt2"
+    kind = "byte"
+
+    def __post_init__(self) -> None:
+        if self.pattern not in PATTERNS:
+            raise UserError(f"pattern must be one of {', '.join(PATTERNS)}, got {self.pattern!r}")
+        if len(set(self.specials)) != len(self.specials) or not all(self.specials):
+            raise UserError(f"special tokens must be distinct, non-empty strings, got {list(self.specials)!r}")
+
+    @classmethod
+    def train(
+        cls,
+        text: str,
+        vocab_size: int,
+        specials: Sequence[str] = DEFAULT_SPECIALS,
+        pattern: str = "gpt2",
+        workers: int = 1,
+    ) -> ByteBPETokenizer:
+        """Train on ``text``: ``vocab_size - 256 - len(specials)`` merges (fewer when the text runs out of pairs)."""
+        from mygpt.tokenizers.byte_bpe_train import train_byte_bpe
+
+        specials = tuple(specials)
+        check_int(
+            "vocab_size", vocab_size, 256 + len(specials), hint="256 bytes + the special tokens + the merges to learn"
+        )
+        cls(merges=(), specials=specials, pattern=pattern)  # refuse a bad pattern or specials before training
+        merges = train_byte_bpe(text, vocab_size - 256 - len(specials), specials, PATTERNS[pattern], workers)
+        return cls(merges=tuple(merges), specials=specials, pattern=pattern)
+
+    @property
+    def special_base(self) -> int:
+        """The first special's id (``256 + len(merges)``)."""
+        return 256 + len(self.merges)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.special_base + len(self.specials)
+
+    @functools.cached_property
+    def vocab(self) -> dict[int, bytes]:
+        """Id -> bytes (a special's UTF-8)."""
+        from mygpt.tokenizers.byte_bpe_reference import vocab
+
+        return vocab(self.merges, self.specials)
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        return {s: self.special_base + j for j, s in enumerate(self.specials)}
+
+    @functools.cached_property
+    def _hf(self) -> Tokenizer:
+        from mygpt.tokenizers.byte_bpe_files import hf_tokenizer
+
+        return hf_tokenizer(self)
+
+    def encode(self, text: str, allowed_special: bool = False) -> np.ndarray:
+        """The ids of ``text``; ``allowed_special`` turns the specials in it into their ids (else: ordinary bytes)."""
+        if not isinstance(text, str):
+            raise UserError(f"text to encode must be a str, got {type(text).__name__}")
+        return encode_with(self._hf, text, self.special_ids, allowed_special, True, id_dtype(self.vocab_size))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of ``ids``; byte runs that are not valid UTF-8 (a sample cut mid-character) become U+FFFD."""
+        vocab = self.vocab
+        try:
+            return b"".join(vocab[int(i)] for i in ids).decode("utf-8", errors="replace")
+        except KeyError as e:
+            raise UserError(f"token id {e.args[0]} is outside the vocabulary (size {self.vocab_size})") from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ByteBPETokenizer:
+        """The tokenizer a :meth:`to_json` file holds (bytes 0..255 in order, then the merges, then the specials);
+        ``UserError`` naming the file for anything else (any byte-level BPE still encodes with
+        ``mygpt tokenizer encode``)."""
+        from mygpt.tokenizers.byte_bpe_files import layout_parts, vocab_strings
+
+        merges, specials, pattern, vocab = layout_parts(path)
+        tok = None
+        if pattern is not None:
+            tok = cls(merges=tuple(merges), specials=tuple(sorted(specials, key=specials.__getitem__)), pattern=pattern)
+            try:
+                if vocab_strings(tok) != vocab or tok.special_ids != specials:
+                    tok = None
+            except UserError:
+                tok = None
+        if tok is None:
+            raise UserError(
+                f"tokenizer file {os.fspath(path)} is a byte-level BPE but not in mygpt's layout (bytes 0..255 in "
+                f"order, then the merges, then the specials, split by the gpt2 or gpt4 pattern); encode with it "
+                f"through mygpt tokenizer encode, or train one with mygpt tokenizer train"
+            )
+        return tok
+
+    def to_json(self) -> str:
+        """Hugging Face ``tokenizer.json`` text."""
+        return self._hf.to_str(pretty=True)
