@@ -6,15 +6,17 @@ vocabulary) and ``decode(encode(text)) == text``.
 
 Encoding runs on Hugging Face ``tokenizers`` loading this tokenizer's own ``tokenizer.json``
 (:func:`mygpt.tokenizers.byte_bpe_files.hf_tokenizer`): for a merge list its BPE is the reference's rule, merge the
-lowest-ranked pair first, and the tests prove the ids equal on real text. Specials are cut out here, never by HF
-(its added-token matching is switched off), so ``<|endoftext|>`` in a user's text is ordinary bytes unless the
-caller allows specials.
+lowest-ranked pair first, and the tests prove the ids equal on real text. With the GPT-2 pattern the pre-tokens
+are found in numpy and HF encodes each distinct one once (HF's own regex split is the slow part of its encoder).
+Specials are cut out here, never by HF (its added-token matching is switched off), so ``<|endoftext|>`` in a
+user's text is ordinary bytes unless the caller allows specials.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -40,16 +42,26 @@ def id_dtype(vocab_size: int) -> type:
 
 
 def encode_with(
-    hf: Tokenizer, text: str, specials: dict[str, int], allowed_special: bool, chunked: bool, dtype: type
+    hf: Tokenizer,
+    text: str,
+    specials: dict[str, int],
+    allowed_special: bool,
+    pattern: str | None,
+    dtype: type,
+    piece_chars: int = 0,
 ) -> np.ndarray:
-    """``text``'s ids under the HF tokenizer ``hf``: the ``specials`` (``{content: id}``) become their ids only when
-    allowed, everything else is ordinary text. ``chunked`` encodes in pieces cut where the split pattern always
-    ends a pre-token (true for the GPT-2 and GPT-4 patterns), in parallel on HF's threads."""
+    """``text``'s ids under the HF tokenizer ``hf`` that splits by ``pattern`` (``gpt2``, ``gpt4`` or ``None``:
+    unknown): the ``specials`` (``{content: id}``) become their ids only when allowed, everything else is ordinary
+    text. With a known pattern the text is encoded in pieces cut where that pattern always ends a pre-token; with
+    GPT-2's each distinct pre-token is encoded once (:func:`_encode_gpt2_piece`); ``piece_chars``: the pieces'
+    size (0: the default)."""
     from mygpt.tokenizers.byte_bpe_pretokens import PIECE_CHARS, pieces
 
+    size = piece_chars or PIECE_CHARS
     hf.encode_special_tokens = True  # the specials are cut out here, by the caller's choice
     out: list[np.ndarray] = []
     batch: list[str] = []
+    cache: dict[str, list[int]] = {}
 
     def flush() -> None:
         if batch:
@@ -60,13 +72,39 @@ def encode_with(
         if allowed_special and part in specials:
             flush()
             out.append(np.asarray([specials[part]], dtype=dtype))
-            continue
-        for piece in pieces(part, PIECE_CHARS >> 4) if chunked else [part]:
-            batch.append(piece)
-            if len(batch) >= _BATCH:
-                flush()
+        elif pattern == "gpt2":
+            flush()
+            out.extend(_encode_gpt2_piece(hf, piece, cache, dtype) for piece in pieces(part, size))
+        else:
+            for piece in pieces(part, size >> 4) if pattern else [part]:
+                batch.append(piece)
+                if len(batch) >= _BATCH:
+                    flush()
     flush()
     return np.concatenate(out) if out else np.zeros(0, dtype=dtype)
+
+
+def _encode_gpt2_piece(hf: Tokenizer, piece: str, cache: dict[str, list[int]], dtype: type) -> np.ndarray:
+    """The ids of ``piece``: its pre-tokens found in numpy, each distinct one encoded by ``hf`` once (``cache``
+    keeps them for the next piece), the ids laid out in order. Why exact: a pre-token split again by the pattern
+    is itself, and BPE never merges across pre-tokens (the tests hold it to the reference)."""
+    from mygpt.tokenizers.byte_bpe_pretokens import distinct_pretokens
+
+    found = distinct_pretokens(piece)
+    if found is None:  # a hash collision: the plain way
+        return np.asarray(hf.encode(piece, add_special_tokens=False).ids, dtype=dtype)
+    distinct, group = found
+    new = [t for t in distinct if t not in cache]
+    for t, e in zip(new, hf.encode_batch_fast(new, add_special_tokens=False)):
+        cache[t] = e.ids
+    lists = [cache[t] for t in distinct]
+    lens = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+    flat: np.ndarray = np.fromiter(itertools.chain.from_iterable(lists), dtype=dtype, count=int(lens.sum()))
+    out_lens = lens[group]
+    total = int(out_lens.sum())
+    out_starts = np.cumsum(out_lens) - out_lens
+    src = np.repeat((np.cumsum(lens) - lens)[group] - out_starts, out_lens) + np.arange(total)
+    return flat[src]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +173,7 @@ class ByteBPETokenizer:
         """The ids of ``text``; ``allowed_special`` turns the specials in it into their ids (else: ordinary bytes)."""
         if not isinstance(text, str):
             raise UserError(f"text to encode must be a str, got {type(text).__name__}")
-        return encode_with(self._hf, text, self.special_ids, allowed_special, True, id_dtype(self.vocab_size))
+        return encode_with(self._hf, text, self.special_ids, allowed_special, self.pattern, id_dtype(self.vocab_size))
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of ``ids``; byte runs that are not valid UTF-8 (a sample cut mid-character) become U+FFFD."""

@@ -25,7 +25,7 @@ import regex
 
 from mygpt.tokenizers.byte_bpe_reference import GPT2_PATTERN
 
-__all__ = ["count_pretokens", "pieces", "pretoken_starts"]
+__all__ = ["count_pretokens", "distinct_pretokens", "pieces", "pretoken_starts"]
 
 WS, LETTER, NUMBER, OTHER = 0, 1, 2, 3
 PIECE_CHARS = 1 << 22
@@ -111,11 +111,13 @@ def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
     return _POWERS[0][:n], _POWERS[1][:n]
 
 
-def _count_piece(piece: str) -> dict[str, int]:
+def distinct_pretokens(piece: str) -> tuple[list[str], np.ndarray] | None:
+    """``(distinct, sequence)``: the distinct GPT-2 pre-tokens of ``piece`` and, for each pre-token in order, its
+    index in ``distinct``; ``None`` on a hash collision (the caller then falls back to the regex)."""
     cps = _code_points(piece)
     n = len(cps)
     if n == 0:
-        return {}
+        return [], np.zeros(0, dtype=np.int64)
     starts = np.flatnonzero(pretoken_starts(cps))
     ends = np.append(starts[1:], n)
     with np.errstate(over="ignore"):
@@ -125,18 +127,23 @@ def _count_piece(piece: str) -> dict[str, int]:
         lengths = ends - starts
         h = (prefix[ends] - prefix[starts]) * inverse[starts]  # sum of c[j] * P**(j - start)
         h ^= lengths.astype(np.uint64) * _LEN_MIX
-    _, first, group, counts = np.unique(h, return_index=True, return_inverse=True, return_counts=True)
+    _, first, group = np.unique(h, return_index=True, return_inverse=True)
     rep = first[group]  # the first pre-token with the same hash
-    same = lengths == lengths[rep]
-    if same.all():
-        token_of = np.repeat(np.arange(len(starts)), (ends - starts))
-        offset = np.arange(n) - starts[token_of]
-        same = bool((cps == cps[starts[rep[token_of]] + offset]).all())
-    else:
-        same = False
-    if not same:  # a hash collision: count this piece plainly
+    if not (lengths == lengths[rep]).all():
+        return None
+    token_of = np.repeat(np.arange(len(starts)), lengths)
+    offset = np.arange(n) - starts[token_of]
+    if not (cps == cps[starts[rep[token_of]] + offset]).all():
+        return None
+    return [piece[s:e] for s, e in zip(starts[first].tolist(), ends[first].tolist())], group
+
+
+def _count_piece(piece: str) -> dict[str, int]:
+    found = distinct_pretokens(piece)
+    if found is None:  # a hash collision: count this piece plainly
         return dict(collections.Counter(regex.findall(GPT2_PATTERN, piece)))
-    return {piece[s:e]: int(c) for s, e, c in zip(starts[first].tolist(), ends[first].tolist(), counts.tolist())}
+    distinct, group = found
+    return dict(zip(distinct, np.bincount(group, minlength=len(distinct)).tolist()))
 
 
 def _count_pieces(texts: list[str], pattern: str) -> dict[str, int]:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from mygpt.errors import UserError
 from mygpt.tokenizers import byte_bpe_pretokens
 from mygpt.tokenizers import byte_bpe_reference as ref
-from mygpt.tokenizers.byte_bpe import ByteBPETokenizer
+from mygpt.tokenizers.byte_bpe import ByteBPETokenizer, encode_with
 from mygpt.tokenizers.byte_bpe_files import gpt2_vocab_and_merges, tiktoken_ranks
 from mygpt.tokenizers.byte_bpe_train import train_byte_bpe
 
@@ -52,13 +52,17 @@ def test_pretoken_counts_equal_the_regex_on_real_text_in_pieces_and_processes(wi
     assert byte_bpe_pretokens.count_pretokens([text], workers=2, piece_chars=10_000) == expected
 
 
-def test_a_hash_collision_falls_back_to_the_regex(monkeypatch, shakespeare_text):
+def test_a_hash_collision_falls_back_to_the_regex_and_to_hugging_face(monkeypatch, shakespeare_text):
+    text = shakespeare_text[:50_000] + " on no"
+    tok = ByteBPETokenizer.train(text, 256 + 100 + 1)
+    expected_ids = ref.encode(text, tok.merges, tok.specials)
     # P = 1 makes the hash the sum of the code points: every anagram collides ("on"/"no"), the check catches it
     monkeypatch.setattr(byte_bpe_pretokens, "_P", np.uint64(1))
     monkeypatch.setattr(byte_bpe_pretokens, "_P_INV", np.uint64(1))
     monkeypatch.setattr(byte_bpe_pretokens, "_POWERS", [])
-    text = shakespeare_text[:50_000] + " on no"
+    assert byte_bpe_pretokens.distinct_pretokens(text) is None
     assert byte_bpe_pretokens.count_pretokens([text]) == collections.Counter(regex.findall(ref.GPT2_PATTERN, text))
+    assert tok.encode(text).tolist() == expected_ids
 
 
 @pytest.mark.parametrize("pattern", ["gpt2", "gpt4"])
@@ -102,6 +106,14 @@ def test_encoder_equals_the_reference_on_real_text_and_round_trips_unseen_charac
     allowed = trained.encode(text, allowed_special=True).tolist()
     assert allowed == ref.encode(text, trained.merges, trained.specials, True, pattern)
     assert allowed.count(556) == 2 and trained.decode(allowed) == text
+
+
+def test_encoding_in_many_pieces_equals_the_reference(trained, wikitext2_text):
+    text = wikitext2_text[:200_000] + UNSEEN + EOT
+    expected = ref.encode(text, trained.merges, trained.specials, True, ref.PATTERNS[trained.pattern])
+    dtype = np.uint16
+    ids = encode_with(trained._hf, text, trained.special_ids, True, trained.pattern, dtype, piece_chars=3_000)
+    assert ids.tolist() == expected and ids.dtype == dtype
 
 
 def test_tokenizer_json_loads_in_hugging_face_with_the_same_ids(trained, shakespeare_text, tmp_path):
