@@ -28,7 +28,7 @@ from mygpt.tokenizers.byte_bpe_reference import GPT2_PATTERN
 __all__ = ["count_pretokens", "distinct_pretokens", "pieces", "pretoken_starts"]
 
 WS, LETTER, NUMBER, OTHER = 0, 1, 2, 3
-PIECE_CHARS = 1 << 22
+PIECE_CHARS = 1 << 20
 _P = np.uint64(0x9E3779B97F4A7C15)  # odd: invertible modulo 2**64
 _P_INV = np.uint64(pow(int(_P), -1, 1 << 64))
 _LEN_MIX = np.uint64(0xBF58476D1CE4E5B9)
@@ -131,9 +131,8 @@ def distinct_pretokens(piece: str) -> tuple[list[str], np.ndarray] | None:
     rep = first[group]  # the first pre-token with the same hash
     if not (lengths == lengths[rep]).all():
         return None
-    token_of = np.repeat(np.arange(len(starts)), lengths)
-    offset = np.arange(n) - starts[token_of]
-    if not (cps == cps[starts[rep[token_of]] + offset]).all():
+    src = np.arange(n) + np.repeat(starts[rep] - starts, lengths)  # each character's twin in the first pre-token
+    if not (cps == cps[src]).all():
         return None
     return [piece[s:e] for s, e in zip(starts[first].tolist(), ends[first].tolist())], group
 
