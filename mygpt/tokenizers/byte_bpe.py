@@ -84,19 +84,28 @@ def encode_with(
     return np.concatenate(out) if out else np.zeros(0, dtype=dtype)
 
 
+@functools.lru_cache(maxsize=1)
+def _byte_chars() -> dict[int, str]:
+    """``str.translate`` table: a Latin-1 character (one byte) -> GPT-2's printable character for that byte."""
+    from mygpt.tokenizers.byte_bpe_files import bytes_to_unicode
+
+    return {b: c for b, c in bytes_to_unicode().items()}
+
+
 def _encode_gpt2_piece(hf: Tokenizer, piece: str, cache: dict[str, list[int]], dtype: type) -> np.ndarray:
-    """The ids of ``piece``: its pre-tokens found in numpy, each distinct one encoded by ``hf`` once (``cache``
-    keeps them for the next piece), the ids laid out in order. Why exact: a pre-token split again by the pattern
-    is itself, and BPE never merges across pre-tokens (the tests hold it to the reference)."""
+    """The ids of ``piece``: its pre-tokens found in numpy, each distinct one encoded once by ``hf``'s BPE model
+    (``cache`` keeps them for the next piece), the ids laid out in order: what ``hf`` does after its split, since
+    BPE never merges across pre-tokens."""
     from mygpt.tokenizers.byte_bpe_pretokens import distinct_pretokens
 
     found = distinct_pretokens(piece)
     if found is None:  # a hash collision: the plain way
         return np.asarray(hf.encode(piece, add_special_tokens=False).ids, dtype=dtype)
     distinct, group = found
-    new = [t for t in distinct if t not in cache]
-    for t, e in zip(new, hf.encode_batch_fast(new, add_special_tokens=False)):
-        cache[t] = e.ids
+    tokenize, to_byte_chars = hf.model.tokenize, _byte_chars()
+    for t in distinct:
+        if t not in cache:  # the BPE model alone: a pre-token is what it gets from the split
+            cache[t] = [x.id for x in tokenize(t.encode("utf-8").decode("latin-1").translate(to_byte_chars))]
     lists = [cache[t] for t in distinct]
     lens = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
     flat: np.ndarray = np.fromiter(itertools.chain.from_iterable(lists), dtype=dtype, count=int(lens.sum()))

@@ -129,14 +129,24 @@ def tiktoken_ranks(tok: ByteBPE) -> str:
 
 
 def _pattern_name(hf_json: dict) -> str | None:
-    """``gpt2``/``gpt4`` when the file splits by one of our patterns, ``None`` for anything else."""
+    """``gpt2``/``gpt4`` when the file does nothing before its BPE model but split by one of our patterns and map
+    bytes (GPT-2's ``ByteLevel(use_regex=True)``, or our ``Split`` + ``ByteLevel(use_regex=False)``); ``None``
+    for anything else (a normalizer, a prefix space, another pattern)."""
+    if hf_json.get("normalizer") is not None:
+        return None
     steps = _pre_tokenizers(hf_json.get("pre_tokenizer"))
-    for step in steps:
-        if step.get("type") == "ByteLevel" and step.get("use_regex", True):
-            return "gpt2"
-        if step.get("type") == "Split":
-            pattern = (step.get("pattern") or {}).get("Regex")
-            return next((name for name, p in PATTERNS.items() if p == pattern), None)
+    if any(s.get("type") == "ByteLevel" and s.get("add_prefix_space") for s in steps):
+        return None
+    kinds = [(s.get("type"), s.get("use_regex")) for s in steps]
+    if kinds == [("ByteLevel", True)]:
+        return "gpt2"
+    split = steps[0] if steps else {}
+    if kinds == [("Split", None), ("ByteLevel", False)] and (split.get("behavior"), split.get("invert")) == (
+        "Isolated",
+        False,
+    ):
+        pattern = (split.get("pattern") or {}).get("Regex")
+        return next((name for name, p in PATTERNS.items() if p == pattern), None)
     return None
 
 

@@ -9,7 +9,7 @@ matches follow from the class runs of the text: a run of one class is a pre-toke
   and the letters after it start a new pre-token.
 
 Pre-tokens are told apart by a 64-bit polynomial hash of their code points and every hash group is then checked
-character by character against its first member, so a collision can cost time (the piece is counted with the
+character by character against one of its members, so a collision can cost time (the piece is counted with the
 regex) but never a wrong count. The text is counted in pieces cut before a space that follows a non-whitespace
 character, where every pattern here ends a pre-token. Other patterns (GPT-4's) are counted with the regex.
 """
@@ -127,8 +127,14 @@ def distinct_pretokens(piece: str) -> tuple[list[str], np.ndarray] | None:
         lengths = ends - starts
         h = (prefix[ends] - prefix[starts]) * inverse[starts]  # sum of c[j] * P**(j - start)
         h ^= lengths.astype(np.uint64) * _LEN_MIX
-    _, first, group = np.unique(h, return_index=True, return_inverse=True)
-    rep = first[group]  # the first pre-token with the same hash
+    order = np.argsort(h)  # any member may stand for its group: the check below compares every one to it
+    sorted_h = h[order]
+    new_group = np.ones(len(h), dtype=bool)
+    new_group[1:] = sorted_h[1:] != sorted_h[:-1]
+    first = order[new_group]
+    group = np.empty(len(h), dtype=np.int64)
+    group[order] = np.cumsum(new_group) - 1
+    rep = first[group]  # the pre-token that stands for this one's hash
     if not (lengths == lengths[rep]).all():
         return None
     src = np.arange(n) + np.repeat(starts[rep] - starts, lengths)  # each character's twin in the first pre-token
