@@ -29,7 +29,7 @@ from mygpt.tokenizers.byte_bpe_reference import PATTERNS, split_specials
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-__all__ = ["DEFAULT_SPECIALS", "ByteBPETokenizer", "encode_with"]
+__all__ = ["DEFAULT_SPECIALS", "ByteBPETokenizer", "check_text", "encode_with", "id_dtype"]
 
 DEFAULT_SPECIALS = ("<|endoftext|>",)
 #: How many pieces one ``encode_batch_fast`` call gets (bounds the memory of HF's encodings).
@@ -116,6 +116,20 @@ def _encode_gpt2_piece(hf: Tokenizer, piece: str, cache: dict[str, list[int]], d
     return flat[src]
 
 
+def check_text(text: object, what: str) -> str:
+    """``text`` if it is a ``str`` that UTF-8 can spell; else ``UserError`` (a lone surrogate has no bytes)."""
+    if not isinstance(text, str):
+        raise UserError(f"{what} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(
+            f"{what} holds a lone surrogate U+{ord(text[e.start]):04X} at character {e.start:,}, which has no UTF-8 "
+            f"bytes; decode the source as UTF-8 (errors='replace' turns bad bytes into U+FFFD)"
+        ) from None
+    return text
+
+
 @dataclasses.dataclass(frozen=True)
 class ByteBPETokenizer:
     """A trained byte-level BPE: ``merges`` (pairs of byte strings, training order), ``specials``, ``pattern``
@@ -144,6 +158,7 @@ class ByteBPETokenizer:
         """Train on ``text``: ``vocab_size - 256 - len(specials)`` merges (fewer when the text runs out of pairs)."""
         from mygpt.tokenizers.byte_bpe_train import train_byte_bpe
 
+        check_text(text, "training text")
         specials = tuple(specials)
         check_int(
             "vocab_size", vocab_size, 256 + len(specials), hint="256 bytes + the special tokens + the merges to learn"
@@ -180,8 +195,7 @@ class ByteBPETokenizer:
 
     def encode(self, text: str, allowed_special: bool = False) -> np.ndarray:
         """The ids of ``text``; ``allowed_special`` turns the specials in it into their ids (else: ordinary bytes)."""
-        if not isinstance(text, str):
-            raise UserError(f"text to encode must be a str, got {type(text).__name__}")
+        check_text(text, "text to encode")
         return encode_with(self._hf, text, self.special_ids, allowed_special, self.pattern, id_dtype(self.vocab_size))
 
     def decode(self, ids: Iterable[int]) -> str:

@@ -94,6 +94,9 @@ def test_vocab_size_counts_bytes_merges_and_specials(trained):
     assert trained.special_ids == {EOT: 556}
     with pytest.raises(UserError, match="vocab_size must be an integer >= 257"):
         ByteBPETokenizer.train("some text", 100)
+    for bad in (lambda: ByteBPETokenizer.train("a\ud800b", 300), lambda: trained.encode("ok \udfff")):
+        with pytest.raises(UserError, match="lone surrogate U\\+D(800|FFF)"):
+            bad()
 
 
 def test_encoder_equals_the_reference_on_real_text_and_round_trips_unseen_characters(trained, shakespeare_text):

@@ -78,7 +78,7 @@ def test_encode_writes_the_reference_ids_and_keeps_specials_ordinary_unless_allo
 
 
 def test_encode_takes_a_gpt2_style_tokenizer_json(texts, tmp_path):
-    from tokenizers import ByteLevelBPETokenizer
+    from tokenizers import ByteLevelBPETokenizer, normalizers
 
     from mygpt.tokenizers.byte_bpe import ByteBPETokenizer
     from mygpt.tokenizers.byte_bpe_files import gpt2_vocab_and_merges
@@ -94,6 +94,13 @@ def test_encode_takes_a_gpt2_style_tokenizer_json(texts, tmp_path):
     assert proc.returncode == 0, proc.stderr
     other = (texts / "other.txt").read_text(encoding="utf-8")
     assert np.load(tmp_path / "ids.npy").tolist() == gpt2.encode(other).ids
+    # a file that lowercases first is encoded as that file says (HF's whole path), not as a plain GPT-2 one
+    gpt2._tokenizer.normalizer = normalizers.Lowercase()
+    gpt2.save(str(tmp_path / "lower.json"))
+    proc = mygpt("encode", "--tokenizer", tmp_path / "lower.json", texts / "other.txt", "--out", tmp_path / "lower.npy")
+    assert proc.returncode == 0, proc.stderr
+    lowered = np.load(tmp_path / "lower.npy").tolist()
+    assert lowered == gpt2.encode(other).ids != np.load(tmp_path / "ids.npy").tolist()
 
 
 def test_bad_files_give_one_error_line_and_exit_2(texts, tmp_path):
