@@ -95,7 +95,7 @@ def test_vocab_size_counts_bytes_merges_and_specials(trained):
     with pytest.raises(UserError, match="vocab_size must be an integer >= 257"):
         ByteBPETokenizer.train("some text", 100)
     for bad in (lambda: ByteBPETokenizer.train("a\ud800b", 300), lambda: trained.encode("ok \udfff")):
-        with pytest.raises(UserError, match="lone surrogate U\\+D(800|FFF)"):
+        with pytest.raises(UserError, match=r"lone surrogate U\+D(800|FFF)"):
             bad()
 
 
