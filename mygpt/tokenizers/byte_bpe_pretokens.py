@@ -151,15 +151,15 @@ def _count_piece(piece: str) -> dict[str, int]:
     return dict(zip(distinct, np.bincount(group, minlength=len(distinct)).tolist()))
 
 
-def _count_pieces(texts: list[str], pattern: str) -> dict[str, int]:
+def _count_pieces(texts: list[str], pattern: str, piece_chars: int = PIECE_CHARS) -> dict[str, int]:
     total: dict[str, int] = {}
     get = total.get
     for text in texts:
-        if pattern == GPT2_PATTERN:
-            counted = [_count_piece(piece) for piece in pieces(text)]
-        else:
-            counted = [collections.Counter(regex.findall(pattern, text))]
-        for counts in counted:
+        for piece in pieces(text, piece_chars):  # a piece at a time: memory stays at the text plus one piece's work
+            if pattern == GPT2_PATTERN:
+                counts = _count_piece(piece)
+            else:
+                counts = collections.Counter(regex.findall(pattern, piece))
             for tok, c in counts.items():
                 total[tok] = get(tok, 0) + c
     return total
@@ -169,20 +169,25 @@ def count_pretokens(
     texts: list[str], pattern: str = GPT2_PATTERN, workers: int = 1, piece_chars: int = PIECE_CHARS
 ) -> dict[str, int]:
     """``{pre-token: count}`` over ``texts`` under ``pattern``: equal to ``Counter(regex.findall(pattern, t))``
-    summed over the texts, counted in pieces of about ``piece_chars``. ``workers > 1`` counts the pieces in that
-    many fresh processes (spawned, never forked: the caller may be threaded) and adds their tables up."""
-    work = [piece for text in texts for piece in pieces(text, piece_chars)]
-    if workers <= 1 or len(work) < 2:
-        return _count_pieces(work, pattern)
+    summed over the texts, counted in pieces of about ``piece_chars``. ``workers > 1`` counts the text in that
+    many parts in fresh processes (spawned, never forked: the caller may be threaded) and adds their tables up."""
+    total_chars = sum(map(len, texts))
+    if workers <= 1 or total_chars < 2 * piece_chars:
+        return _count_pieces(texts, pattern, piece_chars)
     import concurrent.futures
     import multiprocessing
 
-    shares: list[list[str]] = [[] for _ in range(min(workers, len(work)))]
-    for i, piece in enumerate(work):
-        shares[i * len(shares) // len(work)].append(piece)
-    del work
+    part = max(piece_chars, total_chars // workers + 1)
+    shares: list[list[str]] = [[] for _ in range(workers)]
+    filled = 0
+    for text in texts:
+        for piece in pieces(text, part):
+            shares[min(filled * workers // total_chars, workers - 1)].append(piece)
+            filled += len(piece)
+    shares = [share for share in shares if share]
+    args = ([pattern] * len(shares), [piece_chars] * len(shares))
     with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("spawn")) as pool:
-        tables = list(pool.map(_count_pieces, shares, [pattern] * len(shares)))
+        tables = list(pool.map(_count_pieces, shares, *args))
     total = tables[0]
     get = total.get
     for table in tables[1:]:

@@ -21,6 +21,8 @@ __all__ = ["count_text", "train_byte_bpe", "train_from_pretoken_counts"]
 
 def count_text(text: str, specials: Sequence[str] = (), pattern: str = GPT2_PATTERN, workers: int = 1) -> dict:
     """``{pre-token: count}`` of ``text`` cut at the ``specials`` (which are left out: they are never learnt)."""
+    if not any(s in text for s in specials):
+        return count_pretokens([text], pattern, workers=workers)  # no copy of a text with no special in it
     ordinary = [piece for piece in split_specials(text, specials) if piece not in specials]
     return count_pretokens(ordinary, pattern, workers=workers)
 

@@ -50,6 +50,8 @@ def test_pretoken_counts_equal_the_regex_on_real_text_in_pieces_and_processes(wi
     many = list(byte_bpe_pretokens.pieces(text, 10_000))
     assert len(many) > 30 and "".join(many) == text
     assert byte_bpe_pretokens.count_pretokens([text], workers=2, piece_chars=10_000) == expected
+    gpt4 = collections.Counter(regex.findall(ref.GPT4_PATTERN, text))
+    assert byte_bpe_pretokens.count_pretokens([text], ref.GPT4_PATTERN, piece_chars=10_000) == gpt4
 
 
 def test_a_hash_collision_falls_back_to_the_regex_and_to_hugging_face(monkeypatch, shakespeare_text):
