@@ -11,7 +11,7 @@ peak RSS of its process tree (``bench/memwatch.py``); times exclude reading the 
 * ``ours-2``: the same with the pre-tokens counted in 2 processes;
 * ``hf``: ``BpeTrainer`` on a ``ByteLevel`` pre-tokenizer (GPT-2's regex), the 256 byte characters as the initial
   alphabet, the same vocabulary size and special, fed 1 MB pieces (its Rust threads use every core);
-* ``encode``: the whole file through our encoder (``ByteBPETokenizer.encode``), then through HF's
+* ``encode``: the whole file through our encoder (``ByteBPETokenizer.encode_array``), then through HF's
   ``encode_batch_fast`` with 2 Rayon threads on the same ``tokenizer.json``, then tiktoken with 2 threads on the
   same merges if it is installed; the three id arrays are compared.
 
@@ -95,7 +95,7 @@ def _encoders(text: str, tok_path: str) -> dict:
     tok = ByteBPETokenizer.load(tok_path)
     out: dict = {}
     t0 = time.perf_counter()
-    ours = tok.encode(text)
+    ours = tok.encode_array(text)
     out["ours_mb_s"] = mb / (time.perf_counter() - t0)
     hf = Tokenizer.from_file(tok_path)
     hf.encode_special_tokens = True

@@ -193,18 +193,67 @@ class ByteBPETokenizer:
 
         return hf_tokenizer(self)
 
-    def encode(self, text: str, allowed_special: bool = False) -> np.ndarray:
-        """The ids of ``text``; ``allowed_special`` turns the specials in it into their ids (else: ordinary bytes)."""
+    def encode_array(self, text: str, allowed_special: bool = False) -> np.ndarray:
+        """The ids of ``text`` (``uint16`` while the vocabulary fits, else ``uint32``); ``allowed_special`` turns
+        the specials in it into their ids (else they are ordinary bytes)."""
         check_text(text, "text to encode")
         return encode_with(self._hf, text, self.special_ids, allowed_special, self.pattern, id_dtype(self.vocab_size))
 
+    def encode(self, text: str):
+        """The ids of ``text`` as a ``torch.long`` tensor, specials as ordinary bytes (the model-facing form every
+        mygpt tokenizer has: a prompt)."""
+        import torch
+
+        return torch.from_numpy(self.encode_array(text).astype(np.int64))
+
+    def unknown_chars(self, text: str) -> list[str]:
+        """Always empty: every character is UTF-8 bytes, and every byte is a token."""
+        return []
+
+    @property
+    def chars(self) -> tuple[str, ...]:
+        """No character alphabet (the base symbols are bytes); kept for code that lists one."""
+        return ()
+
+    def token_bytes(self) -> np.ndarray:
+        """Bytes of each token by id (int64; a special counts its UTF-8 length): for bits per byte."""
+        return np.array([len(self.vocab[i]) for i in range(self.vocab_size)], dtype=np.int64)
+
     def decode(self, ids: Iterable[int]) -> str:
-        """The text of ``ids``; byte runs that are not valid UTF-8 (a sample cut mid-character) become U+FFFD."""
+        """The text of ``ids`` (a list, an array or a tensor); byte runs that are not valid UTF-8 (a sample cut
+        mid-character) become U+FFFD."""
         vocab = self.vocab
+        values = ids.tolist() if hasattr(ids, "tolist") else ids
         try:
-            return b"".join(vocab[int(i)] for i in ids).decode("utf-8", errors="replace")
+            return b"".join(vocab[int(i)] for i in values).decode("utf-8", errors="replace")
         except KeyError as e:
             raise UserError(f"token id {e.args[0]} is outside the vocabulary (size {self.vocab_size})") from None
+
+    def state(self) -> dict:
+        """JSON-able state (checkpoints, tokenizer files): the merges as hex byte strings, specials, pattern."""
+        return {
+            "merges": [[a.hex(), b.hex()] for a, b in self.merges],
+            "specials": list(self.specials),
+            "pattern": self.pattern,
+        }
+
+    @classmethod
+    def from_state(cls, state: object) -> ByteBPETokenizer:
+        """The tokenizer :meth:`state` describes; ``UserError`` for a malformed one."""
+        bad = UserError(
+            "byte-level BPE state must be {'merges': [[hex, hex], ...], 'specials': [str, ...], "
+            f"'pattern': 'gpt2'|'gpt4'}}, got {str(state)[:200]}"
+        )
+        if not isinstance(state, dict) or set(state) != {"merges", "specials", "pattern"}:
+            raise bad
+        try:
+            merges = tuple((bytes.fromhex(a), bytes.fromhex(b)) for a, b in state["merges"])
+            specials = tuple(state["specials"])
+        except (TypeError, ValueError):
+            raise bad from None
+        if not all(a and b for a, b in merges) or not all(isinstance(s, str) for s in specials):
+            raise bad
+        return cls(merges=merges, specials=specials, pattern=state["pattern"])
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ByteBPETokenizer:

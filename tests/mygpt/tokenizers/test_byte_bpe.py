@@ -64,7 +64,7 @@ def test_a_hash_collision_falls_back_to_the_regex_and_to_hugging_face(monkeypatc
     monkeypatch.setattr(byte_bpe_pretokens, "_POWERS", [])
     assert byte_bpe_pretokens.distinct_pretokens(text) is None
     assert byte_bpe_pretokens.count_pretokens([text]) == collections.Counter(regex.findall(ref.GPT2_PATTERN, text))
-    assert tok.encode(text).tolist() == expected_ids
+    assert tok.encode_array(text).tolist() == expected_ids
 
 
 @pytest.mark.parametrize("pattern", ["gpt2", "gpt4"])
@@ -96,7 +96,7 @@ def test_vocab_size_counts_bytes_merges_and_specials(trained):
     assert trained.special_ids == {EOT: 556}
     with pytest.raises(UserError, match="vocab_size must be an integer >= 257"):
         ByteBPETokenizer.train("some text", 100)
-    for bad in (lambda: ByteBPETokenizer.train("a\ud800b", 300), lambda: trained.encode("ok \udfff")):
+    for bad in (lambda: ByteBPETokenizer.train("a\ud800b", 300), lambda: trained.encode_array("ok \udfff")):
         with pytest.raises(UserError, match=r"lone surrogate U\+D(800|FFF)"):
             bad()
 
@@ -104,11 +104,11 @@ def test_vocab_size_counts_bytes_merges_and_specials(trained):
 def test_encoder_equals_the_reference_on_real_text_and_round_trips_unseen_characters(trained, shakespeare_text):
     text = shakespeare_text[:60_000] + UNSEEN + f" {EOT} a{EOT}b"
     pattern = ref.PATTERNS[trained.pattern]
-    ids = trained.encode(text)
+    ids = trained.encode_array(text)
     assert ids.tolist() == ref.encode(text, trained.merges, trained.specials, False, pattern)
     assert trained.decode(ids) == text
     assert 556 not in ids.tolist()  # the special's spelling in ordinary text is ordinary bytes
-    allowed = trained.encode(text, allowed_special=True).tolist()
+    allowed = trained.encode_array(text, allowed_special=True).tolist()
     assert allowed == ref.encode(text, trained.merges, trained.specials, True, pattern)
     assert allowed.count(556) == 2 and trained.decode(allowed) == text
 
@@ -128,7 +128,7 @@ def test_tokenizer_json_loads_in_hugging_face_with_the_same_ids(trained, shakesp
     path = tmp_path / "tokenizer.json"
     path.write_text(trained.to_json(), encoding="utf-8")
     text = shakespeare_text[:30_000] + UNSEEN + f" {EOT}"
-    ids = trained.encode(text, allowed_special=True).tolist()
+    ids = trained.encode_array(text, allowed_special=True).tolist()
     hf = Tokenizer.from_file(str(path))
     assert hf.encode(text).ids == ids
     assert hf.decode(ids, skip_special_tokens=False) == text
@@ -147,7 +147,7 @@ def test_gpt2_vocab_and_merges_load_as_hugging_face_gpt2_with_the_same_ids(artic
     (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     (tmp_path / "merges.txt").write_text(merges, encoding="utf-8")
     text = shakespeare_text[:30_000] + UNSEEN
-    ids = tok.encode(text).tolist()
+    ids = tok.encode_array(text).tolist()
     assert ByteLevelBPETokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt")).encode(text).ids == ids
     gpt2 = GPT2TokenizerFast.from_pretrained(str(tmp_path))  # GPT-2's own loader: <|endoftext|> is its special
     assert gpt2(text + EOT)["input_ids"] == ids + [tok.special_ids[EOT]]
