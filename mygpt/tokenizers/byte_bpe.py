@@ -55,7 +55,7 @@ def encode_with(
     text. With a known pattern the text is encoded in pieces cut where that pattern always ends a pre-token; with
     GPT-2's each distinct pre-token is encoded once (:func:`_encode_gpt2_piece`); ``piece_chars``: the pieces'
     size (0: the default)."""
-    from mygpt.tokenizers.byte_bpe_pretokens import PIECE_CHARS, pieces
+    from mygpt.tokenizers.byte_bpe_pretokens import PIECE_CHARS, map_in_order, pieces
 
     size = piece_chars or PIECE_CHARS
     hf.encode_special_tokens = True  # the specials are cut out here, by the caller's choice
@@ -74,7 +74,8 @@ def encode_with(
             out.append(np.asarray([specials[part]], dtype=dtype))
         elif pattern == "gpt2":
             flush()
-            out.extend(_encode_gpt2_piece(hf, piece, cache, dtype) for piece in pieces(part, size))
+            for found, piece in map_in_order(_distinct_of, pieces(part, size)):
+                out.append(_encode_gpt2_piece(hf, piece, found, cache, dtype))
         else:
             for piece in pieces(part, size >> 4) if pattern else [part]:
                 batch.append(piece)
@@ -92,13 +93,22 @@ def _byte_chars() -> dict[int, str]:
     return {b: c for b, c in bytes_to_unicode().items()}
 
 
-def _encode_gpt2_piece(hf: Tokenizer, piece: str, cache: dict[str, list[int]], dtype: type) -> np.ndarray:
-    """The ids of ``piece``: its pre-tokens found in numpy, each distinct one encoded once by ``hf``'s BPE model
-    (``cache`` keeps them for the next piece), the ids laid out in order: what ``hf`` does after its split, since
-    BPE never merges across pre-tokens."""
+def _distinct_of(piece: str) -> tuple[tuple[list[str], np.ndarray] | None, str]:
     from mygpt.tokenizers.byte_bpe_pretokens import distinct_pretokens
 
-    found = distinct_pretokens(piece)
+    return distinct_pretokens(piece), piece
+
+
+def _encode_gpt2_piece(
+    hf: Tokenizer,
+    piece: str,
+    found: tuple[list[str], np.ndarray] | None,
+    cache: dict[str, list[int]],
+    dtype: type,
+) -> np.ndarray:
+    """The ids of ``piece`` from its distinct pre-tokens ``found`` (found in numpy, on threads): each distinct one
+    encoded once by ``hf``'s BPE model (``cache`` keeps them for the next piece), the ids laid out in order: what
+    ``hf`` does after its split, since BPE never merges across pre-tokens."""
     if found is None:  # a hash collision: the plain way
         return np.asarray(hf.encode(piece, add_special_tokens=False).ids, dtype=dtype)
     distinct, group = found

@@ -17,15 +17,23 @@ character, where every pattern here ends a pre-token. Other patterns (GPT-4's) a
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import numpy as np
 import regex
 
 from mygpt.tokenizers.byte_bpe_reference import GPT2_PATTERN
 
-__all__ = ["count_pretokens", "distinct_pretokens", "pieces", "pretoken_starts"]
+__all__ = ["THREADS", "count_pretokens", "distinct_pretokens", "map_in_order", "pieces", "pretoken_starts"]
+
+#: Threads that find pre-tokens piece by piece (numpy's sorts and gathers run without the GIL).
+THREADS = 2
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 WS, LETTER, NUMBER, OTHER = 0, 1, 2, 3
 PIECE_CHARS = 1 << 20
@@ -96,10 +104,16 @@ def pretoken_starts(cps: np.ndarray) -> np.ndarray:
 
 
 _POWERS: list[np.ndarray] = []
+_POWERS_LOCK = threading.Lock()
 
 
 def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``P**j`` and ``P**-j`` modulo 2**64 for ``j < n`` (kept for the next piece)."""
+    """``P**j`` and ``P**-j`` modulo 2**64 for ``j < n`` (kept for the next piece; threads share them)."""
+    with _POWERS_LOCK:
+        return _grown_powers(n)
+
+
+def _grown_powers(n: int) -> tuple[np.ndarray, np.ndarray]:
     if not _POWERS or len(_POWERS[0]) < n:
         size = max(n, PIECE_CHARS + (PIECE_CHARS >> 3))
         _POWERS.clear()
@@ -109,6 +123,23 @@ def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
                 np.cumprod(np.full(size - 1, base, dtype=np.uint64), out=table[1:])
             _POWERS.append(table)
     return _POWERS[0][:n], _POWERS[1][:n]
+
+
+def map_in_order(fn: Callable[[_T], _R], items: Iterable[_T], threads: int | None = None) -> Iterator[_R]:
+    """``map(fn, items)`` on ``threads`` threads (default :data:`THREADS`), results in order, at most
+    ``2 * threads`` pieces in flight (so memory stays at a few pieces' work whatever the text's size)."""
+    threads = THREADS if threads is None else threads
+    if threads <= 1:
+        yield from map(fn, items)
+        return
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        pending: collections.deque = collections.deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 2 * threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def distinct_pretokens(piece: str) -> tuple[list[str], np.ndarray] | None:
@@ -152,16 +183,17 @@ def _count_piece(piece: str) -> dict[str, int]:
 
 
 def _count_pieces(texts: list[str], pattern: str, piece_chars: int = PIECE_CHARS) -> dict[str, int]:
+    def count(piece: str) -> dict[str, int]:
+        if pattern == GPT2_PATTERN:
+            return _count_piece(piece)
+        return collections.Counter(regex.findall(pattern, piece))
+
     total: dict[str, int] = {}
     get = total.get
-    for text in texts:
-        for piece in pieces(text, piece_chars):  # a piece at a time: memory stays at the text plus one piece's work
-            if pattern == GPT2_PATTERN:
-                counts = _count_piece(piece)
-            else:
-                counts = collections.Counter(regex.findall(pattern, piece))
-            for tok, c in counts.items():
-                total[tok] = get(tok, 0) + c
+    every_piece = (piece for text in texts for piece in pieces(text, piece_chars))
+    for counts in map_in_order(count, every_piece):  # a few pieces at a time: memory stays near the text's
+        for tok, c in counts.items():
+            total[tok] = get(tok, 0) + c
     return total
 
 
