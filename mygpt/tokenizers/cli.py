@@ -88,6 +88,8 @@ def _train_command(args: argparse.Namespace) -> int:
     check_int("--workers", args.workers, 1)
     _check_out_dir(args.out)
     text, raw = read_text(args.text)
+    size = len(raw)
+    del raw  # the text alone stays in memory while training
     t0 = time.perf_counter()
     tok = ByteBPETokenizer.train(text, args.vocab_size, specials, args.pattern, workers=args.workers)
     seconds = time.perf_counter() - t0
@@ -97,7 +99,7 @@ def _train_command(args: argparse.Namespace) -> int:
     wanted = args.vocab_size - 256 - len(specials)
     short = f" (the text has no more pairs: {wanted:,} asked for)" if len(tok.merges) < wanted else ""
     print(
-        f"trained a byte-level BPE on {len(raw):,} bytes in {seconds:.1f}s: 256 bytes + {len(tok.merges):,} merges"
+        f"trained a byte-level BPE on {size:,} bytes in {seconds:.1f}s: 256 bytes + {len(tok.merges):,} merges"
         f"{short} + {len(specials)} special tokens = vocab {tok.vocab_size:,} ({args.pattern} pattern)"
     )
     print(f"wrote {path}")
@@ -118,15 +120,17 @@ def _encode_command(args: argparse.Namespace) -> int:
     if os.path.isdir(args.out):
         raise UserError(f"--out {args.out} is a directory; give a .npy file name")
     text, raw = read_text(args.text)
+    size = len(raw)
+    del raw
     t0 = time.perf_counter()
     vocab_size = hf.get_vocab_size(with_added_tokens=True)
     ids = encode_with(hf, text, specials, args.allow_special, pattern, id_dtype(vocab_size))
     seconds = time.perf_counter() - t0
     with atomic_open(args.out, "wb") as f:
         np.save(f, ids, allow_pickle=False)
-    rate = len(raw) / seconds / 1e6 if seconds > 0 else float("inf")
+    rate = size / seconds / 1e6 if seconds > 0 else float("inf")
     print(
-        f"encoded {len(raw):,} bytes into {len(ids):,} tokens (vocab {vocab_size:,}, {ids.dtype.name}) in "
+        f"encoded {size:,} bytes into {len(ids):,} tokens (vocab {vocab_size:,}, {ids.dtype.name}) in "
         f"{seconds:.1f}s ({rate:.1f} MB/s)"
     )
     print(f"wrote {args.out}")
