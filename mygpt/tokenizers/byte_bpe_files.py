@@ -159,8 +159,9 @@ def _pre_tokenizers(step: Any) -> list[dict]:
 
 
 def load_byte_level_bpe(path: str | os.PathLike) -> tuple[Tokenizer, dict[str, int], str | None]:
-    """``(tokenizer, specials, pattern)`` of a byte-level BPE ``tokenizer.json``: its added tokens as
-    ``{content: id}`` and ``gpt2``/``gpt4`` when its split is one of ours (``None``: some other split);
+    """``(tokenizer, specials, pattern)`` of a byte-level BPE ``tokenizer.json``: its special added tokens as
+    ``{content: id}`` and ``gpt2``/``gpt4`` when its split is one of ours and it adds no ordinary tokens (``None``:
+    anything else, encoded by HF's whole path);
     ``UserError`` naming the file when it is missing, not JSON, or not a byte-level BPE."""
     from tokenizers import Tokenizer
 
@@ -187,8 +188,11 @@ def load_byte_level_bpe(path: str | os.PathLike) -> tuple[Tokenizer, dict[str, i
         hf = Tokenizer.from_file(where)
     except Exception as e:  # the library's own error: a file that looks right but does not load
         raise UserError(f"tokenizer file {where} does not load in Hugging Face tokenizers: {e}") from e
-    specials = {t["content"]: int(t["id"]) for t in hf_json.get("added_tokens", [])}
-    return hf, specials, _pattern_name(hf_json)
+    added = hf_json.get("added_tokens", [])
+    specials = {t["content"]: int(t["id"]) for t in added if t.get("special", True)}
+    # an ordinary added token is matched in any text by HF itself: only its whole path reproduces that
+    pattern = _pattern_name(hf_json) if len(specials) == len(added) else None
+    return hf, specials, pattern
 
 
 def layout_parts(path: str | os.PathLike) -> tuple[list[tuple[bytes, bytes]], dict[str, int], str | None, dict]:

@@ -94,6 +94,14 @@ def test_encode_takes_a_gpt2_style_tokenizer_json(texts, tmp_path):
     assert proc.returncode == 0, proc.stderr
     other = (texts / "other.txt").read_text(encoding="utf-8")
     assert np.load(tmp_path / "ids.npy").tolist() == gpt2.encode(other).ids
+    # an ordinary added token ("thee") is matched wherever it stands, as HF does
+    gpt2.add_tokens(["thee"])
+    gpt2.save(str(tmp_path / "added.json"))
+    (tmp_path / "thee.txt").write_text(other + " xtheex thee", encoding="utf-8")
+    proc = mygpt("encode", "--tokenizer", tmp_path / "added.json", tmp_path / "thee.txt", "--out", tmp_path / "a.npy")
+    assert proc.returncode == 0, proc.stderr
+    assert np.load(tmp_path / "a.npy").tolist() == gpt2.encode(other + " xtheex thee").ids
+    assert gpt2.token_to_id("thee") in np.load(tmp_path / "a.npy").tolist()
     # a file that lowercases first is encoded as that file says (HF's whole path), not as a plain GPT-2 one
     gpt2._tokenizer.normalizer = normalizers.Lowercase()
     gpt2.save(str(tmp_path / "lower.json"))
