@@ -1,5 +1,6 @@
 """``mygpt train TEXT_FILE``, ``mygpt generate`` (the chapter's flags, defaults and header block) and
-``mygpt export`` (a checkpoint as a Hugging Face transformers directory, see :mod:`mygpt.export`).
+``mygpt export`` (a checkpoint as a Hugging Face transformers directory, see :mod:`mygpt.export`); ``mygpt tokenizer``
+is :mod:`mygpt.tokenizers.cli`.
 
 Bad input a user can fix is reported as ``error: <message>`` on stderr with exit code 2 and no traceback.
 """
@@ -15,6 +16,9 @@ from typing import TYPE_CHECKING
 from mygpt.errors import UserError
 from mygpt.gpt_config import GPTConfig
 from mygpt.options import options
+from mygpt.text_files import read_text as _read_text
+from mygpt.text_files import utf8_prefix as _utf8_prefix
+from mygpt.tokenizers.cli import add_tokenizer_parser
 from mygpt.training.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -132,38 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", required=True, help="directory to write (created if absent; must be new, empty or an earlier export)"
     )
     e.set_defaults(func=_export_command)
+    add_tokenizer_parser(sub)
     return parser
-
-
-def _read_text(path: str) -> tuple[str, bytes]:
-    if not os.path.exists(path):
-        raise UserError(f"text file {path} does not exist")
-    if os.path.isdir(path):
-        raise UserError(f"text file {path} is a directory; give a UTF-8 text file")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise UserError(f"cannot read text file {path}: {e.strerror or e}") from e
-    if not raw:
-        raise UserError(f"text file {path} is empty; give a text file with some content")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UserError(
-            f"text file {path} is not valid UTF-8 (bad byte 0x{raw[e.start]:02x} at byte offset {e.start:,}); "
-            f"convert it to UTF-8"
-        ) from e
-    return text, raw
-
-
-def _utf8_prefix(raw: bytes, n: int) -> str:
-    """The first ``n`` bytes of ``raw``, cut back to a character boundary, decoded."""
-    if n <= 0 or n >= len(raw):
-        return raw.decode("utf-8")
-    while n > 0 and (raw[n] & 0xC0) == 0x80:  # raw[n] is a continuation byte: the cut splits a character
-        n -= 1
-    return raw[:n].decode("utf-8")
 
 
 def model_config(args, vocab_size: int) -> GPTConfig:

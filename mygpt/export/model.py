@@ -44,9 +44,10 @@ def check_exportable(config, tokenizer=None) -> None:
     if tokenizer is None:
         return
     kind = getattr(tokenizer, "kind", None)
-    if kind not in ("bpe", "char"):
+    if kind not in ("bpe", "char", "byte"):
         raise UserError(
-            f"the tokenizer is a {type(tokenizer).__name__}; only mygpt's 'bpe' and 'char' tokenizers can be exported"
+            f"the tokenizer is a {type(tokenizer).__name__}; only mygpt's 'bpe', 'char' and 'byte' tokenizers can "
+            f"be exported"
         )
     vocab_size = config.vocab_size
     if tokenizer.vocab_size != vocab_size:
@@ -57,7 +58,7 @@ def check_exportable(config, tokenizer=None) -> None:
     tokenizer_plan(tokenizer)  # raises UserError for what HF's BPE cannot reproduce
 
 
-def hf_config(config) -> dict:
+def hf_config(config, eos_token_id: int | None = None) -> dict:
     """``config.json`` for a ``GPTConfig`` (one :func:`check_exportable` passed), as ``ArceeConfig`` writes it."""
     from transformers import ArceeConfig
 
@@ -79,18 +80,20 @@ def hf_config(config) -> dict:
         mlp_bias=True,
         tie_word_embeddings=True,
         bos_token_id=None,
-        eos_token_id=None,
+        eos_token_id=eos_token_id,
         pad_token_id=None,
         dtype="float32",
     )
     return json.loads(hf.to_json_string(use_diff=True))
 
 
-def hf_generation_config() -> dict:
-    """``generation_config.json``: ``mygpt generate``'s defaults (sampling, temperature 1, top-k 40)."""
+def hf_generation_config(eos_token_id: int | None = None) -> dict:
+    """``generation_config.json``: ``mygpt generate``'s defaults (sampling, temperature 1, top-k 40); with
+    ``eos_token_id`` sampling stops at that token (a document's end)."""
     from transformers import GenerationConfig
 
-    gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=40)
+    extra = {"eos_token_id": eos_token_id} if eos_token_id is not None else {}
+    gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=40, **extra)
     return json.loads(gen.to_json_string(use_diff=True))
 
 

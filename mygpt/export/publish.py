@@ -20,11 +20,18 @@ from mygpt.export.model import (
     hf_generation_config,
     hf_state_dict,
 )
-from mygpt.export.tokenizer import hf_tokenizer_config, hf_tokenizer_json, parts, tokenizer_plan
+from mygpt.export.tokenizer import eos_token, hf_tokenizer_config, hf_tokenizer_json, parts, tokenizer_plan
 from mygpt.export.verify import verify
 
 #: Files an export writes, in publishing order (``config.json`` last: it marks a finished export).
 EXPORT_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "model.safetensors", "config.json")
+#: Written for a byte-level BPE only: tiktoken's ranks file (``tiktoken.load.load_tiktoken_bpe`` reads it).
+TIKTOKEN_FILE = "tokenizer.tiktoken"
+
+
+def _order(files) -> list[str]:
+    """The names of ``files`` in publishing order (``config.json`` last)."""
+    return [name for name in (TIKTOKEN_FILE, *EXPORT_FILES) if name in files]
 
 
 def load_lines(out_dir) -> list[str]:
@@ -57,12 +64,12 @@ def export_hf(model, tokenizer, out_dir, *, meta: dict | None = None, sample_tex
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".tmp", dir=parent)
     try:
-        for name in EXPORT_FILES:
+        for name in _order(files):
             atomic_write_bytes(os.path.join(staging, name), files[name])
         t_written = time.perf_counter()
         check = verify(staging, model, tokenizer, sample_text)
         t_checked = time.perf_counter()
-        _publish(staging, out_dir)
+        _publish(staging, out_dir, _order(files))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return _facts(
@@ -80,7 +87,7 @@ def _check_out_dir(out_dir: str) -> None:
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UserError(f"export directory {out_dir} is a file; give a directory path (it is created if absent)")
     if os.path.isdir(out_dir):
-        foreign = sorted(set(os.listdir(out_dir)) - set(EXPORT_FILES))
+        foreign = sorted(set(os.listdir(out_dir)) - {*EXPORT_FILES, TIKTOKEN_FILE})
         if foreign:
             raise UserError(
                 f"export directory {out_dir} already holds files that are not part of an export "
@@ -105,25 +112,35 @@ def _render(model, tokenizer) -> dict[str, bytes]:
 
     config = model.gpt_config
     tensors = hf_state_dict(model.state_dict(), config.num_layers)
-    return {
+    eos = eos_token(tokenizer)
+    eos_id = tokenizer.special_ids[eos] if eos else None
+    files = {
         "tokenizer.json": json.dumps(hf_tokenizer_json(tokenizer), ensure_ascii=False).encode("utf-8"),
-        "tokenizer_config.json": dump(hf_tokenizer_config(config.max_seq_len)),
-        "generation_config.json": dump(hf_generation_config()),
+        "tokenizer_config.json": dump(hf_tokenizer_config(config.max_seq_len, eos)),
+        "generation_config.json": dump(hf_generation_config(eos_id)),
         # Only "format": safetensors writes its metadata map in random order, and the files must be deterministic.
         "model.safetensors": save(tensors, metadata={"format": "pt"}),
-        "config.json": dump(hf_config(config)),
+        "config.json": dump(hf_config(config, eos_id)),
     }
+    if tokenizer.kind == "byte":
+        from mygpt.tokenizers.byte_bpe_files import tiktoken_ranks
+
+        files[TIKTOKEN_FILE] = tiktoken_ranks(tokenizer).encode("ascii")
+    return files
 
 
-def _publish(staging: str, out_dir: str) -> None:
-    """Move the staged files into ``out_dir`` one atomic rename each, ``config.json`` last (an old one first):
-    a crash half-way leaves no ``config.json``, never old config beside new weights."""
+def _publish(staging: str, out_dir: str, names: list[str]) -> None:
+    """Move the staged files ``names`` into ``out_dir`` one atomic rename each, ``config.json`` last (an old one
+    first, and an earlier export's tiktoken file that this one lacks): a crash half-way leaves no ``config.json``,
+    never old config beside new weights."""
     os.makedirs(out_dir, exist_ok=True)
-    old_config = os.path.join(out_dir, "config.json")
-    if os.path.exists(old_config):
-        os.unlink(old_config)
+    stale = ["config.json"] + ([TIKTOKEN_FILE] if TIKTOKEN_FILE not in names else [])
+    present = [os.path.join(out_dir, n) for n in stale if os.path.exists(os.path.join(out_dir, n))]
+    for path in present:
+        os.unlink(path)
+    if present:
         fsync_dir(out_dir)
-    for name in EXPORT_FILES:
+    for name in names:
         os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
     fsync_dir(out_dir)
 
@@ -152,7 +169,11 @@ def _facts(model, tokenizer, out_dir: str, files: dict[str, bytes], check: dict,
             "alphabet": len(chars),
             "merges": len(merges),
             "byte_fallback": byte_fallback,
-            "unknown_chars": "byte tokens" if byte_fallback else "dropped, as a barrier (Split 'removed')",
+            "unknown_chars": "none (bytes)"
+            if tokenizer.kind == "byte"
+            else "byte tokens"
+            if byte_fallback
+            else "dropped, as a barrier (Split 'removed')",
             "repeated_strings": len(plan["placeholders"]),
         },
         "check": check,

@@ -10,7 +10,13 @@ from mygpt.errors import UserError, describe_chars
 
 
 def parts(tokenizer) -> tuple[list[str], list[tuple[str, str]], bool]:
-    """``(chars, merges, byte_fallback)``; a char tokenizer is a BPE with no merges."""
+    """``(chars, merges, byte_fallback)``; a char tokenizer is a BPE with no merges; a byte-level BPE's are its
+    256 bytes and merges in GPT-2's byte-to-unicode spelling (HF's token strings)."""
+    if tokenizer.kind == "byte":
+        from mygpt.tokenizers.byte_bpe_files import token_string
+
+        chars = [token_string(bytes([b])) for b in range(256)]
+        return chars, [(token_string(a), token_string(b)) for a, b in tokenizer.merges], False
     if tokenizer.kind == "char":
         return list(tokenizer.chars), [], False
     return list(tokenizer.chars), list(tokenizer.merges), bool(tokenizer.byte_fallback)
@@ -19,6 +25,12 @@ def parts(tokenizer) -> tuple[list[str], list[tuple[str, str]], bool]:
 def tokenizer_plan(tokenizer) -> dict:
     """``chars``, ``merges``, ``byte_fallback``, ``names`` (HF token string per id) and ``placeholders``
     (earlier id of a repeated string -> string); ``UserError`` naming what HF's BPE cannot hold or reproduce."""
+    if tokenizer.kind == "byte":
+        from mygpt.tokenizers.byte_bpe_files import vocab_strings
+
+        names = list(vocab_strings(tokenizer)) + list(tokenizer.specials)  # refuses a repeated byte string
+        chars, merges, _ = parts(tokenizer)
+        return {"chars": chars, "merges": merges, "byte_fallback": False, "names": names, "placeholders": {}}
     chars, merges, byte_fallback = parts(tokenizer)
     surrogates = [c for c in chars if 0xD800 <= ord(c) <= 0xDFFF]
     if surrogates:
@@ -117,7 +129,10 @@ def unknown_char_pattern(chars: list[str]) -> str:
 
 def hf_tokenizer_json(tokenizer) -> dict:
     """``tokenizer.json``: for every text its ids equal ``tokenizer.encode_corpus(text)`` (skip policy) and it
-    decodes them as mygpt does; ``UserError`` where that cannot hold."""
+    decodes them as mygpt does; ``UserError`` where that cannot hold. A byte-level BPE's is HF's own byte-level
+    form (:func:`mygpt.tokenizers.byte_bpe_files.hf_tokenizer`), its specials matched as HF always does."""
+    if tokenizer.kind == "byte":
+        return json.loads(tokenizer.to_json())
     return json.loads(_build_hf_tokenizer(tokenizer).to_str())
 
 
@@ -140,9 +155,18 @@ def _build_hf_tokenizer(tokenizer):
     return hf
 
 
-def hf_tokenizer_config(max_seq_len: int) -> dict:
-    """``tokenizer_config.json``: the generic fast tokenizer class, no special tokens, no text clean-up."""
+def eos_token(tokenizer) -> str | None:
+    """The end-of-document token an export names (a byte-level BPE's first special, ``<|endoftext|>``), or None."""
+    specials = getattr(tokenizer, "specials", ())
+    return specials[0] if tokenizer.kind == "byte" and specials else None
+
+
+def hf_tokenizer_config(max_seq_len: int, eos: str | None = None) -> dict:
+    """``tokenizer_config.json``: the generic fast tokenizer class, no text clean-up, and no special tokens but
+    ``eos`` where given (so ``generate`` stops at a document's end)."""
+    extra = {"eos_token": eos} if eos else {}
     return {
+        **extra,
         "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,
         "add_bos_token": False,

@@ -9,7 +9,11 @@ LOGIT_TOLERANCE = 1e-6
 
 
 def _probe_text(tokenizer) -> str:
-    """Every vocabulary string once, with an out-of-alphabet character after every third one."""
+    """Every vocabulary string once, with an out-of-alphabet character after every third one (a byte-level BPE:
+    every token's bytes as text, characters from every script, its specials)."""
+    if tokenizer.kind == "byte":
+        ordinary = b"".join(tokenizer.vocab[i] for i in range(tokenizer.special_base)).decode("utf-8", "replace")
+        return ordinary + " 😀 中文 Ωμέγα \t\n\n " + " x ".join(tokenizer.specials)
     chars, merges, _ = parts(tokenizer)
     outside = outside_char(chars)
     strings = chars + [a + b for a, b in merges]
@@ -17,6 +21,8 @@ def _probe_text(tokenizer) -> str:
 
 
 def _mygpt_ids(tokenizer, text: str) -> list[int]:
+    if tokenizer.kind == "byte":  # HF's tokenizers always match the specials in text
+        return tokenizer.encode_array(text, allowed_special=True).tolist()
     if tokenizer.kind == "char":
         return tokenizer.encode_array("".join(c for c in text if c in tokenizer.stoi)).tolist()
     return tokenizer.encode_corpus(text, unk_policy="skip").tolist()

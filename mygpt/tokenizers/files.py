@@ -1,6 +1,6 @@
-"""Both tokenizers behind one import, plus ``tokenizer_from_state(kind, state)`` and tokenizer files.
+"""The tokenizers behind one import, plus ``tokenizer_from_state(kind, state)`` and tokenizer files.
 
-A tokenizer file is JSON: either ``{"kind": "char"|"bpe", "state": <tokenizer.state()>}`` (what
+A tokenizer file is JSON: either ``{"kind": "char"|"bpe"|"byte", "state": <tokenizer.state()>}`` (what
 ``save_tokenizer_file`` writes) or a bare BPE state (what ``BPETokenizer.save`` writes, the pipeline's
 ``tokenizer.json``); ``load_tokenizer_file`` reads both.
 """
@@ -13,22 +13,25 @@ import os
 from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
+from mygpt.tokenizers.byte_bpe import ByteBPETokenizer
 from mygpt.tokenizers.char_tokenizer import CharTokenizer
 
 __all__ = [
     "TOKENIZER_KINDS",
     "BPETokenizer",
+    "ByteBPETokenizer",
     "CharTokenizer",
     "load_tokenizer_file",
     "save_tokenizer_file",
     "tokenizer_from_state",
 ]
 
-TOKENIZER_KINDS: dict[str, type[CharTokenizer] | type[BPETokenizer]] = {"char": CharTokenizer, "bpe": BPETokenizer}
+Tokenizer = CharTokenizer | BPETokenizer | ByteBPETokenizer
+TOKENIZER_KINDS: dict[str, type[Tokenizer]] = {"char": CharTokenizer, "bpe": BPETokenizer, "byte": ByteBPETokenizer}
 
 
-def tokenizer_from_state(kind: str, state: dict) -> CharTokenizer | BPETokenizer:
-    """Rebuild a tokenizer from its ``kind`` (``"char"``/``"bpe"``) and its ``state()`` dict."""
+def tokenizer_from_state(kind: str, state: dict) -> Tokenizer:
+    """Rebuild a tokenizer from its ``kind`` (``"char"``/``"bpe"``/``"byte"``) and its ``state()`` dict."""
     cls = TOKENIZER_KINDS.get(kind)
     if cls is None:
         raise UserError(f"unknown tokenizer kind {kind!r}; expected one of {sorted(TOKENIZER_KINDS)}")
@@ -40,7 +43,7 @@ def save_tokenizer_file(tokenizer, path) -> None:
     atomic_write_text(path, json.dumps({"kind": tokenizer.kind, "state": tokenizer.state()}, ensure_ascii=False))
 
 
-def load_tokenizer_file(path) -> CharTokenizer | BPETokenizer:
+def load_tokenizer_file(path) -> Tokenizer:
     """Read a tokenizer file (see the module docstring); ``UserError`` naming ``path`` when it is unusable."""
     path = os.fspath(path)
     try:

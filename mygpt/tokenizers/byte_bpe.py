@@ -1,0 +1,294 @@
+"""``ByteBPETokenizer``: the byte-level BPE of GPT-2 and CS336 (:mod:`mygpt.tokenizers.byte_bpe_reference` states it).
+
+Ids: ``0..255`` the bytes, ``256 + i`` merge ``i``, then the special tokens (``<|endoftext|>`` by default), which
+get their ids after training and are never learnt. Any text encodes (256 byte symbols: nothing is out of
+vocabulary) and ``decode(encode(text)) == text``.
+
+Encoding runs on Hugging Face ``tokenizers`` loading this tokenizer's own ``tokenizer.json``
+(:func:`mygpt.tokenizers.byte_bpe_files.hf_tokenizer`): for a merge list its BPE is the reference's rule, merge the
+lowest-ranked pair first, and the tests prove the ids equal on real text. With the GPT-2 pattern the pre-tokens
+are found in numpy and HF encodes each distinct one once (HF's own regex split is the slow part of its encoder).
+Specials are cut out here, never by HF (its added-token matching is switched off), so ``<|endoftext|>`` in a
+user's text is ordinary bytes unless the caller allows specials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import os
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mygpt.errors import UserError, check_int
+from mygpt.tokenizers.byte_bpe_reference import PATTERNS, split_specials
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+__all__ = ["DEFAULT_SPECIALS", "ByteBPETokenizer", "check_text", "encode_with", "id_dtype"]
+
+DEFAULT_SPECIALS = ("<|endoftext|>",)
+#: How many pieces one ``encode_batch_fast`` call gets (bounds the memory of HF's encodings).
+_BATCH = 8
+
+
+def id_dtype(vocab_size: int) -> type:
+    """The smallest unsigned integer type that holds every id."""
+    return np.uint16 if vocab_size <= 1 << 16 else np.uint32
+
+
+def encode_with(
+    hf: Tokenizer,
+    text: str,
+    specials: dict[str, int],
+    allowed_special: bool,
+    pattern: str | None,
+    dtype: type,
+    piece_chars: int = 0,
+) -> np.ndarray:
+    """``text``'s ids under the HF tokenizer ``hf`` that splits by ``pattern`` (``gpt2``, ``gpt4`` or ``None``:
+    unknown): the ``specials`` (``{content: id}``) become their ids only when allowed, everything else is ordinary
+    text. With a known pattern the text is encoded in pieces cut where that pattern always ends a pre-token; with
+    GPT-2's each distinct pre-token is encoded once (:func:`_encode_gpt2_piece`); ``piece_chars``: the pieces'
+    size (0: the default)."""
+    from mygpt.tokenizers.byte_bpe_pretokens import PIECE_CHARS, map_in_order, pieces
+
+    size = piece_chars or PIECE_CHARS
+    hf.encode_special_tokens = True  # the specials are cut out here, by the caller's choice
+    out: list[np.ndarray] = []
+    batch: list[str] = []
+    cache: dict[str, list[int]] = {}
+
+    def flush() -> None:
+        if batch:
+            out.extend(np.asarray(e.ids, dtype=dtype) for e in hf.encode_batch_fast(batch, add_special_tokens=False))
+            batch.clear()
+
+    for part in split_specials(text, specials if allowed_special else ()):
+        if allowed_special and part in specials:
+            flush()
+            out.append(np.asarray([specials[part]], dtype=dtype))
+        elif pattern == "gpt2":
+            flush()
+            for found, piece in map_in_order(_distinct_of, pieces(part, size)):
+                out.append(_encode_gpt2_piece(hf, piece, found, cache, dtype))
+        else:
+            for piece in pieces(part, size >> 4) if pattern else [part]:
+                batch.append(piece)
+                if len(batch) >= _BATCH:
+                    flush()
+    flush()
+    return np.concatenate(out) if out else np.zeros(0, dtype=dtype)
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_chars() -> dict[int, str]:
+    """``str.translate`` table: a Latin-1 character (one byte) -> GPT-2's printable character for that byte."""
+    from mygpt.tokenizers.byte_bpe_files import bytes_to_unicode
+
+    return {b: c for b, c in bytes_to_unicode().items()}
+
+
+def _distinct_of(piece: str) -> tuple[tuple[list[str], np.ndarray] | None, str]:
+    from mygpt.tokenizers.byte_bpe_pretokens import distinct_pretokens
+
+    return distinct_pretokens(piece), piece
+
+
+def _encode_gpt2_piece(
+    hf: Tokenizer,
+    piece: str,
+    found: tuple[list[str], np.ndarray] | None,
+    cache: dict[str, list[int]],
+    dtype: type,
+) -> np.ndarray:
+    """The ids of ``piece`` from its distinct pre-tokens ``found`` (found in numpy, on threads): each distinct one
+    encoded once by ``hf``'s BPE model (``cache`` keeps them for the next piece), the ids laid out in order: what
+    ``hf`` does after its split, since BPE never merges across pre-tokens."""
+    if found is None:  # a hash collision: the plain way
+        return np.asarray(hf.encode(piece, add_special_tokens=False).ids, dtype=dtype)
+    distinct, group = found
+    tokenize, to_byte_chars = hf.model.tokenize, _byte_chars()
+    for t in distinct:
+        if t not in cache:  # the BPE model alone: a pre-token is what it gets from the split
+            cache[t] = [x.id for x in tokenize(t.encode("utf-8").decode("latin-1").translate(to_byte_chars))]
+    lists = [cache[t] for t in distinct]
+    lens = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+    flat: np.ndarray = np.fromiter(itertools.chain.from_iterable(lists), dtype=dtype, count=int(lens.sum()))
+    out_lens = lens[group]
+    total = int(out_lens.sum())
+    out_starts = np.cumsum(out_lens) - out_lens
+    src = np.repeat((np.cumsum(lens) - lens)[group] - out_starts, out_lens) + np.arange(total)
+    return flat[src]
+
+
+def check_text(text: object, what: str) -> str:
+    """``text`` if it is a ``str`` that UTF-8 can spell; else ``UserError`` (a lone surrogate has no bytes)."""
+    if not isinstance(text, str):
+        raise UserError(f"{what} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(
+            f"{what} holds a lone surrogate U+{ord(text[e.start]):04X} at character {e.start:,}, which has no UTF-8 "
+            f"bytes; decode the source as UTF-8 (errors='replace' turns bad bytes into U+FFFD)"
+        ) from None
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class ByteBPETokenizer:
+    """A trained byte-level BPE: ``merges`` (pairs of byte strings, training order), ``specials``, ``pattern``
+    (``gpt2`` or ``gpt4``)."""
+
+    merges: tuple[tuple[bytes, bytes], ...]
+    specials: tuple[str, ...] = DEFAULT_SPECIALS
+    pattern: str = "gpt2"
+    kind = "byte"
+
+    def __post_init__(self) -> None:
+        if self.pattern not in PATTERNS:
+            raise UserError(f"pattern must be one of {', '.join(PATTERNS)}, got {self.pattern!r}")
+        if len(set(self.specials)) != len(self.specials) or not all(self.specials):
+            raise UserError(f"special tokens must be distinct, non-empty strings, got {list(self.specials)!r}")
+
+    @classmethod
+    def train(
+        cls,
+        text: str,
+        vocab_size: int,
+        specials: Sequence[str] = DEFAULT_SPECIALS,
+        pattern: str = "gpt2",
+        workers: int = 1,
+    ) -> ByteBPETokenizer:
+        """Train on ``text``: ``vocab_size - 256 - len(specials)`` merges (fewer when the text runs out of pairs)."""
+        from mygpt.tokenizers.byte_bpe_train import train_byte_bpe
+
+        check_text(text, "training text")
+        specials = tuple(specials)
+        check_int(
+            "vocab_size", vocab_size, 256 + len(specials), hint="256 bytes + the special tokens + the merges to learn"
+        )
+        cls(merges=(), specials=specials, pattern=pattern)  # refuse a bad pattern or specials before training
+        merges = train_byte_bpe(text, vocab_size - 256 - len(specials), specials, PATTERNS[pattern], workers)
+        return cls(merges=tuple(merges), specials=specials, pattern=pattern)
+
+    @property
+    def special_base(self) -> int:
+        """The first special's id (``256 + len(merges)``)."""
+        return 256 + len(self.merges)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.special_base + len(self.specials)
+
+    @functools.cached_property
+    def vocab(self) -> dict[int, bytes]:
+        """Id -> bytes (a special's UTF-8)."""
+        from mygpt.tokenizers.byte_bpe_reference import vocab
+
+        return vocab(self.merges, self.specials)
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        return {s: self.special_base + j for j, s in enumerate(self.specials)}
+
+    @functools.cached_property
+    def _hf(self) -> Tokenizer:
+        from mygpt.tokenizers.byte_bpe_files import hf_tokenizer
+
+        return hf_tokenizer(self)
+
+    def encode_array(self, text: str, allowed_special: bool = False) -> np.ndarray:
+        """The ids of ``text`` (``uint16`` while the vocabulary fits, else ``uint32``); ``allowed_special`` turns
+        the specials in it into their ids (else they are ordinary bytes)."""
+        check_text(text, "text to encode")
+        return encode_with(self._hf, text, self.special_ids, allowed_special, self.pattern, id_dtype(self.vocab_size))
+
+    def encode(self, text: str):
+        """The ids of ``text`` as a ``torch.long`` tensor, specials as ordinary bytes (the model-facing form every
+        mygpt tokenizer has: a prompt)."""
+        import torch
+
+        return torch.from_numpy(self.encode_array(text).astype(np.int64))
+
+    def unknown_chars(self, text: str) -> list[str]:
+        """Always empty: every character is UTF-8 bytes, and every byte is a token."""
+        return []
+
+    @property
+    def chars(self) -> tuple[str, ...]:
+        """No character alphabet (the base symbols are bytes); kept for code that lists one."""
+        return ()
+
+    def token_bytes(self) -> np.ndarray:
+        """Bytes of each token by id (int64; a special counts its UTF-8 length): for bits per byte."""
+        return np.array([len(self.vocab[i]) for i in range(self.vocab_size)], dtype=np.int64)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of ``ids`` (a list, an array or a tensor); byte runs that are not valid UTF-8 (a sample cut
+        mid-character) become U+FFFD."""
+        vocab = self.vocab
+        values = ids.tolist() if hasattr(ids, "tolist") else ids
+        try:
+            return b"".join(vocab[int(i)] for i in values).decode("utf-8", errors="replace")
+        except KeyError as e:
+            raise UserError(f"token id {e.args[0]} is outside the vocabulary (size {self.vocab_size})") from None
+
+    def state(self) -> dict:
+        """JSON-able state (checkpoints, tokenizer files): the merges as hex byte strings, specials, pattern."""
+        return {
+            "merges": [[a.hex(), b.hex()] for a, b in self.merges],
+            "specials": list(self.specials),
+            "pattern": self.pattern,
+        }
+
+    @classmethod
+    def from_state(cls, state: object) -> ByteBPETokenizer:
+        """The tokenizer :meth:`state` describes; ``UserError`` for a malformed one."""
+        bad = UserError(
+            "byte-level BPE state must be {'merges': [[hex, hex], ...], 'specials': [str, ...], "
+            f"'pattern': 'gpt2'|'gpt4'}}, got {str(state)[:200]}"
+        )
+        if not isinstance(state, dict) or set(state) != {"merges", "specials", "pattern"}:
+            raise bad
+        try:
+            merges = tuple((bytes.fromhex(a), bytes.fromhex(b)) for a, b in state["merges"])
+            specials = tuple(state["specials"])
+        except (TypeError, ValueError):
+            raise bad from None
+        if not all(a and b for a, b in merges) or not all(isinstance(s, str) for s in specials):
+            raise bad
+        return cls(merges=merges, specials=specials, pattern=state["pattern"])
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ByteBPETokenizer:
+        """The tokenizer a :meth:`to_json` file holds (bytes 0..255 in order, then the merges, then the specials);
+        ``UserError`` naming the file for anything else (any byte-level BPE still encodes with
+        ``mygpt tokenizer encode``)."""
+        from mygpt.tokenizers.byte_bpe_files import layout_parts, vocab_strings
+
+        merges, specials, pattern, vocab = layout_parts(path)
+        tok = None
+        if pattern is not None:
+            tok = cls(merges=tuple(merges), specials=tuple(sorted(specials, key=specials.__getitem__)), pattern=pattern)
+            try:
+                if vocab_strings(tok) != vocab or tok.special_ids != specials:
+                    tok = None
+            except UserError:
+                tok = None
+        if tok is None:
+            raise UserError(
+                f"tokenizer file {os.fspath(path)} is a byte-level BPE but not in mygpt's layout (bytes 0..255 in "
+                f"order, then the merges, then the specials, split by the gpt2 or gpt4 pattern); encode with it "
+                f"through mygpt tokenizer encode, or train one with mygpt tokenizer train"
+            )
+        return tok
+
+    def to_json(self) -> str:
+        """Hugging Face ``tokenizer.json`` text."""
+        return self._hf.to_str(pretty=True)
