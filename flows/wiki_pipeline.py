@@ -54,9 +54,16 @@ def over_the_deployments_groups(parameters: dict) -> dict:
     if not deployment.id:
         return parameters
     from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
 
     with get_client(sync_client=True) as client:
-        own = client.read_deployment(deployment.id).parameters or {}
+        try:
+            own = client.read_deployment(deployment.id).parameters or {}
+        except ObjectNotFound:  # deleted since it made this run: the run's own parameters are all there is
+            get_run_logger().warning(
+                "the deployment %s that made this run is gone; its parameters are used as given", deployment.id
+            )
+            return parameters
     return {
         name: {**own[name], **given} if isinstance(given, dict) and isinstance(own.get(name), dict) else given
         for name, given in parameters.items()
