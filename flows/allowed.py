@@ -97,7 +97,7 @@ def allowed_schedulers(deployment: bool = False) -> list[tuple[str, str, int]] |
         return [] if deployment else None
     schedulers = []
     for item in re.split(r"[\s,]+", value):
-        if item:
+        if item and item != DEFAULT:  # the default is no scheduler: a local cluster the run starts itself
             parts = address_parts(item)
             if parts is None:
                 raise UserError(

@@ -124,3 +124,17 @@ def test_an_allowed_scheduler_runs_the_stage(deployment_run, tmp_path, monkeypat
         assert "count-words" in ran, ran
     finally:
         cluster.stop()
+
+
+def test_default_in_the_scheduler_list_stands_for_none(tmp_path, listener, monkeypatch):
+    """`default` means the defaults in every allow-list; for schedulers that is none (a local cluster), so a
+    person's run naming one is refused and a run naming none goes on."""
+    sock, address = listener
+    monkeypatch.delenv("PREFECT__RUNTIME__DEPLOYMENT__ID", raising=False)
+    monkeypatch.setenv(ENV_SCHEDULERS, "default")
+    assert parse(tmp_path / "art", None).run.dask_address is None
+    with pytest.raises(UserError, match=rf"^run.dask_address {address} is not a Dask scheduler this machine"):
+        parse(tmp_path / "art", address)
+    monkeypatch.setenv(ENV_SCHEDULERS, f"default, {address}")
+    assert parse(tmp_path / "art", address).run.dask_address == address
+    assert nobody_connected(sock)

@@ -179,6 +179,11 @@ def test_the_demo_prints_this_runs_samples_and_restarts_a_runner_with_another_en
         recorded = (home / "runner.env").read_text()
         assert "WIKI_PIPELINE_ARTIFACTS=" in recorded and str(tmp_path / "art2") not in recorded, recorded
         assert (home / "runner.env").stat().st_mode & 0o077 == 0
+
+        env["MYGPT_DETERMINISTIC"] = "1"  # the library's own switches reach a run through the runner too
+        third = subprocess.run([script, "--demo", "--no-wait"], env=env, capture_output=True, text=True, timeout=300)
+        assert third.returncode == 0, third.stdout + third.stderr
+        assert "restarting the deployment runner: its environment differs in MYGPT_DETERMINISTIC" in third.stdout
     finally:
         subprocess.run([script, "--stop"], env=env, capture_output=True, text=True, timeout=120)
 
