@@ -5,8 +5,9 @@ version published under that artifact root side by side, from the store's manife
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,10 +40,73 @@ class Outcome:
         return {"Cached": "Cached", "Completed": "built"}.get(self.state, self.state)
 
 
-def headline(stage: str, metrics: dict) -> str:
-    """The stage's one number for the run summary (``Stage.headline``); empty for a stage without one."""
+#: What a stage's formatter raises on a metric of another type than it reads (a string where it formats a number,
+#: a dict where it reads a list, a curve point that is not a triple): the manifest's schema checks only that
+#: ``metrics`` is an object, so such a value costs its own cell (``–``) or its curve, never a report. Any other
+#: exception is a bug of the formatter, and is raised.
+BAD_VALUE = (TypeError, ValueError, KeyError, AttributeError, IndexError)
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    """The flow run's logger (the warning shows in the run's log in the UI), or outside a run this module's."""
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("wiki_pipeline.reports")
+
+
+def _bad_value(where: str, error: BaseException, outcome: str) -> None:
+    reason = redact_text(str(error), "")
+    reason = reason if len(reason) <= 200 else reason[:199] + "…"
+    _logger().warning(
+        "%s: a metric is not what the report reads (%s: %s); %s", where, type(error).__name__, reason, outcome
+    )
+
+
+def cell(format_metrics: Callable[[dict], str], metrics: dict, where: str) -> str:
+    """``format_metrics(metrics)``: one cell of a report, from a stage's ``headline`` or one of its ``columns``;
+    ``–`` when a metric is of another type than it reads (it raises :data:`BAD_VALUE`), with one warning naming
+    ``where`` (the stage, version and column), so the other cells and reports are still made."""
+    try:
+        return format_metrics(metrics)
+    except BAD_VALUE as e:
+        _bad_value(where, e, "that cell shows –")
+        return "–"
+
+
+def headline(stage: str, metrics: dict, version: str = "") -> str:
+    """The stage's one number for the run summary (``Stage.headline``) as a :func:`cell`; empty for a stage
+    without one."""
     found = BY_NAME[stage].headline
-    return found(metrics) if found else ""
+    return cell(found, metrics, f"{stage}/{version} headline") if found else ""
+
+
+def chart(stage: Stage, versions: list) -> str:
+    """``stage.chart(versions)`` (empty for a stage without one); when a version's metrics are of another type
+    than the chart reads (it raises :data:`BAD_VALUE`), the chart of the versions it can draw each on its own, a
+    warning naming each version left out."""
+    if stage.chart is None:
+        return ""
+    try:
+        return stage.chart(versions)
+    except BAD_VALUE:
+        pass
+    drawable = []
+    for v in versions:
+        try:
+            stage.chart([v])
+        except BAD_VALUE as e:
+            _bad_value(f"{stage.name}/{v.version} chart", e, "that version is left out of the chart")
+        else:
+            drawable.append(v)
+    try:
+        return stage.chart(drawable) if drawable else ""
+    except BAD_VALUE as e:  # each drawable alone, not together: no chart rather than no comparison
+        _bad_value(f"{stage.name} chart", e, "the comparison has no chart")
+        return ""
 
 
 def shown_root(root: str | Path) -> str:
@@ -118,7 +182,7 @@ def run_summary(
     for o in outcomes:
         if o.version and store is not None:
             info = store.get(o.stage, o.version)
-            size, metric = human_bytes(info.size_bytes), headline(o.stage, info.manifest.get("metrics", {}))
+            size, metric = human_bytes(info.size_bytes), headline(o.stage, info.manifest.get("metrics", {}), o.version)
         else:
             size, metric = "–", (one_line(failure) if failure is not None else "")
         shown = Markdown("Cached") if o.verdict == "Cached" else Markdown(f"**{md_text(o.verdict)}**")
@@ -204,8 +268,11 @@ def _comparison_table(
         cells = [
             _linked(v.version, links.get((v.stage, v.version))),
             str(v.manifest.get("created_at") or "").replace("T", " ").removesuffix("Z"),
-            *(value(m) for _, value in columns),
-            *(value(by[v.version]) if v.version in by else "–" for (_, value), by in joined),
+            *(cell(value, m, f"{v.stage}/{v.version} column {name!r}") for name, value in columns),
+            *(
+                cell(value, by[v.version], f"{v.stage}/{v.version} column {name!r}") if v.version in by else "–"
+                for (name, value), by in joined
+            ),
             *(md_code(p.get(k)) for k in differ),
             *(md_code((used.get(name) or {}).get("version", "–")) for name in inputs),
         ]
@@ -221,10 +288,10 @@ def comparison(
     root: str | Path | None = None,
 ) -> str:
     """Every version of ``stage`` under ``root`` side by side: its chart (``Stage.chart``), then the table."""
-    chart = stage.chart(versions) if stage.chart else ""
+    drawn = chart(stage, versions)
     where = f"Every published version under the artifact root {md_code(shown_root(root))}. " if root else ""
     return (
-        f"# {stage.name.capitalize()} versions compared ({len(versions)})\n\n{chart}"
+        f"# {stage.name.capitalize()} versions compared ({len(versions)})\n\n{drawn}"
         + where
         + HOW_TO_READ
         + _comparison_table(versions, stage.columns, links, joined)

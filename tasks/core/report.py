@@ -70,8 +70,29 @@ def settings_table(settings: dict) -> Markdown:
 
 
 def number(value: object, spec: str = ".4f") -> str:
-    """``value`` formatted with ``spec``, or ``–`` when it is not a number (a metric an old version lacks)."""
-    return "–" if not isinstance(value, int | float) else format(value, spec)
+    """``value`` formatted with ``spec``; ``–`` when it is None (a metric an old version lacks). A value of another
+    type (a string, a bool, a list: what a manifest may hold) raises ``TypeError``, and one ``spec`` cannot show
+    (an int too big for ``.4f``, a float for ``,d``) ``ValueError``, both naming it: a report cell shows ``–`` for
+    them and logs which (``flows.reports.cell``), rather than a number that is not what the manifest says."""
+    if value is None:
+        return "–"
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"{value!r} is not a number")
+    try:
+        return format(value, spec)
+    except (ValueError, OverflowError) as e:
+        raise ValueError(f"{value!r} cannot be shown as {spec!r}: {e}") from None
+
+
+def _finite(value: object) -> float | None:
+    """``value`` as a finite float, or None when it is not a number (a bool is not) or not finite."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        return None
+    return number if math.isfinite(number) else None
 
 
 def human_bytes(n: float) -> str:
@@ -105,14 +126,29 @@ def _tick_label(value: float, ticks: list[float]) -> str:
     return f"{value:,.{decimals}f}"
 
 
+def _points(label: str, points: list) -> list[tuple[float, float]]:
+    kept = []
+    for x, y in points:
+        at = _finite(x)
+        if at is None:
+            raise ValueError(f"series {label!r}: x {x!r} is not a finite number")
+        if y is not None and (not isinstance(y, int | float) or isinstance(y, bool)):
+            raise TypeError(f"series {label!r}: y {y!r} at x {x!r} is not a number")
+        value = _finite(y)
+        if value is not None and value > 0:
+            kept.append((at, value))
+    return kept
+
+
 def line_chart(series: list[tuple[str, str, list]], x_title: str, y_title: str, height: int = 300) -> str:
     """An SVG line chart of ``series`` (``(label, colour, [(x, y), ...])``) that takes the page's width (a
-    viewBox only); the y axis is logarithmic when the values span more than 4x (a steep start flattens the rest)."""
+    viewBox only); the y axis is logarithmic when the values span more than 4x (a steep start flattens the rest).
+
+    A point whose y is None, not finite or not above 0 is not drawn (a step without a validation loss); an x that
+    is not a finite number or a y that is not a number raises ``ValueError``/``TypeError`` naming the series (the
+    values came from a manifest: the caller decides what a malformed series costs)."""
     width = 640
-    clean = [
-        (label, colour, [(x, y) for x, y in pts if y is not None and math.isfinite(y) and y > 0])
-        for label, colour, pts in series
-    ]
+    clean = [(label, colour, _points(label, pts)) for label, colour, pts in series]
     clean = [c for c in clean if c[2]]
     ys = [y for _, _, pts in clean for _, y in pts]
     if not ys:
