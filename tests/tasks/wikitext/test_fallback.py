@@ -123,3 +123,18 @@ def test_an_offline_rerun_asks_twice_before_falling_back(tmp_path, monkeypatch, 
         with pytest.raises(UserError, match=re.escape(url) + " failed 6 times in a row"):
             download(tmp_path / "fresh", source_url=url)  # nothing to fall back to: every try
         assert down.connections == 6
+
+
+def test_a_manifest_whose_source_sha256_is_no_string_does_not_break_the_fallback(tmp_path, fast_retries):
+    """A hand-edited ``source.sha256`` (a list: unhashable) is matched against nothing the address served: the
+    offline run says the source cannot be reached (a clear error) instead of a TypeError."""
+    root = tmp_path / "art"
+    with Mirror({"/w.zip": tiny_zip("Kept")}) as m:
+        url = m.url("/w.zip")
+        ref = download(root, source_url=url)
+    manifest = root / "corpus" / ref["version"] / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["source"]["sha256"] = [data["source"]["sha256"]]
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=re.escape(url) + " failed 4 times in a row"):  # the mirror gone
+        download(root, source_url=url)
