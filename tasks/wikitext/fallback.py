@@ -30,7 +30,8 @@ def last_known_version(settings: ZipSource, store: ArtifactStore, stage: Stage) 
             published_here = metrics["source_url_sha256"] == settings.address
         else:
             published_here = legacy_ok and metrics.get("source_url") == settings.shown_url
-        if isinstance(sha, str) and sha in served_here:  # this machine saw the address serve those bytes: its own clock, its last look
+        # this machine saw the address serve those bytes: its own clock, its last look
+        if isinstance(sha, str) and sha in served_here:
             return served_here[sha]
         if not published_here:
             return None
