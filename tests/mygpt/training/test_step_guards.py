@@ -9,6 +9,7 @@ import torch
 from mygpt import GPT, CharTokenizer, TrainConfig, UserError
 from mygpt.checkpoint import load_checkpoint_payload
 from mygpt.training import clock as clock_mod
+from mygpt.training import parallel as parallel_mod
 from mygpt.training import train as train_mod
 from mygpt.training.guards import FiniteLoss
 from mygpt.training.parallel import World
@@ -92,6 +93,21 @@ def test_running_out_of_memory_names_the_batch_settings_and_the_micro_batch_knob
         "cpu ran out of memory at step 1 (CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total)) "
         "with batch_size 4, seq_len 32, micro_batch_size 0 (4 rows per forward pass in this process): set "
         "micro_batch_size to fewer than the 4 rows each process runs at once (e.g. 2; gradients are accumulated, "
+        "the step is the same up to float rounding), or lower batch_size or seq_len"
+    )
+
+
+def test_running_out_of_memory_in_validation_is_the_same_error(data, monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.50 GiB")
+
+    monkeypatch.setattr(parallel_mod, "summed_nats", out_of_memory)  # validation's forward passes, not training's
+    with pytest.raises(UserError) as e:
+        _run(data, steps=4, print_every=0, eval_every=2, micro_batch_size=2)
+    assert str(e.value) == (
+        "cpu ran out of memory in the validation after step 2 (CUDA out of memory. Tried to allocate 12.50 GiB) "
+        "with batch_size 4, seq_len 32, micro_batch_size 2 (2 rows per forward pass in this process): set "
+        "micro_batch_size to fewer than the 2 rows each process runs at once (e.g. 1; gradients are accumulated, "
         "the step is the same up to float rounding), or lower batch_size or seq_len"
     )
 
