@@ -64,6 +64,18 @@ def test_auto_falling_back_to_the_cpu_beside_a_gpu_driver_says_so_in_one_line(mo
     assert device_mod.device_warnings("auto", cpu, "auto", "fp32") == []
 
 
+@pytest.mark.skipif(torch.version.cuda is not None, reason="this torch is a CUDA build")
+def test_a_cpu_build_of_torch_beside_a_gpu_driver_is_not_called_no_gpu(tmp_path):
+    """The venv's torch is the CPU wheel: beside a loaded NVIDIA driver (a fake ``/proc``) the reason names the
+    build and how to install a CUDA one (what ``bench/gpu_check.py`` prints), not "no CUDA GPU here"."""
+    evidence = limits.accelerator_evidence(*fake_tree(tmp_path, ["proc/driver/nvidia"]))
+    reason = device_mod.no_cuda_reason(evidence)
+    assert reason.startswith(f"torch {torch.__version__} here is a CPU build (torch.version.cuda is None), but ")
+    assert f"{evidence} says a GPU driver is here" in reason and "\n" not in reason
+    assert f"--index-url https://download.pytorch.org/whl/cu128 torch=={torch.__version__.split('+')[0]}" in reason
+    assert device_mod.no_cuda_reason(None) == "no CUDA GPU here (torch.cuda.is_available() is False)"
+
+
 class FakeCuda:
     """``torch.cuda`` as a machine with GPUs would answer: ``gpus`` is ``[(name, capability), ...]``."""
 
