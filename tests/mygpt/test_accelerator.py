@@ -203,12 +203,29 @@ def test_the_nccl_branch_pins_each_rank_to_its_gpu(monkeypatch):
         ("NVIDIA L40S", 362.0),
         ("NVIDIA L4", 121.0),
         ("Tesla V100-SXM2-16GB", None),
+        ("NVIDIA GeForce RTX 4090", 165.2),
+        ("NVIDIA GeForce RTX 4090 D", 147.1),
+        ("NVIDIA GeForce RTX 3090", 71.0),
+        ("NVIDIA GeForce RTX 3090 Ti", 80.0),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", None),  # a slice: no table figure is its peak
+        ("NVIDIA A100-SXM4-80GB MIG 7g.80gb", None),
     ],
 )
 def test_the_peak_of_a_specific_part_is_its_own_not_its_familys(monkeypatch, name, peak):
     monkeypatch.delenv(metrics.PEAK_ENV, raising=False)
     FakeCuda(monkeypatch, [(name, (9, 0))])
     assert metrics.peak_tflops(torch.device("cuda", 0))[0] == peak
+
+
+def test_a_mig_slice_has_no_mfu_unless_its_peak_is_given(monkeypatch):
+    monkeypatch.delenv(metrics.PEAK_ENV, raising=False)
+    FakeCuda(monkeypatch, [("NVIDIA H100 80GB HBM3 MIG 1g.10gb", (9, 0))])
+    peak, note = metrics.peak_tflops(torch.device("cuda", 0))
+    assert peak is None and note == (
+        f"NVIDIA H100 80GB HBM3 MIG 1g.10gb is a MIG slice, whose peak is not its GPU's (set {metrics.PEAK_ENV})"
+    )
+    monkeypatch.setenv(metrics.PEAK_ENV, "120")
+    assert metrics.peak_tflops(torch.device("cuda", 0))[0] == 120.0
 
 
 def test_no_peak_table_entry_is_hidden_behind_an_earlier_one():
