@@ -204,7 +204,7 @@ def train(
             _check_resume_compatible(payload, model, tokenizer, config, checkpoint_path)
             model.load_state_dict(payload["model_state_dict"])
             optimizer.load_state_dict(state["optimizer"])
-            restore_rng(state["rng"], gen, dev, world)
+            restore_rng(state["rng"], gen, dev, world, seed=config.seed)
             history = list(state.get("history", []))
             start_step = int(state["step"])
             log(f"resuming from {checkpoint_path} at step {start_step}")

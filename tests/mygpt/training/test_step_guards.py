@@ -157,3 +157,25 @@ def test_each_rank_draws_its_own_dropout_masks(data):
     assert all(torch.equal(same[0][k], same[1][k]) for k in same[0])
     other = weights[0.2, 0], weights[0.2, 1]
     assert not all(torch.equal(other[0][k], other[1][k]) for k in other[0])
+
+
+def test_a_resume_with_another_process_count_gives_each_rank_its_own_dropout_stream():
+    """A checkpoint of one process (no per-rank states) or of three, resumed by two: rank 0 continues the saved
+    stream, rank 1 starts from seed + 1 as a fresh run's rank 1 would, never rank 0's saved state."""
+    from mygpt.training.rng import capture_rng, rank_rng, restore_rng
+
+    cpu, gen = torch.device("cpu"), torch.Generator().manual_seed(5)
+    torch.manual_seed(123)
+    torch.rand(7)
+    main_next = torch.get_rng_state()
+    for three in (False, True):
+        torch.set_rng_state(main_next)
+        saved = capture_rng(gen, cpu, [rank_rng(cpu)] * 3 if three else None)
+        torch.manual_seed(999)
+        restore_rng(saved, gen, cpu, World(rank=0, size=2), seed=5)
+        assert torch.equal(torch.get_rng_state(), main_next), "rank 0: the saved stream"
+        rank0 = torch.rand(4)
+        restore_rng(saved, gen, cpu, World(rank=1, size=2), seed=5)
+        rank1 = torch.rand(4)
+        assert torch.equal(rank1, torch.rand(4, generator=torch.Generator().manual_seed(6))), "seed + rank"
+        assert not torch.equal(rank0, rank1)
