@@ -138,11 +138,15 @@ def test_throughput_leaves_the_slow_first_step_out_and_reports_it_on_its_own_lin
     )
 
 
-def test_a_one_step_run_says_its_throughput_includes_the_warm_up(data):
+def test_one_and_two_step_runs_say_what_their_throughput_covers(data):
     _model, result, lines = _run(data, steps=1)
     assert result.warmup_seconds is None and result.tokens_per_sec > 0
     (line,) = [line for line in lines if line.startswith("throughput: ")]
     assert " tokens/s over step 1 (its only step: warm-up included), " in line
+    _model, result, lines = _run(data, steps=2)
+    assert result.warmup_seconds is not None
+    (line,) = [line for line in lines if line.startswith("throughput: ")]
+    assert " tokens/s over step 2 (warm-up, validation and checkpoints left out), " in line, "not 'steps 2-2'"
 
 
 def test_each_rank_draws_its_own_dropout_masks(data):
