@@ -55,16 +55,21 @@ def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, 
     sizes = tokenizer.token_bytes()  # type: ignore[attr-defined]  # a pipeline model carries its BPETokenizer
     ctx.progress(0, 1, f"{len(used):,} of {len(ids):,} test tokens", force=True)
     t0 = time.perf_counter()
-    with torch_threads(ctx.run.threads):
-        result = heldout_loss(
-            gpt.to(settings.device),
-            used,
-            sizes,
-            gpt.max_seq_len,
-            settings.device,
-            settings.precision,
-            rows=windows_per_pass(trained, gpt.max_seq_len),
-        )
+    import torch
+
+    rows = windows_per_pass(trained, gpt.max_seq_len)
+    try:
+        with torch_threads(ctx.run.threads):
+            result = heldout_loss(
+                gpt.to(settings.device), used, sizes, gpt.max_seq_len, settings.device, settings.precision, rows=rows
+            )
+    except torch.OutOfMemoryError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"evaluate: {settings.device} ran out of memory ({first}) with {rows} window(s) of {gpt.max_seq_len} "
+            "tokens per forward pass (no more tokens than one of the model's training passes): free the device's "
+            "memory (other processes) or set evaluate.device to cpu"
+        ) from None
     metrics = {
         "test_loss": round(result.loss, 6),
         "test_bpb": round(result.bpb, 6) if result.bpb is not None else None,
