@@ -198,15 +198,20 @@ def main(argv=None) -> int:
     try:
         import torch
 
+        from mygpt.device import no_cuda_reason
+        from mygpt.limits import accelerator_evidence
+
         if args.steps < 2:
             raise UserError(f"--steps must be >= 2 (the first is the warm-up), got {args.steps}")
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if args.dry_run:
+            if not gpus:
+                print(f"note: {no_cuda_reason(accelerator_evidence())}")
             dry_run(args.steps, args.text, gpus, args.nproc)
             return 0
         rows = plan(gpus, args.nproc)
         if not torch.cuda.is_available():
-            raise UserError("no CUDA GPU here (torch.cuda.is_available() is False); --dry-run shows the plan")
+            raise UserError(f"{no_cuda_reason(accelerator_evidence())}; --dry-run shows the plan")
         print(f"{torch.cuda.get_device_name(0)} x {gpus}, torch {torch.__version__}, CUDA {torch.version.cuda}")
         with tempfile.TemporaryDirectory(prefix="mygpt-gpu-check-") as tmp:
             work = Path(tmp)

@@ -27,6 +27,7 @@ __all__ = [
     "deterministic_mode",
     "device_warnings",
     "mps_available",
+    "no_cuda_reason",
     "resolve_device",
     "resolve_precision",
     "synchronize",
@@ -125,6 +126,20 @@ def resolve_precision(device: str | torch.device, precision: str = "auto") -> st
     if device.type in ("cuda", "mps") and bf16_native(device)[0]:
         return "bf16"
     return "fp32"
+
+
+def no_cuda_reason(evidence: str | None) -> str:
+    """Why torch sees no CUDA GPU, for a message: a CPU build of torch (``torch.version.cuda`` None, as the venv's
+    pinned wheel) where ``evidence`` (:func:`mygpt.limits.accelerator_evidence`) says a GPU driver is here is not a
+    machine without a GPU, so it says so and how to install a CUDA build of the same version."""
+    if evidence is not None and torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return (
+            f"torch {torch.__version__} here is a CPU build (torch.version.cuda is None), but {evidence} says a GPU "
+            f"driver is here: install a CUDA build of the same version for the driver's CUDA (nvidia-smi), e.g. "
+            f".venv/bin/pip install --index-url https://download.pytorch.org/whl/cu128 "
+            f"torch=={torch.__version__.split('+')[0]}"
+        )
+    return "no CUDA GPU here (torch.cuda.is_available() is False)"
 
 
 def device_warnings(requested_device: str, device: torch.device, requested_precision: str, precision: str) -> list[str]:

@@ -26,6 +26,7 @@ __all__ = [
     "micro_batch_hint",
     "precision_name",
     "resolves_to_cpu",
+    "rows_at_once",
 ]
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -127,8 +128,7 @@ def check_memory(
     have, what = machine_memory(device)
     if have is None:
         return
-    share = -(-batch_size // nproc)
-    rows = min(micro_batch_size, share) if micro_batch_size > 0 else share
+    rows = rows_at_once(batch_size, nproc, micro_batch_size)
     need = training_memory(model, rows, seq_len, precision)
     processes = 1 if getattr(device, "type", str(device).split(":")[0]) == "cuda" else nproc
     total = need.total * processes
@@ -153,6 +153,13 @@ def check_memory(
         f"(weights, gradients and AdamW state {_gib(need.state)}, position tables {_gib(need.positions)}, "
         f"activations of {rows:,} rows x {seq_len:,} tokens {_gib(need.activations)}{each}); {fix}"
     )
+
+
+def rows_at_once(batch_size: int, nproc: int = 1, micro_batch_size: int = 0) -> int:
+    """The most rows of the global ``batch_size`` one of ``nproc`` processes runs in one forward pass: its share,
+    or ``micro_batch_size`` where that is set and smaller (training, and validation alike)."""
+    share = -(-batch_size // max(nproc, 1))
+    return min(micro_batch_size, share) if micro_batch_size > 0 else share
 
 
 def micro_batch_hint(rows: int, knob: str = "micro_batch_size") -> str:

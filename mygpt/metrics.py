@@ -15,6 +15,7 @@ __all__ = [
     "bits_per_byte",
     "flops_per_token",
     "format_throughput",
+    "is_mig",
     "machine_memory",
     "matmul_params",
     "peak_for_name",
@@ -27,8 +28,12 @@ FLOPS_FORMULA = "6N + 12*L*H*Q*T"
 PEAK_ENV = "MYGPT_PEAK_TFLOPS"
 
 #: Dense bf16 tensor-core peak in TFLOP/s (no sparsity), matched as a substring of
-#: ``torch.cuda.get_device_name()``; the first match wins, so each specific part (``H200 NVL``, ``GB200``) comes
-#: before its family's name (``H200``, ``B200``): no entry is a substring of a later one.
+#: ``torch.cuda.get_device_name()``; the first match wins, so each specific part (``H200 NVL``, ``GB200``,
+#: ``RTX 4090 D``) comes before its family's name (``H200``, ``B200``, ``RTX 4090``): no entry is a substring of a
+#: later one. Whole GPUs only: a MIG slice (``... MIG 1g.10gb``) has a fraction of the SMs, see :func:`peak_for_name`.
+#: GeForce cards: fp16/bf16 with fp32 accumulate, what bf16 autocast training runs at (their fp16-accumulate rate,
+#: twice as high, is not); ``RTX 4090 D`` (114 SMs) and ``RTX 3090 Ti`` (84 SMs at 1.86 GHz) are their base card's
+#: 512 FLOPs per SM per clock at their own SM counts and boost clocks.
 GPU_BF16_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
     ("GH200", 989.0),
     ("H200 NVL", 835.0),
@@ -45,7 +50,9 @@ GPU_BF16_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
     ("L40S", 362.0),
     ("L40", 181.0),
     ("L4", 121.0),
+    ("RTX 4090 D", 147.1),
     ("RTX 4090", 165.2),
+    ("RTX 3090 Ti", 80.0),
     ("RTX 3090", 71.0),
 )
 
@@ -83,11 +90,22 @@ def peak_tflops(device) -> tuple[float | None, str]:
     peak = peak_for_name(name)
     if peak is not None:
         return peak, name
+    if is_mig(name):
+        return None, f"{name} is a MIG slice, whose peak is not its GPU's (set {PEAK_ENV})"
     return None, f"{name} is not in mygpt.metrics.GPU_BF16_PEAK_TFLOPS (set {PEAK_ENV})"
 
 
+def is_mig(name: str) -> bool:
+    """Whether a CUDA device name is a MIG slice's (``NVIDIA H100 80GB HBM3 MIG 1g.10gb``)."""
+    return " MIG " in f" {name} "
+
+
 def peak_for_name(name: str) -> float | None:
-    """The table's peak for a CUDA device name, or ``None``."""
+    """The table's peak for a CUDA device name, or ``None``: also for a MIG slice, whose share of the GPU's SMs
+    is not its ``g`` count / 7 (a 1g slice of an H100 has 16 of 132 SMs), so an MFU from any table figure would be
+    wrong; ``MYGPT_PEAK_TFLOPS`` gives the slice's."""
+    if is_mig(name):
+        return None
     return next((peak for key, peak in GPU_BF16_PEAK_TFLOPS if key in name), None)
 
 

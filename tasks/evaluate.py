@@ -46,18 +46,30 @@ def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, 
             f"the test split has {len(ids)} token(s) ({text_bytes:,} bytes of {SPLIT_FILES['test']}): evaluating needs "
             "at least 2; the corpus's last articles are its test split, so check the corpus stage's source_url"
         )
+    trained = json.loads((model / MANIFEST).read_text())["settings"]
     # a model trained on all three splits has seen the test text: its "held-out" numbers are not held out
-    trained_on_test = json.loads((model / MANIFEST).read_text())["settings"].get("train_splits") == "all"
+    trained_on_test = trained.get("train_splits") == "all"
     if trained_on_test:
         ctx.log.warning("evaluate: the model was trained with train_splits=all, the test split included")
     gpt, tokenizer = load_checkpoint(model / "model.ckpt")
     sizes = tokenizer.token_bytes()  # type: ignore[attr-defined]  # a pipeline model carries its BPETokenizer
     ctx.progress(0, 1, f"{len(used):,} of {len(ids):,} test tokens", force=True)
     t0 = time.perf_counter()
-    with torch_threads(ctx.run.threads):
-        result = heldout_loss(
-            gpt.to(settings.device), used, sizes, gpt.max_seq_len, settings.device, settings.precision
-        )
+    import torch
+
+    rows = windows_per_pass(trained, gpt.max_seq_len)
+    try:
+        with torch_threads(ctx.run.threads):
+            result = heldout_loss(
+                gpt.to(settings.device), used, sizes, gpt.max_seq_len, settings.device, settings.precision, rows=rows
+            )
+    except torch.OutOfMemoryError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"evaluate: {settings.device} ran out of memory ({first}) with {rows} window(s) of {gpt.max_seq_len} "
+            "tokens per forward pass (no more tokens than one of the model's training passes): free the device's "
+            "memory (other processes) or set evaluate.device to cpu"
+        ) from None
     metrics = {
         "test_loss": round(result.loss, 6),
         "test_bpb": round(result.bpb, 6) if result.bpb is not None else None,
@@ -76,6 +88,24 @@ def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, 
     atomic_write_text(ctx.out / "evaluate.json", json.dumps(metrics, indent=1) + "\n")
     ctx.progress(1, 1, "done", force=True)
     return metrics
+
+
+def windows_per_pass(trained: dict, max_seq_len: int) -> int:
+    """How many windows of ``max_seq_len`` tokens one forward pass evaluates, for a model trained with the
+    settings ``trained`` (its manifest's): no more tokens than one of its training forward passes held (a
+    micro-batch, else a process's share of the batch), at most ``WINDOWS_PER_BATCH``, at least one. Why: the
+    pass's fp32 logits are what evaluation needs memory for, so a model that trained on a GPU evaluates there."""
+    from mygpt.heldout import WINDOWS_PER_BATCH
+    from mygpt.limits import rows_at_once
+
+    nproc = trained.get("nproc")
+    rows = rows_at_once(
+        int(trained.get("batch_size") or 1),
+        nproc if isinstance(nproc, int) else 1,
+        int(trained.get("micro_batch_size") or 0),
+    )
+    tokens = rows * int(trained.get("seq_len") or max_seq_len)
+    return max(1, min(WINDOWS_PER_BATCH, tokens // max_seq_len))
 
 
 def report(manifest: dict) -> str:

@@ -114,8 +114,9 @@ class ModelSettingsBase(DeviceSettings):
 
     def resolved(self) -> typing.Self:
         """Device and precision (DeviceSettings), then ``nproc`` as a number this machine can run: the one place
-        the pipeline resolves it; the stage passes the number on."""
-        from mygpt.limits import check_nproc
+        the pipeline resolves it; the stage passes the number on. A ``micro_batch_size`` no smaller than the rows
+        a process runs is unset (0): it computes the same, so it gives the same version."""
+        from mygpt.limits import check_nproc, rows_at_once
         from mygpt.training.launcher import resolve_nproc
 
         s = super().resolved()
@@ -131,7 +132,8 @@ class ModelSettingsBase(DeviceSettings):
                 f"needs a core of its own: lower nproc"
             )
         self.check_memory(s.device, s.precision, nproc)
-        return s.model_copy(update={"nproc": nproc})
+        micro = self.micro_batch_size if self.micro_batch_size < rows_at_once(self.batch_size, nproc) else 0
+        return s.model_copy(update={"nproc": nproc, "micro_batch_size": micro})
 
     def check_memory(self, device: str, precision: str, nproc: int, vocab_size: int = 1) -> None:
         """``UserError`` when training this model cannot fit this machine (``mygpt.limits.check_memory``). Before

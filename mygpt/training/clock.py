@@ -57,7 +57,8 @@ class StepClock:
         """What :meth:`tokens_per_sec` covers, for the throughput line."""
         if self.warmup_seconds is None:
             return f" over step {self.first} (its only step: warm-up included)"
-        return f" over steps {self.first + 1}-{self.last} (warm-up, validation and checkpoints left out)"
+        steps = f"step {self.last}" if self.last == self.first + 1 else f"steps {self.first + 1}-{self.last}"
+        return f" over {steps} (warm-up, validation and checkpoints left out)"
 
     def warmup_line(self, compiled: bool) -> str:
         """The log line for the warm-up step (only when :attr:`warmup_seconds` is set)."""

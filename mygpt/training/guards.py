@@ -8,7 +8,7 @@ import math
 import torch
 
 from mygpt.errors import UserError
-from mygpt.limits import micro_batch_hint
+from mygpt.limits import micro_batch_hint, rows_at_once
 from mygpt.training.config import TrainConfig, lr_at
 
 __all__ = ["FiniteLoss", "out_of_memory_error"]
@@ -55,15 +55,17 @@ class FiniteLoss:
 
 
 def out_of_memory_error(
-    error: BaseException, config: TrainConfig, device: torch.device, rows: int, step: int
+    error: BaseException, config: TrainConfig, device: torch.device, rows: int, step: int, validation: bool = False
 ) -> UserError:
-    """The ``UserError`` for ``error``, an out-of-memory on ``device`` at ``step``, naming the batch settings and the
-    micro-batch knob; ``rows``: how many rows this process runs (of the global ``batch_size``)."""
+    """The ``UserError`` for ``error``, an out-of-memory on ``device`` at ``step`` (in the validation after it when
+    ``validation``: it runs the same micro-batches), naming the batch settings and the micro-batch knob; ``rows``:
+    how many rows this process runs (of the global ``batch_size``)."""
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    at_once = min(config.micro_batch_size, rows) if config.micro_batch_size > 0 else rows
+    at_once = rows_at_once(rows, 1, config.micro_batch_size)
     fix = f"set {micro_batch_hint(at_once)}" if at_once > 1 else "lower seq_len or the model's size"
+    when = f"in the validation after step {step}" if validation else f"at step {step}"
     return UserError(
-        f"{device} ran out of memory at step {step} ({first}) with batch_size {config.batch_size}, seq_len "
+        f"{device} ran out of memory {when} ({first}) with batch_size {config.batch_size}, seq_len "
         f"{config.seq_len}, micro_batch_size {config.micro_batch_size} ({at_once} rows per forward pass in this "
         f"process): {fix}, or lower batch_size or seq_len"
     )

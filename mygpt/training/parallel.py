@@ -137,9 +137,13 @@ def evaluate(
     precision: str,
     world: World,
     token_bytes: torch.Tensor | None = None,
+    micro_batch_size: int = 0,
 ) -> tuple[float, float | None]:
     """``(mean loss per token, bits per byte or None)`` of the unwrapped ``model`` over ``batches`` global batches
-    drawn with ``seed`` (the same on every rank); ``token_bytes`` (UTF-8 bytes per vocabulary id) gives the bpb."""
+    drawn with ``seed`` (the same on every rank); ``token_bytes`` (UTF-8 bytes per vocabulary id) gives the bpb.
+    Forward passes of at most ``micro_batch_size`` rows (0 = all of this rank's), as training's: its fp32 logits
+    would otherwise need several times a training micro-batch's memory; the loss is the same up to float rounding
+    (exactly the same when every rank's rows fit in one pass)."""
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
@@ -147,7 +151,7 @@ def evaluate(
     nats_total, bytes_total = 0.0, 0
     for _ in range(batches):
         x, y = get_batch(tokens, batch_size, seq_len, gen, device, rows=rows)
-        nats_total += summed_nats(model, x, y, device, precision)
+        nats_total += summed_nats(model, x, y, device, precision, rows=micro_batch_size)
         if token_bytes is not None:
             bytes_total += int(token_bytes[y].sum().item())
     model.train(was_training)

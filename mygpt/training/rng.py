@@ -51,8 +51,21 @@ def _setrank_rng(rng: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(rng["cuda"], device)
 
 
-def restore_rng(rng: dict, gen: torch.Generator, device: torch.device, world: World | None = None) -> None:
-    _setrank_rng(rng, device)
+def restore_rng(
+    rng: dict, gen: torch.Generator, device: torch.device, world: World | None = None, seed: int = 0
+) -> None:
+    """Restore what :func:`capture_rng` captured. Each rank gets its own saved global state back where the
+    checkpoint was written by as many processes; with another number, rank 0 continues the saved main stream
+    and every other rank starts its own from ``seed + rank``, as a fresh run seeds it: handing them rank 0's
+    state would make every rank draw the same dropout masks."""
+    rank = world.rank if world is not None else 0
+    ranks = rng.get("ranks")
+    if world is not None and ranks and len(ranks) == world.size:  # same world size: each rank its own stream
+        _setrank_rng(ranks[rank], device)
+    elif rank == 0:
+        _setrank_rng(rng, device)
+    else:
+        torch.manual_seed(seed + rank)
     gen.set_state(rng["generator"])
     n = rng.get("numpy")
     if n:
@@ -62,6 +75,3 @@ def restore_rng(rng: dict, gen: torch.Generator, device: torch.device, world: Wo
     p = rng.get("python")
     if p:
         random.setstate((p[0], tuple(p[1]), p[2]))
-    ranks = rng.get("ranks")
-    if world is not None and ranks and len(ranks) == world.size:  # same world size: each rank its own stream
-        _setrank_rng(ranks[world.rank], device)

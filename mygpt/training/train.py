@@ -204,7 +204,7 @@ def train(
             _check_resume_compatible(payload, model, tokenizer, config, checkpoint_path)
             model.load_state_dict(payload["model_state_dict"])
             optimizer.load_state_dict(state["optimizer"])
-            restore_rng(state["rng"], gen, dev, world)
+            restore_rng(state["rng"], gen, dev, world, seed=config.seed)
             history = list(state.get("history", []))
             start_step = int(state["step"])
             log(f"resuming from {checkpoint_path} at step {start_step}")
@@ -268,6 +268,7 @@ def train(
     show_lr = config.schedule != "constant" or config.warmup > 0
     tokens_per_step = config.batch_size * config.seq_len
     rows = world.rows(config.batch_size)
+    mine = rows.stop - rows.start if rows else config.batch_size  # this process's rows of the global batch
     final_loss = history[-1]["loss"] if history else None
     final_val_loss = next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None)
     final_val_bpb = next((h.get("val_bpb") for h in reversed(history) if "val_loss" in h), None)
@@ -293,9 +294,26 @@ def train(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             optimizer.step()
         except torch.OutOfMemoryError as e:
-            mine = rows.stop - rows.start if rows else config.batch_size
             raise out_of_memory_error(e, config, dev, mine, step) from None
         return loss
+
+    def validate(step: int) -> tuple[float, float | None]:
+        try:
+            return evaluate(
+                model,
+                val_tokens,
+                batch_size=config.batch_size,
+                seq_len=config.seq_len,
+                batches=config.eval_batches,
+                seed=config.seed + 1,
+                device=dev,
+                precision=precision,
+                world=world,
+                token_bytes=token_bytes,
+                micro_batch_size=config.micro_batch_size,
+            )
+        except torch.OutOfMemoryError as e:
+            raise out_of_memory_error(e, config, dev, mine, step, validation=True) from None
 
     if start_step >= config.steps:
         log(f"checkpoint is already at step {start_step} >= steps ({config.steps}); nothing to train")
@@ -328,18 +346,7 @@ def train(
                 tps = clock.interval(tokens_per_step)
                 point = {"step": step, "loss": final_loss, "lr": lr, "tokens_per_sec": tps}
                 if is_eval:
-                    final_val_loss, final_val_bpb = evaluate(
-                        model,
-                        val_tokens,
-                        batch_size=config.batch_size,
-                        seq_len=config.seq_len,
-                        batches=config.eval_batches,
-                        seed=config.seed + 1,
-                        device=dev,
-                        precision=precision,
-                        world=world,
-                        token_bytes=token_bytes,
-                    )
+                    final_val_loss, final_val_bpb = validate(step)
                     point["val_loss"] = final_val_loss
                     if final_val_bpb is not None:
                         point["val_bpb"] = final_val_bpb

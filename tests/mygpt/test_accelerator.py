@@ -64,6 +64,18 @@ def test_auto_falling_back_to_the_cpu_beside_a_gpu_driver_says_so_in_one_line(mo
     assert device_mod.device_warnings("auto", cpu, "auto", "fp32") == []
 
 
+@pytest.mark.skipif(torch.version.cuda is not None, reason="this torch is a CUDA build")
+def test_a_cpu_build_of_torch_beside_a_gpu_driver_is_not_called_no_gpu(tmp_path):
+    """The venv's torch is the CPU wheel: beside a loaded NVIDIA driver (a fake ``/proc``) the reason names the
+    build and how to install a CUDA one (what ``bench/gpu_check.py`` prints), not "no CUDA GPU here"."""
+    evidence = limits.accelerator_evidence(*fake_tree(tmp_path, ["proc/driver/nvidia"]))
+    reason = device_mod.no_cuda_reason(evidence)
+    assert reason.startswith(f"torch {torch.__version__} here is a CPU build (torch.version.cuda is None), but ")
+    assert f"{evidence} says a GPU driver is here" in reason and "\n" not in reason
+    assert f"--index-url https://download.pytorch.org/whl/cu128 torch=={torch.__version__.split('+')[0]}" in reason
+    assert device_mod.no_cuda_reason(None) == "no CUDA GPU here (torch.cuda.is_available() is False)"
+
+
 class FakeCuda:
     """``torch.cuda`` as a machine with GPUs would answer: ``gpus`` is ``[(name, capability), ...]``."""
 
@@ -191,12 +203,29 @@ def test_the_nccl_branch_pins_each_rank_to_its_gpu(monkeypatch):
         ("NVIDIA L40S", 362.0),
         ("NVIDIA L4", 121.0),
         ("Tesla V100-SXM2-16GB", None),
+        ("NVIDIA GeForce RTX 4090", 165.2),
+        ("NVIDIA GeForce RTX 4090 D", 147.1),
+        ("NVIDIA GeForce RTX 3090", 71.0),
+        ("NVIDIA GeForce RTX 3090 Ti", 80.0),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", None),  # a slice: no table figure is its peak
+        ("NVIDIA A100-SXM4-80GB MIG 7g.80gb", None),
     ],
 )
 def test_the_peak_of_a_specific_part_is_its_own_not_its_familys(monkeypatch, name, peak):
     monkeypatch.delenv(metrics.PEAK_ENV, raising=False)
     FakeCuda(monkeypatch, [(name, (9, 0))])
     assert metrics.peak_tflops(torch.device("cuda", 0))[0] == peak
+
+
+def test_a_mig_slice_has_no_mfu_unless_its_peak_is_given(monkeypatch):
+    monkeypatch.delenv(metrics.PEAK_ENV, raising=False)
+    FakeCuda(monkeypatch, [("NVIDIA H100 80GB HBM3 MIG 1g.10gb", (9, 0))])
+    peak, note = metrics.peak_tflops(torch.device("cuda", 0))
+    assert peak is None and note == (
+        f"NVIDIA H100 80GB HBM3 MIG 1g.10gb is a MIG slice, whose peak is not its GPU's (set {metrics.PEAK_ENV})"
+    )
+    monkeypatch.setenv(metrics.PEAK_ENV, "120")
+    assert metrics.peak_tflops(torch.device("cuda", 0))[0] == 120.0
 
 
 def test_no_peak_table_entry_is_hidden_behind_an_earlier_one():

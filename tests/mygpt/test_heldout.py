@@ -41,3 +41,22 @@ def test_bits_per_byte_counts_the_bytes_of_the_text_the_predicted_tokens_cover()
     assert got.windows == math.ceil((len(ids) - 1) / 64)
     again = heldout_loss(model, ids, np.asarray(tok.token_bytes()), seq_len=64)
     assert again == got, "deterministic"
+
+
+def test_fewer_windows_per_forward_pass_give_the_same_numbers_to_float_rounding():
+    """``rows`` bounds the windows of a forward pass (its fp32 logits are evaluation's memory)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")[:6000]
+    tok = BPETokenizer.from_corpus(text, 40)
+    ids = tok.encode(text).numpy()
+    torch.manual_seed(0)
+    model = GPT(vocab_size=tok.vocab_size, embed_dim=32, num_heads=2, num_kv_heads=1, num_layers=1, max_seq_len=16)
+    passes: list[int] = []
+    model.register_forward_hook(lambda _m, args, _out: passes.append(args[0].size(0)))
+    whole = heldout_loss(model, ids, tok.token_bytes(), seq_len=16)
+    assert max(passes) == 8, "the default: eight windows at once"
+    for rows in (1, 3):
+        passes.clear()
+        got = heldout_loss(model, ids, tok.token_bytes(), seq_len=16, rows=rows)
+        assert max(passes) == rows and sum(passes) == whole.windows
+        assert (got.targets, got.target_bytes, got.windows) == (whole.targets, whole.target_bytes, whole.windows)
+        assert math.isclose(got.loss, whole.loss, rel_tol=1e-6) and math.isclose(got.bpb, whole.bpb, rel_tol=1e-6)

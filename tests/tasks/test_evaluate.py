@@ -125,3 +125,32 @@ def test_a_test_split_of_fewer_than_two_tokens_is_refused_not_a_nan(upstream, tr
     with pytest.raises(UserError, match="at least 2"):
         gpt, tok = load_checkpoint(Path(trained["path"]) / "model.ckpt")
         heldout_loss(gpt, np.array([5]), tok.token_bytes(), 8)
+
+
+def test_a_forward_pass_evaluates_no_more_tokens_than_one_of_the_models_training_passes():
+    windows_per_pass = evaluate_stage.windows_per_pass
+    assert windows_per_pass({"batch_size": 64, "seq_len": 1024, "nproc": 1}, 1024) == 8  # the most at once
+    assert windows_per_pass({"batch_size": 64, "seq_len": 1024, "micro_batch_size": 2}, 1024) == 2
+    assert windows_per_pass({"batch_size": 8, "seq_len": 256, "nproc": 2}, 256) == 4  # a process's share
+    assert windows_per_pass({"batch_size": 5, "seq_len": 64, "nproc": 2}, 256) == 1  # 3 rows of 64: one window
+    assert windows_per_pass({"batch_size": 64, "seq_len": 128, "micro_batch_size": 8}, 256) == 4
+
+
+def test_running_out_of_memory_is_one_error_naming_the_forward_pass(upstream, trained, monkeypatch):
+    import pytest
+    import torch
+
+    import mygpt.heldout
+    from mygpt.errors import UserError
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
+
+    monkeypatch.setattr(mygpt.heldout, "heldout_loss", out_of_memory)
+    with pytest.raises(UserError) as e:
+        evaluate(upstream, trained, max_tokens=321)
+    assert str(e.value) == (
+        "evaluate: cpu ran out of memory (CUDA out of memory. Tried to allocate 3.00 GiB) with 8 window(s) of 32 "
+        "tokens per forward pass (no more tokens than one of the model's training passes): free the device's memory "
+        "(other processes) or set evaluate.device to cpu"
+    )

@@ -185,6 +185,21 @@ def test_nproc_and_compile_enter_the_version_resolved():
     assert list(train_stage.ModelSettings.model_fields)[:4] == ["device", "precision", "nproc", "compile"]
 
 
+def test_a_micro_batch_as_large_as_a_process_s_rows_is_unset_in_the_version(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)  # two training processes on the CPU
+
+    def version(**settings) -> dict:
+        resolved = train_stage.ModelSettings(device="cpu", batch_size=8, **settings).resolved()
+        assert resolved.train_config().micro_batch_size == resolved.micro_batch_size
+        return resolved.version_params()
+
+    unset = version()
+    assert version(micro_batch_size=8) == unset and version(micro_batch_size=100) == unset, "computes the same"
+    assert version(micro_batch_size=7)["micro_batch_size"] == 7
+    assert version(nproc=2, micro_batch_size=4) == version(nproc=2), "4 rows per process"
+    assert version(nproc=2, micro_batch_size=3)["micro_batch_size"] == 3
+
+
 def test_bf16_on_a_cpu_without_native_bf16_warns_once(upstream, monkeypatch, caplog):
     import logging
 

@@ -9,6 +9,7 @@ import torch
 from mygpt import GPT, CharTokenizer, TrainConfig, UserError
 from mygpt.checkpoint import load_checkpoint_payload
 from mygpt.training import clock as clock_mod
+from mygpt.training import parallel as parallel_mod
 from mygpt.training import train as train_mod
 from mygpt.training.guards import FiniteLoss
 from mygpt.training.parallel import World
@@ -96,6 +97,21 @@ def test_running_out_of_memory_names_the_batch_settings_and_the_micro_batch_knob
     )
 
 
+def test_running_out_of_memory_in_validation_is_the_same_error(data, monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.50 GiB")
+
+    monkeypatch.setattr(parallel_mod, "summed_nats", out_of_memory)  # validation's forward passes, not training's
+    with pytest.raises(UserError) as e:
+        _run(data, steps=4, print_every=0, eval_every=2, micro_batch_size=2)
+    assert str(e.value) == (
+        "cpu ran out of memory in the validation after step 2 (CUDA out of memory. Tried to allocate 12.50 GiB) "
+        "with batch_size 4, seq_len 32, micro_batch_size 2 (2 rows per forward pass in this process): set "
+        "micro_batch_size to fewer than the 2 rows each process runs at once (e.g. 1; gradients are accumulated, "
+        "the step is the same up to float rounding), or lower batch_size or seq_len"
+    )
+
+
 def test_throughput_leaves_the_slow_first_step_out_and_reports_it_on_its_own_line(data, monkeypatch):
     """A fake clock: the first step takes 100 s, every other 1 s, nothing else any time."""
     now = [0.0]
@@ -122,11 +138,15 @@ def test_throughput_leaves_the_slow_first_step_out_and_reports_it_on_its_own_lin
     )
 
 
-def test_a_one_step_run_says_its_throughput_includes_the_warm_up(data):
+def test_one_and_two_step_runs_say_what_their_throughput_covers(data):
     _model, result, lines = _run(data, steps=1)
     assert result.warmup_seconds is None and result.tokens_per_sec > 0
     (line,) = [line for line in lines if line.startswith("throughput: ")]
     assert " tokens/s over step 1 (its only step: warm-up included), " in line
+    _model, result, lines = _run(data, steps=2)
+    assert result.warmup_seconds is not None
+    (line,) = [line for line in lines if line.startswith("throughput: ")]
+    assert " tokens/s over step 2 (warm-up, validation and checkpoints left out), " in line, "not 'steps 2-2'"
 
 
 def test_each_rank_draws_its_own_dropout_masks(data):
@@ -141,3 +161,25 @@ def test_each_rank_draws_its_own_dropout_masks(data):
     assert all(torch.equal(same[0][k], same[1][k]) for k in same[0])
     other = weights[0.2, 0], weights[0.2, 1]
     assert not all(torch.equal(other[0][k], other[1][k]) for k in other[0])
+
+
+def test_a_resume_with_another_process_count_gives_each_rank_its_own_dropout_stream():
+    """A checkpoint of one process (no per-rank states) or of three, resumed by two: rank 0 continues the saved
+    stream, rank 1 starts from seed + 1 as a fresh run's rank 1 would, never rank 0's saved state."""
+    from mygpt.training.rng import capture_rng, rank_rng, restore_rng
+
+    cpu, gen = torch.device("cpu"), torch.Generator().manual_seed(5)
+    torch.manual_seed(123)
+    torch.rand(7)
+    main_next = torch.get_rng_state()
+    for three in (False, True):
+        torch.set_rng_state(main_next)
+        saved = capture_rng(gen, cpu, [rank_rng(cpu)] * 3 if three else None)
+        torch.manual_seed(999)
+        restore_rng(saved, gen, cpu, World(rank=0, size=2), seed=5)
+        assert torch.equal(torch.get_rng_state(), main_next), "rank 0: the saved stream"
+        rank0 = torch.rand(4)
+        restore_rng(saved, gen, cpu, World(rank=1, size=2), seed=5)
+        rank1 = torch.rand(4)
+        assert torch.equal(rank1, torch.rand(4, generator=torch.Generator().manual_seed(6))), "seed + rank"
+        assert not torch.equal(rank0, rank1)

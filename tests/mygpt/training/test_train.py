@@ -357,6 +357,7 @@ def test_resume_restores_each_ranks_own_rng_state():
         torch.manual_seed(999)
         restore_rng(saved, torch.Generator(), cpu, World(rank=rank, size=2))
         assert torch.equal(torch.get_rng_state(), ranks[rank]["torch"]), f"rank {rank} did not get its own state"
-    torch.manual_seed(999)
-    restore_rng(saved, torch.Generator(), cpu, World(rank=1, size=3))  # another world size: the saved state
-    assert torch.equal(torch.get_rng_state(), saved["torch"])
+    restore_rng(saved, torch.Generator(), cpu, World(rank=0, size=3), seed=5)  # another world size:
+    assert torch.equal(torch.get_rng_state(), saved["torch"]), "rank 0 continues the saved main stream"
+    restore_rng(saved, torch.Generator(), cpu, World(rank=1, size=3), seed=5)
+    assert torch.equal(torch.get_rng_state(), torch.Generator().manual_seed(6).get_state()), "seed + rank"

@@ -7,9 +7,12 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mygpt import GPT, CharTokenizer, TrainConfig
 from mygpt.device import compile_unavailable
+from mygpt.training.data import get_batch
+from mygpt.training.parallel import World, evaluate
 from mygpt.training.train import train
 from tests.support.tiny_model import TINY_MODEL, TINY_TRAIN
 
@@ -82,6 +85,52 @@ def test_micro_batches_give_the_same_training(data):
         assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["val_loss"] - b["val_loss"]) < 1e-5
     for k, v in whole_model.state_dict().items():
         assert (v - micro_model.state_dict()[k]).abs().max() < 1e-5, k
+
+
+def _rows_per_forward(model, grad: bool) -> list[int]:
+    """The batch rows of every forward pass of ``model`` with gradients on (``grad``) or off, as they happen."""
+    seen: list[int] = []
+    model.register_forward_hook(
+        lambda _m, args, _out: seen.append(args[0].size(0)) if torch.is_grad_enabled() == grad else None
+    )
+    return seen
+
+
+def test_validation_runs_in_the_training_micro_batches(data):
+    tok, train_ids, val_ids = data
+    torch.manual_seed(0)
+    model = GPT(tok.vocab_size, **TINY_MODEL)
+    evaluated = _rows_per_forward(model, grad=False)
+    config = TrainConfig(**{**TINY_TRAIN, "steps": 4, "print_every": 0, "eval_every": 2, "micro_batch_size": 3})
+    result = train(model, tok, train_ids, config=config, val_tokens=val_ids, device="cpu", log=None)
+    assert len(result.history) == 2 and all("val_loss" in h for h in result.history)
+    assert evaluated == [3, 1] * TINY_TRAIN["eval_batches"] * 2  # 4 rows as 3 + 1, like the training steps
+
+
+def test_validation_in_micro_batches_equals_one_forward_per_batch(data):
+    """Unset (or as large as the batch), validation is the single forward per batch it always was, to the bit;
+    in micro-batches only the order of the sums changes."""
+    tok, _, val_ids = data
+    torch.manual_seed(0)
+    model = GPT(tok.vocab_size, **TINY_MODEL)
+    args = dict(batch_size=8, seq_len=32, batches=3, seed=7, device=torch.device("cpu"), precision="fp32")
+    gen, nats = torch.Generator().manual_seed(7), 0.0
+    with torch.no_grad():
+        for _ in range(3):
+            x, y = get_batch(val_ids, 8, 32, gen, torch.device("cpu"))
+            logits, _ = model.eval()(x)
+            nats += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum").item()
+    one_forward = nats / (3 * 8 * 32)
+
+    def loss(micro: int) -> float:
+        return evaluate(model, val_ids, world=World(), micro_batch_size=micro, **args)[0]
+
+    assert loss(0) == one_forward and loss(8) == one_forward and loss(100) == one_forward
+    rows = _rows_per_forward(model, grad=False)
+    for micro in (1, 3):
+        rows.clear()
+        assert math.isclose(loss(micro), one_forward, rel_tol=1e-6), micro
+        assert max(rows) == micro and sum(rows) == 3 * 8
 
 
 def test_result_progress_and_log_carry_the_numbers(data):
