@@ -113,6 +113,7 @@ def cmd_gc(args) -> int:
     """List what no run needs -- how big, why -- and with ``--yes`` delete it, never what a running build locks."""
     from tasks.core.report import human_bytes
     from tasks.registry import code_versions
+    from tasks.store.files import printable
 
     store = open_existing(args.artifacts_dir)
     items = store.garbage(code_versions() if args.stale else None)
@@ -123,7 +124,7 @@ def cmd_gc(args) -> int:
     print(f"{'deleting' if args.yes else 'would delete (dry run; --yes deletes)'} under {store.root}:")
     freed = kept = 0
     for item in items:
-        where = f"(cache) {item.key}" if item.local else item.key
+        where = printable(f"(cache) {item.key}" if item.local else item.key)  # a name from a listing
         in_use = item.in_use or (args.yes and not store.collect(item))
         if in_use:
             kept += 1
