@@ -476,6 +476,17 @@ class ObjectFiles:
             "AWS_ENDPOINT_URL) and rerun: nothing half-written is visible, and a rerun resumes"
         )
 
+    def is_empty(self) -> bool:
+        """Whether no object at all lies under the root (one request, whatever the root holds)."""
+        prefix = f"{self.prefix.strip('/')}/" if self.prefix.strip("/") else ""
+        with self._errors("listing the root"):
+            try:
+                return not self._call("list_objects_v2", Prefix=prefix, MaxKeys=1).get("Contents")
+            except OSError as exc:
+                if no_bucket(exc):
+                    raise self._missing_bucket("listing the root") from None
+                raise
+
     def check_bucket(self) -> None:
         """``UserError`` naming the bucket when it does not exist (its listing would read as empty)."""
         with self._errors("looking for the bucket"):

@@ -192,6 +192,26 @@ def test_a_name_with_control_characters_is_damage_and_reaches_no_terminal_raw(tm
     assert "files lists 'x\\x1b]0;PWNED" in reason and "\x1b" not in reason
 
 
+@pytest.mark.parametrize("command", [["artifacts"], ["gc"], ["pull", "corpus/v1", "dest"], ["run", "--tiny"]])
+def test_an_empty_artifacts_dir_is_one_error_in_every_command(command, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # was: artifacts listed the working directory, run wrote to the default root
+    assert main([*command, "--artifacts-dir", ""]) == 2
+    assert capsys.readouterr().err.startswith("error: --artifacts-dir is empty; give a directory or s3://")
+    with pytest.raises(UserError, match="the artifact root is empty"):
+        open_store("")
+
+
+def test_listing_an_s3_prefix_that_holds_nothing_is_an_error(s3_root, capsys):
+    typo = f"{s3_root}-typo"
+    for command in (["artifacts"], ["gc"]):
+        assert main([*command, "--artifacts-dir", typo]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: the artifact root {typo} holds nothing (no object under that prefix); check")
+    store = open_store(s3_root)
+    publish_locked(store, "corpus", "c1", {"a.txt": b"a"})
+    assert main(["artifacts", "--artifacts-dir", s3_root]) == 0 and "corpus     c1" in capsys.readouterr().out
+
+
 def test_a_build_never_publishes_a_manifest_its_readers_would_take_for_damage(tmp_path, monkeypatch):
     """Over the cap, every reader would call the version damaged and every run rebuild it: publish refuses."""
     store = open_store(tmp_path)
