@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "artifacts_dir", None) is not None and not args.artifacts_dir.strip():
+            raise UserError(  # every command alike: not the working directory here, the default root there
+                "--artifacts-dir is empty; give a directory or s3://bucket/prefix, or leave the option out for the "
+                "default ($WIKI_PIPELINE_ARTIFACTS, else artifacts/ in the checkout)"
+            )
         return args.func(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -42,12 +42,19 @@ def format_listing(
 
 def open_existing(artifacts_dir) -> ArtifactStore:
     """The store of the root ``artifacts_dir`` (None: the default one); ``UserError`` when that directory does
-    not exist (an empty listing would read as "nothing published there", a typo's answer too)."""
+    not exist, or that object-store prefix holds no object at all (an empty listing would read as "nothing
+    published there", a typo's answer too). Only the commands that read a root ask this: a run makes its root."""
     from pathlib import Path
 
     from tasks.registry import open_store
+    from tasks.store.s3 import ObjectFiles
 
     store = open_store(artifacts_dir)
+    if isinstance(store.files, ObjectFiles) and store.files.is_empty():
+        raise UserError(
+            f"the artifact root {store.root} holds nothing (no object under that prefix); check its spelling, or "
+            "give the root a run published into (--artifacts-dir, or WIKI_PIPELINE_ARTIFACTS)"
+        )
     if not store.remote and not Path(store.root).is_dir():
         what = "is not a directory" if Path(store.root).exists() else "does not exist"
         raise UserError(
@@ -113,6 +120,7 @@ def cmd_gc(args) -> int:
     """List what no run needs -- how big, why -- and with ``--yes`` delete it, never what a running build locks."""
     from tasks.core.report import human_bytes
     from tasks.registry import code_versions
+    from tasks.store.files import printable
 
     store = open_existing(args.artifacts_dir)
     items = store.garbage(code_versions() if args.stale else None)
@@ -123,7 +131,7 @@ def cmd_gc(args) -> int:
     print(f"{'deleting' if args.yes else 'would delete (dry run; --yes deletes)'} under {store.root}:")
     freed = kept = 0
     for item in items:
-        where = f"(cache) {item.key}" if item.local else item.key
+        where = printable(f"(cache) {item.key}" if item.local else item.key)  # a name from a listing
         in_use = item.in_use or (args.yes and not store.collect(item))
         if in_use:
             kept += 1

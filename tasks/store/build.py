@@ -11,7 +11,8 @@ import uuid
 from pathlib import Path
 
 from mygpt.atomic import atomic_write_text, sha256_file
-from tasks.store.files import FILES_UNDER, MANIFEST
+from mygpt.errors import UserError
+from tasks.store.files import FILES_UNDER, MANIFEST, MAX_MANIFEST_BYTES
 from tasks.store.versions import Versions
 
 MANIFEST_FORMAT = 1
@@ -117,7 +118,13 @@ class Build:
             **({FILES_UNDER: under} if under else {}),
             **(extra or {}),
         }
-        atomic_write_text(self.out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+        text = json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"
+        if len(text.encode("utf-8")) > MAX_MANIFEST_BYTES:  # every reader would take it for damage: rebuilt forever
+            raise UserError(
+                f"{self.stage}/{self.version}: its manifest would be over the {MAX_MANIFEST_BYTES} bytes a manifest "
+                f"may have ({len(files)} files); choose settings that write fewer, larger files"
+            )
+        atomic_write_text(self.out / MANIFEST, text)
         files_ = self.store.files
         files_.check_held(self._lock_key)
         key = self.store._version_key(self.stage, self.version)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -11,23 +12,55 @@ from typing import Protocol
 
 MANIFEST = "manifest.json"
 FILES_UNDER = "files_under"  # a manifest's folder (inside its version) holding the files; absent: the version itself
+#: The most bytes a manifest may have, read or written. A manifest is one entry (~150 bytes) per file: the largest a
+#: stage writes is ~12 KB (shards at the default shard size), so this holds ~100k files; and JSON grows up to some
+#: twenty-five-fold into Python objects (``[[],[],...]``), so a hostile manifest at the cap costs a listing ~0.4 GB
+#: of memory, not more. ``Build.publish`` refuses a bigger one: its readers would take it for damage.
+MAX_MANIFEST_BYTES = 16 << 20
+#: C0 and C1 control characters and DEL (in a name they could rewrite a terminal that shows it), and lone
+#: surrogates (JSON can spell them; no file name or terminal has a form of them).
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def printable(name: str) -> str:
+    """``name`` with each character :data:`CONTROL_RE` matches written as its escape (``\\x1b``), for showing a
+    name read from a listing where the names are not quoted (gc's table)."""
+    return CONTROL_RE.sub(lambda m: ascii(m.group(0))[1:-1], name)
+
+
+class UnreadableManifest(Exception):
+    """A version's manifest is there but cannot be one (why): not a regular file, too big, not UTF-8, or, where
+    publication always brings one, missing from a version folder. Damage: the version is rebuilt."""
+
+
+def manifest_text(data: bytes) -> str:
+    """``data`` (read with at most one byte over :data:`MAX_MANIFEST_BYTES`) as a manifest's text;
+    :class:`UnreadableManifest` when it is too big or not UTF-8."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise UnreadableManifest(f"it is over {MAX_MANIFEST_BYTES >> 20} MiB, more than a manifest may have")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UnreadableManifest("it is not UTF-8 text") from None
 
 
 def safe_rel(rel: object) -> bool:
     """Whether ``rel`` (a name from a manifest or a listing) is a file inside its version: relative, no
-    ``.``/``..``/empty segments, no backslash; anything else could write outside a local copy."""
-    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel:
+    ``.``/``..``/empty segments, no backslash (anything else could write outside a local copy), no control
+    character (one could rewrite the terminal of whoever lists it)."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or CONTROL_RE.search(rel):
         return False
     return all(part not in ("", ".", "..") for part in rel.split("/"))
 
 
 def parse_manifest(text: str | None) -> dict | None:
-    """The manifest in ``text``, or None when there is none or it is not a JSON object."""
+    """The manifest in ``text``, or None when there is none or it is not a JSON object (nested too deep for the
+    parser included: that is damage, not a crash of whoever lists it)."""
     if text is None:
         return None
     try:
         manifest = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None
     return manifest if isinstance(manifest, dict) else None
 
@@ -62,7 +95,11 @@ class Files(Protocol):
 
     def path(self, key: str) -> Path: ...  # under :attr:`local`
 
-    def read_text(self, key: str) -> str | None: ...
+    def read_manifest(self, key: str) -> str | None:
+        """The text of the manifest of the version ``key``, at most :data:`MAX_MANIFEST_BYTES`, never waiting on
+        it and never following a link; None when it has none (not published, or on an object store a build whose
+        commit is still to come); :class:`UnreadableManifest` when what is there is damage."""
+        ...
 
     def exists(self, key: str) -> bool: ...
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.store.files import Files, files_prefix
+from tasks.store.files import MANIFEST, Files, files_prefix
 from tasks.store.layout import VERSION_RE
 from tasks.store.posix import PosixFiles
 from tasks.store.s3 import INCOMING
@@ -149,9 +149,15 @@ def _other_builds(store: Versions, files: Files, st: str) -> Iterator[Garbage]:
         if name.startswith(".") or not VERSION_RE.fullmatch(name):
             continue
         manifest = store.read_manifest(st, name)
+        if manifest is None:  # builds write only into folders of their own: these files no build will publish
+            for rel in files.names(f"{st}/{name}"):
+                if rel != MANIFEST:  # a damaged one goes with its version
+                    key = f"{st}/{name}/{rel}"
+                    why = f"a file in {st}/{name}, which has no manifest naming it"
+                    yield Garbage(key, files.where(key), st, name, files.usage(key)[0], why, store.is_locked(st, name))
         keep = files_prefix(manifest) if manifest is not None else "/"
         if not keep:
-            continue  # damaged, or published with its files in the version itself: every folder is its own
+            continue  # published with its files in the version itself: every folder is its own
         for folder in files.subdirs(f"{st}/{name}"):
             if f"{folder}/" != keep:
                 key = f"{st}/{name}/{folder}"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tasks.store.files import MANIFEST, parse_manifest
+from tasks.store.files import UnreadableManifest, parse_manifest
+from tasks.store.posix import read_manifest_file
 
 STAGE_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")  # a stage's folder: a plain name, never a path
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a version id (12 hex digits, see version_id)
@@ -14,8 +15,8 @@ VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a version id (12 h
 def _is_version(d: Path) -> bool:
     """Whether ``d`` is a published version: its manifest names ``<d's parent>/<d>``."""
     try:
-        manifest = parse_manifest((d / MANIFEST).read_text(encoding="utf-8")) if (d / MANIFEST).is_file() else None
-    except (OSError, UnicodeDecodeError):
+        manifest = parse_manifest(read_manifest_file(d))
+    except (OSError, UnreadableManifest):
         return False
     return manifest is not None and (manifest.get("stage"), manifest.get("version")) == (d.parent.name, d.name)
 

@@ -72,12 +72,12 @@ def _file_problem(rel: Any, meta: Any) -> str | None:
     if not safe_rel(rel) or rel == MANIFEST:
         return f"files lists {rel!r}, which is not a relative file name inside the version"
     if not isinstance(meta, dict):
-        return f"files.{rel} is of type {_type_name(meta)}, not an object"
+        return f"files.{rel!r} is of type {_type_name(meta)}, not an object"
     size, sha = meta.get("size"), meta.get("sha256")
     if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0):
-        return f"files.{rel}.size is {size!r}, not a whole number of bytes"
+        return f"files.{rel!r}.size is {size!r}, not a whole number of bytes"
     if not isinstance(sha, str) or not SHA256_RE.fullmatch(sha):
-        return f"files.{rel}.sha256 is {sha!r}, not 64 hex digits"
+        return f"files.{rel!r}.sha256 is {sha!r}, not 64 hex digits"
     return None
 
 
@@ -96,7 +96,7 @@ def manifest_problem(manifest: Any, stage: str, version: str) -> str | None:
     if not _is_int(manifest["format"]) or manifest["format"] < 1:
         return f"format is {manifest['format']!r}, not a format number"
     if (manifest["stage"], manifest["version"]) != (stage, version):
-        return f"it names {manifest['stage']}/{manifest['version']}"
+        return f"it names {manifest['stage']!r}/{manifest['version']!r}"
     for field in ("build_id", "code_version"):
         if not _PLAIN.fullmatch(manifest[field]):
             return f"{field} is {manifest[field]!r}, not a plain name"

@@ -8,12 +8,13 @@ import fcntl
 import logging
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from mygpt.atomic import fsync_dir, sha256_file
-from tasks.store.files import Found
+from tasks.store.files import MANIFEST, MAX_MANIFEST_BYTES, Found, UnreadableManifest, manifest_text
 
 log = logging.getLogger("wiki_pipeline.store")
 
@@ -27,6 +28,47 @@ def _flock(fh, how: int) -> bool:
             raise
         return False
     return True
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "no regular file"
+
+
+def read_manifest_file(folder: Path) -> str | None:
+    """The text of ``folder``'s manifest; None when ``folder`` is no directory. :class:`UnreadableManifest` when
+    the folder or its manifest is a symbolic link, the manifest is missing (a directory's version is renamed into
+    place with its manifest), not a regular file (a FIFO would block the reader, a device never end), too big or
+    not UTF-8: each opened without following a link and without waiting, then checked by ``fstat``."""
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnreadableManifest("the version's folder is a symbolic link") from None
+        raise
+    try:
+        fd = os.open(MANIFEST, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise UnreadableManifest("it is missing (a published version always has one)") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnreadableManifest("it is a symbolic link") from None
+        raise
+    finally:
+        os.close(dir_fd)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UnreadableManifest(f"it is {_kind(mode)}, not a regular file")
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+    finally:
+        os.close(fd)
+    return manifest_text(data)
 
 
 class PosixFiles:
@@ -46,11 +88,8 @@ class PosixFiles:
         return self.root / key
 
     # ---- reading ---------------------------------------------------------------------------------
-    def read_text(self, key: str) -> str | None:
-        try:
-            return (self.root / key).read_text(encoding="utf-8")
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, UnicodeDecodeError):
-            return None
+    def read_manifest(self, key: str) -> str | None:
+        return read_manifest_file(self.root / key)
 
     def exists(self, key: str) -> bool:
         return (self.root / key).exists()
@@ -144,19 +183,20 @@ class PosixFiles:
     def discard(self, key: str, still_held: Callable[[], None] | None = None) -> bool:
         """Rename the version ``key`` into its stage's ``.trash``, then delete it; whether it was there."""
         path = self.root / key
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             return False
         trash = path.parent / ".trash"
         trash.mkdir(parents=True, exist_ok=True)
         target = trash / f"{path.name}.{uuid.uuid4().hex[:8]}"
         os.rename(path, target)
         fsync_dir(path.parent)
-        shutil.rmtree(target, ignore_errors=True)
+        self.delete(target.relative_to(self.root).as_posix())
         return True
 
     def delete(self, key: str) -> None:
+        """Delete the file or directory ``key``; a symbolic link itself, never what it points to."""
         path = self.root / key
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)

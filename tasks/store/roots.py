@@ -31,6 +31,11 @@ def default_root() -> str:
 def absolute_root(root: str | os.PathLike) -> str:
     """An artifact root as the store names it: an absolute path, or ``s3://bucket/prefix`` as written."""
     text = os.fspath(root)
+    if not text.strip():  # not this process's working directory: nobody means it by leaving the root blank
+        raise UserError(
+            f"the artifact root is empty ({text!r}); give a directory or s3://bucket/prefix, or none for the "
+            f"default (${ENV_ROOT}, else artifacts/ in the checkout)"
+        )
     if is_object_url(text):
         try:
             return normal_url(text)

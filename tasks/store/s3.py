@@ -15,7 +15,16 @@ from typing import Any
 
 from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
-from tasks.store.files import MANIFEST, Found, files_prefix, parse_manifest, safe_rel
+from tasks.store.files import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    Found,
+    UnreadableManifest,
+    files_prefix,
+    manifest_text,
+    parse_manifest,
+    safe_rel,
+)
 from tasks.store.manifest_schema import manifest_problem
 from tasks.store.s3_client import cache_root, filesystem, no_bucket, precondition_failed
 from tasks.store.s3_lease import Lease, lease_seconds
@@ -23,6 +32,18 @@ from tasks.store.s3_urls import SCHEME, normal_url, scrub, split_url
 
 UPLOAD_PART_BYTES = 8 << 20
 INCOMING = ".incoming"  # downloads into the local cache in progress (a killed one is left there for gc)
+
+
+async def _read_at_most(body: Any, limit: int) -> bytes:
+    """The first ``limit`` bytes of the response ``body`` (all of it when shorter); one read may return less."""
+    parts, got = [], 0
+    while got < limit:
+        chunk = await body.read(limit - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
 
 
 class ObjectFiles:
@@ -71,18 +92,12 @@ class ObjectFiles:
             ) from None  # the raw exception's text may carry an endpoint's query or user info
 
     # ---- reading ---------------------------------------------------------------------------------
-    def read_text(self, key: str) -> str | None:
-        with self._errors(f"reading {key}"):
-            try:
-                data = self.fs.cat_file(self._path(key))
-            except (FileNotFoundError, IsADirectoryError) as exc:
-                if no_bucket(exc):
-                    raise
-                return None
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
+    def read_manifest(self, key: str) -> str | None:
+        """None when ``key`` has no manifest object: a build's files may be there before its commit (gc judges
+        them, under the version's lock, as builds that did not publish)."""
+        with self._errors(f"reading {key}/{MANIFEST}"):
+            current = self.get_object(f"{key}/{MANIFEST}", MAX_MANIFEST_BYTES + 1)
+        return None if current is None else manifest_text(current[0])
 
     def listing(self, key: str) -> dict[str, dict]:
         base = self._path(key).rstrip("/") + "/"
@@ -133,11 +148,14 @@ class ObjectFiles:
 
     def local_copy(self, key: str, full: bool = False) -> Path:
         """The cached copy of ``key``, downloaded unless the cache holds its build, every file checked first."""
-        text = self.read_text(f"{key}/{MANIFEST}")
-        if text is None:
-            raise FileNotFoundError(f"no published version {key} under {self.display}")
-        manifest = parse_manifest(text)
-        problem = "it is not JSON" if manifest is None else manifest_problem(manifest, *key.split("/", 1))
+        try:
+            text = self.read_manifest(key)
+            if text is None:
+                raise FileNotFoundError(f"no published version {key} under {self.display}")
+            manifest = parse_manifest(text)
+            problem = "it is not a JSON object" if manifest is None else manifest_problem(manifest, *key.split("/", 1))
+        except UnreadableManifest as exc:
+            manifest, problem = None, str(exc)
         if manifest is None or problem:
             raise UserError(f"{self.where(key)}: its {MANIFEST} is damaged ({problem}); rerun with force to rebuild it")
         final = self.local / key
@@ -236,13 +254,13 @@ class ObjectFiles:
 
     def found(self, key: str) -> Found | None:
         with self._errors(f"reading {key}/{MANIFEST}"):
-            current = self.get_object(f"{key}/{MANIFEST}")
+            current = self.get_object(f"{key}/{MANIFEST}", MAX_MANIFEST_BYTES + 1)
         if current is None:
             return None
         body, tag = current
         try:
-            text: str | None = body.decode("utf-8")
-        except UnicodeDecodeError:
+            text: str | None = manifest_text(body)
+        except UnreadableManifest:
             text = None
         return Found(tag, parse_manifest(text))
 
@@ -394,8 +412,9 @@ class ObjectFiles:
         modified = info.get("LastModified")
         return modified.timestamp() if hasattr(modified, "timestamp") else None
 
-    def get_object(self, key: str) -> tuple[bytes, str] | None:
-        """The object ``key``'s body and ETag from one GET (so they belong together), or None."""
+    def get_object(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str] | None:
+        """The object ``key``'s body (its first ``max_bytes``: no more is read) and ETag from one GET (so they
+        belong together), or None."""
         from fsspec.asyn import sync
 
         async def get() -> tuple[bytes, str] | None:
@@ -407,7 +426,7 @@ class ObjectFiles:
                 return None
             body = resp["Body"]
             try:
-                data = await body.read()
+                data = await body.read() if max_bytes is None else await _read_at_most(body, max_bytes)
             finally:
                 body.close()
             return data, resp["ETag"]
@@ -456,6 +475,17 @@ class ObjectFiles:
             "this endpoint (never made, or deleted while in use); create it (or check the root's spelling and "
             "AWS_ENDPOINT_URL) and rerun: nothing half-written is visible, and a rerun resumes"
         )
+
+    def is_empty(self) -> bool:
+        """Whether no object at all lies under the root (one request, whatever the root holds)."""
+        prefix = f"{self.prefix.strip('/')}/" if self.prefix.strip("/") else ""
+        with self._errors("listing the root"):
+            try:
+                return not self._call("list_objects_v2", Prefix=prefix, MaxKeys=1).get("Contents")
+            except OSError as exc:
+                if no_bucket(exc):
+                    raise self._missing_bucket("listing the root") from None
+                raise
 
     def check_bucket(self) -> None:
         """``UserError`` naming the bucket when it does not exist (its listing would read as empty)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mygpt.errors import UserError
-from tasks.store.files import MANIFEST, files_prefix, parse_manifest, safe_rel
+from tasks.store.files import MANIFEST, UnreadableManifest, files_prefix, parse_manifest, safe_rel
 from tasks.store.layout import STAGE_NAME_RE, VERSION_RE
 from tasks.store.manifest_schema import manifest_problem
 from tasks.store.pull import check_destination, copy_checked
@@ -115,14 +115,17 @@ class Versions:
     def checked_manifest(self, stage: str, version: str) -> tuple[dict | None, str | None]:
         """``(manifest, None)`` for a manifest the schema accepts (``manifest_schema``), ``(None, None)`` when
         there is none, ``(None, why)`` when it is damage: unreadable, or a field missing or of another type."""
-        key = f"{self._version_key(stage, version)}/{MANIFEST}"
-        text = self.files.read_text(key)
+        key = self._version_key(stage, version)
+        try:
+            text = self.files.read_manifest(key)
+        except UnreadableManifest as exc:
+            return None, f"{MANIFEST} in {self.files.where(key)} is damaged: {exc}"
         if text is None:
             return None, None
         manifest = parse_manifest(text)
-        problem = "it is not JSON" if manifest is None else manifest_problem(manifest, stage, version)
+        problem = "it is not a JSON object" if manifest is None else manifest_problem(manifest, stage, version)
         if problem:
-            return None, f"{MANIFEST} in {self.files.where(self._version_key(stage, version))} is damaged: {problem}"
+            return None, f"{MANIFEST} in {self.files.where(key)} is damaged: {problem}"
         return manifest, None
 
     def verify(self, stage: str, version: str, full: bool = False) -> tuple[bool, str]:
@@ -141,24 +144,25 @@ class Versions:
             return None, "missing"
         manifest, damage = self.checked_manifest(stage, version)
         if manifest is None:
-            return None, damage or f"{MANIFEST} is missing or unreadable in {where}"
+            return None, damage or f"{MANIFEST} is missing in {where}"
         links = self.files.links(key)
         if links:
-            return None, f"{where} holds symbolic links ({', '.join(links[:5])}); a version holds only regular files"
+            shown = ", ".join(map(repr, links[:5]))
+            return None, f"{where} holds symbolic links ({shown}); a version holds only regular files"
         files, prefix = manifest["files"], files_prefix(manifest) or ""
         if prefix:
             present = {rel[len(prefix) :]: size for rel, size in present.items() if rel.startswith(prefix)}
         for rel, meta in sorted(files.items()):
             size = present.get(rel)
             if size is None:
-                return None, f"{rel} is missing"
+                return None, f"{rel!r} is missing"
             if size != meta.get("size"):
-                return None, f"{rel} is {size} bytes, manifest says {meta.get('size')}"
+                return None, f"{rel!r} is {size} bytes, manifest says {meta.get('size')}"
             if full and self.files.sha256(f"{key}/{prefix}{rel}") != meta.get("sha256"):
-                return None, f"{rel} does not match its sha256 in the manifest"
+                return None, f"{rel!r} does not match its sha256 in the manifest"
         stray = sorted(set(present) - set(files) - {MANIFEST})
         if stray:
-            return None, f"unexpected file(s) not in the manifest: {', '.join(stray[:5])}"
+            return None, f"unexpected file(s) not in the manifest: {', '.join(map(repr, stray[:5]))}"
         return manifest, "ok"
 
     def get(self, stage: str, version: str) -> VersionInfo:

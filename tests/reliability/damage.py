@@ -115,18 +115,19 @@ def damage_cases(root: Path, url: str, reference: dict) -> list[dict]:
         (path / "notes.txt").write_text("stray\n")
         return "samples/<v>/notes.txt added (not in the manifest)"
 
-    case("truncated shard", "shards", shard, reason=r"damaged \(train-00001.parquet is \d+ bytes, manifest says \d+\)")
+    truncated = r"damaged \('train-00001.parquet' is \d+ bytes, manifest says \d+\)"
+    case("truncated shard", "shards", shard, reason=truncated)
     case(
         "byte flipped in tokenizer.json",
         "tokenizer",
         tok_flip,
         full_check=True,
         also_quick=True,
-        reason=r"damaged \(tokenizer.json does not match its sha256",
+        reason=r"damaged \('tokenizer.json' does not match its sha256",
     )
-    case("model.ckpt deleted", "model", ckpt_gone, reason=r"damaged \(model.ckpt is missing\)")
-    case("model.ckpt truncated", "model", ckpt_cut, reason=r"damaged \(model.ckpt is \d+ bytes")
-    case("corpus split truncated", "corpus", corpus_cut, reason=r"damaged \(wiki.train.txt is \d+ bytes")
+    case("model.ckpt deleted", "model", ckpt_gone, reason=r"damaged \('model.ckpt' is missing\)")
+    case("model.ckpt truncated", "model", ckpt_cut, reason=r"damaged \('model.ckpt' is \d+ bytes")
+    case("corpus split truncated", "corpus", corpus_cut, reason=r"damaged \('wiki.train.txt' is \d+ bytes")
     case(
         "manifest no longer matches its files",
         "shards",
@@ -138,7 +139,7 @@ def damage_cases(root: Path, url: str, reference: dict) -> list[dict]:
         "stray file in a version",
         "samples",
         stray,
-        reason=r"damaged \(unexpected file\(s\) not in the manifest: notes.txt",
+        reason=r"damaged \(unexpected file\(s\) not in the manifest: 'notes.txt'",
     )
 
     # The in-progress checkpoint in train staging: unpublish the model, crash its rebuild (in-process stand-in:

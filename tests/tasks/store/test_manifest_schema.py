@@ -43,10 +43,10 @@ DAMAGE = [
     (_set("inputs", {"shards": {"version": "../x", "build_id": "b"}}), "inputs.shards.version is '../x'"),
     (_set("created_at", "| x |\n| injected |"), "created_at is '| x |\\n| injected |', not a time written"),
     (_set("created_at", "2026-11-25 10:00:00"), "not a time written %Y-%m-%dT%H:%M:%SZ"),
-    (_set("files/a.txt/size", -1), "files.a.txt.size is -1, not a whole number of bytes"),
-    (_set("files/a.txt/size", "6"), "files.a.txt.size is '6'"),
-    (_set("files/a.txt/size", True), "files.a.txt.size is True"),
-    (_set("files/a.txt/sha256", "abc"), "files.a.txt.sha256 is 'abc', not 64 hex digits"),
+    (_set("files/a.txt/size", -1), "files.'a.txt'.size is -1, not a whole number of bytes"),
+    (_set("files/a.txt/size", "6"), "files.'a.txt'.size is '6'"),
+    (_set("files/a.txt/size", True), "files.'a.txt'.size is True"),
+    (_set("files/a.txt/sha256", "abc"), "files.'a.txt'.sha256 is 'abc', not 64 hex digits"),
     (_rename_file("../a.txt"), "files lists '../a.txt', which is not a relative file name inside the version"),
     (_rename_file("/etc/passwd"), "files lists '/etc/passwd'"),
     (_rename_file("a\x00.txt"), "files lists 'a\\x00.txt'"),
@@ -54,7 +54,7 @@ DAMAGE = [
     (_set("settings", None), "settings is of type null, not dict"),
     (_set("code_version", 1), "code_version is of type int, not str"),
     (_set("format", True), "format is of type bool"),
-    (_set("version", "v2"), "it names corpus/v2"),
+    (_set("version", "v2"), "it names 'corpus'/'v2'"),
 ]
 
 

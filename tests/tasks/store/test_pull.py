@@ -66,7 +66,7 @@ def test_a_version_holding_a_link_or_a_stray_file_is_damaged_and_not_pulled(art,
         (version / "extra.txt").write_text("not listed")
     err = _pull(capsys, art, tmp_path / "copy", 2)
     assert err.startswith("error: samples/s1 under ") and "is damaged (" in err and "rerun with force" in err, err
-    assert ("unexpected file(s) not in the manifest: extra.txt" if how == "stray file" else "symbolic links") in err
+    assert ("unexpected file(s) not in the manifest: 'extra.txt'" if how == "stray file" else "symbolic links") in err
     assert not (tmp_path / "copy").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
