@@ -7,7 +7,10 @@ from tests.reliability.kills import Kill
 
 
 def _md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """``text`` for a table cell: pipes escaped, newlines as spaces, other control characters as ``\\xNN`` (a bad
+    input may hold NUL or ESC, which would make the scorecard a binary file and reach a terminal raw)."""
+    text = str(text).replace("|", "\\|").replace("\n", " ")
+    return "".join(f"\\x{ord(c):02x}" if ord(c) < 32 or 127 <= ord(c) < 160 else c for c in text)
 
 
 def scorecard(results: dict) -> str:
