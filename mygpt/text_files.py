@@ -9,9 +9,10 @@ from mygpt.errors import UserError
 __all__ = ["read_text", "utf8_prefix"]
 
 
-def read_text(path: str) -> tuple[str, bytes]:
+def read_text(path: str, empty_ok: bool = False) -> tuple[str, bytes]:
     """The text of the UTF-8 file ``path`` and its bytes; ``UserError`` (which file, what is wrong, what to do)
-    when it is missing, a directory, unreadable, empty or not UTF-8."""
+    when it is missing, a directory, unreadable, not UTF-8, or empty unless ``empty_ok`` (encoding nothing is
+    fine; training on nothing is not)."""
     if not os.path.exists(path):
         raise UserError(f"text file {path} does not exist")
     if os.path.isdir(path):
@@ -21,7 +22,7 @@ def read_text(path: str) -> tuple[str, bytes]:
             raw = f.read()
     except OSError as e:
         raise UserError(f"cannot read text file {path}: {e.strerror or e}") from e
-    if not raw:
+    if not raw and not empty_ok:
         raise UserError(f"text file {path} is empty; give a text file with some content")
     try:
         text = raw.decode("utf-8")

@@ -29,7 +29,7 @@ from mygpt.tokenizers.byte_bpe_reference import PATTERNS, split_specials
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-__all__ = ["DEFAULT_SPECIALS", "ByteBPETokenizer", "check_text", "encode_with", "id_dtype"]
+__all__ = ["DEFAULT_SPECIALS", "ByteBPETokenizer", "check_pretokens", "check_text", "encode_with", "id_dtype"]
 
 DEFAULT_SPECIALS = ("<|endoftext|>",)
 #: How many pieces one ``encode_batch_fast`` call gets (bounds the memory of HF's encodings).
@@ -37,7 +37,8 @@ _BATCH = 8
 
 
 def id_dtype(vocab_size: int) -> type:
-    """The smallest unsigned integer type that holds every id."""
+    """The smallest unsigned integer type that holds every id below ``vocab_size`` (for a file whose ids have
+    gaps: its largest id + 1)."""
     return np.uint16 if vocab_size <= 1 << 16 else np.uint32
 
 
@@ -126,6 +127,28 @@ def _encode_gpt2_piece(
     return flat[src]
 
 
+def check_pretokens(text: str, specials: Iterable[str], pattern: str, what: str) -> None:
+    """``UserError`` when ``text`` (cut at ``specials``) holds a pre-token under the pattern named ``pattern``
+    longer than :data:`~mygpt.tokenizers.byte_bpe_pretokens.MAX_PRETOKEN_BYTES`; ``what`` names the text. Why
+    refuse, not cut: BPE's memory grows many times over with one pre-token, and cutting it would change the ids."""
+    from mygpt.tokenizers import byte_bpe_pretokens
+
+    bound = byte_bpe_pretokens.MAX_PRETOKEN_BYTES
+    found = byte_bpe_pretokens.overlong_pretoken(text, specials, PATTERNS[pattern], bound)
+    if found is not None:
+        raise pretoken_error(what, found[1], f"byte offset {found[0]:,}", bound)
+
+
+def pretoken_error(what: str, length: int, at: str, bound: int) -> UserError:
+    """The one message for a pre-token of ``length`` bytes past ``bound``, found ``at`` (``byte offset N``)."""
+    return UserError(
+        f"{what} holds one pre-token of {length:,} bytes at {at} (a run of letters, digits, "
+        f"whitespace or punctuation), more than the {bound:,} bytes byte-level BPE takes in one pre-token; break "
+        f"that run with a character of another kind (a space in a run of letters, a letter in a run of "
+        f"whitespace) or leave it out of the text"
+    )
+
+
 def check_text(text: object, what: str) -> str:
     """``text`` if it is a ``str`` that UTF-8 can spell; else ``UserError`` (a lone surrogate has no bytes)."""
     if not isinstance(text, str):
@@ -155,6 +178,15 @@ class ByteBPETokenizer:
             raise UserError(f"pattern must be one of {', '.join(PATTERNS)}, got {self.pattern!r}")
         if len(set(self.specials)) != len(self.specials) or not all(self.specials):
             raise UserError(f"special tokens must be distinct, non-empty strings, got {list(self.specials)!r}")
+        from mygpt.tokenizers.byte_bpe_files import bytes_to_unicode
+
+        byte_of = {c: b for b, c in bytes_to_unicode().items()}
+        for s in self.specials:
+            if s in byte_of:  # a tokenizer.json keys tokens by string: the special would take the byte's id
+                raise UserError(
+                    f"special token {s!r} is spelled like the token of byte 0x{byte_of[s]:02x}; choose a special "
+                    f"token that is not one character of GPT-2's byte alphabet (like <|pad|>)"
+                )
 
     @classmethod
     def train(
@@ -164,8 +196,11 @@ class ByteBPETokenizer:
         specials: Sequence[str] = DEFAULT_SPECIALS,
         pattern: str = "gpt2",
         workers: int = 1,
+        what: str = "training text",
     ) -> ByteBPETokenizer:
-        """Train on ``text``: ``vocab_size - 256 - len(specials)`` merges (fewer when the text runs out of pairs)."""
+        """Train on ``text``: ``vocab_size - 256 - len(specials)`` merges (fewer when the text runs out of pairs);
+        ``UserError`` naming ``what`` before any training for a bad argument or an over-long pre-token
+        (:func:`check_pretokens`)."""
         from mygpt.tokenizers.byte_bpe_train import train_byte_bpe
 
         check_text(text, "training text")
@@ -174,6 +209,7 @@ class ByteBPETokenizer:
             "vocab_size", vocab_size, 256 + len(specials), hint="256 bytes + the special tokens + the merges to learn"
         )
         cls(merges=(), specials=specials, pattern=pattern)  # refuse a bad pattern or specials before training
+        check_pretokens(text, specials, pattern, what)
         merges = train_byte_bpe(text, vocab_size - 256 - len(specials), specials, PATTERNS[pattern], workers)
         return cls(merges=tuple(merges), specials=specials, pattern=pattern)
 
@@ -207,6 +243,7 @@ class ByteBPETokenizer:
         """The ids of ``text`` (``uint16`` while the vocabulary fits, else ``uint32``); ``allowed_special`` turns
         the specials in it into their ids (else they are ordinary bytes)."""
         check_text(text, "text to encode")
+        check_pretokens(text, self.specials if allowed_special else (), self.pattern, "text to encode")
         return encode_with(self._hf, text, self.special_ids, allowed_special, self.pattern, id_dtype(self.vocab_size))
 
     def encode(self, text: str):

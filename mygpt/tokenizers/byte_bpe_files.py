@@ -167,7 +167,12 @@ def load_byte_level_bpe(path: str | os.PathLike) -> tuple[Tokenizer, dict[str, i
 
     where = os.fspath(path)
     if not os.path.isfile(where):
-        raise UserError(f"tokenizer file {where} does not exist; give a tokenizer.json (mygpt tokenizer train)")
+        if os.path.isdir(where):
+            inside = os.path.join(where, "tokenizer.json")
+            what = f"is a directory (give {inside})" if os.path.isfile(inside) else "is a directory"
+        else:
+            what = "is not a regular file (a device, a pipe or a socket)" if os.path.exists(where) else "does not exist"
+        raise UserError(f"tokenizer file {where} {what}; give a tokenizer.json (mygpt tokenizer train)")
     try:
         with open(where, "rb") as f:
             hf_json = json.loads(f.read().decode("utf-8"))

@@ -28,7 +28,16 @@ import regex
 
 from mygpt.tokenizers.byte_bpe_reference import GPT2_PATTERN
 
-__all__ = ["THREADS", "count_pretokens", "distinct_pretokens", "map_in_order", "pieces", "pretoken_starts"]
+__all__ = [
+    "MAX_PRETOKEN_BYTES",
+    "THREADS",
+    "count_pretokens",
+    "distinct_pretokens",
+    "map_in_order",
+    "overlong_pretoken",
+    "pieces",
+    "pretoken_starts",
+]
 
 #: Threads that find pre-tokens piece by piece (numpy's sorts and gathers run without the GIL).
 THREADS = 2
@@ -37,9 +46,15 @@ _R = TypeVar("_R")
 
 WS, LETTER, NUMBER, OTHER = 0, 1, 2, 3
 PIECE_CHARS = 1 << 20
+#: The longest pre-token (UTF-8 bytes) a text may hold to be trained on or encoded. BPE works on one pre-token at a
+#: time, and its memory grows with the longest one many times over (training on one pre-token of 1 MiB of spaces
+#: takes about 0.9 GB, of 10 MB more than 6 GB): a text past this bound is refused, not cut, so what is trained or
+#: encoded is always exactly the text.
+MAX_PRETOKEN_BYTES = 1 << 20
 _P = np.uint64(0x9E3779B97F4A7C15)  # odd: invertible modulo 2**64
 _P_INV = np.uint64(pow(int(_P), -1, 1 << 64))
 _LEN_MIX = np.uint64(0xBF58476D1CE4E5B9)
+_CUT = regex.compile(r"\S ")  # a space after a non-whitespace character (``\s`` is the class table's whitespace)
 _CONTRACTIONS = {ord(c) for c in "sdmt"}
 _CONTRACTIONS_2 = [(ord(a), ord(b)) for a, b in ("ll", "ve", "re")]
 
@@ -64,12 +79,10 @@ def pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
     character (a pre-token ends there under both patterns, so counting piece by piece changes nothing)."""
     start = 0
     while len(text) - start > size:
-        table = _classes()
-        cut = text.find(" ", start + size)
-        while cut > 0 and table[ord(text[cut - 1])] == WS:
-            cut = text.find(" ", cut + 1)
-        if cut < 0:
+        found = _CUT.search(text, start + size - 1)  # one search, not a step per space of a long run
+        if found is None:
             break
+        cut = found.start() + 1
         yield text[start:cut]
         start = cut
     yield text[start:]
@@ -226,3 +239,29 @@ def count_pretokens(
         for tok, c in table.items():
             total[tok] = get(tok, 0) + c
     return total
+
+
+def overlong_pretoken(
+    text: str, specials: Iterable[str] = (), pattern: str = GPT2_PATTERN, bound: int | None = None
+) -> tuple[int, int] | None:
+    """``(byte offset, byte length)`` of the first pre-token of ``text`` (cut at the ``specials`` first) under
+    ``pattern`` longer than ``bound`` UTF-8 bytes (default :data:`MAX_PRETOKEN_BYTES`), or ``None``. Exact and
+    cheap: the text is cut where every pattern here ends a pre-token (:func:`pieces`), and only a piece of more
+    than ``bound / 4`` characters (a character is at most 4 bytes) is split with the regex."""
+    from mygpt.tokenizers.byte_bpe_reference import split_specials
+
+    bound = MAX_PRETOKEN_BYTES if bound is None else bound
+    chars = 0
+    specials = tuple(specials)
+    for part in split_specials(text, specials):
+        if part not in specials and len(part) * 4 > bound:
+            at = chars
+            for piece in pieces(part, max(1, bound >> 4)):
+                if len(piece) * 4 > bound:
+                    for m in regex.finditer(pattern, piece):
+                        if (m.end() - m.start()) * 4 > bound and len(m.group().encode("utf-8")) > bound:
+                            start = at + m.start()
+                            return len(text[:start].encode("utf-8")), len(m.group().encode("utf-8"))
+                at += len(piece)
+        chars += len(part)
+    return None

@@ -145,3 +145,156 @@ def test_bad_files_give_one_error_line_and_exit_2(texts, tmp_path):
         proc = mygpt(*argv, "--out", tmp_path / "new")
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
         assert message in proc.stderr and not (tmp_path / "new").exists()
+
+
+def _one_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], proc.stderr
+
+
+def test_an_out_that_names_an_input_is_refused_and_the_input_kept(texts, tmp_path):
+    assert mygpt("train", texts / "train.txt", "--vocab-size", 300, "--out", tmp_path / "tok").returncode == 0
+    tok = tmp_path / "tok" / "tokenizer.json"
+    text = tmp_path / "t.txt"
+    text.write_text("hello world hello", encoding="utf-8")
+    os.link(text, tmp_path / "hard.txt")
+    os.symlink(tok, tmp_path / "link.json")
+    before = {p: p.read_bytes() for p in (text, tok)}
+    for out, what in ((text, "the text file"), (tok, "the tokenizer file"), (tmp_path / "hard.txt", "the text file"),
+                      (tmp_path / "link.json", "the tokenizer file")):  # fmt: skip
+        _one_error(mygpt("encode", "--tokenizer", tok, text, "--out", out), f"--out {out} is {what}")
+    # train: DIR/tokenizer.json is the training text itself
+    (tmp_path / "d").mkdir()
+    own = tmp_path / "d" / "tokenizer.json"
+    own.write_text("hello world hello", encoding="utf-8")
+    _one_error(mygpt("train", own, "--vocab-size", 270, "--out", tmp_path / "d"), "is the text file")
+    assert {p: p.read_bytes() for p in (text, tok)} == before and own.read_text() == "hello world hello"
+
+
+def test_an_unwritable_out_is_refused_before_the_text_is_read(texts, tmp_path):
+    tok = tmp_path / "tok"
+    assert mygpt("train", texts / "train.txt", "--vocab-size", 270, "--out", tok).returncode == 0
+    missing = tmp_path / "missing.txt"  # never read: the destination is checked first
+    _one_error(mygpt("encode", "--tokenizer", tok / "tokenizer.json", missing, "--out", "/proc/x.npy"),
+               "--out /proc/x.npy: cannot write in /proc")  # fmt: skip
+    _one_error(mygpt("train", missing, "--vocab-size", 270, "--out", "/proc"), "--out /proc: cannot write in /proc")
+    _one_error(mygpt("train", missing, "--vocab-size", 270, "--out", "/proc/new/dir"), "cannot write in /proc")
+    _one_error(mygpt("train", missing, "--vocab-size", 270, "--out", texts / "train.txt"), "is not a directory")
+
+
+def test_a_write_that_fails_at_the_end_is_one_error_line_and_leaves_nothing(texts, tmp_path):
+    """A file-size limit (RLIMIT_FSIZE; Python ignores SIGXFSZ, so the write fails with EFBIG) lets the checks pass
+    and the final write fail: an ``error:`` line, no temp file, no directory made."""
+    import resource
+
+    assert mygpt("train", texts / "train.txt", "--vocab-size", 300, "--out", tmp_path / "tok").returncode == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def limited(*argv) -> subprocess.CompletedProcess:
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+
+        return subprocess.run([sys.executable, "-m", "mygpt.cli", "tokenizer", *map(str, argv)], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300, preexec_fn=limit)  # fmt: skip
+
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = limited("encode", "--tokenizer", tmp_path / "tok" / "tokenizer.json", texts / "other.txt",
+                   "--out", out / "ids.npy")  # fmt: skip
+    _one_error(proc, f"--out: cannot write {out / 'ids.npy'} (")  # numpy reports the short write
+    proc = limited("train", texts / "train.txt", "--vocab-size", 300, "--out", out / "new" / "tok")
+    _one_error(proc, f"--out: cannot write {out / 'new' / 'tok' / 'tokenizer.json'} (File too large)")
+    assert list(out.iterdir()) == []
+
+
+def test_ids_past_the_token_count_choose_the_dtype(texts, tmp_path):
+    from tokenizers import Tokenizer
+
+    assert mygpt("train", texts / "train.txt", "--vocab-size", 267, "--out", tmp_path / "tok").returncode == 0
+    data = json.loads((tmp_path / "tok" / "tokenizer.json").read_text(encoding="utf-8"))
+    sample = "hello hello hello"
+    used = Tokenizer.from_str(json.dumps(data)).encode(sample).ids[0]
+    vocab = data["model"]["vocab"]
+    vocab[next(s for s, i in vocab.items() if i == used)] = 70_000  # a vocabulary with a gap: 267 tokens, id 70000
+    (tmp_path / "sparse.json").write_text(json.dumps(data), encoding="utf-8")
+    (tmp_path / "h.txt").write_text(sample, encoding="utf-8")
+    proc = mygpt("encode", "--tokenizer", tmp_path / "sparse.json", tmp_path / "h.txt", "--out", tmp_path / "h.npy")
+    assert proc.returncode == 0, proc.stderr
+    ids = np.load(tmp_path / "h.npy")
+    expected = Tokenizer.from_file(str(tmp_path / "sparse.json")).encode(sample).ids
+    assert ids.dtype == np.uint32 and ids.tolist() == expected and 70_000 in expected
+
+
+def test_a_special_spelled_like_a_byte_is_refused_before_training_and_makes_nothing(tmp_path):
+    out = tmp_path / "left"
+    _one_error(
+        mygpt("train", tmp_path / "not-read.txt", "--vocab-size", 270, "--special-token", "!", "--out", out),
+        "special token '!' is spelled like the token of byte 0x21",
+    )
+    assert not out.exists()
+
+
+def test_tokenizer_paths_that_are_not_files_say_what_they_are_and_an_empty_text_encodes_to_nothing(texts, tmp_path):
+    tok = tmp_path / "tok"
+    assert mygpt("train", texts / "train.txt", "--vocab-size", 270, "--out", tok).returncode == 0
+    (tmp_path / "empty.txt").write_bytes(b"")
+    ids = tmp_path / "ids.npy"
+    _one_error(mygpt("encode", "--tokenizer", tok, tmp_path / "empty.txt", "--out", ids),
+               f"tokenizer file {tok} is a directory (give {tok / 'tokenizer.json'})")  # fmt: skip
+    _one_error(mygpt("encode", "--tokenizer", "/dev/null", tmp_path / "empty.txt", "--out", ids),
+               "tokenizer file /dev/null is not a regular file")  # fmt: skip
+    proc = mygpt("encode", "--tokenizer", tok / "tokenizer.json", tmp_path / "empty.txt", "--out", ids)
+    assert proc.returncode == 0, proc.stderr
+    empty = np.load(ids)
+    assert empty.shape == (0,) and empty.dtype == np.uint16
+    assert "add_special_tokens=False" in " ".join(mygpt("encode", "--help").stdout.split())
+
+
+@pytest.mark.parametrize("pattern", ["gpt2", "gpt4"])
+def test_a_pre_token_past_the_bound_is_refused_with_its_byte_offset(pattern, texts, tmp_path, monkeypatch, capsys):
+    """In process, with the bound made small: a pre-token of exactly the bound trains; the run of spaces (one
+    pre-token up to its last space) and the run of letters are found at their byte offsets, and nothing is
+    written."""
+    from mygpt import cli
+    from mygpt.tokenizers import byte_bpe_pretokens
+
+    monkeypatch.setattr(byte_bpe_pretokens, "MAX_PRETOKEN_BYTES", 64)
+    head = "héllo wörld,\n"  # 15 bytes in 13 characters: the offset is in bytes
+    ok = tmp_path / "ok.txt"
+    ok.write_text(head + "a" * 64 + " x", encoding="utf-8")
+    assert cli.main(["tokenizer", "train", str(ok), "--vocab-size", "270", "--pattern", pattern,
+                     "--out", str(tmp_path / "tok")]) == 0  # fmt: skip
+    data = json.loads((tmp_path / "tok" / "tokenizer.json").read_text(encoding="utf-8"))
+    data["added_tokens"].append({**data["added_tokens"][0], "id": 270, "content": "thee", "special": False})
+    (tmp_path / "added.json").write_text(json.dumps(data), encoding="utf-8")  # split unknown: HF's own pre-tokens
+    for body, length in (("x" + " " * 80 + "x", 79), ("é" * 40 + " x", 80)):
+        bad = tmp_path / "bad.txt"
+        bad.write_text(head + body, encoding="utf-8")
+        offset = 15 + (1 if body.startswith("x") else 0)
+        capsys.readouterr()
+        for tok in (tmp_path / "tok" / "tokenizer.json", tmp_path / "added.json"):
+            argv = ["tokenizer", "encode", "--tokenizer", str(tok), str(bad), "--out", str(tmp_path / "ids.npy")]
+            assert cli.main(argv) == 2
+        assert cli.main(["tokenizer", "train", str(bad), "--vocab-size", "270", "--pattern", pattern,
+                         "--out", str(tmp_path / "new")]) == 2  # fmt: skip
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 3, lines  # two encodes (a known split, the file's own) and the training
+        for line in lines:
+            assert line.startswith(f"error: text file {bad} holds one pre-token of {length} bytes at byte offset "
+                                   f"{offset} "), line  # fmt: skip
+        assert not (tmp_path / "ids.npy").exists() and not (tmp_path / "new").exists()
+
+
+def test_overlong_pretoken_is_the_first_long_match_of_the_pattern(wikitext2_text):
+    import regex
+
+    from mygpt.tokenizers.byte_bpe_pretokens import overlong_pretoken
+
+    text = wikitext2_text[:20_000] + " " * 30 + "\n" + "中" * 9 + "x" + "'" * 40
+    for pattern in ref.PATTERNS.values():
+        for bound in (8, 12, 20, 30, 40, 200):
+            first = next((m for m in regex.finditer(pattern, text) if len(m.group().encode()) > bound), None)
+            want = None if first is None else (len(text[: first.start()].encode()), len(first.group().encode()))
+            assert overlong_pretoken(text, (), pattern, bound) == want, (pattern, bound)
