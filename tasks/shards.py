@@ -18,14 +18,14 @@ from pydantic import Field, field_validator
 
 from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
-from mygpt.tokenizers.bpe import BPETokenizer
-from mygpt.tokenizers.bpe_chunks import chunk_bounds
+from mygpt.tokenizers.bpe_chunks import chunk_bounds, safe_cut_re
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 from tasks.core import dask_work, shard_format
 from tasks.core.report import md_code, md_row, md_text
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.corpus import SPLIT_FILES, SPLITS
+from tasks.tokenizer import load_tokenizer
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 PROGRESS_FILE = "progress.json"
@@ -115,10 +115,11 @@ def encoded_chunks(
     start_chunk: int,
     window: int,
     name: str,
+    cut_re=None,
 ):
     """``(chunk_index, byte_start, byte_end, ids, stats)`` for the chunks of ``path`` from ``start_chunk`` on, in
     order, each encoded by a worker that reads its range from ``where`` (a path or an ``s3://`` URL)."""
-    bounds = (b for b in chunk_bounds(path, chunk_bytes) if b[0] >= start_chunk)
+    bounds = (b for b in chunk_bounds(path, chunk_bytes, cut_re=cut_re or safe_cut_re(None)) if b[0] >= start_chunk)
     work = dask_work.ordered_results(
         client,
         dask_work.encode_range,
@@ -153,10 +154,10 @@ def missing_summary(stats: list[EncodeStats]) -> dict:
 def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, tokenizer: Path) -> dict:
     """Encode every split chunk by chunk (on Dask) into shards of ``shard_tokens`` ids, resumable shard by shard."""
     shard_tokens, unk_policy = settings.shard_tokens, settings.unk_policy
-    tok = BPETokenizer.load(tokenizer / "tokenizer.json")
+    tok = load_tokenizer(tokenizer)
     tok_ref = ctx.inputs["tokenizer"]
     tokenizer_key = f"{tok_ref['version']}.{tok_ref['build_id']}"
-    dtype = np.dtype(tok.id_dtype)
+    dtype = shard_format.dtype_for_vocab(tok.vocab_size)
     chunk_bytes = ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES
     files = {s: corpus / SPLIT_FILES[s] for s in SPLITS}  # this process cuts the chunks from these
     urls = {s: ctx.worker_path("corpus", SPLIT_FILES[s]) for s in SPLITS}  # the workers read their ranges here
@@ -231,7 +232,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                     workers = len(client.scheduler_info()["workers"])
                     # the tokenizer travels with each task as one opaque string (~20 KB): a worker that dies takes
                     # nothing with it that cannot be sent again (scattered data would be lost with it)
-                    state = json.dumps(tok.state(), ensure_ascii=False)
+                    state = json.dumps({"kind": tok.kind, "state": tok.state()}, ensure_ascii=False)
                 assert workers is not None  # counted when the client started
                 try:
                     for idx, bstart, bend, ids, st in encoded_chunks(
@@ -245,6 +246,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                         start_chunk,
                         window=2 * workers + 2,
                         name=f"encode-{split}",
+                        cut_re=safe_cut_re(tok),
                     ):
                         pos = 0
                         if idx == start_chunk and skip:

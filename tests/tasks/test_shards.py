@@ -324,3 +324,25 @@ def test_huge_shard_tokens_is_refused_before_any_stage(tmp_path, capsys, monkeyp
         "18.2 TiB of uint16 ids at this size), got 10000000000000; the default 10000000 makes"
     )
     assert "Traceback" not in err and not (tmp_path / "art").exists()
+
+
+def test_byte_kind_shards_are_the_byte_tokenizers_ids(inputs, tmp_path):
+    """tokenizer.kind=byte: each split's shards hold the byte-level BPE's ids of the whole split, whatever the
+    chunks (cut only where both split patterns end a pre-token), on one worker or a local cluster of two."""
+    root, corpus, _ = inputs
+    tokenizer = stages.tokenizer(root, corpus, kind="byte", num_merges=40, bpe_train_bytes=60_000, run={"workers": 1})
+    tok = E.load_tokenizer(Path(tokenizer["path"]))
+    one = stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": 30_000})
+    shutil.copytree(Path(root) / "corpus", tmp_path / "art" / "corpus")
+    shutil.copytree(Path(root) / "tokenizer", tmp_path / "art" / "tokenizer")
+    two = stages.shards(
+        tmp_path / "art", corpus, tokenizer, shard_tokens=SHARD, run={"workers": 2, "chunk_bytes": 7_000}
+    )
+    assert two["version"] == one["version"]
+    for split in ("train", "valid", "test"):
+        text = (Path(corpus["path"]) / f"wiki.{split}.txt").read_text(encoding="utf-8")
+        for ref in (one, two):
+            ids = np.concatenate([SF.read_shard(p) for p in SF.shard_paths(Path(ref["path"]), split)])
+            assert ids.dtype == np.uint16 and np.array_equal(ids, tok.encode_array(text))
+        assert tok.decode(ids) == text
+    assert manifest(one)["metrics"]["vocab_size"] == 256 + 40 + 1
