@@ -24,7 +24,7 @@ from tasks.core import dask_work, shard_format
 from tasks.core.report import md_code, md_row, md_text
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
-from tasks.corpus import SPLIT_FILES, SPLITS
+from tasks.corpus import ARTICLE_FILES, SPLIT_FILES, SPLITS
 from tasks.tokenizer import load_tokenizer
 
 DEFAULT_CHUNK_BYTES = 8 << 20
@@ -116,15 +116,23 @@ def encoded_chunks(
     window: int,
     name: str,
     cut_re=None,
+    ends: np.ndarray | None = None,
 ):
     """``(chunk_index, byte_start, byte_end, ids, stats)`` for the chunks of ``path`` from ``start_chunk`` on, in
-    order, each encoded by a worker that reads its range from ``where`` (a path or an ``s3://`` URL)."""
+    order, each encoded by a worker that reads its range from ``where`` (a path or an ``s3://`` URL); ``ends``
+    (sorted file offsets): where ``<|endoftext|>`` follows a document, each chunk told the ones in its range."""
     bounds = (b for b in chunk_bounds(path, chunk_bytes, cut_re=cut_re or safe_cut_re(None)) if b[0] >= start_chunk)
+
+    def within(a: int, b: int) -> tuple[int, ...]:
+        if ends is None:
+            return ()
+        return tuple(ends[np.searchsorted(ends, a, "right") : np.searchsorted(ends, b, "right")].tolist())
+
     work = dask_work.ordered_results(
         client,
         dask_work.encode_range,
         bounds,
-        lambda b: (tokenizer_key, tokenizer_json, where, b[1], b[2], unk_policy),
+        lambda b: (tokenizer_key, tokenizer_json, where, b[1], b[2], unk_policy, within(b[1], b[2])),
         window=window,
         name=name,
     )
@@ -149,6 +157,20 @@ def missing_summary(stats: list[EncodeStats]) -> dict:
         "missing_fraction": positions / chars if chars else 0.0,
         "missing_top": [{"char": c, "codepoint": f"U+{ord(c):04X}", "count": n} for c, n in top],
     }
+
+
+def document_ends(corpus: Path, split: str, size: int, inputs: dict) -> np.ndarray:
+    """Where ``<|endoftext|>`` follows in ``split`` for a byte-level tokenizer: before each article but the first,
+    and at the end (from the corpus's article index); ``UserError`` when the corpus version has none."""
+    path = corpus / ARTICLE_FILES[split]
+    if not path.is_file():
+        raise UserError(
+            f"the tokenizer version {inputs['tokenizer']['version']} is byte-level, whose shards end each article "
+            f"with <|endoftext|>, but corpus version {inputs['corpus']['version']} has no article index ({path.name}); "
+            "build the corpus with corpus.article_index=true (the pipeline sets it when tokenizer.kind=byte)"
+        )
+    starts = np.load(path).astype(np.int64)
+    return np.unique(np.append(starts[(starts > 0) & (starts < size)], size)) if size else np.zeros(0, np.int64)
 
 
 def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, tokenizer: Path) -> dict:
@@ -247,6 +269,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                         window=2 * workers + 2,
                         name=f"encode-{split}",
                         cut_re=safe_cut_re(tok),
+                        ends=document_ends(corpus, split, size, ctx.inputs) if tok.kind == "byte" else None,
                     ):
                         pos = 0
                         if idx == start_chunk and skip:

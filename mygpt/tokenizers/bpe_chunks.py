@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -19,6 +19,7 @@ import numpy as np
 from mygpt.errors import UserError, check_int
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 from mygpt.tokenizers.bpe_words import SAFE_CUT_RE
+from mygpt.tokenizers.byte_bpe import id_dtype
 
 
 def _not_utf8(path, offset: int) -> UserError:
@@ -126,17 +127,44 @@ def read_chunk(path, start: int, end: int, opener: Callable[[Any], IO[bytes]] | 
 
 
 def encode_chunk(
-    tokenizer, path, start: int, end: int, unk_policy: str = "skip", opener: Callable[[Any], IO[bytes]] | None = None
+    tokenizer,
+    path,
+    start: int,
+    end: int,
+    unk_policy: str = "skip",
+    opener: Callable[[Any], IO[bytes]] | None = None,
+    ends: Sequence[int] = (),
 ) -> tuple[np.ndarray, EncodeStats]:
     """Encode bytes ``start..end`` of a UTF-8 file: ``(ids, stats)``. One chunk of :func:`iter_encode_file`, for a
     caller that spreads the chunks over processes or machines (the pipeline does, on Dask); the tokenizer's
     word cache carries over from one call to the next in the same process. ``opener``: see :func:`read_chunk`.
-    A byte-level BPE encodes every character (``unk_policy`` has nothing to do)."""
+    A byte-level BPE encodes every character (``unk_policy`` has nothing to do); ``ends``: the file offsets in
+    ``start < e <= end`` where a document ends (``<|endoftext|>`` follows there): the text between is encoded
+    document by document, as each document alone encodes."""
     text = read_chunk(path, start, end, opener)
     if getattr(tokenizer, "kind", "bpe") == "byte":
-        ids = tokenizer.encode_array(text)
-        return ids, EncodeStats(chars=len(text), tokens=int(ids.size))
+        return _encode_documents(tokenizer, text, start, ends)
+    if ends:
+        raise UserError("only a byte-level BPE ends documents with <|endoftext|>; this tokenizer has no such token")
     return tokenizer._fast_encoder().encode_text(text, unk_policy)
+
+
+def _encode_documents(tokenizer, text: str, start: int, ends: Sequence[int]) -> tuple[np.ndarray, EncodeStats]:
+    """A byte-level BPE's ids of a chunk at file offset ``start``, ``<|endoftext|>`` after each document end."""
+    if not ends:
+        ids = tokenizer.encode_array(text)
+    else:
+        data = text.encode("utf-8")
+        eot: np.ndarray = np.asarray([tokenizer.special_ids["<|endoftext|>"]], dtype=id_dtype(tokenizer.vocab_size))
+        parts: list[np.ndarray] = []
+        at = 0
+        for e in (int(x) - start for x in ends):
+            parts += [tokenizer.encode_array(data[at:e].decode("utf-8")), eot]
+            at = e
+        if at < len(data):
+            parts.append(tokenizer.encode_array(data[at:].decode("utf-8")))
+        ids = np.concatenate(parts)
+    return ids, EncodeStats(chars=len(text), tokens=int(ids.size))
 
 
 def iter_encode_file(

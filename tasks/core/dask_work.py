@@ -39,9 +39,12 @@ def default_workers() -> int:
 
 
 # ---- what the workers run ------------------------------------------------------------------------------
-def encode_range(tokenizer_key: str, tokenizer_json: str, path: str, start: int, end: int, unk_policy: str) -> tuple:
+def encode_range(
+    tokenizer_key: str, tokenizer_json: str, path: str, start: int, end: int, unk_policy: str, ends: tuple = ()
+) -> tuple:
     """``(ids, stats as a dict)`` of bytes ``start..end`` of ``path``; the tokenizer (``tokenizer_json``:
-    ``{"kind": ..., "state": ...}``, a tokenizer file's text) is built once per worker."""
+    ``{"kind": ..., "state": ...}``, a tokenizer file's text) is built once per worker; ``ends``: where documents
+    end (:func:`mygpt.tokenizers.bpe_chunks.encode_chunk`)."""
     import json
 
     from mygpt.tokenizers.bpe_chunks import encode_chunk
@@ -53,7 +56,7 @@ def encode_range(tokenizer_key: str, tokenizer_json: str, path: str, start: int,
         sent = json.loads(tokenizer_json)
         tok = _TOKENIZERS[tokenizer_key] = tokenizer_from_state(sent["kind"], sent["state"])
     with _reading(path, start, end):
-        ids, stats = encode_chunk(tok, path, start, end, unk_policy, opener=opener(path))
+        ids, stats = encode_chunk(tok, path, start, end, unk_policy, opener=opener(path), ends=ends)
     return ids, stats.to_dict()
 
 
