@@ -2,7 +2,8 @@
 
 Chunks are encoded on Dask and written in file order into shards of ``shard_tokens`` ids; the same pass counts
 the characters outside the tokenizer's alphabet. ``work/progress.json`` records each shard, so a crash costs at
-most a shard plus a chunk and the result is byte-identical (docs/STAGES.md).
+most a shard plus a chunk and the result is byte-identical (docs/STAGES.md). A byte-level tokenizer's shards end
+each article (from the corpus's article index) with ``<|endoftext|>`` (docs/STAGES.md, "The byte-level kind").
 """
 
 from __future__ import annotations
