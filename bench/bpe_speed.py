@@ -193,7 +193,7 @@ def encode_child(path: str, tok_path: str, workers: int, chunk_bytes: int) -> No
             from tasks.core.settings import RunOptions
 
             client = stack.enter_context(dask_work.dask_client(RunOptions(workers=workers), logging.getLogger("bench")))
-            tok_json = json.dumps(tok.state())
+            tok_json = json.dumps({"kind": tok.kind, "state": tok.state()})
             work = dask_work.ordered_results(
                 client,
                 dask_work.encode_range,

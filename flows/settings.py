@@ -30,6 +30,19 @@ SHARED_FLAT: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The groups :func:`linked` ties together.
+LINKED = ("corpus", "tokenizer")
+
+
+def linked(resolved: dict[str, Any]) -> dict[str, Any]:
+    """``resolved`` with what one stage's settings imply for another's: a byte-level tokenizer's shards end each
+    article with ``<|endoftext|>``, so its corpus writes the article index (``corpus.article_index``)."""
+    corpus, tokenizer = resolved.get("corpus"), resolved.get("tokenizer")
+    if getattr(tokenizer, "kind", None) == "byte" and corpus is not None and not corpus.article_index:
+        resolved = {**resolved, "corpus": corpus.model_copy(update={"article_index": True})}
+    return resolved
+
+
 class PipelineBase(BaseModel):
     """Every stage's settings (one field per stage of ``tasks.registry.STAGES``) and ``run``: the flow's
     parameters as one object. The fields hold the settings as given; :meth:`resolved` as this machine runs them."""
@@ -55,7 +68,7 @@ class PipelineBase(BaseModel):
         parsed = {name: cls.settings_class(name).parse(groups.get(name), name) for name in cls.model_fields}
         parsed["run"] = run = check_run(cast(RunOptions, parsed["run"]))  # settings_class("run") is RunOptions
         check_allowed(run.root(), source_urls(parsed.values()), run.dask_address)
-        resolved = {name: group.resolved_once() for name, group in parsed.items()}
+        resolved = linked({name: group.resolved_once() for name, group in parsed.items()})
         for group in resolved.values():
             group.check_against(resolved)
         pipeline = cls(**parsed)
@@ -65,13 +78,21 @@ class PipelineBase(BaseModel):
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         copy = super().model_copy(update=update, deep=deep)
         # a group given anew is resolved anew; the others keep what parse settled (a dict of the copy's own)
-        copy._resolved = {k: v for k, v in self._resolved.items() if k not in (update or {})}
+        anew = set(update or {})
+        if anew & set(LINKED):  # what the linked groups imply for each other is settled anew too
+            anew |= set(LINKED)
+        copy._resolved = {k: v for k, v in self._resolved.items() if k not in anew}
         return copy
 
     def resolved(self, group: str) -> Settings:
         """The settings of ``group`` as this machine runs them (resolved once, by :meth:`parse`)."""
         if group not in self._resolved:  # built without parse (a model_copy): resolve it now, once
             self._resolved[group] = getattr(self, group).resolved_once()
+            if group in LINKED:  # and what it implies for the other, or the other for it
+                for other in LINKED:
+                    if other not in self._resolved:
+                        self._resolved[other] = getattr(self, other).resolved_once()
+                self._resolved.update(linked({k: self._resolved[k] for k in LINKED}))
         return self._resolved[group]
 
     @classmethod

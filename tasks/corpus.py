@@ -1,9 +1,11 @@
 """Stage ``corpus`` (task ``download_corpus``): the wikitext-103-raw-v1 zip -> plain-text splits + wikipedia.txt.
 
 A version holds ``wiki.{train,valid,test}.txt`` (each split, ``= Header =`` lines stripped) and ``wikipedia.txt``
-(the three in that order), byte-identical to the chapter's ``experiments/50_download_wikipedia.py``. It names the
-zip's content (sha256 and size), not its URL; credentials in the URL are used to download and shown nowhere.
-The design (identity, offline fallback, credentials, bounds): docs/CORPUS.md.
+(the three in that order), byte-identical to the chapter's ``experiments/50_download_wikipedia.py``; with
+``article_index`` also ``wiki.{split}.articles.npy``: the byte offsets in each split file where an article starts
+(where its `` = Title = `` line was stripped), which the shards stage of a byte-level tokenizer ends articles at.
+It names the zip's content (sha256 and size), not its URL; credentials in the URL are used to download and shown
+nowhere. The design (identity, offline fallback, credentials, bounds): docs/CORPUS.md.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ PINNED_BYTES = 191_984_949  # the chapter's EXPECTED_BYTES for DEFAULT_URL
 SPLITS = ("train", "valid", "test")
 MEMBERS = {s: f"wikitext-103-raw/wiki.{s}.raw" for s in SPLITS}
 SPLIT_FILES = {s: f"wiki.{s}.txt" for s in SPLITS}
+ARTICLE_FILES = {s: f"wiki.{s}.articles.npy" for s in SPLITS}
 CORPUS_FILE = "wikipedia.txt"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -54,6 +57,11 @@ class CorpusSettings(Settings):
     )
     expected_sha256: str | None = Field(
         None, description="the sha256 of the zip (64 hex digits, the output of sha256sum); checked when given"
+    )
+    article_index: bool = Field(
+        False,
+        description="also write wiki.{split}.articles.npy, where each article starts (set by the pipeline when "
+        "tokenizer.kind=byte, whose shards end each article with <|endoftext|>)",
     )
 
     @field_validator("source_url")
@@ -118,9 +126,12 @@ class CorpusSettings(Settings):
         return data
 
     def version_params(self) -> dict:
-        """Without ``source_url``: it says where the zip comes from; :func:`source_identity` says what it is."""
+        """Without ``source_url``: it says where the zip comes from; :func:`source_identity` says what it is. And
+        ``article_index`` only when set: a corpus without it keeps the version id it had before the setting."""
         params = super().version_params()
         params.pop("source_url", None)
+        if not params.get("article_index"):
+            params.pop("article_index", None)
         return params
 
     def resolved(self) -> CorpusSettings:
@@ -160,9 +171,16 @@ def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict
 
 # ---- unzip + strip ----------------------------------------------------------------------------------------
 def extract_corpus(
-    zip_path: Path, out_dir: Path, *, source: str, progress=None, block_chars: int = BLOCK_CHARS
+    zip_path: Path,
+    out_dir: Path,
+    *,
+    source: str,
+    progress=None,
+    block_chars: int = BLOCK_CHARS,
+    article_index: bool = False,
 ) -> dict:
-    """Unzip the three splits, strip headers, write the split files and wikipedia.txt. Returns per-split metrics."""
+    """Unzip the three splits, strip headers, write the split files and wikipedia.txt (and with ``article_index``
+    the article starts). Returns per-split metrics."""
     members = {split: (MEMBERS[split], SPLIT_FILES[split]) for split in SPLITS}
     m = extract_text(
         zip_path,
@@ -173,6 +191,7 @@ def extract_corpus(
         progress=progress,
         block_chars=block_chars,
         layout_hint="source_url must point at the wikitext-103-raw-v1 zip",
+        article_files=ARTICLE_FILES if article_index else None,
     )
     return {"splits": m["members"], "wikipedia": m["joined"]}
 
@@ -203,7 +222,13 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
     t1 = time.monotonic()
     try:
         check_members(zip_path, shown, MEMBERS.values())
-        corpus = extract_corpus(zip_path, ctx.out, source=shown, progress=lambda d, t, m: ctx.progress(d, t, m))
+        corpus = extract_corpus(
+            zip_path,
+            ctx.out,
+            source=shown,
+            progress=lambda d, t, m: ctx.progress(d, t, m),
+            article_index=settings.article_index,
+        )
     except UserError:
         if ours:
             zip_path.unlink(missing_ok=True)  # a rerun fetches again instead of reusing a bad archive ...

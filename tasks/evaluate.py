@@ -52,7 +52,7 @@ def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, 
     if trained_on_test:
         ctx.log.warning("evaluate: the model was trained with train_splits=all, the test split included")
     gpt, tokenizer = load_checkpoint(model / "model.ckpt")
-    sizes = tokenizer.token_bytes()  # type: ignore[attr-defined]  # a pipeline model carries its BPETokenizer
+    sizes = text_bytes_per_token(tokenizer)
     ctx.progress(0, 1, f"{len(used):,} of {len(ids):,} test tokens", force=True)
     t0 = time.perf_counter()
     import torch
@@ -88,6 +88,14 @@ def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, 
     atomic_write_text(ctx.out / "evaluate.json", json.dumps(metrics, indent=1) + "\n")
     ctx.progress(1, 1, "done", force=True)
     return metrics
+
+
+def text_bytes_per_token(tokenizer) -> np.ndarray:
+    """The UTF-8 bytes of text each token id stands for, a special token (``<|endoftext|>``) 0: it is no text of
+    the test split, so bits per byte divides by the text's own bytes, as for a model whose tokenizer has none."""
+    sizes = np.array(tokenizer.token_bytes(), dtype=np.int64)  # a pipeline model carries its tokenizer
+    sizes[list(getattr(tokenizer, "special_ids", {}).values())] = 0
+    return sizes
 
 
 def windows_per_pass(trained: dict, max_seq_len: int) -> int:

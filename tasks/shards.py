@@ -2,7 +2,8 @@
 
 Chunks are encoded on Dask and written in file order into shards of ``shard_tokens`` ids; the same pass counts
 the characters outside the tokenizer's alphabet. ``work/progress.json`` records each shard, so a crash costs at
-most a shard plus a chunk and the result is byte-identical (docs/STAGES.md).
+most a shard plus a chunk and the result is byte-identical (docs/STAGES.md). A byte-level tokenizer's shards end
+each article (from the corpus's article index) with ``<|endoftext|>`` (docs/STAGES.md, "The byte-level kind").
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from pydantic import Field, field_validator
 
 from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
-from mygpt.tokenizers.bpe import BPETokenizer
-from mygpt.tokenizers.bpe_chunks import chunk_bounds
+from mygpt.tokenizers.bpe_chunks import chunk_bounds, safe_cut_re
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 from tasks.core import dask_work, shard_format
 from tasks.core.report import md_code, md_row, md_text
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
-from tasks.corpus import SPLIT_FILES, SPLITS
+from tasks.corpus import ARTICLE_FILES, SPLIT_FILES, SPLITS
+from tasks.tokenizer import load_tokenizer
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 PROGRESS_FILE = "progress.json"
@@ -115,15 +116,24 @@ def encoded_chunks(
     start_chunk: int,
     window: int,
     name: str,
+    cut_re=None,
+    ends: np.ndarray | None = None,
 ):
     """``(chunk_index, byte_start, byte_end, ids, stats)`` for the chunks of ``path`` from ``start_chunk`` on, in
-    order, each encoded by a worker that reads its range from ``where`` (a path or an ``s3://`` URL)."""
-    bounds = (b for b in chunk_bounds(path, chunk_bytes) if b[0] >= start_chunk)
+    order, each encoded by a worker that reads its range from ``where`` (a path or an ``s3://`` URL); ``ends``
+    (sorted file offsets): where ``<|endoftext|>`` follows a document, each chunk told the ones in its range."""
+    bounds = (b for b in chunk_bounds(path, chunk_bytes, cut_re=cut_re or safe_cut_re(None)) if b[0] >= start_chunk)
+
+    def within(a: int, b: int) -> tuple[int, ...]:
+        if ends is None:
+            return ()
+        return tuple(ends[np.searchsorted(ends, a, "right") : np.searchsorted(ends, b, "right")].tolist())
+
     work = dask_work.ordered_results(
         client,
         dask_work.encode_range,
         bounds,
-        lambda b: (tokenizer_key, tokenizer_json, where, b[1], b[2], unk_policy),
+        lambda b: (tokenizer_key, tokenizer_json, where, b[1], b[2], unk_policy, within(b[1], b[2])),
         window=window,
         name=name,
     )
@@ -150,13 +160,27 @@ def missing_summary(stats: list[EncodeStats]) -> dict:
     }
 
 
+def document_ends(corpus: Path, split: str, size: int, inputs: dict) -> np.ndarray:
+    """Where ``<|endoftext|>`` follows in ``split`` for a byte-level tokenizer: before each article but the first,
+    and at the end (from the corpus's article index); ``UserError`` when the corpus version has none."""
+    path = corpus / ARTICLE_FILES[split]
+    if not path.is_file():
+        raise UserError(
+            f"the tokenizer version {inputs['tokenizer']['version']} is byte-level, whose shards end each article "
+            f"with <|endoftext|>, but corpus version {inputs['corpus']['version']} has no article index ({path.name}); "
+            "build the corpus with corpus.article_index=true (the pipeline sets it when tokenizer.kind=byte)"
+        )
+    starts = np.load(path).astype(np.int64)
+    return np.unique(np.append(starts[(starts > 0) & (starts < size)], size)) if size else np.zeros(0, np.int64)
+
+
 def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, tokenizer: Path) -> dict:
     """Encode every split chunk by chunk (on Dask) into shards of ``shard_tokens`` ids, resumable shard by shard."""
     shard_tokens, unk_policy = settings.shard_tokens, settings.unk_policy
-    tok = BPETokenizer.load(tokenizer / "tokenizer.json")
+    tok = load_tokenizer(tokenizer)
     tok_ref = ctx.inputs["tokenizer"]
     tokenizer_key = f"{tok_ref['version']}.{tok_ref['build_id']}"
-    dtype = np.dtype(tok.id_dtype)
+    dtype = shard_format.dtype_for_vocab(tok.vocab_size)
     chunk_bytes = ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES
     files = {s: corpus / SPLIT_FILES[s] for s in SPLITS}  # this process cuts the chunks from these
     urls = {s: ctx.worker_path("corpus", SPLIT_FILES[s]) for s in SPLITS}  # the workers read their ranges here
@@ -231,7 +255,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                     workers = len(client.scheduler_info()["workers"])
                     # the tokenizer travels with each task as one opaque string (~20 KB): a worker that dies takes
                     # nothing with it that cannot be sent again (scattered data would be lost with it)
-                    state = json.dumps(tok.state(), ensure_ascii=False)
+                    state = json.dumps({"kind": tok.kind, "state": tok.state()}, ensure_ascii=False)
                 assert workers is not None  # counted when the client started
                 try:
                     for idx, bstart, bend, ids, st in encoded_chunks(
@@ -245,6 +269,8 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                         start_chunk,
                         window=2 * workers + 2,
                         name=f"encode-{split}",
+                        cut_re=safe_cut_re(tok),
+                        ends=document_ends(corpus, split, size, ctx.inputs) if tok.kind == "byte" else None,
                     ):
                         pos = 0
                         if idx == start_chunk and skip:

@@ -1,9 +1,11 @@
-"""Stage ``tokenizer`` (task ``train_tokenizer``): the chapter's word-level BPE, trained on a slice of the corpus.
+"""Stage ``tokenizer`` (task ``train_tokenizer``): a BPE trained on a slice of the corpus, of one of two kinds.
 
-The slice is the first ``bpe_train_bytes`` of ``wiki.train.txt`` cut back to a character boundary; its words are
-counted on Dask (the shards stage's chunks), then the merges learnt from the table -- exactly
-``BPETokenizer.from_corpus(slice, num_merges)``'s (docs/STAGES.md). Publishes ``tokenizer.json`` and
-``stats.json``.
+The slice is the first ``bpe_train_bytes`` of ``wiki.train.txt`` cut back to a character boundary.
+``kind=chapter`` (the default): the chapter's word-level BPE; the slice's words are counted on Dask (the shards
+stage's chunks), then the merges learnt from the table -- exactly ``BPETokenizer.from_corpus(slice, num_merges)``'s
+(docs/STAGES.md). ``kind=byte``: the byte-level BPE of GPT-2 (``pattern`` gpt2 or gpt4), exactly
+``ByteBPETokenizer.train(slice, 256 + num_merges + 1)`` with ``<|endoftext|>`` as its one special token.
+Publishes ``tokenizer.json`` (:func:`load_tokenizer` reads either kind) and ``stats.json``.
 """
 
 from __future__ import annotations
@@ -12,14 +14,18 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
 from mygpt.tokenizers.bpe_chunks import chunk_bounds
 from mygpt.tokenizers.bpe_train import add_counts, gc_paused, train_and_count_tokens
+from mygpt.tokenizers.byte_bpe import DEFAULT_SPECIALS, ByteBPETokenizer
+from mygpt.tokenizers.char_tokenizer import CharTokenizer
+from mygpt.tokenizers.files import load_tokenizer_file, save_tokenizer_file
 from tasks.core import dask_work
 from tasks.core.report import md_code, number, summary_table
 from tasks.core.settings import Settings
@@ -31,8 +37,16 @@ FIRST_MERGES = 30
 
 
 class TokenizerSettings(Settings):
-    """The chapter's BPE: how many merges, learnt from how much text."""
+    """Which BPE (the chapter's word-level one or the byte-level one), how many merges, from how much text."""
 
+    kind: Literal["chapter", "byte"] = Field(
+        "chapter",
+        description="chapter: the chapter's word-level BPE; byte: GPT-2's byte-level BPE (any text encodes, "
+        "<|endoftext|> after each article in the shards)",
+    )
+    pattern: Literal["gpt2", "gpt4"] = Field(
+        "gpt2", description="kind=byte only: the pre-tokenizer's split pattern (GPT-2's or GPT-4's cl100k)"
+    )
     num_merges: int = Field(1024, ge=0, description="BPE merges to learn; the chapter uses 1024")
     bpe_train_bytes: int = Field(
         50_000_000,
@@ -40,10 +54,28 @@ class TokenizerSettings(Settings):
         description="train on the first N bytes of wiki.train.txt; the chapter uses 50000000; 0 = the whole split",
     )
 
+    @model_validator(mode="after")
+    def _pattern_needs_byte(self) -> TokenizerSettings:
+        if self.kind == "chapter" and self.pattern != "gpt2":
+            raise ValueError(
+                f"pattern={self.pattern} applies only to the byte-level BPE: set kind=byte too, or leave pattern out"
+            )
+        return self
 
-def load_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> BPETokenizer:
-    """The tokenizer a version of this stage holds."""
-    return BPETokenizer.load(Path(tokenizer_dir) / "tokenizer.json")
+    def version_params(self) -> dict:
+        """All fields, but ``kind`` and ``pattern`` only for ``kind=byte``: the chapter's tokenizer keeps the
+        version ids it had before there was a second kind."""
+        params = super().version_params()
+        if params["kind"] == "chapter":
+            del params["kind"], params["pattern"]
+        return params
+
+
+def load_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> BPETokenizer | ByteBPETokenizer:
+    """The tokenizer a version of this stage holds (either kind)."""
+    tok = load_tokenizer_file(Path(tokenizer_dir) / "tokenizer.json")
+    assert not isinstance(tok, CharTokenizer)  # this stage never writes one
+    return tok
 
 
 def slice_end(path: Path, max_bytes: int) -> int:
@@ -92,6 +124,8 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
         raise UserError(
             f"{train_path} is empty, so there is nothing to train BPE on; check the corpus stage's source_url"
         )
+    if settings.kind == "byte":
+        return build_byte_tokenizer(ctx, settings, train_path, used)
     ctx.log.info("tokenizer: counting the words of %s bytes of %s", f"{used:,}", train_path.name)
     t0 = time.monotonic()
     try:
@@ -137,6 +171,52 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
     return stats
 
 
+def build_byte_tokenizer(ctx: BuildContext, settings: TokenizerSettings, train_path: Path, used: int) -> dict:
+    """Train the byte-level BPE on bytes ``0..used`` of ``train_path``; write tokenizer.json + stats.json."""
+    with open(train_path, "rb") as f:
+        raw = f.read(used)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"{train_path} is not valid UTF-8 (invalid byte at offset {e.start:,}); rebuild the corpus stage"
+        ) from None
+    del raw
+    ctx.log.info("tokenizer: training %d byte-level merges on %s bytes", settings.num_merges, f"{used:,}")
+    t0 = time.monotonic()
+    vocab_size = 256 + settings.num_merges + len(DEFAULT_SPECIALS)
+    workers = ctx.run.workers or 1
+    tok = ByteBPETokenizer.train(text, vocab_size, DEFAULT_SPECIALS, settings.pattern, workers=workers)
+    train_seconds = time.monotonic() - t0
+    ctx.progress(1, 2, "counting the slice's tokens", force=True)
+    t1 = time.monotonic()
+    tokens = len(tok.encode_array(text))
+    save_tokenizer_file(tok, ctx.out / "tokenizer.json")
+    stats = {
+        "kind": "byte",
+        "pattern": settings.pattern,
+        "vocab_size": tok.vocab_size,
+        "alphabet_size": 256,
+        "num_merges": len(tok.merges),
+        "num_merges_requested": settings.num_merges,
+        "specials": list(tok.specials),
+        "first_merges": [
+            [a.decode("utf-8", "backslashreplace"), b.decode("utf-8", "backslashreplace")]
+            for a, b in tok.merges[:FIRST_MERGES]
+        ],
+        "train_bytes": used,
+        "train_chars": len(text),
+        "train_tokens": tokens,
+        "chars_per_token": round(len(text) / tokens, 4) if tokens else None,
+        "bytes_per_token": round(used / tokens, 4) if tokens else None,
+        "encode_seconds": round(time.monotonic() - t1, 3),
+        "train_seconds": round(train_seconds, 3),
+    }
+    atomic_write_text(ctx.out / "stats.json", json.dumps(stats, indent=1, ensure_ascii=False) + "\n")
+    ctx.progress(2, 2, "done", force=True)
+    return stats
+
+
 def report(manifest: dict) -> str:
     m = manifest.get("metrics", {})
     p = manifest.get("settings", {})
@@ -145,6 +225,10 @@ def report(manifest: dict) -> str:
         "",
         summary_table(
             [
+                (
+                    "kind",
+                    "byte-level BPE, " + str(p.get("pattern")) + " split" if p.get("kind") == "byte" else "chapter",
+                ),
                 ("merges", f"{m.get('num_merges')} (asked {p.get('num_merges')})"),
                 ("vocab size", f"{m.get('vocab_size'):,} (alphabet {m.get('alphabet_size'):,})"),
                 (
@@ -153,7 +237,12 @@ def report(manifest: dict) -> str:
                 ),
                 ("chars per token (slice)", m.get("chars_per_token")),
                 ("corpus chars missing from the slice", "counted while encoding: see the wiki-shards report"),
-                ("time", f"count words {m.get('count_seconds', 0):.1f} s, train {m.get('train_seconds', 0):.1f} s"),
+                (
+                    "time",
+                    f"train {m.get('train_seconds', 0):.1f} s, encode the slice {m.get('encode_seconds', 0):.1f} s"
+                    if "encode_seconds" in m
+                    else f"count words {m.get('count_seconds', 0):.1f} s, train {m.get('train_seconds', 0):.1f} s",
+                ),
             ]
         ),
         "",
@@ -178,4 +267,6 @@ STAGE = Stage(
     ),
     tiny={"num_merges": 48, "bpe_train_bytes": 200_000},
 )
-train_tokenizer = stage_task(STAGE, "train_tokenizer", "Train the word-level BPE on a corpus version (or reuse it).")
+train_tokenizer = stage_task(
+    STAGE, "train_tokenizer", "Train the BPE (chapter or byte kind) on a corpus version (or reuse it)."
+)

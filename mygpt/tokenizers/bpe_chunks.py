@@ -1,15 +1,17 @@
 """A UTF-8 file encoded in chunks of about ``chunk_bytes`` cut at tokenisation-safe points, in order or anywhere.
 
 A safe cut is a whitespace character that follows a non-whitespace one: with ``\\s*\\S+|\\s+`` every word ends
-there, so the words on either side do not depend on the other side. Boundaries depend only on the file's bytes
-and ``chunk_bytes`` (never on the worker count), and the chunks' ids, concatenated, equal ``encode_corpus`` of the
-whole text.
+there, so the words on either side do not depend on the other side. A byte-level BPE (``tokenizer.kind ==
+"byte"``) is cut only before a space that follows a printable ASCII character (:data:`BYTE_SAFE_CUT_RE`).
+Boundaries depend only on the file's bytes and ``chunk_bytes`` (never on the worker count), and the chunks' ids,
+concatenated, equal ``encode_corpus`` of the whole text.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -17,6 +19,7 @@ import numpy as np
 from mygpt.errors import UserError, check_int
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 from mygpt.tokenizers.bpe_words import SAFE_CUT_RE
+from mygpt.tokenizers.byte_bpe import id_dtype
 
 
 def _not_utf8(path, offset: int) -> UserError:
@@ -26,14 +29,25 @@ def _not_utf8(path, offset: int) -> UserError:
     )
 
 
+#: A safe cut for the byte-level BPE: a space after a printable ASCII character. Both of its split patterns (GPT-2's
+#: and GPT-4's) end a pre-token there and start the next one with the space, so the ids on either side do not
+#: depend on the other side. ASCII, not ``\\S``: Python's and the ``regex`` module's whitespace differ (U+001C).
+BYTE_SAFE_CUT_RE = re.compile(r"(?<=[!-~]) ")
+
+
+def safe_cut_re(tokenizer) -> re.Pattern[str]:
+    """The safe cuts of ``tokenizer``'s kind (see the module docstring)."""
+    return BYTE_SAFE_CUT_RE if getattr(tokenizer, "kind", "bpe") == "byte" else SAFE_CUT_RE
+
+
 #: How far past a chunk's target size a word may run before the file is refused: memory per chunk stays at
 #: ``chunk_bytes`` plus this, whatever the text (one 40 MB "word" would otherwise be one 40 MB chunk).
 MAX_WORD_BYTES = 1 << 20
 
 
-def find_safe_cut(f, path, target: int, size: int, floor: int = 0) -> int:
-    """The first safe cut ``p >= target`` in the open binary file ``f`` (``size`` if none), reading nothing before
-    ``floor``; ``UserError`` when none lies within :data:`MAX_WORD_BYTES` after ``target``."""
+def find_safe_cut(f, path, target: int, size: int, floor: int = 0, cut_re: re.Pattern[str] = SAFE_CUT_RE) -> int:
+    """The first safe cut (a match of ``cut_re``) ``p >= target`` in the open binary file ``f`` (``size`` if none),
+    reading nothing before ``floor``; ``UserError`` when none lies within :data:`MAX_WORD_BYTES` after ``target``."""
     if target >= size:
         return size
     q = max(floor, target - 4)
@@ -57,12 +71,12 @@ def find_safe_cut(f, path, target: int, size: int, floor: int = 0) -> int:
             text = data[: e.start].decode("utf-8")
             if not truncated:
                 # Invalid byte: a cut before it is fine (its chunk will report it), else report it now.
-                for m in SAFE_CUT_RE.finditer(text):
+                for m in cut_re.finditer(text):
                     p = q + len(text[: m.start()].encode("utf-8"))
                     if p >= target:
                         return p
                 raise _not_utf8(path, q + e.start) from None
-        for m in SAFE_CUT_RE.finditer(text):
+        for m in cut_re.finditer(text):
             p = q + len(text[: m.start()].encode("utf-8"))
             if p >= target:
                 return p
@@ -78,15 +92,18 @@ def find_safe_cut(f, path, target: int, size: int, floor: int = 0) -> int:
         window *= 2
 
 
-def chunk_bounds(path, chunk_bytes: int, end: int | None = None) -> Iterator[tuple[int, int, int]]:
+def chunk_bounds(
+    path, chunk_bytes: int, end: int | None = None, cut_re: re.Pattern[str] = SAFE_CUT_RE
+) -> Iterator[tuple[int, int, int]]:
     """Yield ``(chunk_index, byte_start, byte_end)`` for the file (see the module docstring), or for its first
-    ``end`` bytes (the last chunk then ends at ``end``, which should be a character boundary)."""
+    ``end`` bytes (the last chunk then ends at ``end``, which should be a character boundary); ``cut_re``: what a
+    safe cut is (:func:`safe_cut_re`)."""
     size = os.path.getsize(path) if end is None else end
     with open(path, "rb") as f:
         start = 0
         idx = 0
         while start < size:
-            end = find_safe_cut(f, path, start + chunk_bytes, size, floor=start)
+            end = find_safe_cut(f, path, start + chunk_bytes, size, floor=start, cut_re=cut_re)
             yield idx, start, end
             idx += 1
             start = end
@@ -110,12 +127,44 @@ def read_chunk(path, start: int, end: int, opener: Callable[[Any], IO[bytes]] | 
 
 
 def encode_chunk(
-    tokenizer, path, start: int, end: int, unk_policy: str = "skip", opener: Callable[[Any], IO[bytes]] | None = None
+    tokenizer,
+    path,
+    start: int,
+    end: int,
+    unk_policy: str = "skip",
+    opener: Callable[[Any], IO[bytes]] | None = None,
+    ends: Sequence[int] = (),
 ) -> tuple[np.ndarray, EncodeStats]:
     """Encode bytes ``start..end`` of a UTF-8 file: ``(ids, stats)``. One chunk of :func:`iter_encode_file`, for a
     caller that spreads the chunks over processes or machines (the pipeline does, on Dask); the tokenizer's
-    word cache carries over from one call to the next in the same process. ``opener``: see :func:`read_chunk`."""
-    return tokenizer._fast_encoder().encode_text(read_chunk(path, start, end, opener), unk_policy)
+    word cache carries over from one call to the next in the same process. ``opener``: see :func:`read_chunk`.
+    A byte-level BPE encodes every character (``unk_policy`` has nothing to do); ``ends``: the file offsets in
+    ``start < e <= end`` where a document ends (``<|endoftext|>`` follows there): the text between is encoded
+    document by document, as each document alone encodes."""
+    text = read_chunk(path, start, end, opener)
+    if getattr(tokenizer, "kind", "bpe") == "byte":
+        return _encode_documents(tokenizer, text, start, ends)
+    if ends:
+        raise UserError("only a byte-level BPE ends documents with <|endoftext|>; this tokenizer has no such token")
+    return tokenizer._fast_encoder().encode_text(text, unk_policy)
+
+
+def _encode_documents(tokenizer, text: str, start: int, ends: Sequence[int]) -> tuple[np.ndarray, EncodeStats]:
+    """A byte-level BPE's ids of a chunk at file offset ``start``, ``<|endoftext|>`` after each document end."""
+    if not ends:
+        ids = tokenizer.encode_array(text)
+    else:
+        data = text.encode("utf-8")
+        eot: np.ndarray = np.asarray([tokenizer.special_ids["<|endoftext|>"]], dtype=id_dtype(tokenizer.vocab_size))
+        parts: list[np.ndarray] = []
+        at = 0
+        for e in (int(x) - start for x in ends):
+            parts += [tokenizer.encode_array(data[at:e].decode("utf-8")), eot]
+            at = e
+        if at < len(data):
+            parts.append(tokenizer.encode_array(data[at:].decode("utf-8")))
+        ids = np.concatenate(parts)
+    return ids, EncodeStats(chars=len(text), tokens=int(ids.size))
 
 
 def iter_encode_file(

@@ -27,7 +27,7 @@ TLS_SETTINGS = (
     "DASK_DISTRIBUTED__COMM__TLS__CA_FILE, DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT, "
     "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY"
 )
-_TOKENIZERS: dict[str, Any] = {}  # in a worker: tokenizer key -> BPETokenizer (its word cache carries over)
+_TOKENIZERS: dict[str, Any] = {}  # in a worker: tokenizer key -> tokenizer (a BPE's word cache carries over)
 
 
 class ClusterError(UserError):
@@ -39,19 +39,24 @@ def default_workers() -> int:
 
 
 # ---- what the workers run ------------------------------------------------------------------------------
-def encode_range(tokenizer_key: str, tokenizer_json: str, path: str, start: int, end: int, unk_policy: str) -> tuple:
-    """``(ids, stats as a dict)`` of bytes ``start..end`` of ``path``; the tokenizer is built once per worker."""
+def encode_range(
+    tokenizer_key: str, tokenizer_json: str, path: str, start: int, end: int, unk_policy: str, ends: tuple = ()
+) -> tuple:
+    """``(ids, stats as a dict)`` of bytes ``start..end`` of ``path``; the tokenizer (``tokenizer_json``:
+    ``{"kind": ..., "state": ...}``, a tokenizer file's text) is built once per worker; ``ends``: where documents
+    end (:func:`mygpt.tokenizers.bpe_chunks.encode_chunk`)."""
     import json
 
-    from mygpt.tokenizers.bpe import BPETokenizer
     from mygpt.tokenizers.bpe_chunks import encode_chunk
+    from mygpt.tokenizers.files import tokenizer_from_state
 
     tok = _TOKENIZERS.get(tokenizer_key)
     if tok is None:
         _TOKENIZERS.clear()
-        tok = _TOKENIZERS[tokenizer_key] = BPETokenizer.from_state(json.loads(tokenizer_json))
+        sent = json.loads(tokenizer_json)
+        tok = _TOKENIZERS[tokenizer_key] = tokenizer_from_state(sent["kind"], sent["state"])
     with _reading(path, start, end):
-        ids, stats = encode_chunk(tok, path, start, end, unk_policy, opener=opener(path))
+        ids, stats = encode_chunk(tok, path, start, end, unk_policy, opener=opener(path), ends=ends)
     return ids, stats.to_dict()
 
 

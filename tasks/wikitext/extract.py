@@ -9,6 +9,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mygpt.atomic import atomic_open
 from mygpt.errors import UserError
 from tasks.wikitext.header_strip import BLOCK_CHARS, strip_headers
@@ -25,10 +27,13 @@ def extract_text(
     progress=None,
     block_chars: int = BLOCK_CHARS,
     layout_hint: str = "",
+    article_files: dict[str, str] | None = None,
 ) -> dict:
     """``members``: ``{key: (member in the zip, file name)}``, in order. Writes each member, stripped, to
     ``out_dir/<file name>`` and all of them to ``out_dir/<joined>``; returns ``{"members": {key: metrics},
-    "joined": {bytes, chars, lines, sha256}}``. ``progress(done, total, message)`` follows the unzipping."""
+    "joined": {bytes, chars, lines, sha256}}``. ``progress(done, total, message)`` follows the unzipping.
+    ``article_files`` (``{key: file name}``): also write, per member, the byte offsets in its stripped file where
+    each article starts (where a ``= Title =`` line was removed) as a 1-D ``uint64`` ``.npy``."""
     with open_zip(zip_path, source) as zf:
         _check_layout(zf, [member for member, _ in members.values()], source, layout_hint)
         raw_total = sum(zf.getinfo(member).file_size for member, _ in members.values()) or 1
@@ -51,6 +56,7 @@ def extract_text(
                     source=source,
                     block_chars=block_chars,
                     unzipped=unzipped,
+                    articles_path=out_dir / article_files[key] if article_files else None,
                 )
                 raw_done += out[key]["raw_bytes"]
             writer.drain()
@@ -77,8 +83,10 @@ def _extract_member(
     source: str,
     block_chars: int,
     unzipped,
+    articles_path: Path | None = None,
 ) -> dict:
-    """``member`` unzipped, stripped and written to ``path`` and to the joined file ``corpus``; returns its metrics."""
+    """``member`` unzipped, stripped and written to ``path`` and to the joined file ``corpus``; returns its metrics.
+    ``articles_path``: where the article starts go (see :func:`extract_text`)."""
     sha = hashlib.sha256()
     st: dict[str, Any] = {
         "member": member,
@@ -91,6 +99,8 @@ def _extract_member(
     }
     last = ""
     raw_last = ""
+    articles: list[int] | None = [] if articles_path is not None else None
+    starts: list[int] = []
 
     def raw_pieces():
         nonlocal raw_last
@@ -103,8 +113,11 @@ def _extract_member(
     try:
         with atomic_open(path, "wb") as f:
             try:
-                for text, n in strip_headers(raw_pieces(), block_chars, name=f"{member} in {source}"):
+                pieces = strip_headers(raw_pieces(), block_chars, name=f"{member} in {source}", articles=articles)
+                for text, n in pieces:
                     data = text.encode("utf-8")
+                    for a in articles or ():
+                        starts.append(st["bytes"] + (a if text.isascii() else len(text[:a].encode("utf-8"))))
                     writer.write(data, (f, sha), corpus)  # in the writer thread
                     st["bytes"] += len(data)
                     st["chars"] += len(text)
@@ -125,5 +138,10 @@ def _extract_member(
     if raw_last and not raw_last.endswith("\n"):
         st["raw_lines"] += 1
     st["lines_removed"] = st["raw_lines"] - st["lines"]
+    if articles_path is not None:
+        found = np.unique(np.asarray(starts, dtype=np.uint64))  # an empty article adds no second start
+        with atomic_open(articles_path, "wb") as f:
+            np.save(f, found)
+        st["articles"] = int(found.size)
     st["sha256"] = sha.hexdigest()
     return st

@@ -45,11 +45,19 @@ _HEADER_START_RE = re.compile(r"\s*=")  # what HEADER_RE needs at a line start b
 _HEADER_CANDIDATE_RE = re.compile(r"\n\s*=")  # the same after a newline: found by a fast scan for "\n"
 
 
-def strip_block(text: str, line_start: bool = True) -> tuple[str, int]:
+def is_title(header: str) -> bool:
+    """Whether a removed header match is a level-1 ``= Title =`` line (a wikitext article's first line)."""
+    body = header.lstrip()
+    return body.startswith("= ")
+
+
+def strip_block(text: str, line_start: bool = True, articles: list[int] | None = None) -> tuple[str, int]:
     """``HEADER_RE.subn("", text)``, trying the pattern only at the first line start of each ``\\n\\s*=`` run (the same
-    matches, docs/CORPUS.md). ``line_start=False``: ``text`` continues a line (no match starts at its position 0)."""
+    matches, docs/CORPUS.md). ``line_start=False``: ``text`` continues a line (no match starts at its position 0).
+    ``articles``: where given, the character offsets in the result where a ``= Title =`` match was removed are
+    appended to it."""
     out: list[str] = []
-    last = n = 0
+    last = n = size = 0
     first: list[int] = []
     if line_start and _HEADER_START_RE.match(text):
         first.append(0)
@@ -62,6 +70,9 @@ def strip_block(text: str, line_start: bool = True) -> tuple[str, int]:
         m = HEADER_RE.match(text, x)
         if m is not None:
             out.append(text[last:x])
+            size += x - last
+            if articles is not None and is_title(m.group()):
+                articles.append(size)
             last = m.end()
             n += 1
     if not n:
@@ -102,9 +113,10 @@ def _try_at(t: str, x: int) -> int | None:
     return None if k < 0 else k + 1
 
 
-def _decided(buf: str, line_start: bool) -> tuple[str, int, int]:
+def _decided(buf: str, line_start: bool, articles: list[int] | None = None) -> tuple[str, int, int]:
     """``(text, n, cut)``: ``buf[:cut]`` header-stripped (``n`` matches), ``cut`` the first line start whose match
-    needs text beyond ``buf`` (``len(buf)`` if none); the rest can be stripped on its own."""
+    needs text beyond ``buf`` (``len(buf)`` if none); the rest can be stripped on its own. ``articles``: as for
+    :func:`strip_block`."""
     n = len(buf)
     p = len(buf.rstrip())  # line starts in the trailing whitespace wait for what follows
     if p == 0 and line_start:
@@ -113,7 +125,7 @@ def _decided(buf: str, line_start: bool) -> tuple[str, int, int]:
         k = buf.find("\n", p)
         cut = k + 1 if k >= 0 else n
     out: list[str] = []
-    last = matches = 0
+    last = matches = size = 0
     starts: Iterable[int] = [0] if line_start and _HEADER_START_RE.match(buf) else []
     starts = itertools.chain(starts, (m.start() + 1 for m in _HEADER_CANDIDATE_RE.finditer(buf, 0, cut)))
     for x in starts:
@@ -129,6 +141,9 @@ def _decided(buf: str, line_start: bool) -> tuple[str, int, int]:
             break
         if end is not None:
             out.append(buf[last:x])
+            size += x - last
+            if articles is not None and is_title(buf[x:end]):
+                articles.append(size)
             last = end
             matches += 1
     out.append(buf[last:cut])
@@ -141,10 +156,13 @@ def strip_headers(
     *,
     name: str = "the text",
     max_pending: int = MAX_PENDING_CHARS,
+    articles: list[int] | None = None,
 ) -> Iterator[tuple[str, int]]:
     """Stream ``HEADER_RE.sub("", "".join(pieces))`` as ``(text, headers_removed)`` pieces, in blocks of about
     ``block_chars``; ``UserError`` naming ``name`` as soon as more than ``max_pending`` characters of a header
-    candidate are held undecided (checked at every piece, so no longer candidate ever gets through)."""
+    candidate are held undecided (checked at every piece, so no longer candidate ever gets through).
+    ``articles``: where given, it holds, when each piece is yielded, the character offsets in that piece where a
+    ``= Title =`` line was removed (an article starts there; the list is emptied before each piece)."""
     buf = ""
     line_start = True  # buf starts at a line start
     scan_at = block_chars
@@ -153,11 +171,13 @@ def strip_headers(
         s = _safe_cut(buf) if len(buf) >= block_chars else -1
         if s > 0:
             head, buf = buf[:s], buf[s:]
-            yield strip_block(head, line_start)
+            _clear(articles)
+            yield strip_block(head, line_start, articles)
             line_start, scan_at = True, block_chars
         # Past the bound, what is held is decided now, not at the next doubling: the bound is exact.
         if len(buf) >= scan_at or len(buf) > max_pending:
-            text, n, cut = _decided(buf, line_start)
+            _clear(articles)
+            text, n, cut = _decided(buf, line_start, articles)
             if cut:
                 yield text, n
                 line_start, buf = buf[cut - 1] == "\n", buf[cut:]
@@ -169,4 +189,10 @@ def strip_headers(
                 )
             scan_at = max(block_chars, 2 * len(buf))
     if buf:
-        yield strip_block(buf, line_start)
+        _clear(articles)
+        yield strip_block(buf, line_start, articles)
+
+
+def _clear(articles: list[int] | None) -> None:
+    if articles is not None:
+        articles.clear()

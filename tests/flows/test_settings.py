@@ -339,3 +339,16 @@ def test_the_older_verbs_a_stage_answers_to_are_documented_in_the_help():
         help_text = RunOptions.model_fields[field].description or ""
         assert [f"{verb} = {name}" for verb, name in aliases.items() if f"{verb} = {name}" not in help_text] == []
     assert Pipeline.from_flat({"only": "train"}).run.only == "model"
+
+
+def test_a_byte_level_tokenizer_turns_on_the_corpus_article_index():
+    """tokenizer.kind=byte ends each article with <|endoftext|>: the corpus it runs on writes the article index;
+    the chapter's kind leaves the corpus as it was (and a copy given a byte tokenizer anew gets the index too)."""
+    chapter = Pipeline.from_flat({})
+    assert chapter.resolved("corpus").article_index is False
+    byte = Pipeline.from_flat({"tokenizer.kind": "byte"})
+    assert byte.resolved("tokenizer").kind == "byte" and byte.resolved("corpus").article_index is True
+    assert byte.corpus.article_index is False, "the parameters as given are kept"
+    copy = chapter.model_copy(update={"tokenizer": chapter.tokenizer.model_copy(update={"kind": "byte"})})
+    assert copy.resolved("corpus").article_index is True
+    assert chapter.resolved("corpus").article_index is False

@@ -100,7 +100,12 @@ def test_settings_defaults_pin_the_chapter_size():
     def resolved(**kw):
         return D.CorpusSettings(**kw).resolved().model_dump(mode="json")
 
-    assert resolved() == {"source_url": D.DEFAULT_URL, "expected_bytes": 191_984_949, "expected_sha256": None}
+    assert resolved() == {
+        "source_url": D.DEFAULT_URL,
+        "expected_bytes": 191_984_949,
+        "expected_sha256": None,
+        "article_index": False,
+    }
     assert D.CorpusSettings().resolved().version_params() == {"expected_bytes": 191_984_949, "expected_sha256": None}
     assert resolved(source_url="http://127.0.0.1:1/x.zip")["expected_bytes"] == 0
     assert resolved(expected_bytes=0)["expected_bytes"] == 0
@@ -174,3 +179,44 @@ def test_a_file_url_with_user_info_is_refused_without_showing_it():
     with pytest.raises(UserError) as e:
         D.CorpusSettings.parse({"source_url": "file://user:PW@host/x.zip"})
     assert "cannot name a host ('host')" in str(e.value) and "PW" not in str(e.value)
+
+
+def test_article_index_marks_where_each_article_starts(tmp_path, wiki_zip):
+    """article_index=true: per split, the byte offsets where each `` = Title = `` line was stripped; the text files
+    are the same bytes as without it, and a corpus without it keeps the version id it had before the setting."""
+    import re
+    import zipfile
+
+    import numpy as np
+
+    from tasks.wikitext.header_strip import HEADER_RE
+
+    zpath = tmp_path / "w.zip"
+    zpath.write_bytes(wiki_zip)
+    plain = download(tmp_path / "a", source_url=zpath.as_uri())
+    ref = download(tmp_path / "b", source_url=zpath.as_uri(), article_index=True)
+    assert ref["version"] != plain["version"]
+    inputs, source = {}, {"sha256": "0" * 64}
+    assert D.STAGE.version(D.CorpusSettings().resolved(), inputs, source) == "2e7bf32754ac"  # from the code before
+    a, b = Path(plain["path"]), Path(ref["path"])
+    assert not list(a.glob("*.npy"))
+    with zipfile.ZipFile(zpath) as zf:
+        for split in ("train", "valid", "test"):
+            assert (b / f"wiki.{split}.txt").read_bytes() == (a / f"wiki.{split}.txt").read_bytes()
+            starts = np.load(b / f"wiki.{split}.articles.npy")
+            raw = zf.read(D.MEMBERS[split]).decode("utf-8")
+            titles = re.findall(r"^ = [^=]+ = $", raw, flags=re.MULTILINE)
+            assert starts.dtype == np.uint64 and len(starts) == len(titles) > 0
+            data = (b / f"wiki.{split}.txt").read_bytes()
+            # each article is the text between its start and the next: it opens with the first paragraph, never
+            # with the previous article's last one
+            assert starts[0] == 0 and all(0 < x < len(data) for x in starts[1:].tolist())
+            assert all(data[x - 1 : x] == b"\n" for x in starts[1:].tolist())
+            after = [
+                raw[m.end() : m.end() + 40] for m in HEADER_RE.finditer(raw) if m.group().lstrip().startswith("= ")
+            ]
+            assert [data[x : x + 40].decode("utf-8", "ignore") for x in starts.tolist()] == [
+                t.encode("utf-8")[:40].decode("utf-8", "ignore") for t in after
+            ]
+            assert metrics(ref)["splits"][split]["articles"] == len(titles)
+    assert (b / "wikipedia.txt").read_bytes() == (a / "wikipedia.txt").read_bytes()

@@ -324,3 +324,41 @@ def test_huge_shard_tokens_is_refused_before_any_stage(tmp_path, capsys, monkeyp
         "18.2 TiB of uint16 ids at this size), got 10000000000000; the default 10000000 makes"
     )
     assert "Traceback" not in err and not (tmp_path / "art").exists()
+
+
+def test_byte_kind_shards_end_each_article_with_endoftext(inputs, tmp_path, wikitext2_path):
+    """tokenizer.kind=byte: each split's shards are, article by article (from the corpus's article index), the
+    byte-level BPE's ids of the article then <|endoftext|>, whatever the chunks (cut only where both split patterns
+    end a pre-token, mostly inside articles), on one worker or a local cluster of two."""
+    root, _, _ = inputs
+    zpath = Path(root) / "w.zip"
+    corpus = stages.corpus(root, source_url=zpath.as_uri(), article_index=True)
+    tokenizer = stages.tokenizer(root, corpus, kind="byte", num_merges=40, bpe_train_bytes=60_000, run={"workers": 1})
+    tok = E.load_tokenizer(Path(tokenizer["path"]))
+    eot = tok.special_ids["<|endoftext|>"]
+    one = stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1, "chunk_bytes": 30_000})
+    for stage in ("corpus", "tokenizer"):
+        shutil.copytree(Path(root) / stage, tmp_path / "art" / stage)
+    two = stages.shards(
+        tmp_path / "art", corpus, tokenizer, shard_tokens=SHARD, run={"workers": 2, "chunk_bytes": 7_000}
+    )
+    assert two["version"] == one["version"]
+    for split in ("train", "valid", "test"):
+        data = (Path(corpus["path"]) / f"wiki.{split}.txt").read_bytes()
+        starts = [int(x) for x in np.load(Path(corpus["path"]) / f"wiki.{split}.articles.npy")]
+        articles = [data[a:b].decode("utf-8") for a, b in zip(starts, [*starts[1:], len(data)], strict=True)]
+        assert starts[0] == 0 and len(articles) > 1
+        want = np.concatenate([np.append(tok.encode_array(a), eot) for a in articles])
+        for ref in (one, two):
+            ids = np.concatenate([SF.read_shard(p) for p in SF.shard_paths(Path(ref["path"]), split)])
+            assert ids.dtype == np.uint16 and np.array_equal(ids, want)
+        assert int((ids == eot).sum()) == len(articles) and ids[-1] == eot
+        assert tok.decode(ids[ids != eot]) == data.decode("utf-8")
+    assert manifest(one)["metrics"]["vocab_size"] == 256 + 40 + 1
+
+
+def test_byte_kind_needs_the_corpus_article_index(inputs):
+    root, corpus, _ = inputs
+    tokenizer = stages.tokenizer(root, corpus, kind="byte", num_merges=8, bpe_train_bytes=20_000, run={"workers": 1})
+    with pytest.raises(UserError, match=r"has no article index .*corpus\.article_index=true"):
+        stages.shards(root, corpus, tokenizer, shard_tokens=SHARD, run={"workers": 1})

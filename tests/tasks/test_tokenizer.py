@@ -146,3 +146,35 @@ def test_settings_reject(kwargs, message):
 
 def test_settings_defaults_are_the_chapters():
     assert B.TokenizerSettings().version_params() == {"num_merges": 1024, "bpe_train_bytes": 50_000_000}
+
+
+def test_byte_kind_equals_the_library_trained_on_the_same_slice(corpus):
+    """kind=byte: the published tokenizer.json loads as the byte-level BPE the library trains on the same slice."""
+    from mygpt.tokenizers.byte_bpe import ByteBPETokenizer
+
+    root, cref = corpus
+    ref = stages.tokenizer(root, cref, kind="byte", num_merges=60, bpe_train_bytes=100_000, run={"workers": 1})
+    out = Path(ref["path"])
+    tok = B.load_tokenizer(out)
+    text = (Path(cref["path"]) / "wiki.train.txt").read_bytes()[:100_000].decode("utf-8", errors="ignore")
+    assert tok == ByteBPETokenizer.train(text, 256 + 60 + 1)
+    assert tok.vocab_size == 317 and tok.special_ids == {"<|endoftext|>": 316}
+    stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
+    assert stats["vocab_size"] == 317 and stats["train_tokens"] == len(tok.encode_array(text))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["settings"] == {"kind": "byte", "pattern": "gpt2", "num_merges": 60, "bpe_train_bytes": 100_000}
+    md = B.STAGE.report(manifest)
+    assert "byte-level BPE, gpt2 split" in md and "encode the slice" in md and "count words" not in md
+    gpt4 = stages.tokenizer(root, cref, kind="byte", pattern="gpt4", num_merges=60, bpe_train_bytes=100_000)
+    assert gpt4["version"] != ref["version"]
+    assert B.load_tokenizer(Path(gpt4["path"])) == ByteBPETokenizer.train(text, 317, pattern="gpt4")
+
+
+def test_chapter_kind_keeps_its_version_ids():
+    """The default kind's version id is the one it had before the byte kind existed (computed on that code)."""
+    inputs = {"corpus": {"version": "corpus-abc", "build_id": "b1"}}
+    assert B.STAGE.version(B.TokenizerSettings(), inputs) == "813af349dcdf"
+    assert B.STAGE.version(B.TokenizerSettings(num_merges=48, bpe_train_bytes=200_000), inputs) == "c44307c91cce"
+    assert B.STAGE.version(B.TokenizerSettings(kind="byte"), inputs) != "813af349dcdf"
+    with pytest.raises(UserError, match="pattern=gpt4 applies only to the byte-level BPE"):
+        B.TokenizerSettings.parse({"pattern": "gpt4"}, "tokenizer")

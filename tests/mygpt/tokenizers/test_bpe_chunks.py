@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
 from mygpt.tokenizers.bpe_chunks import chunk_bounds, encode_chunk, iter_encode_file
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
+from mygpt.tokenizers.bpe_words import SAFE_CUT_RE
 
 
 def _concat(parts, dtype=np.uint16):
@@ -171,3 +176,42 @@ def test_a_word_longer_than_the_bound_is_refused_not_read_whole(tmp_path):
     path.write_bytes(b"fine words here\n" + b"a" * (MAX_WORD_BYTES // 2) + b" end\n")  # long, within the bound
     bounds = list(chunk_bounds(path, 1000))
     assert bounds[0][1] == 0 and bounds[-1][2] == path.stat().st_size
+
+
+_BYTE_TEXT = st.lists(st.sampled_from([*"ab1.' \n\t\r\u3000\x1c\xa0é🚀s", "'s", " the", "\n\n"]), max_size=40).map(
+    "".join
+)
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizers(wikitext2_text):
+    from mygpt.tokenizers.byte_bpe import ByteBPETokenizer
+
+    toks = [ByteBPETokenizer.train(wikitext2_text[:50_000], 256 + 80 + 1, pattern=p) for p in ("gpt2", "gpt4")]
+    odd = "a.\nb 's the\n\n1. é🚀\u3000 a  \n\t.\r\n " * 30  # merges across punctuation, newlines, spaces
+    return [*toks, *(ByteBPETokenizer.train(odd, 256 + 40 + 1, pattern=p) for p in ("gpt2", "gpt4"))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=_BYTE_TEXT)
+def test_byte_safe_cuts_never_change_the_ids(byte_tokenizers, text):
+    """Cut at every byte-level safe cut, either split pattern encodes the pieces to the whole text's ids."""
+    from mygpt.tokenizers.bpe_chunks import BYTE_SAFE_CUT_RE
+
+    cuts = [0, *(m.start() for m in BYTE_SAFE_CUT_RE.finditer(text)), len(text)]
+    for tok in byte_tokenizers:
+        pieces = [tok.encode_array(text[a:b]) for a, b in itertools.pairwise(cuts)]
+        assert np.array_equal(np.concatenate(pieces) if pieces else np.zeros(0), tok.encode_array(text))
+
+
+def test_the_chapters_safe_cut_is_not_safe_for_gpt4():
+    """Why the byte kind has its own cut: GPT-4's pattern keeps a newline with the punctuation before it, so a
+    merge of the two spans the chapter's cut (whitespace after non-whitespace)."""
+    from mygpt.tokenizers.byte_bpe import ByteBPETokenizer
+
+    tok = ByteBPETokenizer.train("a.\nB " * 50, 256 + 1 + 1, pattern="gpt4")
+    assert tok.merges == ((b".", b"\n"),)
+    text = "a.\nB"
+    cut = SAFE_CUT_RE.search(text).start()
+    chapter_cut = np.concatenate([tok.encode_array(text[:cut]), tok.encode_array(text[cut:])])
+    assert chapter_cut.tolist() != tok.encode_array(text).tolist() == [97, 256, 66]

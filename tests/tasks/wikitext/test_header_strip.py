@@ -142,3 +142,38 @@ def test_the_header_candidate_bound_is_exact(piece):
     assert "".join(t for t, _ in got) == CHAPTER_RE.sub("", text)
     with pytest.raises(UserError, match=rf"wiki.train.raw has a line .* more than {longest - 1:,} characters"):
         list(strip_headers(pieces, name="wiki.train.raw", max_pending=longest - 1))
+
+
+def _title_offsets(whole: str) -> list[int]:
+    """Where in ``HEADER_RE.sub("", whole)`` each removed ``= Title =`` match was: from one pass over the whole."""
+    found, removed = [], 0
+    for m in HEADER_RE.finditer(whole):
+        if m.group().lstrip().startswith("= "):
+            found.append(m.start() - removed)
+        removed += len(m.group())
+    return found
+
+
+def _streamed_offsets(pieces, block_chars: int) -> list[int]:
+    articles: list[int] = []
+    found, at = [], 0
+    for text, _ in strip_headers(pieces, block_chars, articles=articles):
+        found.extend(at + a for a in articles)
+        at += len(text)
+    return found
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_LINES, max_size=40), st.integers(1, 60), st.integers(1, 50))
+def test_streamed_article_starts_equal_one_pass(lines, block_chars, piece):
+    whole = "".join(lines)
+    pieces = [whole[i : i + piece] for i in range(0, len(whole), piece)]
+    assert _streamed_offsets(pieces, block_chars) == _title_offsets(whole)
+
+
+def test_article_starts_on_real_wikitext(wikitext2_text):
+    """Each article of the real text starts where its `` = Title = `` line was, in any block size."""
+    pieces = [wikitext2_text[i : i + 7919] for i in range(0, len(wikitext2_text), 7919)]
+    want = _title_offsets(wikitext2_text)
+    assert len(want) == len(re.findall(r"^ = [^=]+ = $", wikitext2_text, flags=re.MULTILINE)) > 50
+    assert _streamed_offsets(pieces, 2000) == _streamed_offsets([wikitext2_text], 1 << 22) == want
