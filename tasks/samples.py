@@ -132,7 +132,8 @@ def samples_markdown(samples: list[dict], p: dict) -> str:
         prompt = s["used_prompt"]
         core = prompt.strip()  # ** must hug the text to render as bold
         lead, tail = prompt[: len(prompt) - len(prompt.lstrip())], prompt[len(prompt.rstrip()) :]
-        text = f"{lead}**{md_text(core, one_line=False)}**{tail}{md_text(s['continuation'], one_line=False)}"
+        lead, core, tail, more = (md_text(part, one_line=False) for part in (lead, core, tail, s["continuation"]))
+        text = f"{lead}**{core}**{tail}{more}"  # each part escaped: a line that starts in it begins no block
         quote = "\n".join(f"> {line}  " for line in text.split("\n"))
         parts.append(f"## {i}. {md_text(s['prompt'])}{note}\n\n{quote}\n")
     return "\n".join(parts)
