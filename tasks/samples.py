@@ -18,6 +18,12 @@ from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 
 MIN_TEMPERATURE = 0.001
 MAX_TEMPERATURE = 100.0
+#: The most tokens a continuation may ask for: 300 times the chapter's 200, a long chapter of text shown whole in
+#: the UI artifact; without a bound ``max_new_tokens=10**12`` sampled until killed.
+MAX_NEW_TOKENS = 1 << 16
+#: Past any vocabulary (token ids are 32-bit, and a vocabulary is this size at most where top-k means anything):
+#: a larger top_k is 0 ("all") written another way, refused rather than taken.
+MAX_TOP_K = 1 << 24
 
 
 class SamplesSettings(DeviceSettings):
@@ -28,9 +34,13 @@ class SamplesSettings(DeviceSettings):
     prompt: tuple[str, ...] = Field(
         ("The history of",), strict=False, description="one prompt or a list of them; the chapter uses 'The history of'"
     )
-    max_new_tokens: int = Field(200, ge=1, description="tokens to generate after each prompt; the chapter uses 200")
+    max_new_tokens: int = Field(
+        200, ge=1, le=MAX_NEW_TOKENS, description="tokens to generate after each prompt; the chapter uses 200"
+    )
     temperature: float = Field(1.0, description="sampling temperature; 0 = greedy; the chapter uses 1.0")
-    top_k: int = Field(40, ge=0, description="sample from the k most likely tokens; 0 = all; the chapter uses 40")
+    top_k: int = Field(
+        40, ge=0, le=MAX_TOP_K, description="sample from the k most likely tokens; 0 = all; the chapter uses 40"
+    )
     seed: Seed = Field(1337, description="sampling seed: the same version always holds the same text")
 
     @field_validator("temperature")
