@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from mygpt.errors import UserError
-from tasks.core.report import md_code, md_text
+from tasks.core.report import bidi_isolated, md_code, md_text
 from tasks.core.settings import DeviceSettings, Seed
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 
@@ -144,8 +144,9 @@ def samples_markdown(samples: list[dict], p: dict) -> str:
         lead, tail = prompt[: len(prompt) - len(prompt.lstrip())], prompt[len(prompt.rstrip()) :]
         lead, core, tail, more = (md_text(part, one_line=False) for part in (lead, core, tail, s["continuation"]))
         text = f"{lead}**{core}**{tail}{more}"  # each part escaped: a line that starts in it begins no block
-        quote = "\n".join(f"> {line}  " for line in text.split("\n"))
-        parts.append(f"## {i}. {md_text(s['prompt'])}{note}\n\n{quote}\n")
+        # each line's bidi isolated: a generated override reverses its own line, not the quote's markup
+        quote = "\n".join(f"> {bidi_isolated(line)}  " for line in text.split("\n"))
+        parts.append(f"## {i}. {bidi_isolated(md_text(s['prompt']))}{note}\n\n{quote}\n")
     return "\n".join(parts)
 
 

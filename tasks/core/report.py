@@ -75,6 +75,29 @@ def md_code(text: object) -> Markdown:
     )
 
 
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_ISOLATE_OPEN, _ISOLATE_CLOSE = frozenset("\u2066\u2067\u2068"), "\u2069"
+
+
+def bidi_isolated(text: str) -> str:
+    """``text`` unchanged unless it holds a bidi control, else wrapped in first-strong isolates (U+2068 ... U+2069)
+    that its own controls cannot open or close: an override (U+202E) in a prompt then reverses only the prompt,
+    not the text and markup after it. One more isolate opens for each of its unmatched U+2069 (each would close
+    the wrapper) and one more U+2069 closes each isolate it leaves open."""
+    if not _BIDI_CONTROLS.intersection(text):
+        return text
+    depth = unmatched = 0
+    for ch in text:
+        if ch in _ISOLATE_OPEN:
+            depth += 1
+        elif ch == _ISOLATE_CLOSE:
+            if depth:
+                depth -= 1
+            else:
+                unmatched += 1
+    return "\u2068" * (1 + unmatched) + text + _ISOLATE_CLOSE * (1 + depth)
+
+
 def md_fence(text: str, language: str = "") -> Markdown:
     """``text`` as a fenced code block whose fence is longer than any run of backticks inside it (a line of
     three backticks in ``text`` would otherwise close the block and let the rest read as markup)."""

@@ -108,3 +108,30 @@ def test_a_line_separator_never_reaches_a_table_row():
     # marked's table rule reads a row with ``.``, which stops at U+2028: the row and those after would leave the table
     for make in (md_code, md_text):
         assert not any(c in make("a\u2028b\u2029c") for c in "\u2028\u2029")
+
+
+def _isolated_whole(shown: str) -> bool:
+    """Whether the isolate opened by ``shown``'s first character closes at its last (what the bidi algorithm
+    matches: each U+2069 closes the innermost open isolate), so nothing inside reorders what follows."""
+    depth = 0
+    for i, ch in enumerate(shown):
+        depth += ch in "\u2066\u2067\u2068"
+        if ch == "\u2069":
+            depth -= 1
+            if depth == 0:
+                return i == len(shown) - 1
+    return False
+
+
+@pytest.mark.parametrize("text", ["a\u202eb", "\u2069\u2069\u202eevil", "\u2067open", "x\u2066y\u2069\u202dz"])
+def test_a_bidi_override_in_a_sample_stays_inside_its_isolate(text):
+    from tasks.core.report import bidi_isolated
+
+    assert bidi_isolated("plain text") == "plain text"
+    shown = bidi_isolated(text)
+    assert _isolated_whole(shown) and text in shown, ascii(shown)
+    md = samples_markdown([{"prompt": text, "used_prompt": text, "continuation": text + "\nmore"}], SAMPLE_PARAMS)
+    heading, quote = md.split("\n\n")[1:3]
+    assert _isolated_whole(heading.removeprefix("## 1. ")), ascii(heading)
+    lines = [line.removeprefix("> ").removesuffix("  ") for line in quote.split("\n")]
+    assert _isolated_whole(lines[0]) and lines[1] == "more", ascii(quote)
