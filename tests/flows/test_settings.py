@@ -357,3 +357,16 @@ def test_the_older_verbs_a_stage_answers_to_are_documented_in_the_help():
         help_text = RunOptions.model_fields[field].description or ""
         assert [f"{verb} = {name}" for verb, name in aliases.items() if f"{verb} = {name}" not in help_text] == []
     assert Pipeline.from_flat({"only": "train"}).run.only == "model"
+
+
+def test_every_integer_of_the_model_and_samples_has_an_upper_bound():
+    """A number no run means is refused by name (``steps=10**30`` passed and trained until killed)."""
+    import annotated_types
+
+    unbounded = [
+        f"{group}.{name}"
+        for group in ("model", "samples")
+        for name, field in Pipeline.settings_class(group).model_fields.items()
+        if field.annotation in (int, int | None) and not any(isinstance(m, annotated_types.Le) for m in field.metadata)
+    ]
+    assert not unbounded, unbounded
