@@ -33,6 +33,12 @@ CHECKPOINT_KEYS = (
 LEGACY_CHECKPOINT_DEFAULTS = {"norm_type": "layer", "position_type": "learned"}
 #: What every checkpoint's ``config`` holds, old ones included.
 REQUIRED_CHECKPOINT_KEYS = tuple(k for k in CHECKPOINT_KEYS if k not in ("num_kv_heads", *LEGACY_CHECKPOINT_DEFAULTS))
+#: The pipeline's upper bounds of the shape (Option.le): far past the largest published models (GPT-3: width
+#: 12,288, 96 layers, 96 heads) and any context a run here means, yet finite, so a typo like ``10**30`` is refused
+#: by name before a run rather than met by check_memory's arithmetic or an allocation.
+MAX_WIDTH = 1 << 16  # embed_dim, and so num_heads and num_kv_heads (each divides it)
+MAX_LAYERS = 1 << 10
+MAX_SEQ_LEN = 1 << 20  # tokens in one context; the training recipe's seq_len too
 
 
 @dataclass(frozen=True)
@@ -43,11 +49,13 @@ class GPTConfig:
     """
 
     vocab_size: int
-    embed_dim: int = option(64, "width of the residual stream; the chapter uses 192", ge=1)
-    num_heads: int = option(4, "query heads; must divide embed_dim; the chapter uses 6", ge=1)
-    num_kv_heads: int | None = option(None, "key/value heads (GQA); must divide num_heads; the chapter uses 2", ge=1)
-    num_layers: int = option(4, "transformer blocks; the chapter uses 4", ge=1)
-    max_seq_len: int = option(64, "longest context the model sees; the chapter uses 256", ge=1)
+    embed_dim: int = option(64, "width of the residual stream; the chapter uses 192", ge=1, le=MAX_WIDTH)
+    num_heads: int = option(4, "query heads; must divide embed_dim; the chapter uses 6", ge=1, le=MAX_WIDTH)
+    num_kv_heads: int | None = option(
+        None, "key/value heads (GQA); must divide num_heads; the chapter uses 2", ge=1, le=MAX_WIDTH
+    )
+    num_layers: int = option(4, "transformer blocks; the chapter uses 4", ge=1, le=MAX_LAYERS)
+    max_seq_len: int = option(64, "longest context the model sees; the chapter uses 256", ge=1, le=MAX_SEQ_LEN)
     dropout: float = option(0.0, "dropout probability, in [0, 1)", ge=0)
     norm_type: str = option("layer", "RMSNorm (the chapter) or LayerNorm", name="norm", choices=NORM_TYPES)
     position_type: str = option(

@@ -36,9 +36,11 @@ class Option:
 def option(
     default: Any, help: str, *, name: str | None = None, ge=None, gt=None, le=None, choices: tuple[str, ...] = ()
 ) -> Any:
-    """A dataclass field with its :class:`Option` metadata. ``le`` is a float's sane upper bound, which the
-    pipeline's settings enforce before a run starts (a finite ``lr=1e300`` passed every lower bound and overflowed
-    inside a stage); the library itself takes any finite value and stops a run that diverges, naming the field."""
+    """A dataclass field with its :class:`Option` metadata. ``le`` is the field's sane upper bound, which the
+    pipeline's settings enforce before a run starts: a float's far below an overflow (a finite ``lr=1e300`` passed
+    every lower bound and overflowed inside a stage), an integer's far past any run meant (``steps=10**30``
+    passed and trained until killed). The library itself takes any finite value and stops a run that diverges,
+    naming the field."""
     meta = {"help": help, "name": name, "ge": ge, "gt": gt, "le": le, "choices": tuple(choices)}
     return dataclasses.field(default=default, metadata=meta)
 

@@ -12,12 +12,18 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from mygpt.errors import UserError
-from tasks.core.report import md_code, md_text
+from tasks.core.report import bidi_isolated, md_code, md_text
 from tasks.core.settings import DeviceSettings, Seed
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 
 MIN_TEMPERATURE = 0.001
 MAX_TEMPERATURE = 100.0
+#: The most tokens a continuation may ask for: 300 times the chapter's 200, a long chapter of text shown whole in
+#: the UI artifact; without a bound ``max_new_tokens=10**12`` sampled until killed.
+MAX_NEW_TOKENS = 1 << 16
+#: Past any vocabulary (token ids are 32-bit, and a vocabulary is this size at most where top-k means anything):
+#: a larger top_k is 0 ("all") written another way, refused rather than taken.
+MAX_TOP_K = 1 << 24
 
 
 class SamplesSettings(DeviceSettings):
@@ -28,9 +34,13 @@ class SamplesSettings(DeviceSettings):
     prompt: tuple[str, ...] = Field(
         ("The history of",), strict=False, description="one prompt or a list of them; the chapter uses 'The history of'"
     )
-    max_new_tokens: int = Field(200, ge=1, description="tokens to generate after each prompt; the chapter uses 200")
+    max_new_tokens: int = Field(
+        200, ge=1, le=MAX_NEW_TOKENS, description="tokens to generate after each prompt; the chapter uses 200"
+    )
     temperature: float = Field(1.0, description="sampling temperature; 0 = greedy; the chapter uses 1.0")
-    top_k: int = Field(40, ge=0, description="sample from the k most likely tokens; 0 = all; the chapter uses 40")
+    top_k: int = Field(
+        40, ge=0, le=MAX_TOP_K, description="sample from the k most likely tokens; 0 = all; the chapter uses 40"
+    )
     seed: Seed = Field(1337, description="sampling seed: the same version always holds the same text")
 
     @field_validator("temperature")
@@ -132,9 +142,11 @@ def samples_markdown(samples: list[dict], p: dict) -> str:
         prompt = s["used_prompt"]
         core = prompt.strip()  # ** must hug the text to render as bold
         lead, tail = prompt[: len(prompt) - len(prompt.lstrip())], prompt[len(prompt.rstrip()) :]
-        text = f"{lead}**{md_text(core, one_line=False)}**{tail}{md_text(s['continuation'], one_line=False)}"
-        quote = "\n".join(f"> {line}  " for line in text.split("\n"))
-        parts.append(f"## {i}. {md_text(s['prompt'])}{note}\n\n{quote}\n")
+        lead, core, tail, more = (md_text(part, one_line=False) for part in (lead, core, tail, s["continuation"]))
+        text = f"{lead}**{core}**{tail}{more}"  # each part escaped: a line that starts in it begins no block
+        # each line's bidi isolated: a generated override reverses its own line, not the quote's markup
+        quote = "\n".join(f"> {bidi_isolated(line)}  " for line in text.split("\n"))
+        parts.append(f"## {i}. {bidi_isolated(md_text(s['prompt']))}{note}\n\n{quote}\n")
     return "\n".join(parts)
 
 

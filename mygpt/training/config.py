@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, fields
 
 from mygpt.errors import UserError
+from mygpt.gpt_config import MAX_SEQ_LEN
 from mygpt.limits import PRECISIONS
 from mygpt.options import check_options, option
 
@@ -23,6 +24,10 @@ SCHEDULES = ("constant", "cosine")
 MAX_LR = 1.0
 MAX_WEIGHT_DECAY = 1.0
 MAX_GRAD_NORM = 1e6
+# The integer fields' upper bounds, generous but finite: a run past them is none anyone waits for, and without
+# them steps=10**30 passed every check and trained until killed.
+MAX_STEPS = 10**9  # every count of steps: 100,000 times the chapter's 10,000
+MAX_ROWS = 1 << 20  # sequences per step (and batches per estimate): check_memory refuses far fewer on any machine
 
 
 @dataclass(frozen=True)
@@ -32,9 +37,11 @@ class TrainConfig:
     ``batch_size`` is the global batch (all processes together).
     """
 
-    steps: int = option(2000, "optimizer steps; the chapter trains 10000", ge=1)
-    batch_size: int = option(16, "sequences per step; the chapter uses 16", ge=1)
-    seq_len: int = option(64, "tokens per training sequence; <= max_seq_len; the chapter uses 256", ge=1)
+    steps: int = option(2000, "optimizer steps; the chapter trains 10000", ge=1, le=MAX_STEPS)
+    batch_size: int = option(16, "sequences per step; the chapter uses 16", ge=1, le=MAX_ROWS)
+    seq_len: int = option(
+        64, "tokens per training sequence; <= max_seq_len; the chapter uses 256", ge=1, le=MAX_SEQ_LEN
+    )
     lr: float = option(
         1e-3,
         "AdamW peak learning rate; 1e-3 is what the chapter's printed run used (its table says 3e-4)",
@@ -42,23 +49,29 @@ class TrainConfig:
         le=MAX_LR,
     )
     schedule: str = option("constant", "learning-rate schedule after warmup", choices=SCHEDULES)
-    warmup: int = option(0, "linear warmup steps; the chapter uses 500", ge=0)
+    warmup: int = option(0, "linear warmup steps; the chapter uses 500", ge=0, le=MAX_STEPS)
     max_grad_norm: float = option(0.0, "gradient clipping norm; 0 = no clipping", ge=0, le=MAX_GRAD_NORM)
     precision: str = option(
         "fp32",
         "fp32 or bf16 autocast; auto = bf16 where native (cuda 8.0+, mps on macOS 14+), else fp32",
         choices=PRECISIONS,
     )
-    print_every: int = option(500, "record the training loss every N steps", ge=0)
-    eval_every: int = option(0, "validation loss every N steps; 0 = at every print point", ge=0)
-    eval_batches: int = option(20, "batches per validation estimate", ge=1)
+    print_every: int = option(500, "record the training loss every N steps", ge=0, le=MAX_STEPS)
+    eval_every: int = option(0, "validation loss every N steps; 0 = at every print point", ge=0, le=MAX_STEPS)
+    eval_batches: int = option(20, "batches per validation estimate", ge=1, le=MAX_ROWS)
     checkpoint_every: int = option(
-        0, "resume checkpoint every N steps (a crash costs at most that many); 0 = at the end only", ge=0
+        0,
+        "resume checkpoint every N steps (a crash costs at most that many); 0 = at the end only",
+        ge=0,
+        le=MAX_STEPS,
     )
     seed: int = option(1337, "initial weights and batch order")
     weight_decay: float = option(0.01, "AdamW weight decay", ge=0, le=MAX_WEIGHT_DECAY)
     micro_batch_size: int = option(
-        0, "rows per forward pass in each process, gradients accumulated; 0 = all of the process's rows at once", ge=0
+        0,
+        "rows per forward pass in each process, gradients accumulated; 0 = all of the process's rows at once",
+        ge=0,
+        le=MAX_ROWS,
     )
     compile: bool = option(False, "torch.compile the model (a warning and eager training where it is unavailable)")
     tf32: bool = option(True, "TF32 matmuls on CUDA (ignored elsewhere)")

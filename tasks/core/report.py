@@ -8,7 +8,15 @@ import json
 import math
 import re
 
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~])")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~&])")
+#: What a renderer may take for the end of a line: marked (the Prefect UI's) reads ``\r\n`` and ``\r`` as ``\n``,
+#: and its ``.`` stops at U+2028/U+2029 (one in a table row ends the table).
+_LINE_BREAK = re.compile("\r\n|[\r\u2028\u2029]")
+_SHOWN = {"\r": "\\r", "\n": "\\n", "\t": "\\t", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_SHOWN_RE = re.compile("[\r\n\t\u2028\u2029]")
+#: The start of a line that would begin a block: its leading spaces/tabs (4 make code), and a list marker, a
+#: setext underline or a thematic break (``-``, ``+``, ``=``, ``1.``, ``1)``; the other markers are escaped anyway).
+_LINE_START = re.compile(r"^([ \t]*)([-+=]|[0-9]+[.)])?", re.MULTILINE)
 
 
 class Markdown(str):
@@ -22,23 +30,72 @@ def md(value: object) -> Markdown:
     return value if isinstance(value, Markdown) else md_text(value)
 
 
+def _shown(s: str) -> str:
+    """``s`` with its line breaks and tabs written out (``\\n``), so it stays on one line."""
+    return _SHOWN_RE.sub(lambda m: _SHOWN[m.group()], s)
+
+
+def _line_start(m: re.Match) -> str:
+    indent, marker = m.group(1), m.group(2) or ""
+    if marker:
+        marker = marker[:-1] + "\\" + marker[-1] if marker[0].isdigit() else "\\" + marker
+    return indent.replace("\t", "\u00a0" * 4).replace(" ", "\u00a0") + marker
+
+
 def md_text(text: object, one_line: bool = True) -> Markdown:
-    """``text`` as literal markdown text: markup characters (and so HTML's ``<``) backslash-escaped; on one line
-    (newlines as ``\\n``) unless ``one_line`` is false (a caller that quotes each line itself)."""
+    """``text`` as literal markdown text: markup characters (and so HTML's ``<`` and entities' ``&``)
+    backslash-escaped; on one line (line breaks and tabs written out as ``\\n``, ``\\r``, ``\\u2028``...)
+    unless ``one_line`` is false (a caller that quotes each line itself). Then every line break a renderer knows
+    becomes ``\\n`` and no line can begin a block: a line's leading spaces and tabs become no-break spaces (4
+    would make code) and a list marker, ``=``/``-`` underline or rule at its start is escaped (a generated ``---``
+    would turn the line above into a heading)."""
     s = str(text)
     if one_line:
-        s = s.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
-    return Markdown(_MD_SPECIAL.sub(r"\\\1", s))
+        return Markdown(_MD_SPECIAL.sub(r"\\\1", _shown(s)))
+    s = _MD_SPECIAL.sub(r"\\\1", _LINE_BREAK.sub("\n", s))
+    return Markdown(_LINE_START.sub(_line_start, s))
 
 
 def md_code(text: object) -> Markdown:
-    """``text`` as an inline code span that is safe in a table cell: a fence longer than any run of backticks
-    inside it, ``|`` escaped (GitHub's tables split cells on it even in code), newlines and tabs shown as
-    ``\\n``/``\\t``."""
-    s = str(text).replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t").replace("|", "\\|")
+    """``text`` as inline code that is safe in a table cell, on one line (line breaks and tabs written out as in
+    :func:`md_text`): code spans whose fence is longer than any run of backticks inside, each ``|`` escaped as
+    ``\\|`` (tables split cells on it even in code). A ``|`` after a backslash is written between two spans
+    (`` `a\\`\\|`b` ``): inside a span the backslash would pair with the escape's and the pipe split the cell
+    (marked and GitHub count the backslashes before a pipe)."""
+    s = _shown(str(text))
     fence = "`" * (max((len(run) for run in re.findall(r"`+", s)), default=0) + 1)
-    pad = " " if s.startswith("`") or s.endswith("`") or not s.strip() else ""
-    return Markdown(f"{fence}{pad}{s}{pad}{fence}")
+
+    def span(piece: str) -> str:
+        pad = " " if piece.startswith("`") or piece.endswith("`") or not piece.strip() else ""
+        return f"{fence}{pad}{piece.replace('|', chr(92) + '|')}{pad}{fence}"
+
+    *before, last = s.split("\\|")  # each backslash stays in the span before its pipe
+    return Markdown(
+        "".join(f"{span(piece + chr(92))}\\|" for piece in before) + (span(last) if last or not before else "")
+    )
+
+
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_ISOLATE_OPEN, _ISOLATE_CLOSE = frozenset("\u2066\u2067\u2068"), "\u2069"
+
+
+def bidi_isolated(text: str) -> str:
+    """``text`` unchanged unless it holds a bidi control, else wrapped in first-strong isolates (U+2068 ... U+2069)
+    that its own controls cannot open or close: an override (U+202E) in a prompt then reverses only the prompt,
+    not the text and markup after it. One more isolate opens for each of its unmatched U+2069 (each would close
+    the wrapper) and one more U+2069 closes each isolate it leaves open."""
+    if not _BIDI_CONTROLS.intersection(text):
+        return text
+    depth = unmatched = 0
+    for ch in text:
+        if ch in _ISOLATE_OPEN:
+            depth += 1
+        elif ch == _ISOLATE_CLOSE:
+            if depth:
+                depth -= 1
+            else:
+                unmatched += 1
+    return "\u2068" * (1 + unmatched) + text + _ISOLATE_CLOSE * (1 + depth)
 
 
 def md_fence(text: str, language: str = "") -> Markdown:

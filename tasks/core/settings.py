@@ -11,6 +11,7 @@ import os
 import re
 import types
 import typing
+import unicodedata
 from typing import Annotated, Any, Literal
 
 import annotated_types
@@ -46,16 +47,18 @@ class Settings(BaseModel):
         field = str(info.field_name)
         texts = [value] if isinstance(value, str) else list(value) if isinstance(value, list | tuple) else []
         for i, text in enumerate(texts):
-            found = isinstance(text, str) and (_UNSTORABLE if field in cls.TEXT_FIELDS else _CONTROL).search(text)
-            if found:  # the value itself is not quoted: a URL's credentials would be
-                ch, item = found.group(), f" of item {i + 1}" if not isinstance(value, str) else ""
-                where = f"({ascii(ch)[1:-1]}, at character {found.start() + 1}{item})"
-                if ch == "\x00" or ch >= "\ud800":
+            if not isinstance(text, str):
+                continue
+            found = (_UNSTORABLE if field in cls.TEXT_FIELDS else _CONTROL).search(text)
+            at = found.start() if found else None if field in cls.TEXT_FIELDS else _invisible(text)
+            if at is not None:  # the value itself is not quoted: a URL's credentials would be
+                ch, item = text[at], f" of item {i + 1}" if not isinstance(value, str) else ""
+                where = f"({ascii(ch)[1:-1]}, at character {at + 1}{item})"
+                if ch == "\x00" or "\ud800" <= ch <= "\udfff":
                     what = "a NUL character" if ch == "\x00" else "a lone surrogate"
                     raise ValueError(f"{field} holds {what} {where}, which the Prefect server cannot store; remove it")
-                raise ValueError(
-                    f"{field} holds a control character {where}, which no path, URL or name has; remove it"
-                )
+                what = "a control character" if found else "an invisible, bidi-control or line-separator character"
+                raise ValueError(f"{field} holds {what} {where}, which no path, URL or name has; remove it")
         return value
 
     @classmethod
@@ -204,6 +207,17 @@ Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 _UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
 #: ... nor a path, URL or name: any C0 or C1 control character and DEL too.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+#: ... nor, in a path, URL or name, what is not seen or moves what is: format characters (bidi controls such as
+#: U+202E, zero-width ones such as U+200B) and the line and paragraph separators U+2028/U+2029. A prompt is text
+#: and keeps them.
+_INVISIBLE = ("Cf", "Zl", "Zp")
+
+
+def _invisible(text: str) -> int | None:
+    """Where ``text``'s first :data:`_INVISIBLE` character is, or None."""
+    if text.isascii():
+        return None
+    return next((i for i, ch in enumerate(text) if unicodedata.category(ch) in _INVISIBLE), None)
 
 
 class RunOptions(Settings):

@@ -160,7 +160,10 @@ def strip_headers(
 ) -> Iterator[tuple[str, int]]:
     """Stream ``HEADER_RE.sub("", "".join(pieces))`` as ``(text, headers_removed)`` pieces, in blocks of about
     ``block_chars``; ``UserError`` naming ``name`` as soon as more than ``max_pending`` characters of a header
-    candidate are held undecided (checked at every piece, so no longer candidate ever gets through).
+    candidate are held undecided after a piece. Checked at every piece, so what is held is bounded exactly; a
+    candidate that the same piece takes past ``max_pending`` and decides passes, so the longest that gets through
+    is ``max_pending`` plus one piece (extract's pieces: at most ``PIECE_BYTES``, 4 Mi characters). Exact to the
+    character would mean deciding inside a piece, a rescan per piece for a bound that only has to be finite.
     ``articles``: where given, it holds, when each piece is yielded, the character offsets in that piece where a
     ``= Title =`` line was removed (an article starts there; the list is emptied before each piece)."""
     buf = ""

@@ -82,8 +82,24 @@ BAD = [
     ({"temperature": float("inf")}, r"^samples.temperature must be a finite number, got inf \(sampling temperature"),
     ({"temperature": float("nan")}, r"^samples.temperature must be a finite number, got nan"),
     ({"temperature": 100.5}, r"^samples.temperature must be 0 \(greedy\) or from 0.001 to 100, got 100.5"),
-    ({"max_seq_len": 10**12}, r"^model.max_seq_len \(1,000,000,000,000\) makes training need at least"),
-    ({"batch_size": 10**12}, r"^model.batch_size \(1,000,000,000,000\) makes training need at least"),
+    ({"batch_size": 2**20}, r"^model.batch_size \(1,048,576\) makes training need at least"),
+    # integers with no run behind them: each passed and ran until killed, or met arithmetic
+    ({"steps": 10**30}, r"^model.steps must be an integer >= 1 and <= 1000000000, got 10{30} \(optimizer steps"),
+    ({"warmup": 10**10}, r"^model.warmup must be an integer >= 0 and <= 1000000000, got 10000000000 "),
+    ({"max_seq_len": 10**12}, r"^model.max_seq_len must be an integer >= 1 and <= 1048576, got 1000000000000 "),
+    ({"batch_size": 10**12}, r"^model.batch_size must be an integer >= 1 and <= 1048576, got 1000000000000 "),
+    ({"num_layers": 10**6}, r"^model.num_layers must be an integer >= 1 and <= 1024, got 1000000 "),
+    ({"max_new_tokens": 10**12}, r"^samples.max_new_tokens must be an integer >= 1 and <= 65536, got 10{12} "),
+    ({"top_k": 10**12}, r"^samples.top_k must be an integer >= 0 and <= 16777216, got 1000000000000 "),
+    # what a path or name never holds: what is not seen, or reorders what is shown
+    (
+        {"artifacts_dir": "/tmp/r2/\u202eevil"},
+        r"^run.artifacts_dir holds an invisible, bidi-control or line-separator character \(\\u202e, at character "
+        r"9\), which no path, URL or name has; remove it$",
+    ),
+    ({"artifacts_dir": "/tmp/a\u200bb"}, r"^run.artifacts_dir holds an invisible.* \(\\u200b, at character 7\)"),
+    ({"artifacts_dir": "/tmp/a\u2028b"}, r"^run.artifacts_dir holds an invisible.* \(\\u2028, at character 7\)"),
+    ({"force": ["model\ufeff"]}, r"^run.force holds an invisible.* \(\\ufeff, at character 6 of item 1\)"),
     ({"num_layer": 2}, r"unknown parameter\(s\) num_layer"),
 ]
 
@@ -98,6 +114,8 @@ def test_text_keeps_tabs_and_newlines_and_a_refused_value_is_not_quoted():
     """A prompt may mean a tab or a newline (only NUL and lone surrogates are refused there); the message about
     a control character names its position, never the value (a URL's password would be in it)."""
     assert Pipeline.from_flat({"prompt": ["a\tb", "line\nnext\r\n"]}).samples.prompt == ("a\tb", "line\nnext\r\n")
+    bidi = ("\u05e9\u05dc\u05d5\u05dd \u202bquoted\u202c", "zero\u200dwidth", "para\u2029graph")  # text may mean them
+    assert Pipeline.from_flat({"prompt": list(bidi)}).samples.prompt == bidi
     with pytest.raises(UserError) as refused:
         Pipeline.from_flat({"source_url": "https://alice:SECRET@h/w\x00.zip"})
     assert "SECRET" not in str(refused.value) and "alice" not in str(refused.value), refused.value
@@ -352,3 +370,16 @@ def test_a_byte_level_tokenizer_turns_on_the_corpus_article_index():
     copy = chapter.model_copy(update={"tokenizer": chapter.tokenizer.model_copy(update={"kind": "byte"})})
     assert copy.resolved("corpus").article_index is True
     assert chapter.resolved("corpus").article_index is False
+
+
+def test_every_integer_of_the_model_and_samples_has_an_upper_bound():
+    """A number no run means is refused by name (``steps=10**30`` passed and trained until killed)."""
+    import annotated_types
+
+    unbounded = [
+        f"{group}.{name}"
+        for group in ("model", "samples")
+        for name, field in Pipeline.settings_class(group).model_fields.items()
+        if field.annotation in (int, int | None) and not any(isinstance(m, annotated_types.Le) for m in field.metadata)
+    ]
+    assert not unbounded, unbounded

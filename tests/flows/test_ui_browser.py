@@ -28,8 +28,14 @@ pytestmark = [
 GROUPS = (*NAMES, "run")
 #: The runs' artifact root's last part: what a root may hold (a path has no "/" in a name, nor a newline).
 HOSTILE_ROOT = "art`<img src=x onerror=alert(1)>`[clickme](javascript:alert(1))<script>alert(2)"
-#: What a manifest's value may hold on top: a closing tag, a newline and a row of a table.
-HOSTILE_VALUE = "x`<img src=y onerror=alert(3)>`</script><script>alert(4)</script> | a |\n| injected | row |"
+#: What a manifest's value may hold on top: a closing tag, a newline and a row of a table, and a backslash before
+#: a pipe (marked counts the backslashes before one: an even count splits the cell).
+HOSTILE_VALUE = (
+    "x`<img src=y onerror=alert(3)>`</script><script>alert(4)</script> | a |\n| injected | row | rms\\| 9.99"
+)
+#: What a model may generate after a prompt: ``\r`` (marked reads it as a line break) before a list, a heading,
+#: a rule, and ``---`` / ``===`` lines that would make the line above a heading.
+HOSTILE_CONTINUATION = " ok\r- INJECTEDLIST\r\r# HEADINGX\r---\r\nHello\n===\n    indented\n1. ordered"
 
 
 def render(url: str, shot: Path | None = None, expect: str = "", budget_ms: int = 30_000) -> str:
@@ -90,6 +96,23 @@ def hostile_comparison(root: Path) -> str:
     md = comparison(BY_NAME["model"], versions, {}, [], root)
     with get_client(sync_client=True) as client:
         made = client.create_artifact(ArtifactCreate(key="wiki-hostile-comparison", type="markdown", data=md))
+    return str(made.id)
+
+
+def hostile_samples(root: Path) -> str:
+    """Post the samples report of ``root``'s version with :data:`HOSTILE_CONTINUATION` as its continuation; its
+    artifact id."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
+
+    from tasks.registry import BY_NAME, open_store
+
+    version = open_store(root).versions("samples")[-1]
+    manifest = {**version.manifest, "metrics": {**version.manifest["metrics"]}}
+    manifest["metrics"]["samples"] = [{**manifest["metrics"]["samples"][0], "continuation": HOSTILE_CONTINUATION}]
+    with get_client(sync_client=True) as client:
+        md = BY_NAME["samples"].report(manifest)
+        made = client.create_artifact(ArtifactCreate(key="wiki-hostile-samples", type="markdown", data=md))
     return str(made.id)
 
 
@@ -166,9 +189,18 @@ def test_the_ui_shows_the_artifacts_summary_chart_comparison_and_run_form(ui_run
 
     hostile = render(f"{ui}/artifacts/artifact/{hostile_comparison(tmp / HOSTILE_ROOT)}", expect="injected")
     no_live_markup(hostile, "a comparison from hostile manifest values")
-    shown = html.unescape(text_of(hostile))
-    assert "| a |\\n| injected | row |" in shown, "the value's newline and pipes, as text in its cell"
+    shown = html.unescape(re.sub(r"<[^>]+>", "", hostile))  # tags dropped, not spaced: a code cell may be spans
+    assert shown.count("| a |\\n| injected | row | rms\\| 9.99") == 2, "built (text) and norm (code), whole"
     assert len(re.findall(r"<tr", hostile)) == 3, "a header and one row per version: no row from a value"
+
+    quote = render(f"{ui}/artifacts/artifact/{hostile_samples(tmp / HOSTILE_ROOT)}", expect="INJECTEDLIST")
+    words = html.unescape(text_of(quote))
+    assert "INJECTEDLIST" in words and "HEADINGX" in words and "ordered" in words, words[:3000]
+    body = quote[quote.find("The prompt is in bold") : quote.find("samples.json")]  # the quote, and only it
+    assert "INJECTEDLIST" in body and "<blockquote" in body, body[:3000]
+    for block in ("<ul", "<ol", "<li", "<h1", "<h3", "<hr", "<pre"):
+        assert block not in body, f"{block} from the generated text in the samples quote"
+    assert not re.search(r"<h2[^>]*>[^<]*(Hello|HEADINGX)", body), "a generated line made a heading"
 
     form_url = f"{ui}/deployments/deployment/{deployment_id}/run"
     form = text_of(render(form_url, shots / "custom-run.png", "run (Optional)"))

@@ -177,3 +177,16 @@ def test_article_starts_on_real_wikitext(wikitext2_text):
     want = _title_offsets(wikitext2_text)
     assert len(want) == len(re.findall(r"^ = [^=]+ = $", wikitext2_text, flags=re.MULTILINE)) > 50
     assert _streamed_offsets(pieces, 2000) == _streamed_offsets([wikitext2_text], 1 << 22) == want
+
+
+def test_a_candidate_decided_in_the_piece_that_takes_it_past_the_bound_passes():
+    """The documented bound: what is held after a piece is checked, so a candidate up to ``max_pending`` plus one
+    piece gets through when that piece decides it, and is refused when it is still held after the piece."""
+    from tasks.wikitext.header_strip import strip_headers
+
+    longest = 100
+    decided = ["x\n", "= " + "a" * (longest + 50) + " =\nrest\n"]  # one piece: past the bound and decided
+    assert "".join(t for t, _ in strip_headers(decided, max_pending=longest)) == CHAPTER_RE.sub("", "".join(decided))
+    held = ["x\n", "= " + "a" * (longest + 50), " =\nrest\n"]  # the same text, held undecided after a piece
+    with pytest.raises(UserError, match=r"more than 100 characters"):
+        list(strip_headers(held, max_pending=longest))
