@@ -2,7 +2,7 @@
 
 A safe cut is a whitespace character that follows a non-whitespace one: with ``\\s*\\S+|\\s+`` every word ends
 there, so the words on either side do not depend on the other side. A byte-level BPE (``tokenizer.kind ==
-"byte"``) is cut only before a space that follows a printable ASCII character (:data:`BYTE_SAFE_CUT_RE`).
+"byte"``) is cut only before a space that follows a non-whitespace character (:data:`BYTE_SAFE_CUT_RE`).
 Boundaries depend only on the file's bytes and ``chunk_bytes`` (never on the worker count), and the chunks' ids,
 concatenated, equal ``encode_corpus`` of the whole text.
 """
@@ -10,11 +10,11 @@ concatenated, equal ``encode_corpus`` of the whole text.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
 import numpy as np
+import regex
 
 from mygpt.errors import UserError, check_int
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
@@ -29,13 +29,21 @@ def _not_utf8(path, offset: int) -> UserError:
     )
 
 
-#: A safe cut for the byte-level BPE: a space after a printable ASCII character. Both of its split patterns (GPT-2's
-#: and GPT-4's) end a pre-token there and start the next one with the space, so the ids on either side do not
-#: depend on the other side. ASCII, not ``\\S``: Python's and the ``regex`` module's whitespace differ (U+001C).
-BYTE_SAFE_CUT_RE = re.compile(r"(?<=[!-~]) ")
+#: A safe cut for the byte-level BPE: a space (U+0020) after a non-whitespace character, whitespace as the ``regex``
+#: module's ``\\S`` (the split patterns' own; Python's ``re`` differs, e.g. at U+001C). Both split patterns (GPT-2's
+#: and GPT-4's) end a pre-token there (no pre-token holds a space past its first character) and start the next one
+#: with the space, so the ids on either side do not depend on the other side. Any script: CJK or Cyrillic text
+#: cuts at its spaces as English does.
+BYTE_SAFE_CUT_RE = regex.compile(r"(?<=\S) ")
+
+#: What each kind of safe cut is, for the error when none comes.
+_CUT_RULES = {
+    id(SAFE_CUT_RE): "whitespace after a non-space character",
+    id(BYTE_SAFE_CUT_RE): "a space after a non-space character",
+}
 
 
-def safe_cut_re(tokenizer) -> re.Pattern[str]:
+def safe_cut_re(tokenizer) -> Any:
     """The safe cuts of ``tokenizer``'s kind (see the module docstring)."""
     return BYTE_SAFE_CUT_RE if getattr(tokenizer, "kind", "bpe") == "byte" else SAFE_CUT_RE
 
@@ -45,7 +53,7 @@ def safe_cut_re(tokenizer) -> re.Pattern[str]:
 MAX_WORD_BYTES = 1 << 20
 
 
-def find_safe_cut(f, path, target: int, size: int, floor: int = 0, cut_re: re.Pattern[str] = SAFE_CUT_RE) -> int:
+def find_safe_cut(f, path, target: int, size: int, floor: int = 0, cut_re: Any = SAFE_CUT_RE) -> int:
     """The first safe cut (a match of ``cut_re``) ``p >= target`` in the open binary file ``f`` (``size`` if none),
     reading nothing before ``floor``; ``UserError`` when none lies within :data:`MAX_WORD_BYTES` after ``target``."""
     if target >= size:
@@ -84,16 +92,16 @@ def find_safe_cut(f, path, target: int, size: int, floor: int = 0, cut_re: re.Pa
             return size
         if q + len(data) >= limit:
             raise UserError(
-                f"{path}: no word ends in the {MAX_WORD_BYTES:,} bytes after byte {target:,} (a safe cut is "
-                "whitespace after a non-space character); a 'word' that long is not text this tokenizer can "
-                "count or encode in bounded memory: check the corpus (wikitext's longest words are a few "
-                "hundred characters)"
+                f"{path}: no word ends in the {MAX_WORD_BYTES:,} bytes after byte {target:,} (a safe cut for this "
+                f"tokenizer is {_CUT_RULES.get(id(cut_re), 'a word end')}); a 'word' that long is not text this "
+                "tokenizer can count or encode in bounded memory: check the corpus (wikitext's longest words are a "
+                "few hundred characters)"
             )
         window *= 2
 
 
 def chunk_bounds(
-    path, chunk_bytes: int, end: int | None = None, cut_re: re.Pattern[str] = SAFE_CUT_RE
+    path, chunk_bytes: int, end: int | None = None, cut_re: Any = SAFE_CUT_RE
 ) -> Iterator[tuple[int, int, int]]:
     """Yield ``(chunk_index, byte_start, byte_end)`` for the file (see the module docstring), or for its first
     ``end`` bytes (the last chunk then ends at ``end``, which should be a character boundary); ``cut_re``: what a

@@ -178,9 +178,10 @@ def test_a_word_longer_than_the_bound_is_refused_not_read_whole(tmp_path):
     assert bounds[0][1] == 0 and bounds[-1][2] == path.stat().st_size
 
 
-_BYTE_TEXT = st.lists(st.sampled_from([*"ab1.' \n\t\r\u3000\x1c\xa0é🚀s", "'s", " the", "\n\n"]), max_size=40).map(
-    "".join
-)
+_BYTE_TEXT = st.lists(
+    st.sampled_from([*"ab1.' \n\t\r\u3000\x1c\x1f\x85\xa0é🚀sЖ語。", "'s", " the", "\n\n", " Это", "\u0301"]),
+    max_size=40,
+).map("".join)
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +216,19 @@ def test_the_chapters_safe_cut_is_not_safe_for_gpt4():
     cut = SAFE_CUT_RE.search(text).start()
     chapter_cut = np.concatenate([tok.encode_array(text[:cut]), tok.encode_array(text[cut:])])
     assert chapter_cut.tolist() != tok.encode_array(text).tolist() == [97, 256, 66]
+
+
+def test_text_in_any_script_is_cut_for_the_byte_kind(tmp_path, byte_tokenizers):
+    """Cyrillic or CJK text with spaces but no ASCII letter is cut at its spaces (the rule was ASCII-only, so
+    such a corpus found no cut within a bounded window and was refused), and the chunks' ids equal the whole's."""
+    from mygpt.tokenizers.bpe_chunks import BYTE_SAFE_CUT_RE
+
+    text = "Это русский текст без латиницы 日本語の 文章です。\n" * 400
+    path = tmp_path / "ru.txt"
+    path.write_text(text, encoding="utf-8")
+    bounds = list(chunk_bounds(path, 1000, cut_re=BYTE_SAFE_CUT_RE))
+    assert len(bounds) > 10
+    data = path.read_bytes()
+    for tok in byte_tokenizers:
+        pieces = [tok.encode_array(data[a:b].decode("utf-8")) for _, a, b in bounds]
+        assert np.array_equal(np.concatenate(pieces), tok.encode_array(text))
