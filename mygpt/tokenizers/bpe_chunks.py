@@ -36,11 +36,12 @@ def _not_utf8(path, offset: int) -> UserError:
 #: cuts at its spaces as English does.
 BYTE_SAFE_CUT_RE = regex.compile(r"(?<=\S) ")
 
-#: What each kind of safe cut is, for the error when none comes.
-_CUT_RULES = {
-    id(SAFE_CUT_RE): "whitespace after a non-space character",
-    id(BYTE_SAFE_CUT_RE): "a space after a non-space character",
-}
+
+def _cut_rule(cut_re: Any) -> str:
+    """What a safe cut is under ``cut_re``, for the error when none comes."""
+    if cut_re is BYTE_SAFE_CUT_RE:
+        return "a space after a non-space character"
+    return "whitespace after a non-space character"
 
 
 def safe_cut_re(tokenizer) -> Any:
@@ -93,7 +94,7 @@ def find_safe_cut(f, path, target: int, size: int, floor: int = 0, cut_re: Any =
         if q + len(data) >= limit:
             raise UserError(
                 f"{path}: no word ends in the {MAX_WORD_BYTES:,} bytes after byte {target:,} (a safe cut for this "
-                f"tokenizer is {_CUT_RULES.get(id(cut_re), 'a word end')}); a 'word' that long is not text this "
+                f"tokenizer is {_cut_rule(cut_re)}); a 'word' that long is not text this "
                 "tokenizer can count or encode in bounded memory: check the corpus (wikitext's longest words are a "
                 "few hundred characters)"
             )
