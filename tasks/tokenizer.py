@@ -33,7 +33,7 @@ from tasks.core.report import Markdown, md_code, md_text, number, summary_table
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.core.urls import stored_url
-from tasks.corpus import SPLIT_FILES
+from tasks.corpus import ARTICLE_FILES, SPLIT_FILES
 from tasks.pretrained_tokenizer import build_pretrained, check_source, source_identity
 
 DEFAULT_CHUNK_BYTES = 8 << 20
@@ -155,6 +155,20 @@ def count_slice(ctx: BuildContext, path: Path, end: int, chunk_bytes: int, where
     return counts
 
 
+def need_article_index(ctx: BuildContext, corpus: Path, kind: str) -> None:
+    """``UserError`` naming the command to run when the corpus version lacks the article index a byte-level
+    tokenizer's shards end articles by. Why here, not in the shards stage alone: ``--only tokenizer`` over such a
+    corpus would publish a tokenizer no shards can be built from."""
+    missing = [name for name in ARTICLE_FILES.values() if not (corpus / name).is_file()]
+    if missing:
+        raise UserError(
+            f"tokenizer.kind={kind} needs a corpus version with the article index (its shards end each article "
+            f"with <|endoftext|>), and corpus/{ctx.inputs['corpus']['version']} has none ({missing[0]}); build one "
+            f"first: wiki-pipeline run --only corpus --param corpus.article_index=true (or run the whole pipeline "
+            f"with tokenizer.kind={kind}), then rerun this"
+        )
+
+
 def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path) -> dict:
     """Count the slice's words (on Dask), train the BPE, write tokenizer.json + stats.json."""
     train_path = corpus / SPLIT_FILES["train"]
@@ -163,6 +177,8 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
         raise UserError(
             f"{train_path} is empty, so there is nothing to train BPE on; check the corpus stage's source_url"
         )
+    if settings.kind != "chapter":
+        need_article_index(ctx, corpus, settings.kind)
     if settings.kind == "byte":
         return build_byte_tokenizer(ctx, settings, train_path, used)
     if settings.kind == "pretrained":
