@@ -9,13 +9,14 @@ One parameter per stage (its settings) plus the run options, checked and resolve
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from prefect import flow, get_run_logger
 from prefect.context import TagsContext
 
 from flows import reports
 from flows.reports import Outcome
-from flows.settings import Pipeline, PipelineBase
+from flows.settings import LINKED, Pipeline, PipelineBase
 from mygpt.errors import UserError
 from tasks.core.stage import Stage, StageRef
 from tasks.registry import BY_NAME, NAMES, STAGES, code_versions, open_store
@@ -148,13 +149,45 @@ def early_checks(s: PipelineBase, built: Stage, ref: StageRef) -> None:
                 get_run_logger().warning(warning)
 
 
-def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
-    """The inputs of ``stage``: the nearest upstream stage's latest current (not stale) version, and the versions
-    it was built from for the others (so tokenizer and shards always match). ``UserError`` when every version of
-    an input is stale (what ``only=`` built on it would be stale at once): it names the stage to run first."""
+#: ``(stage, a version's manifest settings) -> what this run asks of that stage that the version was not built
+#: with`` (``["tokenizer.kind='byte' (it has 'chapter')"]``); empty: it will do.
+Differs = Callable[[str, dict], list[str]]
+
+
+def asked_of_upstream(s: PipelineBase) -> Differs:
+    """What ``only=`` compares an upstream version with: the fields this run gives for that stage, and those the
+    linked groups imply (``corpus.article_index`` for a byte-level tokenizer). Why only those: ``only=`` runs on
+    the latest versions whatever the other groups' defaults say; a field given by name is asked for."""
+
+    def differs(name: str, built: dict) -> list[str]:
+        if name not in type(s).model_fields:
+            return []
+        given, resolved = getattr(s, name), s.resolved(name)
+        wanted = resolved.version_params()
+        keys = set(given.model_fields_set)
+        if name in LINKED:  # what another group's settings imply for this one counts as asked for
+            alone = given.resolved_once()
+            keys |= {k for k in wanted if getattr(alone, k) != getattr(resolved, k)}
+        fields = type(resolved).model_fields
+        out = []
+        for key in sorted(keys & set(wanted)):
+            have = built.get(key, fields[key].default)
+            if have != wanted[key]:
+                out.append(f"{name}.{key}={wanted[key]!r} (it has {have!r})")
+        return out
+
+    return differs
+
+
+def latest_upstream(store: ArtifactStore, stage: str, differs: Differs | None = None) -> dict[str, StageRef]:
+    """The inputs of ``stage``: the nearest upstream stage's latest current (not stale) version that has what this
+    run asks of it (``differs``, :func:`asked_of_upstream`), and the versions it was built from for the others (so
+    tokenizer and shards always match). ``UserError`` when every version of an input is stale (what ``only=``
+    built on it would be stale at once), or none has the settings asked for: it names what to run first."""
     needed = BY_NAME[stage].inputs
     refs: dict[str, StageRef] = {}
     stale = store.stale_versions(code_versions()) if needed else {}
+    differs = differs or (lambda name, built: [])
     for name in sorted(needed, key=NAMES.index, reverse=True):
         if name in refs:
             continue
@@ -172,7 +205,16 @@ def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
                 f"stale (the latest, {name}/{latest.version}: {stale[(name, latest.version)]}); run "
                 f"only={name!r} first (or the whole pipeline) to build one from the current upstream versions"
             )
-        todo = [current[-1]]
+        fitting = [v for v in current if not differs(name, v.manifest.get("settings", {}))]
+        if not fitting:
+            latest = current[-1]
+            asked = differs(name, latest.manifest.get("settings", {}))
+            raise UserError(
+                f"only={stage!r} needs a {name} version with {', '.join(asked)}, and none of the "
+                f"{len(current)} current one(s) under {store.root} has it (the latest, {name}/{latest.version}, "
+                f"differs); run only={name!r} with these settings first (or the whole pipeline with them)"
+            )
+        todo = [fitting[-1]]
         while todo:
             info = todo.pop()
             refs.setdefault(
@@ -190,6 +232,14 @@ def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
                             f"{info.stage}/{info.version} was built from {up_name}/{up['version']}, "
                             "which is no longer published; rerun the whole pipeline"
                         ) from None
+    for name, ref in refs.items():  # the versions the nearest was built from: they must have it too
+        asked = differs(name, store.get(name, ref["version"]).manifest.get("settings", {})) if name in needed else []
+        if asked:
+            raise UserError(
+                f"only={stage!r} takes {name}/{ref['version']} (what the chosen upstream was built from), which was "
+                f"not built with {', '.join(asked)}; run only={name!r} with these settings first, then the stages "
+                "between (or the whole pipeline with them)"
+            )
     return {name: refs[name] for name in needed}
 
 
@@ -198,7 +248,7 @@ def run_only(s: PipelineBase, outcomes: list[Outcome]) -> dict[str, StageRef]:
     only = s.run.only
     assert only is not None  # the flow calls it only with run.only set
     stage = BY_NAME[only]
-    inputs = latest_upstream(open_store(s.run.root()), stage.name)
+    inputs = latest_upstream(open_store(s.run.root()), stage.name, asked_of_upstream(s))
     get_run_logger().info(
         "only %s: inputs %s", stage.name, ", ".join(f"{k}/{v['version']}" for k, v in inputs.items()) or "(none)"
     )

@@ -1,0 +1,69 @@
+"""``only=`` takes the latest upstream version that has what the run asks of it: ``--only shards --param
+tokenizer.kind=byte`` takes the latest byte-level tokenizer, never a chapter one published later, and a byte-level
+kind's ``--only tokenizer`` takes a corpus with the article index; where none has it, one error says what to run."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from flows.settings import Pipeline
+from flows.wiki_pipeline import asked_of_upstream, latest_upstream
+from mygpt.errors import UserError
+from tasks.registry import BY_NAME, code_versions, open_store
+from tasks.store import ArtifactStore
+
+_CLOCK = itertools.count(10)  # created_at has whole seconds: give each version its own, in order
+
+
+def publish(store: ArtifactStore, stage: str, settings: dict, **inputs: dict) -> dict:
+    """A version of ``stage`` whose manifest records ``settings`` as the stage's settings class writes them."""
+    version = f"{stage[0]}{next(_CLOCK)}"
+    build = store.open_build(stage, version)
+    (build.out / "x").write_text(version)
+    lineage = {name: {"stage": name, "version": m["version"], "build_id": m["build_id"]} for name, m in inputs.items()}
+    params = BY_NAME[stage].settings(**settings).version_params()
+    return build.publish(
+        settings=params,
+        inputs=lineage,
+        code_version=code_versions()[stage],
+        extra={"created_at": f"2026-01-01T00:00:{next(_CLOCK)}Z"},
+    )
+
+
+def picked(store, stage: str, **groups) -> dict[str, str]:
+    refs = latest_upstream(store, stage, asked_of_upstream(Pipeline.parse(**groups)))
+    return {k: v["version"] for k, v in refs.items()}
+
+
+def test_only_takes_the_upstream_of_the_kind_asked_for(tmp_path):
+    store = open_store(tmp_path)
+    bare = publish(store, "corpus", {})
+    indexed = publish(store, "corpus", {"article_index": True})
+    byte = publish(store, "tokenizer", {"kind": "byte"}, corpus=indexed)
+    chapter = publish(store, "tokenizer", {}, corpus=bare)  # published after the byte one
+    assert picked(store, "shards") == {"corpus": bare["version"], "tokenizer": chapter["version"]}
+    assert picked(store, "shards", tokenizer={"kind": "byte"}) == {
+        "corpus": indexed["version"],
+        "tokenizer": byte["version"],
+    }
+    with pytest.raises(UserError) as e:
+        picked(store, "shards", tokenizer={"kind": "byte", "pattern": "gpt4"})
+    assert str(e.value) == (
+        "only='shards' needs a tokenizer version with tokenizer.kind='byte' (it has 'chapter'), "
+        f"tokenizer.pattern='gpt4' (it has 'gpt2'), and none of the 2 "
+        f"current one(s) under {store.root} has it (the latest, tokenizer/{chapter['version']}, differs); run "
+        "only='tokenizer' with these settings first (or the whole pipeline with them)"
+    )
+
+
+def test_only_tokenizer_of_a_byte_level_kind_takes_a_corpus_with_the_article_index(tmp_path):
+    store = open_store(tmp_path)
+    bare = publish(store, "corpus", {})
+    with pytest.raises(UserError, match=r"needs a corpus version with corpus\.article_index=True \(it has None\)"):
+        picked(store, "tokenizer", tokenizer={"kind": "byte"})
+    indexed = publish(store, "corpus", {"article_index": True})
+    later = publish(store, "corpus", {})
+    assert picked(store, "tokenizer", tokenizer={"kind": "byte"}) == {"corpus": indexed["version"]}
+    assert picked(store, "tokenizer") == {"corpus": later["version"]} != {"corpus": bare["version"]}
