@@ -304,7 +304,9 @@ def report(manifest: dict) -> str:
                 ("corpus chars missing from the slice", "counted while encoding: see the wiki-shards report"),
                 (
                     "time",
-                    f"train {m.get('train_seconds', 0):.1f} s, encode the slice {m.get('encode_seconds', 0):.1f} s"
+                    f"not trained (pretrained), encode the slice {m.get('encode_seconds', 0):.1f} s"
+                    if m.get("kind") == "pretrained"
+                    else f"train {m.get('train_seconds', 0):.1f} s, encode the slice {m.get('encode_seconds', 0):.1f} s"
                     if "encode_seconds" in m
                     else f"count words {m.get('count_seconds', 0):.1f} s, train {m.get('train_seconds', 0):.1f} s",
                 ),

@@ -79,6 +79,12 @@ def pipeline(tmp_path_factory, served):
     return s, run, refs
 
 
+def train_tokenizer_report(info: dict) -> str:
+    from tasks.tokenizer import STAGE
+
+    return STAGE.report(info)
+
+
 def manifest(ref) -> dict:
     return json.loads((Path(ref["path"]) / "manifest.json").read_text(encoding="utf-8"))
 
@@ -93,6 +99,10 @@ def test_the_pipeline_runs_on_the_served_tokenizer_json(pipeline, served, wikite
     info = manifest(refs["tokenizer"])
     assert info["source"]["sha256"] == hashlib.sha256(original.read_bytes()).hexdigest()
     assert info["metrics"]["renumbered"] is False and info["metrics"]["num_merges"] == MERGES
+    assert info["settings"] == {"kind": "pretrained", "bpe_train_bytes": TINY["tokenizer"]["bpe_train_bytes"]}
+    md = train_tokenizer_report(info)
+    assert "pretrained byte-level BPE, gpt2 split, from `http://127.0.0.1:" in md and info["source"]["sha256"] in md
+    assert "not trained (pretrained)" in md
     tok = load_tokenizer(refs["tokenizer"]["path"])
     assert tok.kind == "byte" and tok.vocab_size == 256 + MERGES + 1
     text = wikitext2_text[100_000:103_000] + " 東京 🚀 café"
