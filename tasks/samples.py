@@ -132,7 +132,7 @@ def samples_markdown(samples: list[dict], p: dict) -> str:
     """The samples as markdown: one blockquote per prompt, the prompt in bold, markdown syntax escaped."""
     parts = [
         md_text(
-            f"{p['max_new_tokens']} tokens per prompt, temperature {p['temperature']}, top-k {p['top_k']}, "
+            f"up to {p['max_new_tokens']} tokens per prompt, temperature {p['temperature']}, top-k {p['top_k']}, "
             f"seed {p['seed']}, device {p['device']} ({p['precision']}). The prompt is in bold."
         )
         + "\n"
