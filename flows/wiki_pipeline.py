@@ -18,7 +18,7 @@ from flows import reports
 from flows.reports import Outcome
 from flows.settings import LINKED, Pipeline, PipelineBase
 from mygpt.errors import UserError
-from tasks.core.stage import Stage, StageRef
+from tasks.core.stage import Stage, StageRef, stage_logger
 from tasks.registry import BY_NAME, NAMES, STAGES, code_versions, open_store
 from tasks.store import ArtifactStore
 
@@ -149,27 +149,38 @@ def early_checks(s: PipelineBase, built: Stage, ref: StageRef) -> None:
                 get_run_logger().warning(warning)
 
 
-#: ``(stage, a version's manifest settings) -> what this run asks of that stage that the version was not built
-#: with`` (``["tokenizer.kind='byte' (it has 'chapter')"]``); empty: it will do.
+#: ``(stage, a version's manifest) -> what this run asks of that stage that the version was not built with``
+#: (``["tokenizer.kind='byte' (it has 'chapter')"]``); empty: it will do.
 Differs = Callable[[str, dict], list[str]]
 
 
 def asked_of_upstream(s: PipelineBase) -> Differs:
     """What ``only=`` compares an upstream version with: the fields this run gives for that stage, and those the
     linked groups imply (``corpus.article_index`` for a byte-level tokenizer). Why only those: ``only=`` runs on
-    the latest versions whatever the other groups' defaults say; a field given by name is asked for."""
+    the latest versions whatever the other groups' defaults say; a field given by name is asked for. A pretrained
+    tokenizer's ``source`` given by name asks for a version of that file's content (its sha256, read once)."""
+    identities: dict[str, dict | None] = {}
 
-    def differs(name: str, built: dict) -> list[str]:
+    def differs(name: str, manifest: dict) -> list[str]:
         if name not in type(s).model_fields:
             return []
+        built = manifest.get("settings", {})
         given, resolved = getattr(s, name), s.resolved(name)
+        out = []
+        if getattr(resolved, "kind", None) == "pretrained" and "source" in given.model_fields_set:
+            from tasks.pretrained_tokenizer import source_identity
+
+            if name not in identities:
+                identities[name] = source_identity(resolved, None, stage_logger(name))
+            want, have = identities[name] or {}, manifest.get("source") or {}
+            if want.get("sha256") != have.get("sha256"):
+                out.append(f"{name}.source of sha256 {want.get('sha256')} (it has {have.get('sha256')})")
         wanted = resolved.version_params()
         keys = set(given.model_fields_set)
         if name in LINKED:  # what another group's settings imply for this one counts as asked for
             alone = given.resolved_once()
             keys |= {k for k in wanted if getattr(alone, k) != getattr(resolved, k)}
         fields = type(resolved).model_fields
-        out = []
         for key in sorted(keys & set(wanted)):
             have = built.get(key, fields[key].default)
             if have != wanted[key]:
@@ -187,7 +198,7 @@ def latest_upstream(store: ArtifactStore, stage: str, differs: Differs | None = 
     needed = BY_NAME[stage].inputs
     refs: dict[str, StageRef] = {}
     stale = store.stale_versions(code_versions()) if needed else {}
-    differs = differs or (lambda name, built: [])
+    differs = differs or (lambda name, manifest: [])
     for name in sorted(needed, key=NAMES.index, reverse=True):
         if name in refs:
             continue
@@ -205,10 +216,10 @@ def latest_upstream(store: ArtifactStore, stage: str, differs: Differs | None = 
                 f"stale (the latest, {name}/{latest.version}: {stale[(name, latest.version)]}); run "
                 f"only={name!r} first (or the whole pipeline) to build one from the current upstream versions"
             )
-        fitting = [v for v in current if not differs(name, v.manifest.get("settings", {}))]
+        fitting = [v for v in current if not differs(name, v.manifest)]
         if not fitting:
             latest = current[-1]
-            asked = differs(name, latest.manifest.get("settings", {}))
+            asked = differs(name, latest.manifest)
             raise UserError(
                 f"only={stage!r} needs a {name} version with {', '.join(asked)}, and none of the "
                 f"{len(current)} current one(s) under {store.root} has it (the latest, {name}/{latest.version}, "
@@ -233,7 +244,7 @@ def latest_upstream(store: ArtifactStore, stage: str, differs: Differs | None = 
                             "which is no longer published; rerun the whole pipeline"
                         ) from None
     for name, ref in refs.items():  # the versions the nearest was built from: they must have it too
-        asked = differs(name, store.get(name, ref["version"]).manifest.get("settings", {})) if name in needed else []
+        asked = differs(name, store.get(name, ref["version"]).manifest) if name in needed else []
         if asked:
             raise UserError(
                 f"only={stage!r} takes {name}/{ref['version']} (what the chosen upstream was built from), which was "

@@ -17,8 +17,9 @@ from tasks.store import ArtifactStore
 _CLOCK = itertools.count(10)  # created_at has whole seconds: give each version its own, in order
 
 
-def publish(store: ArtifactStore, stage: str, settings: dict, **inputs: dict) -> dict:
-    """A version of ``stage`` whose manifest records ``settings`` as the stage's settings class writes them."""
+def publish(store: ArtifactStore, stage: str, settings: dict, source: dict | None = None, **inputs: dict) -> dict:
+    """A version of ``stage`` whose manifest records ``settings`` as the stage's settings class writes them (and
+    ``source``, the identity of what it read)."""
     version = f"{stage[0]}{next(_CLOCK)}"
     build = store.open_build(stage, version)
     (build.out / "x").write_text(version)
@@ -28,7 +29,7 @@ def publish(store: ArtifactStore, stage: str, settings: dict, **inputs: dict) ->
         settings=params,
         inputs=lineage,
         code_version=code_versions()[stage],
-        extra={"created_at": f"2026-01-01T00:00:{next(_CLOCK)}Z"},
+        extra={"created_at": f"2026-01-01T00:00:{next(_CLOCK)}Z", **({"source": source} if source else {})},
     )
 
 
@@ -67,3 +68,24 @@ def test_only_tokenizer_of_a_byte_level_kind_takes_a_corpus_with_the_article_ind
     later = publish(store, "corpus", {})
     assert picked(store, "tokenizer", tokenizer={"kind": "byte"}) == {"corpus": indexed["version"]}
     assert picked(store, "tokenizer") == {"corpus": later["version"]} != {"corpus": bare["version"]}
+
+
+def test_only_shards_with_a_pretrained_source_takes_a_tokenizer_of_that_files_content(tmp_path):
+    import hashlib
+
+    store = open_store(tmp_path / "art")
+    indexed = publish(store, "corpus", {"article_index": True})
+    wanted, other = tmp_path / "a.json", tmp_path / "b.json"
+    wanted.write_text('{"a": 1}')
+    other.write_text('{"b": 2}')
+
+    def identity(path):
+        return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "bytes": path.stat().st_size}
+
+    kind = {"kind": "pretrained", "source": str(wanted)}
+    mine = publish(store, "tokenizer", {**kind}, source=identity(wanted), corpus=indexed)
+    publish(store, "tokenizer", {**kind, "source": str(other)}, source=identity(other), corpus=indexed)  # later
+    assert picked(store, "shards", tokenizer=kind)["tokenizer"] == mine["version"]
+    wanted.write_text('{"a": 3}')  # new content at the same path: no version has it
+    with pytest.raises(UserError, match=r"needs a tokenizer version with tokenizer\.source of sha256 [0-9a-f]{64} "):
+        picked(store, "shards", tokenizer=kind)
