@@ -7,7 +7,7 @@ stage's chunks), then the merges learnt from the table -- exactly ``BPETokenizer
 ``ByteBPETokenizer.train(slice, 256 + num_merges + 1)`` with ``<|endoftext|>`` as its one special token.
 ``kind=pretrained``: no training, an existing byte-level BPE ``tokenizer.json`` from ``source``, versioned by its
 sha256 (:mod:`tasks.pretrained_tokenizer`); the later stages treat it as the byte kind.
-Publishes ``tokenizer.json`` (:func:`load_tokenizer` reads either kind) and ``stats.json``.
+Publishes ``tokenizer.json`` (:func:`load_tokenizer` reads any kind) and ``stats.json``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ FIRST_MERGES = 30
 
 
 class TokenizerSettings(Settings):
-    """Which BPE (the chapter's word-level one or the byte-level one), how many merges, from how much text."""
+    """Which BPE (the chapter's word-level one, the byte-level one, or a byte-level one made elsewhere), how many
+    merges, from how much text."""
 
     kind: Literal["chapter", "byte", "pretrained"] = Field(
         "chapter",
