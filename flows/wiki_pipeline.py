@@ -20,7 +20,7 @@ from flows.settings import LINKED, Pipeline, PipelineBase
 from mygpt.errors import UserError
 from tasks.core.stage import Stage, StageRef, stage_logger
 from tasks.registry import BY_NAME, NAMES, STAGES, code_versions, open_store
-from tasks.store import ArtifactStore
+from tasks.store import ArtifactStore, VersionInfo
 
 
 @flow(name="wiki-pipeline", description=__doc__.split("\n\n")[0], log_prints=True, validate_parameters=False)
@@ -155,14 +155,16 @@ Differs = Callable[[str, dict], list[str]]
 
 
 def asked_of_upstream(s: PipelineBase) -> Differs:
-    """What ``only=`` compares an upstream version with: the fields this run gives for that stage, and those the
-    linked groups imply (``corpus.article_index`` for a byte-level tokenizer). Why only those: ``only=`` runs on
-    the latest versions whatever the other groups' defaults say; a field given by name is asked for. A pretrained
-    tokenizer's ``source`` given by name asks for a version of that file's content (its sha256, read once)."""
+    """What ``only=`` compares an upstream corpus or tokenizer version with (what the data is; a later stage's
+    settings given with ``only=``, e.g. ``device`` to sample on, are for the stage that runs): the fields this run
+    gives for that stage, and those the linked groups imply (``corpus.article_index`` for a byte-level tokenizer).
+    Why only those: ``only=`` runs on the latest versions whatever the other groups' defaults say; a field given by
+    name is asked for. A pretrained tokenizer's ``source`` given by name asks for a version of that file's content
+    (its sha256, read once)."""
     identities: dict[str, dict | None] = {}
 
     def differs(name: str, manifest: dict) -> list[str]:
-        if name not in type(s).model_fields:
+        if name not in LINKED:  # the data's groups; a later stage's settings given with only= are for it alone
             return []
         built = manifest.get("settings", {})
         given, resolved = getattr(s, name), s.resolved(name)
@@ -216,42 +218,51 @@ def latest_upstream(store: ArtifactStore, stage: str, differs: Differs | None = 
                 f"stale (the latest, {name}/{latest.version}: {stale[(name, latest.version)]}); run "
                 f"only={name!r} first (or the whole pipeline) to build one from the current upstream versions"
             )
-        fitting = [v for v in current if not differs(name, v.manifest)]
-        if not fitting:
-            latest = current[-1]
-            asked = differs(name, latest.manifest)
+        for info in reversed(current):  # the latest whose lineage has what the run asks for
+            chosen = _lineage(store, info, needed, refs, strict=info is current[-1])
+            if chosen is not None and not [a for n, v in chosen.items() for a in differs(n, v.manifest)]:
+                break
+        else:
+            chosen = _lineage(store, current[-1], needed, refs, strict=True) or {}
+            asked = [a for n, v in chosen.items() for a in differs(n, v.manifest)]
             raise UserError(
-                f"only={stage!r} needs a {name} version with {', '.join(asked)}, and none of the "
-                f"{len(current)} current one(s) under {store.root} has it (the latest, {name}/{latest.version}, "
-                f"differs); run only={name!r} with these settings first (or the whole pipeline with them)"
+                f"only={stage!r} needs a {name} version built with {', '.join(asked)}, and none of the "
+                f"{len(current)} current one(s) under {store.root} is (the latest: {name}/{current[-1].version}); "
+                f"run only={name!r} with these settings first (or the whole pipeline with them)"
             )
-        todo = [fitting[-1]]
-        while todo:
-            info = todo.pop()
+        assert chosen is not None  # the loop ends with a break only on a lineage that fits
+        for info in chosen.values():
             refs.setdefault(
                 info.stage,
                 StageRef(
                     stage=info.stage, version=info.version, build_id=info.manifest["build_id"], path=str(info.path)
                 ),
             )
-            for up_name, up in info.manifest.get("inputs", {}).items():
-                if up_name in needed and up_name not in refs:
-                    try:
-                        todo.append(store.get(up_name, up["version"]))
-                    except FileNotFoundError:
-                        raise UserError(
-                            f"{info.stage}/{info.version} was built from {up_name}/{up['version']}, "
-                            "which is no longer published; rerun the whole pipeline"
-                        ) from None
-    for name, ref in refs.items():  # the versions the nearest was built from: they must have it too
-        asked = differs(name, store.get(name, ref["version"]).manifest) if name in needed else []
-        if asked:
-            raise UserError(
-                f"only={stage!r} takes {name}/{ref['version']} (what the chosen upstream was built from), which was "
-                f"not built with {', '.join(asked)}; run only={name!r} with these settings first, then the stages "
-                "between (or the whole pipeline with them)"
-            )
     return {name: refs[name] for name in needed}
+
+
+def _lineage(
+    store: ArtifactStore, info: VersionInfo, needed: tuple[str, ...], known: dict, strict: bool
+) -> dict[str, VersionInfo] | None:
+    """``{stage: VersionInfo}``: ``info`` and the versions of ``needed`` it was built from (not already ``known``),
+    following manifests; a version no longer published: ``UserError`` when ``strict``, else None."""
+    found: dict[str, VersionInfo] = {}
+    todo = [info]
+    while todo:
+        cur = todo.pop()
+        found.setdefault(cur.stage, cur)
+        for up_name, up in cur.manifest.get("inputs", {}).items():
+            if up_name in needed and up_name not in known and up_name not in found:
+                try:
+                    todo.append(store.get(up_name, up["version"]))
+                except FileNotFoundError:
+                    if not strict:
+                        return None
+                    raise UserError(
+                        f"{cur.stage}/{cur.version} was built from {up_name}/{up['version']}, "
+                        "which is no longer published; rerun the whole pipeline"
+                    ) from None
+    return found
 
 
 def run_only(s: PipelineBase, outcomes: list[Outcome]) -> dict[str, StageRef]:

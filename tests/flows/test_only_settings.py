@@ -52,17 +52,30 @@ def test_only_takes_the_upstream_of_the_kind_asked_for(tmp_path):
     with pytest.raises(UserError) as e:
         picked(store, "shards", tokenizer={"kind": "byte", "pattern": "gpt4"})
     assert str(e.value) == (
-        "only='shards' needs a tokenizer version with tokenizer.kind='byte' (it has 'chapter'), "
-        f"tokenizer.pattern='gpt4' (it has 'gpt2'), and none of the 2 "
-        f"current one(s) under {store.root} has it (the latest, tokenizer/{chapter['version']}, differs); run "
-        "only='tokenizer' with these settings first (or the whole pipeline with them)"
+        "only='shards' needs a tokenizer version built with tokenizer.kind='byte' (it has 'chapter'), "
+        f"tokenizer.pattern='gpt4' (it has 'gpt2'), corpus.article_index=True (it has None), and none of the 2 "
+        f"current one(s) under {store.root} is (the "
+        f"latest: tokenizer/{chapter['version']}); run only='tokenizer' with these settings first (or the whole "
+        "pipeline with them)"
     )
+    # a later stage follows the lineage: the latest shards whose tokenizer is byte-level, not the newest shards
+    byte_shards = publish(store, "shards", {}, corpus=indexed, tokenizer=byte)
+    newest = publish(store, "shards", {}, corpus=bare, tokenizer=chapter)
+    assert picked(store, "model")["shards"] == newest["version"]
+    assert picked(store, "model", tokenizer={"kind": "byte"}) == {
+        "shards": byte_shards["version"],
+        "tokenizer": byte["version"],
+    }
+    # a later stage's own settings given with only= are for the stage that runs, not asked of its inputs
+    assert picked(store, "model", shards={"shard_tokens": 7}, model={"steps": 3})["shards"] == newest["version"]
 
 
 def test_only_tokenizer_of_a_byte_level_kind_takes_a_corpus_with_the_article_index(tmp_path):
     store = open_store(tmp_path)
     bare = publish(store, "corpus", {})
-    with pytest.raises(UserError, match=r"needs a corpus version with corpus\.article_index=True \(it has None\)"):
+    with pytest.raises(
+        UserError, match=r"needs a corpus version built with corpus\.article_index=True \(it has None\)"
+    ):
         picked(store, "tokenizer", tokenizer={"kind": "byte"})
     indexed = publish(store, "corpus", {"article_index": True})
     later = publish(store, "corpus", {})
@@ -87,5 +100,7 @@ def test_only_shards_with_a_pretrained_source_takes_a_tokenizer_of_that_files_co
     publish(store, "tokenizer", {**kind, "source": str(other)}, source=identity(other), corpus=indexed)  # later
     assert picked(store, "shards", tokenizer=kind)["tokenizer"] == mine["version"]
     wanted.write_text('{"a": 3}')  # new content at the same path: no version has it
-    with pytest.raises(UserError, match=r"needs a tokenizer version with tokenizer\.source of sha256 [0-9a-f]{64} "):
+    with pytest.raises(
+        UserError, match=r"needs a tokenizer version built with tokenizer\.source of sha256 [0-9a-f]{64} "
+    ):
         picked(store, "shards", tokenizer=kind)
