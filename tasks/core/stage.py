@@ -166,8 +166,9 @@ class Stage:
     build: Callable[..., dict]  # build(ctx, settings, **input_dirs) -> metrics; writes ctx.out
     report: Callable[[dict], str]  # manifest (plus "path") -> markdown for the UI
     #: For a stage that reads from outside the store (the corpus): ``(settings, store, logger) -> {...}``, the
-    #: identity of what it would read now; it enters the version id, so new content gives a new version.
-    source: Callable[..., dict] | None = None
+    #: identity of what it would read now; it enters the version id, so new content gives a new version (None from
+    #: it: these settings read nothing outside the store).
+    source: Callable[..., dict | None] | None = None
     #: ``(upstream stage, check(settings, upstream_ref) -> warnings)``, run as soon as that upstream exists;
     #: raises ``UserError`` for settings that cannot work.
     early_check: tuple[str, Callable[[Any, StageRef], list[str]]] | None = None
