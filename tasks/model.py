@@ -1,10 +1,11 @@
 """Stage ``model`` (task ``train_model``): the shards + the tokenizer -> ``model/<version>/model.ckpt``.
 
-The token shards are materialised once into flat token files in the build's work directory and memory-mapped;
-training (:func:`mygpt.training.launcher.run_training`, ``nproc`` processes) checkpoints to ``work/train.ckpt``,
-which survives a crash, so a rerun of the same version resumes from it. Published: ``model.ckpt`` (the chapter's
-format, no optimizer state), ``loss_history.json`` and ``loss_history.csv``. The resolved device, precision,
-``nproc`` and ``compile`` enter the version: each changes the weights' last bits.
+The token shards are streamed (:mod:`tasks.shard_stream`): fetched one by one, in the order training reads them,
+into flat token files in the build's work directory and memory-mapped; training starts once its first block of
+shards is there. Training (:func:`mygpt.training.launcher.run_training`, ``nproc`` processes) checkpoints to
+``work/train.ckpt``, which survives a crash, so a rerun of the same version resumes from it. Published:
+``model.ckpt`` (the chapter's format, no optimizer state), ``loss_history.json`` and ``loss_history.csv``. The
+resolved device, precision, ``nproc`` and ``compile`` enter the version: each changes the weights' last bits.
 
 The settings are ``GPTConfig``'s and ``TrainConfig``'s fields (names, bounds, descriptions), with the chapter's
 run (:data:`CHAPTER_RUN`) as defaults.
@@ -32,6 +33,7 @@ from mygpt.training.config import TrainConfig
 from tasks.core.report import Markdown, line_chart, md_code, md_row, md_text, number, summary_table
 from tasks.core.settings import DeviceSettings, Seed
 from tasks.core.stage import BuildContext, Stage, stage_task
+from tasks.shard_stream import open_stream
 from tasks.tokenizer import load_tokenizer
 
 CHECKPOINT = "train.ckpt"  # in ctx.work: the resume checkpoint
@@ -206,29 +208,6 @@ else:
     )
 
 
-def token_files(shards_dir: Path, work: Path, splits: tuple[str, ...]) -> tuple[list[str], str, int]:
-    """The flat token files of ``splits``, materialised into ``work`` from the Parquet shards (an empty split
-    gives an empty file): ``(paths, numpy dtype name, tokens in all)``. Training memory-maps them."""
-    from mygpt.atomic import atomic_write_bytes
-    from tasks.core.shard_format import materialize_tokens
-
-    paths, dtypes, total = [], set(), 0
-    for split in splits:
-        dest = work / f"tokens-{split}.bin"
-        tokens = materialize_tokens(shards_dir, split, dest)
-        if not len(tokens) and not dest.exists():
-            atomic_write_bytes(dest, b"")
-        paths.append(str(dest))
-        dtypes.add(tokens.dtype.name)
-        total += len(tokens)
-    if len(dtypes) > 1:
-        raise UserError(
-            f"the splits {', '.join(splits)} in {shards_dir} hold different token types "
-            f"({', '.join(sorted(dtypes))}); rebuild the shards"
-        )
-    return paths, dtypes.pop(), total
-
-
 def _checkpoint_step(path: Path, log) -> int:
     """The step a resume checkpoint holds (0 when there is none; an unreadable one is deleted)."""
     if not path.exists():
@@ -244,8 +223,8 @@ def _checkpoint_step(path: Path, log) -> int:
 
 
 def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokenizer: Path) -> dict:
-    """Train mygpt on the memory-mapped shards with ``nproc`` processes (resuming from the work directory's
-    checkpoint) and publish it."""
+    """Train mygpt on the shards, streamed (:mod:`tasks.shard_stream`; ``shards`` is never copied whole), with
+    ``nproc`` processes (resuming from the work directory's checkpoint) and publish it."""
     # torch's TorchInductor cache goes to the user's cache folder, not TMPDIR (where torch would leave a
     # torchinductor_<user> folder behind on every build); this process's training ranks inherit it
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wiki-pipeline" / "torchinductor"
@@ -258,21 +237,25 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
     s = settings
     vocab_size = load_tokenizer(tokenizer).vocab_size
     splits = TRAIN_SPLITS[s.train_splits]
-    train_paths, dtype, n_train = token_files(shards, ctx.work, splits)
-    val_paths, _, n_val = token_files(shards, ctx.work, ("valid",))
+    ckpt = ctx.work / CHECKPOINT
+    resumed_from = _checkpoint_step(ckpt, ctx.log)
+    nproc = s.nproc
+    assert isinstance(nproc, int)  # the stage builds with resolved() settings: "auto" is a number by now
+    version = ctx.inputs["shards"]["version"]
+    fetcher, stream, dtype, n_train, n_val = open_stream(
+        ctx.store, version, ctx.work / "tokens", splits, (s.seed, s.batch_size, s.seq_len), resumed_from, s.steps, nproc
+    )
     ctx.log.info(
-        "model: %s training tokens (%s), %s validation tokens, memory-mapped from %s",
+        "model: %s training tokens (%s), %s validation tokens, streamed from %s",
         f"{n_train:,}",
         "+".join(splits),
         f"{n_val:,}",
-        shards,
+        ctx.store.location("shards", version),
     )
-
-    ckpt = ctx.work / CHECKPOINT
     job = TrainJob(
         tokenizer=str(Path(tokenizer) / "tokenizer.json"),
-        train_tokens=train_paths,
-        val_tokens=val_paths[0],
+        train_tokens=[],
+        stream=stream,
         token_dtype=dtype,
         model=s.gpt_config(vocab_size),
         train=s.train_config(),
@@ -282,7 +265,6 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
         meta={"stage": "model", "version": ctx.version, "settings": s.version_params()},
         threads=ctx.run.threads or 0,
     )
-    resumed_from = _checkpoint_step(ckpt, ctx.log)
     if resumed_from:
         ctx.log.info("model: resuming from step %d (checkpoint %s)", resumed_from, ckpt)
     ctx.progress(resumed_from, s.steps, f"step {resumed_from}/{s.steps}", force=True)
@@ -307,17 +289,21 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
             while True:
                 time.sleep(1)
 
-    nproc = s.nproc
-    assert isinstance(nproc, int)  # the stage builds with resolved() settings: "auto" is a number by now
-    result = run_training(
-        job,
-        nproc,
-        log=log,
-        on_progress=on_progress,
-        on_checkpoint=on_checkpoint,
-        env={WORKER_STALL_ENV: "1"} if stall else None,
-        run_dir=ctx.work / "ranks",
-    )
+    fetcher.start()
+    try:
+        result = run_training(
+            job,
+            nproc,
+            log=log,
+            on_progress=on_progress,
+            on_checkpoint=on_checkpoint,
+            env={WORKER_STALL_ENV: "1"} if stall else None,
+            run_dir=ctx.work / "ranks",
+        )
+    finally:
+        fetcher.close()
+    if fetcher.error is not None:  # a shard that was never read (training ended first) fails nothing
+        ctx.log.warning("model: fetching the shards stopped early: %s", fetcher.error)
     write_history(ctx.out, result.history)  # the log already has the throughput line and val_bpb at each eval
     return {
         "device": result.device,
@@ -458,8 +444,9 @@ def curves_chart(versions: list) -> str:
 STAGE = Stage(
     name="model",
     settings=ModelSettings,
-    code_version="2",
+    code_version="3",
     build=build_model,
+    streamed=("shards",),
     report=report,
     alias="train",
     headline=lambda m: f"val loss {number(m.get('final_val_loss'))}, {number(m.get('final_val_bpb'))} bits/byte",
