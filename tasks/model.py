@@ -230,12 +230,7 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wiki-pipeline" / "torchinductor"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
 
-    from mygpt.training.job import TrainJob
-    from mygpt.training.launcher import run_training
-    from mygpt.training.worker import WORKER_STALL_ENV
-
     s = settings
-    vocab_size = load_tokenizer(tokenizer).vocab_size
     splits = TRAIN_SPLITS[s.train_splits]
     ckpt = ctx.work / CHECKPOINT
     resumed_from = _checkpoint_step(ckpt, ctx.log)
@@ -252,6 +247,51 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
         f"{n_val:,}",
         ctx.store.location("shards", version),
     )
+    fetcher.start()  # the first block arrives while torch loads and the model is built
+    try:
+        result, vocab_size = _train(ctx, s, tokenizer, stream, dtype, resumed_from)
+    finally:
+        fetcher.close()
+    if fetcher.error is not None:  # a shard that was never read (training ended first) fails nothing
+        ctx.log.warning("model: fetching the shards stopped early: %s", fetcher.error)
+    write_history(ctx.out, result.history)  # the log already has the throughput line and val_bpb at each eval
+    return {
+        "device": result.device,
+        "precision": result.precision,
+        "nproc": s.nproc,
+        "compiled": result.compiled,
+        "params": result.params,
+        "steps": result.steps,
+        "resumed_from": result.start_step,
+        "final_loss": result.final_loss,
+        "final_val_loss": result.final_val_loss,
+        "final_val_bpb": result.final_val_bpb,
+        "tokens_per_sec": round(result.tokens_per_sec, 1),
+        "flops_per_token": result.flops_per_token,
+        "tflops": result.tflops,
+        "mfu": result.mfu,
+        "peak_tflops": result.peak_tflops,
+        "train_seconds": round(result.seconds, 3),
+        "warnings": result.warnings,
+        "train_tokens": n_train,
+        "val_tokens": n_val,
+        "vocab_size": vocab_size,
+        "loss_curve": [
+            [h["step"], round(h["loss"], 5), round(h["val_loss"], 5) if "val_loss" in h else None]
+            for h in result.history
+        ],
+    }
+
+
+def _train(ctx: BuildContext, s: ModelSettings, tokenizer: Path, stream: dict, dtype: str, resumed_from: int):
+    """Run the training job on the streamed shards (``stream``, :class:`mygpt.training.job.TrainJob`'s): its
+    ``TrainResult`` and the vocabulary size."""
+    from mygpt.training.job import TrainJob
+    from mygpt.training.launcher import run_training
+    from mygpt.training.worker import WORKER_STALL_ENV
+
+    vocab_size = load_tokenizer(tokenizer).vocab_size
+    ckpt = ctx.work / CHECKPOINT
     job = TrainJob(
         tokenizer=str(Path(tokenizer) / "tokenizer.json"),
         train_tokens=[],
@@ -289,48 +329,16 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
             while True:
                 time.sleep(1)
 
-    fetcher.start()
-    try:
-        result = run_training(
-            job,
-            nproc,
-            log=log,
-            on_progress=on_progress,
-            on_checkpoint=on_checkpoint,
-            env={WORKER_STALL_ENV: "1"} if stall else None,
-            run_dir=ctx.work / "ranks",
-        )
-    finally:
-        fetcher.close()
-    if fetcher.error is not None:  # a shard that was never read (training ended first) fails nothing
-        ctx.log.warning("model: fetching the shards stopped early: %s", fetcher.error)
-    write_history(ctx.out, result.history)  # the log already has the throughput line and val_bpb at each eval
-    return {
-        "device": result.device,
-        "precision": result.precision,
-        "nproc": s.nproc,
-        "compiled": result.compiled,
-        "params": result.params,
-        "steps": result.steps,
-        "resumed_from": result.start_step,
-        "final_loss": result.final_loss,
-        "final_val_loss": result.final_val_loss,
-        "final_val_bpb": result.final_val_bpb,
-        "tokens_per_sec": round(result.tokens_per_sec, 1),
-        "flops_per_token": result.flops_per_token,
-        "tflops": result.tflops,
-        "mfu": result.mfu,
-        "peak_tflops": result.peak_tflops,
-        "train_seconds": round(result.seconds, 3),
-        "warnings": result.warnings,
-        "train_tokens": n_train,
-        "val_tokens": n_val,
-        "vocab_size": vocab_size,
-        "loss_curve": [
-            [h["step"], round(h["loss"], 5), round(h["val_loss"], 5) if "val_loss" in h else None]
-            for h in result.history
-        ],
-    }
+    result = run_training(
+        job,
+        int(s.nproc),  # resolved: a number
+        log=log,
+        on_progress=on_progress,
+        on_checkpoint=on_checkpoint,
+        env={WORKER_STALL_ENV: "1"} if stall else None,
+        run_dir=ctx.work / "ranks",
+    )
+    return result, vocab_size
 
 
 def write_history(out: Path, history: list[dict]) -> None:
