@@ -121,5 +121,5 @@ def test_fetch_file_hands_out_a_checked_file_and_refuses_one_changed_since(tmp_p
     (store.version_path("corpus", version) / "y.bin").write_bytes(b"abd")  # same size, other bytes
     with pytest.raises(UserError, match=r"y\.bin does not match the manifest of corpus/a1b2c3d4e5f6 \(its sha256"):
         store.fetch_file("corpus", version, "y.bin", tmp_path / "in")
-    with pytest.raises(UserError, match="its manifest does not list 'z.bin'"):
+    with pytest.raises(UserError, match=r"its manifest does not list 'z\.bin'"):
         store.fetch_file("corpus", version, "z.bin", tmp_path / "in")
