@@ -26,24 +26,12 @@ from tasks.store.files import (
     safe_rel,
 )
 from tasks.store.manifest_schema import manifest_problem
-from tasks.store.s3_client import cache_root, filesystem, no_bucket, precondition_failed
+from tasks.store.s3_client import cache_root, filesystem, no_bucket, precondition_failed, read_at_most
 from tasks.store.s3_lease import Lease, lease_seconds
 from tasks.store.s3_urls import SCHEME, normal_url, scrub, split_url
 
 UPLOAD_PART_BYTES = 8 << 20
 INCOMING = ".incoming"  # downloads into the local cache in progress (a killed one is left there for gc)
-
-
-async def _read_at_most(body: Any, limit: int) -> bytes:
-    """The first ``limit`` bytes of the response ``body`` (all of it when shorter); one read may return less."""
-    parts, got = [], 0
-    while got < limit:
-        chunk = await body.read(limit - got)
-        if not chunk:
-            break
-        parts.append(chunk)
-        got += len(chunk)
-    return b"".join(parts)
 
 
 class ObjectFiles:
@@ -127,8 +115,8 @@ class ObjectFiles:
     def names(self, key: str) -> list[str]:
         return sorted(rel for rel in self.files(key) if "/" not in rel)
 
-    def links(self, key: str) -> list[str]:
-        return []  # an object store has none
+    def links(self, key: str) -> list[str]:  # an object store has none
+        return []
 
     def sha256(self, key: str) -> str:
         h = hashlib.sha256()
@@ -145,6 +133,11 @@ class ObjectFiles:
             if modified is not None and hasattr(modified, "timestamp"):
                 newest = max(newest, modified.timestamp())
         return total, newest
+
+    def fetch(self, key: str, dest: Path) -> Path:
+        with self._errors(f"downloading {key}"):
+            self.fs.get_file(self._path(key), str(dest))
+        return dest
 
     def local_copy(self, key: str, full: bool = False) -> Path:
         """The cached copy of ``key``, downloaded unless the cache holds its build, every file checked first."""
@@ -426,7 +419,7 @@ class ObjectFiles:
                 return None
             body = resp["Body"]
             try:
-                data = await body.read() if max_bytes is None else await _read_at_most(body, max_bytes)
+                data = await body.read() if max_bytes is None else await read_at_most(body, max_bytes)
             finally:
                 body.close()
             return data, resp["ETag"]
