@@ -30,7 +30,7 @@ def count_text(text: str, specials: Sequence[str] = (), pattern: str = GPT2_PATT
 def train_from_pretoken_counts(counts: dict[str, int], num_merges: int) -> list[tuple[bytes, bytes]]:
     """The merges, in training order, of a ``{pre-token: count}`` table."""
     with gc_paused():
-        words = {tok.encode("utf-8").decode("latin-1"): n for tok, n in counts.items()}
+        words = {tok if tok.isascii() else tok.encode("utf-8").decode("latin-1"): n for tok, n in counts.items()}
         _, merges = train_from_word_counts(words, num_merges)
     return [(a.encode("latin-1"), b.encode("latin-1")) for a, b in merges]
 
