@@ -75,9 +75,8 @@ def classes(cps: np.ndarray) -> np.ndarray:
     Learnt for the code points a text holds, the first time they are met: asking ``regex`` about all of Unicode
     up front takes longer than counting many a text."""
     cls = _CLASS[cps]
-    unknown = cls == _UNKNOWN
-    if unknown.any():
-        _learn(np.unique(cps[unknown]))
+    if len(cls) and cls.max() == _UNKNOWN:  # the greatest uint8: one pass, no mask, in the usual case
+        _learn(np.unique(cps[cls == _UNKNOWN]))
         cls = _CLASS[cps]
     return cls
 
