@@ -98,6 +98,21 @@ class TokenizerSettings(Settings):
             data["source"] = stored_url(data["source"])
         return data
 
+    def warnings(self) -> list[str]:
+        """For ``kind=pretrained``, each field that only the trained kinds use (``num_merges``, ``pattern``) given
+        anyway: it runs (the file has its own), but the value is not used. A warning, not an error (as a
+        ``pattern`` other than gpt2 is): the tiny preset and a deployment's parameters give ``num_merges``, and a
+        run cannot take a field out of those."""
+        if self.kind != "pretrained":
+            return []
+        return [
+            f"tokenizer.{name}={getattr(self, name)!r} is not used with kind=pretrained: the tokenizer.json at "
+            f"tokenizer.source has its own {what}, and the version does not depend on it; leave {name} out, or "
+            "use kind=byte to train one"
+            for name, what in (("num_merges", "merges"), ("pattern", "split pattern"))
+            if name in self.model_fields_set
+        ]
+
     def version_params(self) -> dict:
         """All fields, but ``kind`` and ``pattern`` only for ``kind=byte``: the chapter's tokenizer keeps the
         version ids it had before there was a second kind. ``source`` never (the file's sha256 stands for it, as

@@ -345,6 +345,23 @@ def test_a_warmup_not_shorter_than_the_steps_is_a_warning_not_an_error():
     assert Pipeline.from_flat({"steps": 6, "warmup": 0}).resolved("model").warnings() == []
 
 
+def test_training_fields_given_with_a_pretrained_tokenizer_are_a_warning_naming_them():
+    """``num_merges`` and ``pattern`` given with ``kind=pretrained`` run (the file has its own) but are not used:
+    a warning for each one given (the tiny preset gives num_merges), none when left out or for a trained kind."""
+    pretrained = {"kind": "pretrained", "source": "/t/tokenizer.json"}
+    s = Pipeline.parse(tokenizer={**pretrained, "num_merges": 48, "pattern": "gpt2"})
+    assert s.resolved("tokenizer").warnings() == [
+        "tokenizer.num_merges=48 is not used with kind=pretrained: the tokenizer.json at tokenizer.source has its "
+        "own merges, and the version does not depend on it; leave num_merges out, or use kind=byte to train one",
+        "tokenizer.pattern='gpt2' is not used with kind=pretrained: the tokenizer.json at tokenizer.source has its "
+        "own split pattern, and the version does not depend on it; leave pattern out, or use kind=byte to train one",
+    ]
+    tiny = Pipeline.parse(**{**TINY, "tokenizer": {**TINY["tokenizer"], **pretrained}})
+    assert [w.split(" is ")[0] for w in tiny.resolved("tokenizer").warnings()] == ["tokenizer.num_merges=48"]
+    assert Pipeline.parse(tokenizer=pretrained).resolved("tokenizer").warnings() == []
+    assert Pipeline.parse(tokenizer={"kind": "byte", "num_merges": 48}).resolved("tokenizer").warnings() == []
+
+
 def test_the_older_verbs_a_stage_answers_to_are_documented_in_the_help():
     """``only: "train"`` runs the model stage: every alias the registry accepts is in the help of ``only`` and
     ``force`` (the UI form's text), as ``verb = stage``."""
