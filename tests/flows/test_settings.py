@@ -269,6 +269,31 @@ def test_the_flow_itself_validates_before_any_task(prefect_server, tmp_path):
     assert not (tmp_path / "art").exists()
 
 
+def test_a_bad_cache_budget_stops_the_run_before_any_stage(prefect_server, monkeypatch, tmp_path, capsys):
+    """``WIKI_PIPELINE_CACHE_MAX``, read by the model stage, is checked where the settings are (the command line
+    and the flow's first line) with the stage's own message, not when the model stage starts after the corpus,
+    tokenizer and shards; a run that does not run the model stage is not stopped by it."""
+    from flows.wiki_pipeline import wiki_pipeline
+    from tasks.shard_stream import ENV_CACHE_MAX, cache_budget
+
+    monkeypatch.setenv(ENV_CACHE_MAX, "lots")
+    with pytest.raises(UserError) as e:
+        cache_budget()
+    assert str(e.value).startswith(f"{ENV_CACHE_MAX}='lots' is not a size")
+    root = tmp_path / "art"
+    assert main(["run", "--tiny", "--artifacts-dir", str(root), "--source-url", tiny_zip_url(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {e.value}"
+    assert not root.exists(), "nothing ran, nothing was published"
+    state = wiki_pipeline(**tiny_flow_parameters(tiny_zip_url(tmp_path), root), return_state=True)
+    with pytest.raises(UserError) as in_flow:
+        state.result()
+    assert str(in_flow.value) == str(e.value)
+    assert task_run_states(state.state_details.flow_run_id) == {} and not root.exists()
+    with pytest.raises(UserError, match=f"^{ENV_CACHE_MAX}="):
+        Pipeline.parse(run={"only": "model"})
+    assert Pipeline.parse(run={"only": "shards"}).run.only == "shards"
+
+
 def test_prompt_the_tokenizer_cannot_encode_stops_the_flow_after_bpe(prefect_server, tmp_path):
     """The tokenizer check runs right after bpe: encode, train and sample never start."""
     from flows.wiki_pipeline import wiki_pipeline
