@@ -34,7 +34,7 @@ from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.core.urls import stored_url
 from tasks.corpus import ARTICLE_FILES, SPLIT_FILES
-from tasks.pretrained_tokenizer import build_pretrained, check_source, source_identity
+from tasks.pretrained_tokenizer import build_pretrained, check_source, pretrained_source
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 FIRST_MERGES = 30
@@ -124,6 +124,12 @@ class TokenizerSettings(Settings):
         elif params["kind"] == "pretrained":
             del params["num_merges"], params["pattern"]
         return params
+
+
+def source_identity(settings: TokenizerSettings, store, log) -> dict | None:
+    """``Stage.source``: the identity of a pretrained kind's file
+    (:func:`tasks.pretrained_tokenizer.pretrained_source`), None for the trained kinds."""
+    return pretrained_source(settings, store, log, STAGE)
 
 
 def load_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> BPETokenizer | ByteBPETokenizer:
