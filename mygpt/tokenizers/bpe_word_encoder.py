@@ -108,6 +108,7 @@ class WordEncoder:
         self._used = 0  # ids in the store
         # slot -> the unknown characters of that word (with repeats); only words that have any.
         self.unknown: dict[int, tuple[str, ...]] = {}
+        self._slot_of_bytes: dict[bytes, int] = {}  # encode_bytes's words (UTF-8) -> slot
 
     # -- one word ---------------------------------------------------------------------------------
     def _symbol_ids(self, word: str) -> list[int]:
@@ -303,6 +304,54 @@ class WordEncoder:
             return np.zeros(0, dtype=self.dtype)
         if len(self.table) > known:
             self._add_words(self.table.words[known:], known)
+        return self._gather(slots, unk_policy, stats)
+
+    def encode_bytes(self, data: bytes, unk_policy: str = "skip") -> tuple[np.ndarray, EncodeStats]:
+        """:meth:`encode_text` of ``data.decode("utf-8")``, from the bytes: the words found and mapped once per group
+        of :data:`~mygpt.tokenizers.bpe_bytes.GROUP_WORDS` by :mod:`mygpt.tokenizers.bpe_bytes` (no ``str`` of the
+        text is made); bytes that are not UTF-8 raise the decoder's own ``UnicodeDecodeError``."""
+        from mygpt.tokenizers import bpe_bytes
+        from mygpt.tokenizers.bpe_train import gc_paused
+
+        if not bpe_bytes.is_utf8(data):
+            data.decode("utf-8")  # raises, with the offset of the first bad byte
+        u = np.frombuffer(data, dtype=np.uint8)
+        stats = EncodeStats(chars=bpe_bytes.char_count(u))
+        offsets = bpe_bytes.word_starts(u)
+        step = bpe_bytes.GROUP_WORDS
+        with gc_paused():
+            parts = [
+                self._encode_group(data, offsets[g : g + step + 1], unk_policy, stats)
+                for g in range(0, offsets.size - 1, step)
+            ]
+        ids = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, dtype=self.dtype)
+        stats.tokens = int(ids.size)
+        return ids, stats
+
+    def _encode_group(self, data: bytes, offsets: np.ndarray, unk_policy: str, stats: EncodeStats) -> np.ndarray:
+        """The ids of the words ``data[offsets[i]:offsets[i + 1]]``: each distinct word looked up once, the new
+        ones encoded (:meth:`_add_words`) and remembered."""
+        from mygpt.tokenizers.bpe_bytes import distinct_words
+
+        if len(self.table) > self.cache_limit:
+            self._reset_cache()
+        distinct, index = distinct_words(data, offsets)
+        get = self._slot_of_bytes.get
+        dslots = np.fromiter((get(w, -1) for w in distinct), dtype=np.int64, count=len(distinct))
+        new = np.flatnonzero(dslots < 0).tolist()
+        if new:
+            words = [distinct[i].decode("utf-8") for i in new]
+            known = len(self.table)
+            added = self.table.extend(words)
+            self._add_words(words, known)
+            dslots[new] = added
+            self._slot_of_bytes.update(zip([distinct[i] for i in new], added.tolist()))
+        return self._gather(dslots[index], unk_policy, stats)
+
+    def _gather(self, slots: np.ndarray, unk_policy: str, stats: EncodeStats) -> np.ndarray:
+        """The ids of the words in ``slots`` put end to end (their unknown characters counted into ``stats``)."""
+        if not slots.size:
+            return np.zeros(0, dtype=self.dtype)
         if self.unknown:
             unk_pos = np.flatnonzero(self._has_unknown[slots])
             if unk_pos.size:
