@@ -172,17 +172,17 @@ def _encode_bytes(enc, f, path, start: int, end: int, unk_policy: str) -> tuple[
 def _encode_documents(tokenizer, text: str, start: int, ends: Sequence[int]) -> tuple[np.ndarray, EncodeStats]:
     """A byte-level BPE's ids of a chunk at file offset ``start``, ``<|endoftext|>`` after each document end."""
     if not ends:
-        ids = tokenizer.encode_array(text)
+        ids = tokenizer.encode_array(text, threads=1)
     else:
         data = text.encode("utf-8")
         eot: np.ndarray = np.asarray([tokenizer.special_ids["<|endoftext|>"]], dtype=id_dtype(tokenizer.vocab_size))
         parts: list[np.ndarray] = []
         at = 0
         for e in (int(x) - start for x in ends):
-            parts += [tokenizer.encode_array(data[at:e].decode("utf-8")), eot]
+            parts += [tokenizer.encode_array(data[at:e].decode("utf-8"), threads=1), eot]
             at = e
         if at < len(data):
-            parts.append(tokenizer.encode_array(data[at:].decode("utf-8")))
+            parts.append(tokenizer.encode_array(data[at:].decode("utf-8"), threads=1))
         ids = np.concatenate(parts)
     return ids, EncodeStats(chars=len(text), tokens=int(ids.size))
 
