@@ -61,12 +61,14 @@ def whitespace_mask(u: np.ndarray) -> np.ndarray:
 
 def word_starts(u: np.ndarray) -> np.ndarray:
     """The byte offsets where the words of ``\\s*\\S+|\\s+`` start in the UTF-8 text ``u``, then ``u.size``
-    (int32 Arrow offsets; ``[0]`` for no text): a word starts at 0 and wherever whitespace follows non-whitespace."""
+    (Arrow's offsets: int32, int64 past 2 GiB; ``[0]`` for no text): a word starts at 0 and wherever whitespace
+    follows non-whitespace."""
+    dtype = np.int32 if u.size < 1 << 31 else np.int64  # int64: Arrow's large_binary
     if u.size == 0:
-        return np.zeros(1, dtype=np.int32)
+        return np.zeros(1, dtype=dtype)
     ws = whitespace_mask(u)
     inner = np.flatnonzero(ws[1:] > ws[:-1])
-    out = np.empty(inner.size + 2, dtype=np.int32)
+    out = np.empty(inner.size + 2, dtype=dtype)
     out[0] = 0
     np.add(inner, 1, out=out[1:-1], casting="unsafe")
     out[-1] = u.size
@@ -76,7 +78,11 @@ def word_starts(u: np.ndarray) -> np.ndarray:
 def _strings(data: bytes, offsets: np.ndarray, kind: str = "binary"):
     import pyarrow as pa
 
-    typ = pa.binary() if kind == "binary" else pa.string()
+    large = offsets.dtype == np.int64
+    if kind == "binary":
+        typ = pa.large_binary() if large else pa.binary()
+    else:
+        typ = pa.large_string() if large else pa.string()
     return pa.Array.from_buffers(typ, offsets.size - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
@@ -85,7 +91,9 @@ def is_utf8(data: bytes) -> bool:
     import pyarrow as pa
 
     try:
-        _strings(data, np.array([0, len(data)], dtype=np.int32), "string").validate(full=True)
+        _strings(
+            data, np.array([0, len(data)], dtype=np.int32 if len(data) < 1 << 31 else np.int64), "string"
+        ).validate(full=True)
     except pa.ArrowInvalid:
         return False
     return True

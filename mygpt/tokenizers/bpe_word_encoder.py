@@ -336,8 +336,8 @@ class WordEncoder:
         if len(self.table) > self.cache_limit:
             self._reset_cache()
         distinct, index = distinct_words(data, offsets)
-        get = self._slot_of_bytes.get
-        dslots = np.fromiter((get(w, -1) for w in distinct), dtype=np.int64, count=len(distinct))
+        n = len(distinct)
+        dslots = np.fromiter(map(self._slot_of_bytes.get, distinct, itertools.repeat(-1, n)), dtype=np.int64, count=n)
         new = np.flatnonzero(dslots < 0).tolist()
         if new:
             words = [distinct[i].decode("utf-8") for i in new]
@@ -346,7 +346,31 @@ class WordEncoder:
             self._add_words(words, known)
             dslots[new] = added
             self._slot_of_bytes.update(zip([distinct[i] for i in new], added.tolist()))
-        return self._gather(dslots[index], unk_policy, stats)
+        # a word has at most as many ids as bytes (a byte token per byte at most): int32 counts suffice below 2 GiB
+        small = int(offsets[-1]) - int(offsets[0]) < 1 << 31
+        return self._gather_distinct(dslots, index.astype(np.int32 if small else np.int64), unk_policy, stats)
+
+    def _gather_distinct(
+        self, dslots: np.ndarray, index: np.ndarray, unk_policy: str, stats: EncodeStats
+    ) -> np.ndarray:
+        """The ids of the words ``dslots[index]`` put end to end, gathered from a copy of just the distinct words' ids
+        (small enough to stay in the CPU's cache, unlike the whole store); unknown characters counted."""
+        if not index.size:
+            return np.zeros(0, dtype=self.dtype)
+        if self.unknown:
+            unk = np.flatnonzero(self._has_unknown[dslots])
+            if unk.size:
+                freq = np.bincount(index, minlength=dslots.size)[unk]
+                self._account_unknown(dslots[unk], freq, unk_policy, stats)
+        lens = self._length[dslots].astype(index.dtype)
+        ends = np.cumsum(lens)
+        firsts = ends - lens
+        local = self._store[np.repeat(self._start[dslots] - firsts, lens) + np.arange(int(ends[-1]))]
+        word_lens = lens[index]
+        out_end = np.cumsum(word_lens)
+        shift = np.repeat(firsts[index] - (out_end - word_lens), word_lens)
+        shift += np.arange(shift.size, dtype=shift.dtype)
+        return local[shift]
 
     def _gather(self, slots: np.ndarray, unk_policy: str, stats: EncodeStats) -> np.ndarray:
         """The ids of the words in ``slots`` put end to end (their unknown characters counted into ``stats``)."""
@@ -355,7 +379,7 @@ class WordEncoder:
         if self.unknown:
             unk_pos = np.flatnonzero(self._has_unknown[slots])
             if unk_pos.size:
-                self._account_unknown(slots[unk_pos], unk_policy, stats)
+                self._account_unknown(*np.unique(slots[unk_pos], return_counts=True), unk_policy, stats)
         lens = self._length[slots]
         out_end = np.cumsum(lens)
         total = int(out_end[-1])
@@ -364,8 +388,8 @@ class WordEncoder:
         shift += np.arange(total, dtype=np.int64)
         return self._store[shift]
 
-    def _account_unknown(self, unk_slots: np.ndarray, unk_policy: str, stats: EncodeStats) -> None:
-        slots, freq = np.unique(unk_slots, return_counts=True)
+    def _account_unknown(self, slots: np.ndarray, freq: np.ndarray, unk_policy: str, stats: EncodeStats) -> None:
+        """Count the unknown characters of the distinct words ``slots``, met ``freq`` times each (or raise)."""
         if unk_policy == "error" and not self.byte_fallback:
             chars: set[str] = set()
             for sl in slots.tolist():
