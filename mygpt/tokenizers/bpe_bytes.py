@@ -18,6 +18,7 @@ from mygpt.tokenizers.bpe_words import WS_LIMIT
 __all__ = [
     "ASCII_WS",
     "GROUP_WORDS",
+    "SLICE_BYTES",
     "WIDE_LEADS",
     "char_count",
     "distinct_words",
@@ -27,7 +28,9 @@ __all__ = [
 ]
 
 #: Words handled at a time (bounds the temporaries of one chunk: about 40 bytes a word).
-GROUP_WORDS = 1 << 21
+GROUP_WORDS = 1 << 19
+#: Bytes :func:`word_starts` looks at a time.
+SLICE_BYTES = 1 << 20
 
 #: The UTF-8 spellings of the characters above U+007F that ``str.isspace`` calls whitespace (each 2 or 3 bytes,
 #: led by 0xC2, 0xE1, 0xE2 or 0xE3), as ints (``(b0 << 16) | (b1 << 8) | b2``; 2-byte ones with ``b2 = 0``).
@@ -62,17 +65,20 @@ def whitespace_mask(u: np.ndarray) -> np.ndarray:
 def word_starts(u: np.ndarray) -> np.ndarray:
     """The byte offsets where the words of ``\\s*\\S+|\\s+`` start in the UTF-8 text ``u``, then ``u.size``
     (Arrow's offsets: int32, int64 past 2 GiB; ``[0]`` for no text): a word starts at 0 and wherever whitespace
-    follows non-whitespace."""
-    dtype = np.int32 if u.size < 1 << 31 else np.int64  # int64: Arrow's large_binary
-    if u.size == 0:
-        return np.zeros(1, dtype=dtype)
-    ws = whitespace_mask(u)
-    inner = np.flatnonzero(ws[1:] > ws[:-1])
-    out = np.empty(inner.size + 2, dtype=dtype)
-    out[0] = 0
-    np.add(inner, 1, out=out[1:-1], casting="unsafe")
-    out[-1] = u.size
-    return out
+    follows non-whitespace. Found :data:`SLICE_BYTES` at a time (a few bytes of context either side), so the
+    temporaries stay small whatever the text's size."""
+    n = u.size
+    dtype = np.int32 if n < 1 << 31 else np.int64  # int64: Arrow's large_binary
+    parts = [np.zeros(1, dtype=dtype)]
+    for a in range(1, n, SLICE_BYTES):
+        b = min(n, a + SLICE_BYTES)
+        lo, hi = max(0, a - 3), min(n, b + 2)  # a whitespace character is at most 3 bytes
+        ws = whitespace_mask(u[lo:hi])[a - 1 - lo : b - lo]  # bytes a - 1 .. b - 1
+        inner = np.flatnonzero(ws[1:] > ws[:-1])
+        inner += a
+        parts.append(inner.astype(dtype))
+    parts.append(np.array([n], dtype=dtype) if n else np.zeros(0, dtype=dtype))
+    return np.concatenate(parts)
 
 
 def _strings(data: bytes, offsets: np.ndarray, kind: str = "binary"):

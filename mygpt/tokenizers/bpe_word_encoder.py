@@ -108,7 +108,9 @@ class WordEncoder:
         self._used = 0  # ids in the store
         # slot -> the unknown characters of that word (with repeats); only words that have any.
         self.unknown: dict[int, tuple[str, ...]] = {}
-        self._slot_of_bytes: dict[bytes, int] = {}  # encode_bytes's words (UTF-8) -> slot
+        # encode_bytes's words (UTF-8) -> slot; the slots are either these or the table's (the other path empties
+        # the cache first)
+        self._slot_of_bytes: dict[bytes, int] = {}
 
     # -- one word ---------------------------------------------------------------------------------
     def _symbol_ids(self, word: str) -> list[int]:
@@ -296,7 +298,7 @@ class WordEncoder:
 
     def _encode_piece(self, piece: str, unk_policy: str, stats: EncodeStats) -> np.ndarray:
         stats.chars += len(piece)
-        if len(self.table) > self.cache_limit:
+        if len(self.table) > self.cache_limit or self._slot_of_bytes:  # full, or slots numbered by encode_bytes
             self._reset_cache()
         known = len(self.table)
         slots = self.table.slots(piece)  # one per word, in order; new words get new slots
@@ -333,19 +335,19 @@ class WordEncoder:
         ones encoded (:meth:`_add_words`) and remembered."""
         from mygpt.tokenizers.bpe_bytes import distinct_words
 
-        if len(self.table) > self.cache_limit:
+        known = self._slot_of_bytes
+        if len(known) > self.cache_limit or len(self.table):  # full, or slots numbered by encode_text's table
             self._reset_cache()
+            known = self._slot_of_bytes
         distinct, index = distinct_words(data, offsets)
         n = len(distinct)
-        dslots = np.fromiter(map(self._slot_of_bytes.get, distinct, itertools.repeat(-1, n)), dtype=np.int64, count=n)
+        dslots = np.fromiter(map(known.get, distinct, itertools.repeat(-1, n)), dtype=np.int64, count=n)
         new = np.flatnonzero(dslots < 0).tolist()
-        if new:
-            words = [distinct[i].decode("utf-8") for i in new]
-            known = len(self.table)
-            added = self.table.extend(words)
-            self._add_words(words, known)
-            dslots[new] = added
-            self._slot_of_bytes.update(zip([distinct[i] for i in new], added.tolist()))
+        if new:  # slots numbered in order of arrival: the next is len(known)
+            first = len(known)
+            self._add_words([distinct[i].decode("utf-8") for i in new], first)
+            dslots[new] = np.arange(first, first + len(new))
+            known.update(zip([distinct[i] for i in new], range(first, first + len(new))))
         # a word has at most as many ids as bytes (a byte token per byte at most): int32 counts suffice below 2 GiB
         small = int(offsets[-1]) - int(offsets[0]) < 1 << 31
         return self._gather_distinct(dslots, index.astype(np.int32 if small else np.int64), unk_policy, stats)

@@ -224,11 +224,6 @@ class WordTable:
             slots[k] = s
         return slots
 
-    def extend(self, words: list[str]) -> np.ndarray:
-        """Add ``words`` (not looked up: the caller knows they are new to it) at the next slots; those slots. A
-        word added here and met again by :meth:`slots` gets a second slot, which encodes the same."""
-        return self._append(words)
-
     def _resolve(self, text, cps, starts, lens, h, slots, missing) -> None:
         """Slots for the words the index did not give (new words, or collisions): by hash, then checked."""
         uh, first, inverse = np.unique(h[missing], return_index=True, return_inverse=True)

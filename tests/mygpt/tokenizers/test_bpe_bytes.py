@@ -34,9 +34,14 @@ def test_the_byte_rules_are_str_isspace():
 
 
 @SETTINGS
-@given(_TEXT)
-def test_word_starts_are_findall(text):
-    assert _findall_from_bytes(text) == WORD_RE.findall(text)
+@given(_TEXT, st.integers(1, 8))
+def test_word_starts_are_findall_in_slices_of_any_size(text, slice_bytes):
+    saved = bpe_bytes.SLICE_BYTES
+    bpe_bytes.SLICE_BYTES = slice_bytes  # slices cut inside multi-byte whitespace too
+    try:
+        assert _findall_from_bytes(text) == WORD_RE.findall(text)
+    finally:
+        bpe_bytes.SLICE_BYTES = saved
 
 
 def test_word_starts_on_real_text(wikitext2_text, shakespeare_text):
@@ -89,6 +94,9 @@ def test_encode_bytes_is_encode_text_on_real_text(tok, name, request):
     assert ids.dtype == want.dtype and np.array_equal(ids, want)
     assert stats == want_stats
     assert np.array_equal(again, _plain(tok, data[half:].decode("utf-8"))[0])
+    # the two paths one after the other on one encoder (each numbers the cached words its own way)
+    assert np.array_equal(enc.encode_text(text)[0], want)
+    assert np.array_equal(enc.encode_bytes(data[:half])[0], _plain(tok, data[:half].decode("utf-8"))[0])
 
 
 def test_groups_and_cache_resets_change_nothing(tok, wikitext2_text, monkeypatch):
@@ -99,7 +107,7 @@ def test_groups_and_cache_resets_change_nothing(tok, wikitext2_text, monkeypatch
     enc.cache_limit = 500
     ids, stats = enc.encode_bytes(text.encode("utf-8"))
     assert np.array_equal(ids, want) and stats == want_stats
-    assert len(enc.table) <= 500 + 1000
+    assert len(enc._slot_of_bytes) <= 500 + 1000
 
 
 def test_unknown_characters_error_and_byte_fallback(tok, wikitext2_text):
