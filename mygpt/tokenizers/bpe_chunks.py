@@ -150,28 +150,39 @@ def encode_chunk(
     A byte-level BPE encodes every character (``unk_policy`` has nothing to do); ``ends``: the file offsets in
     ``start < e <= end`` where a document ends (``<|endoftext|>`` follows there): the text between is encoded
     document by document, as each document alone encodes."""
-    text = read_chunk(path, start, end, opener)
     if getattr(tokenizer, "kind", "bpe") == "byte":
-        return _encode_documents(tokenizer, text, start, ends)
+        return _encode_documents(tokenizer, read_chunk(path, start, end, opener), start, ends)
     if ends:
         raise UserError("only a byte-level BPE ends documents with <|endoftext|>; this tokenizer has no such token")
-    return tokenizer._fast_encoder().encode_text(text, unk_policy)
+    with opener(path) if opener else open(path, "rb") as f:
+        return _encode_bytes(tokenizer._fast_encoder(), f, path, start, end, unk_policy)
+
+
+def _encode_bytes(enc, f, path, start: int, end: int, unk_policy: str) -> tuple[np.ndarray, EncodeStats]:
+    """The chapter BPE's ids of bytes ``start..end`` of the open file ``f``, from the bytes as they are (the encoder
+    finds the words without making a ``str`` of the chunk); not UTF-8: :func:`_not_utf8`."""
+    f.seek(start)
+    data = f.read(end - start)
+    try:
+        return enc.encode_bytes(data, unk_policy)
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, start + e.start) from None
 
 
 def _encode_documents(tokenizer, text: str, start: int, ends: Sequence[int]) -> tuple[np.ndarray, EncodeStats]:
     """A byte-level BPE's ids of a chunk at file offset ``start``, ``<|endoftext|>`` after each document end."""
     if not ends:
-        ids = tokenizer.encode_array(text)
+        ids = tokenizer.encode_array(text, threads=1)
     else:
         data = text.encode("utf-8")
         eot: np.ndarray = np.asarray([tokenizer.special_ids["<|endoftext|>"]], dtype=id_dtype(tokenizer.vocab_size))
         parts: list[np.ndarray] = []
         at = 0
         for e in (int(x) - start for x in ends):
-            parts += [tokenizer.encode_array(data[at:e].decode("utf-8")), eot]
+            parts += [tokenizer.encode_array(data[at:e].decode("utf-8"), threads=1), eot]
             at = e
         if at < len(data):
-            parts.append(tokenizer.encode_array(data[at:].decode("utf-8")))
+            parts.append(tokenizer.encode_array(data[at:].decode("utf-8"), threads=1))
         ids = np.concatenate(parts)
     return ids, EncodeStats(chars=len(text), tokens=int(ids.size))
 
@@ -201,5 +212,5 @@ def iter_encode_file(
         for idx, start, end in chunk_bounds(path, chunk_bytes):
             if idx < start_chunk:
                 continue
-            ids, stats = enc.encode_text(_read_chunk(f, path, start, end), unk_policy)
+            ids, stats = _encode_bytes(enc, f, path, start, end, unk_policy)
             yield idx, start, end, ids, stats

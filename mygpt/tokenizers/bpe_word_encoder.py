@@ -108,6 +108,9 @@ class WordEncoder:
         self._used = 0  # ids in the store
         # slot -> the unknown characters of that word (with repeats); only words that have any.
         self.unknown: dict[int, tuple[str, ...]] = {}
+        # encode_bytes's words (UTF-8) -> slot; the slots are either these or the table's (the other path empties
+        # the cache first)
+        self._slot_of_bytes: dict[bytes, int] = {}
 
     # -- one word ---------------------------------------------------------------------------------
     def _symbol_ids(self, word: str) -> list[int]:
@@ -295,7 +298,7 @@ class WordEncoder:
 
     def _encode_piece(self, piece: str, unk_policy: str, stats: EncodeStats) -> np.ndarray:
         stats.chars += len(piece)
-        if len(self.table) > self.cache_limit:
+        if len(self.table) > self.cache_limit or self._slot_of_bytes:  # full, or slots numbered by encode_bytes
             self._reset_cache()
         known = len(self.table)
         slots = self.table.slots(piece)  # one per word, in order; new words get new slots
@@ -303,10 +306,82 @@ class WordEncoder:
             return np.zeros(0, dtype=self.dtype)
         if len(self.table) > known:
             self._add_words(self.table.words[known:], known)
+        return self._gather(slots, unk_policy, stats)
+
+    def encode_bytes(self, data: bytes, unk_policy: str = "skip") -> tuple[np.ndarray, EncodeStats]:
+        """:meth:`encode_text` of ``data.decode("utf-8")``, from the bytes: the words found and mapped once per group
+        of :data:`~mygpt.tokenizers.bpe_bytes.GROUP_WORDS` by :mod:`mygpt.tokenizers.bpe_bytes` (no ``str`` of the
+        text is made); bytes that are not UTF-8 raise the decoder's own ``UnicodeDecodeError``."""
+        from mygpt.tokenizers import bpe_bytes
+        from mygpt.tokenizers.bpe_train import gc_paused
+
+        if not bpe_bytes.is_utf8(data):
+            data.decode("utf-8")  # raises, with the offset of the first bad byte
+        u = np.frombuffer(data, dtype=np.uint8)
+        stats = EncodeStats(chars=bpe_bytes.char_count(u))
+        offsets = bpe_bytes.word_starts(u)
+        step = bpe_bytes.GROUP_WORDS
+        with gc_paused():
+            parts = [
+                self._encode_group(data, offsets[g : g + step + 1], unk_policy, stats)
+                for g in range(0, offsets.size - 1, step)
+            ]
+        ids = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, dtype=self.dtype)
+        stats.tokens = int(ids.size)
+        return ids, stats
+
+    def _encode_group(self, data: bytes, offsets: np.ndarray, unk_policy: str, stats: EncodeStats) -> np.ndarray:
+        """The ids of the words ``data[offsets[i]:offsets[i + 1]]``: each distinct word looked up once, the new
+        ones encoded (:meth:`_add_words`) and remembered."""
+        from mygpt.tokenizers.bpe_bytes import distinct_words
+
+        known = self._slot_of_bytes
+        if len(known) > self.cache_limit or len(self.table):  # full, or slots numbered by encode_text's table
+            self._reset_cache()
+            known = self._slot_of_bytes
+        distinct, index = distinct_words(data, offsets)
+        n = len(distinct)
+        dslots = np.fromiter(map(known.get, distinct, itertools.repeat(-1, n)), dtype=np.int64, count=n)
+        new = np.flatnonzero(dslots < 0).tolist()
+        if new:  # slots numbered in order of arrival: the next is len(known)
+            first = len(known)
+            self._add_words([distinct[i].decode("utf-8") for i in new], first)
+            dslots[new] = np.arange(first, first + len(new))
+            known.update(zip([distinct[i] for i in new], range(first, first + len(new))))
+        # a word has at most as many ids as bytes (a byte token per byte at most): int32 counts suffice below 2 GiB
+        small = int(offsets[-1]) - int(offsets[0]) < 1 << 31
+        return self._gather_distinct(dslots, index.astype(np.int32 if small else np.int64), unk_policy, stats)
+
+    def _gather_distinct(
+        self, dslots: np.ndarray, index: np.ndarray, unk_policy: str, stats: EncodeStats
+    ) -> np.ndarray:
+        """The ids of the words ``dslots[index]`` put end to end, gathered from a copy of just the distinct words' ids
+        (small enough to stay in the CPU's cache, unlike the whole store); unknown characters counted."""
+        if not index.size:
+            return np.zeros(0, dtype=self.dtype)
+        if self.unknown:
+            unk = np.flatnonzero(self._has_unknown[dslots])
+            if unk.size:
+                freq = np.bincount(index, minlength=dslots.size)[unk]
+                self._account_unknown(dslots[unk], freq, unk_policy, stats)
+        lens = self._length[dslots].astype(index.dtype)
+        ends = np.cumsum(lens)
+        firsts = ends - lens
+        local = self._store[np.repeat(self._start[dslots] - firsts, lens) + np.arange(int(ends[-1]))]
+        word_lens = lens[index]
+        out_end = np.cumsum(word_lens)
+        shift = np.repeat(firsts[index] - (out_end - word_lens), word_lens)
+        shift += np.arange(shift.size, dtype=shift.dtype)
+        return local[shift]
+
+    def _gather(self, slots: np.ndarray, unk_policy: str, stats: EncodeStats) -> np.ndarray:
+        """The ids of the words in ``slots`` put end to end (their unknown characters counted into ``stats``)."""
+        if not slots.size:
+            return np.zeros(0, dtype=self.dtype)
         if self.unknown:
             unk_pos = np.flatnonzero(self._has_unknown[slots])
             if unk_pos.size:
-                self._account_unknown(slots[unk_pos], unk_policy, stats)
+                self._account_unknown(*np.unique(slots[unk_pos], return_counts=True), unk_policy, stats)
         lens = self._length[slots]
         out_end = np.cumsum(lens)
         total = int(out_end[-1])
@@ -315,8 +390,8 @@ class WordEncoder:
         shift += np.arange(total, dtype=np.int64)
         return self._store[shift]
 
-    def _account_unknown(self, unk_slots: np.ndarray, unk_policy: str, stats: EncodeStats) -> None:
-        slots, freq = np.unique(unk_slots, return_counts=True)
+    def _account_unknown(self, slots: np.ndarray, freq: np.ndarray, unk_policy: str, stats: EncodeStats) -> None:
+        """Count the unknown characters of the distinct words ``slots``, met ``freq`` times each (or raise)."""
         if unk_policy == "error" and not self.byte_fallback:
             chars: set[str] = set()
             for sl in slots.tolist():

@@ -34,6 +34,8 @@ __all__ = ["DEFAULT_SPECIALS", "ByteBPETokenizer", "check_pretokens", "check_tex
 DEFAULT_SPECIALS = ("<|endoftext|>",)
 #: How many pieces one ``encode_batch_fast`` call gets (bounds the memory of HF's encodings).
 _BATCH = 8
+#: How many pre-tokens' ids a tokenizer keeps between texts (a few tens of MB).
+CACHE_PRETOKENS = 200_000
 
 
 def id_dtype(vocab_size: int) -> type:
@@ -50,19 +52,22 @@ def encode_with(
     pattern: str | None,
     dtype: type,
     piece_chars: int = 0,
+    cache: dict[str, list[int]] | None = None,
+    threads: int | None = None,
 ) -> np.ndarray:
     """``text``'s ids under the HF tokenizer ``hf`` that splits by ``pattern`` (``gpt2``, ``gpt4`` or ``None``:
     unknown): the ``specials`` (``{content: id}``) become their ids only when allowed, everything else is ordinary
     text. With a known pattern the text is encoded in pieces cut where that pattern always ends a pre-token; with
-    GPT-2's each distinct pre-token is encoded once (:func:`_encode_gpt2_piece`); ``piece_chars``: the pieces'
-    size (0: the default)."""
+    GPT-2's each distinct pre-token is encoded once (:func:`_encode_gpt2_piece`) and kept in ``cache`` (pre-token ->
+    ids; a caller that encodes many texts passes the same one: a new dict when None); ``piece_chars``: the pieces'
+    size (0: the default); ``threads``: how many find the pre-tokens (None: the default)."""
     from mygpt.tokenizers.byte_bpe_pretokens import PIECE_CHARS, map_in_order, pieces
 
     size = piece_chars or PIECE_CHARS
     hf.encode_special_tokens = True  # the specials are cut out here, by the caller's choice
     out: list[np.ndarray] = []
     batch: list[str] = []
-    cache: dict[str, list[int]] = {}
+    cache = {} if cache is None else cache
 
     def flush() -> None:
         if batch:
@@ -75,7 +80,7 @@ def encode_with(
             out.append(np.asarray([specials[part]], dtype=dtype))
         elif pattern == "gpt2":
             flush()
-            for found, piece in map_in_order(_distinct_of, pieces(part, size)):
+            for found, piece in map_in_order(_distinct_of, pieces(part, size), threads):
                 out.append(_encode_gpt2_piece(hf, piece, found, cache, dtype))
         else:
             for piece in pieces(part, size >> 4) if pattern else [part]:
@@ -239,12 +244,31 @@ class ByteBPETokenizer:
 
         return hf_tokenizer(self)
 
-    def encode_array(self, text: str, allowed_special: bool = False) -> np.ndarray:
+    @functools.cached_property
+    def _pretoken_ids(self) -> dict[str, list[int]]:
+        """The ids of the pre-tokens encoded so far (GPT-2 pattern), for the next text; emptied past
+        :data:`CACHE_PRETOKENS`. Why: a corpus is encoded document by document, and its documents share most words."""
+        return {}
+
+    def encode_array(self, text: str, allowed_special: bool = False, threads: int | None = None) -> np.ndarray:
         """The ids of ``text`` (``uint16`` while the vocabulary fits, else ``uint32``); ``allowed_special`` turns
-        the specials in it into their ids (else they are ordinary bytes)."""
+        the specials in it into their ids (else they are ordinary bytes); ``threads``: how many threads find the
+        pre-tokens (None: :data:`~mygpt.tokenizers.byte_bpe_pretokens.THREADS`; 1 where processes share the cores)."""
         check_text(text, "text to encode")
         check_pretokens(text, self.specials if allowed_special else (), self.pattern, "text to encode")
-        return encode_with(self._hf, text, self.special_ids, allowed_special, self.pattern, id_dtype(self.vocab_size))
+        cache = self._pretoken_ids
+        if len(cache) > CACHE_PRETOKENS:
+            cache.clear()
+        return encode_with(
+            self._hf,
+            text,
+            self.special_ids,
+            allowed_special,
+            self.pattern,
+            id_dtype(self.vocab_size),
+            cache=cache,
+            threads=threads,
+        )
 
     def encode(self, text: str):
         """The ids of ``text`` as a ``torch.long`` tensor, specials as ordinary bytes (the model-facing form every

@@ -148,6 +148,24 @@ def test_encoding_in_many_pieces_equals_the_reference(trained, wikitext2_text):
     assert ids.tolist() == expected and ids.dtype == dtype
 
 
+def test_documents_encoded_one_after_another_share_pretokens_and_equal_the_reference(
+    trained, wikitext2_text, monkeypatch
+):
+    """The pre-token ids kept between texts (and the store emptied when full) change no id."""
+    from mygpt.tokenizers import byte_bpe
+
+    monkeypatch.setattr(byte_bpe, "CACHE_PRETOKENS", 2_000)
+    tok = ByteBPETokenizer(merges=trained.merges, specials=trained.specials, pattern=trained.pattern)
+    pattern = ref.PATTERNS[trained.pattern]
+    docs = regex.split(r"(?m)^ = [^=\n]+ = \n", wikitext2_text[:150_000])[:12] + [UNSEEN]
+    sizes = []
+    for doc in docs:
+        assert tok.encode_array(doc, threads=1).tolist() == ref.encode(doc, trained.merges, (), False, pattern)
+        sizes.append(len(tok._pretoken_ids))
+    if trained.pattern == "gpt2":  # the pattern whose pre-tokens are found here (GPT-4's: by Hugging Face)
+        assert max(sizes) > 2_000 and sizes != sorted(sizes)  # it filled, then was emptied
+
+
 def test_tokenizer_json_loads_in_hugging_face_with_the_same_ids(trained, shakespeare_text, tmp_path):
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast

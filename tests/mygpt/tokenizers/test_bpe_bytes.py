@@ -1,0 +1,137 @@
+"""The chapter BPE's encoder on UTF-8 bytes (mygpt.tokenizers.bpe_bytes, ``WordEncoder.encode_bytes``), proved equal
+to the plain encoders (``encode_text`` and the reference ``bpe_reference.encode``) on real text: the ids, the
+stats (characters, tokens, skipped characters by character), ``unk_policy="error"`` and byte fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mygpt.errors import UserError
+from mygpt.tokenizers import bpe_bytes, bpe_reference
+from mygpt.tokenizers.bpe import BPETokenizer
+from mygpt.tokenizers.bpe_reference import WORD_RE
+from mygpt.tokenizers.bpe_words import WS_LIMIT
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_WIDE_WS = [chr(c) for c in range(0x80, WS_LIMIT) if chr(c).isspace()]
+# every whitespace character, and non-whitespace ones that share their first UTF-8 bytes (U+00A9, U+2014, U+3001...)
+_CHARS = list("ab \n\t\r\x0b\x0c\x1c\x1f\x1b") + _WIDE_WS + list("\xa9\xc2\u1681\u200b\u2014\u2030\u205e\u3001é戦😀")
+_TEXT = st.text(st.sampled_from(_CHARS), max_size=60)
+
+
+def _findall_from_bytes(text: str) -> list[str]:
+    data = text.encode("utf-8")
+    offsets = bpe_bytes.word_starts(np.frombuffer(data, dtype=np.uint8)).tolist()
+    return [data[a:b].decode("utf-8") for a, b in zip(offsets, offsets[1:])]
+
+
+def test_the_byte_rules_are_str_isspace():
+    assert bytes(c for c in range(128) if chr(c).isspace()) == bpe_bytes.ASCII_WS
+    assert tuple(sorted({c.encode("utf-8")[0] for c in _WIDE_WS})) == bpe_bytes.WIDE_LEADS
+
+
+@SETTINGS
+@given(_TEXT, st.integers(1, 8))
+def test_word_starts_are_findall_in_slices_of_any_size(text, slice_bytes):
+    saved = bpe_bytes.SLICE_BYTES
+    bpe_bytes.SLICE_BYTES = slice_bytes  # slices cut inside multi-byte whitespace too
+    try:
+        assert _findall_from_bytes(text) == WORD_RE.findall(text)
+    finally:
+        bpe_bytes.SLICE_BYTES = saved
+
+
+def test_word_starts_on_real_text(wikitext2_text, shakespeare_text):
+    for text in (wikitext2_text, shakespeare_text, "", " ", "a", "\u3000x\u2029"):
+        assert _findall_from_bytes(text) == WORD_RE.findall(text)
+
+
+@SETTINGS
+@given(st.binary(max_size=12) | _TEXT.map(lambda t: t.encode("utf-8")[:-1]))
+def test_utf8_check_and_char_count_are_pythons(data):
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    assert bpe_bytes.is_utf8(data) == (text is not None)
+    if text is not None:
+        assert bpe_bytes.char_count(np.frombuffer(data, dtype=np.uint8)) == len(text)
+
+
+@pytest.fixture(scope="module")
+def tok(wikitext2_text) -> BPETokenizer:
+    """Trained on a slice, so the rest of the text has characters outside its alphabet."""
+    return BPETokenizer.from_corpus(wikitext2_text[:100_000], 300)
+
+
+def _plain(tok: BPETokenizer, text: str, unk_policy: str = "skip"):
+    return BPETokenizer.from_state(tok.state())._fast_encoder().encode_text(text, unk_policy)
+
+
+def test_encode_bytes_is_the_reference_encoder(tok, wikitext2_text):
+    text = wikitext2_text[200_000:260_000] + " \u2003x\u00a0y\u3000z 戦\u2028"
+    symbols = bpe_reference.encode(text, tok.merges)
+    want = [tok.stoi[s] for s in symbols if s in tok.stoi]  # the tokenizer drops what its alphabet lacks
+    ids, stats = tok._fast_encoder().encode_bytes(text.encode("utf-8"))
+    assert ids.tolist() == want
+    assert stats.skipped_positions == len(symbols) - len(want) > 0
+
+
+@pytest.mark.parametrize("name", ["wikitext2_text", "shakespeare_text"])
+def test_encode_bytes_is_encode_text_on_real_text(tok, name, request):
+    text = request.getfixturevalue(name)
+    want, want_stats = _plain(tok, text)
+    enc = BPETokenizer.from_state(tok.state())._fast_encoder()
+    data = text.encode("utf-8")
+    half = len(data) // 2
+    while data[half] & 0xC0 == 0x80:
+        half += 1
+    ids, stats = enc.encode_bytes(data)
+    again, _ = enc.encode_bytes(data[half:])  # its words all seen: from the cache
+    assert ids.dtype == want.dtype and np.array_equal(ids, want)
+    assert stats == want_stats
+    assert np.array_equal(again, _plain(tok, data[half:].decode("utf-8"))[0])
+    # the two paths one after the other on one encoder (each numbers the cached words its own way)
+    assert np.array_equal(enc.encode_text(text)[0], want)
+    assert np.array_equal(enc.encode_bytes(data[:half])[0], _plain(tok, data[:half].decode("utf-8"))[0])
+
+
+def test_groups_and_cache_resets_change_nothing(tok, wikitext2_text, monkeypatch):
+    text = wikitext2_text[:300_000]
+    want, want_stats = _plain(tok, text)
+    monkeypatch.setattr(bpe_bytes, "GROUP_WORDS", 1000)
+    enc = BPETokenizer.from_state(tok.state())._fast_encoder()
+    enc.cache_limit = 500
+    ids, stats = enc.encode_bytes(text.encode("utf-8"))
+    assert np.array_equal(ids, want) and stats == want_stats
+    assert len(enc._slot_of_bytes) <= 500 + 1000
+
+
+def test_unknown_characters_error_and_byte_fallback(tok, wikitext2_text):
+    text = wikitext2_text[150_000:250_000]
+    with pytest.raises(UserError) as plain:
+        _plain(tok, text, "error")
+    with pytest.raises(UserError) as fast:
+        tok._fast_encoder().encode_bytes(text.encode("utf-8"), "error")
+    assert str(fast.value) == str(plain.value)
+    fb = BPETokenizer(tok.chars, tok.merges, byte_fallback=True)
+    want, want_stats = _plain(fb, text, "error")
+    ids, stats = fb._fast_encoder().encode_bytes(text.encode("utf-8"), "error")
+    assert np.array_equal(ids, want) and stats == want_stats and stats.fallback_positions > 0
+
+
+def test_bytes_that_are_not_utf8_raise_the_decoders_error(tok):
+    data = "héllo wörld".encode() + b"\xed\xa0\x80 tail"
+    with pytest.raises(UnicodeDecodeError) as e:
+        tok._fast_encoder().encode_bytes(data)
+    assert e.value.start == data.index(b"\xed")
+
+
+def test_empty_and_whitespace_only(tok):
+    for text in ("", " ", "\n\n", "a"):
+        ids, stats = tok._fast_encoder().encode_bytes(text.encode())
+        want, want_stats = _plain(tok, text)
+        assert np.array_equal(ids, want) and ids.dtype == want.dtype and stats == want_stats
