@@ -26,24 +26,13 @@ from tasks.store.files import (
     safe_rel,
 )
 from tasks.store.manifest_schema import manifest_problem
-from tasks.store.s3_client import cache_root, filesystem, no_bucket, precondition_failed
+from tasks.store.s3_client import cache_root, filesystem, no_bucket, precondition_failed, read_at_most
+from tasks.store.s3_compose import checked_joined, upload_joined
 from tasks.store.s3_lease import Lease, lease_seconds
 from tasks.store.s3_urls import SCHEME, normal_url, scrub, split_url
 
 UPLOAD_PART_BYTES = 8 << 20
 INCOMING = ".incoming"  # downloads into the local cache in progress (a killed one is left there for gc)
-
-
-async def _read_at_most(body: Any, limit: int) -> bytes:
-    """The first ``limit`` bytes of the response ``body`` (all of it when shorter); one read may return less."""
-    parts, got = [], 0
-    while got < limit:
-        chunk = await body.read(limit - got)
-        if not chunk:
-            break
-        parts.append(chunk)
-        got += len(chunk)
-    return b"".join(parts)
 
 
 class ObjectFiles:
@@ -280,13 +269,17 @@ class ObjectFiles:
         prefix = files_prefix(manifest) if manifest is not None else None
         if manifest is None or prefix is None:
             raise RuntimeError(f"{out / MANIFEST} is no manifest this store wrote")
-        rels = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+        joined = checked_joined(manifest, out)  # made from the objects of their parts (s3_compose): after them
+        rels = sorted(
+            (p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()), key=lambda r: (r in joined, r)
+        )
         mine = [f"{key}/{prefix}{rel}" for rel in rels if rel != MANIFEST]
         try:
             for rel, target in zip([r for r in rels if r != MANIFEST], mine, strict=True):
                 if still_held:
                     still_held()  # a build that lost its lock uploads nothing more
-                self.upload(out / rel, target)
+                if not (rel in joined and upload_joined(self, out, f"{key}/{prefix}", rel, joined[rel], still_held)):
+                    self.upload(out / rel, target)
             if still_held:
                 still_held()
             if fault:
@@ -426,7 +419,7 @@ class ObjectFiles:
                 return None
             body = resp["Body"]
             try:
-                data = await body.read() if max_bytes is None else await _read_at_most(body, max_bytes)
+                data = await body.read() if max_bytes is None else await read_at_most(body, max_bytes)
             finally:
                 body.close()
             return data, resp["ETag"]

@@ -85,3 +85,15 @@ def filesystem():
     )
     fs._pid = os.getpid()  # a forked child makes its own (an event loop and its connections do not survive a fork)
     return fs
+
+
+async def read_at_most(body: Any, limit: int) -> bytes:
+    """The first ``limit`` bytes of the response ``body`` (all of it when shorter); one read may return less."""
+    parts, got = [], 0
+    while got < limit:
+        chunk = await body.read(limit - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
