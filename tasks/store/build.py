@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
+import os
 import shutil
 import socket
 import time
@@ -16,6 +18,7 @@ from tasks.store.files import FILES_UNDER, JOINED, MANIFEST, MAX_MANIFEST_BYTES
 from tasks.store.versions import Versions
 
 MANIFEST_FORMAT = 1
+HASH_THREADS = min(4, os.cpu_count() or 1)
 
 log = logging.getLogger("wiki_pipeline.store")
 
@@ -100,14 +103,16 @@ class Build:
         area; the manifest. ``fault`` (a test hook) is called with ``"publish"`` before the manifest is visible
         and ``"published"`` after."""
         self._sweep_temp_files()
-        files: dict[str, dict] = {}
-        for p in sorted(self.out.rglob("*")):
-            if p.is_dir():
-                continue
-            rel = p.relative_to(self.out).as_posix()
-            if rel == MANIFEST:
-                raise RuntimeError(f"stage {self.stage} must not write its own {MANIFEST}")
-            files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        paths = [p for p in sorted(self.out.rglob("*")) if not p.is_dir()]
+        if any(p.relative_to(self.out).as_posix() == MANIFEST for p in paths):
+            raise RuntimeError(f"stage {self.stage} must not write its own {MANIFEST}")
+        # hashed in threads (sha256 lets go of the GIL): the large files of a version at once, not one after another
+        with concurrent.futures.ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="publish-hash") as pool:
+            sums = list(pool.map(sha256_file, paths))
+        files = {
+            p.relative_to(self.out).as_posix(): {"size": p.stat().st_size, "sha256": sha}
+            for p, sha in zip(paths, sums, strict=True)
+        }
         for target, parts in self._joined.items():
             if target not in files or any(p not in files or p in self._joined for p in parts) or target in parts:
                 raise RuntimeError(f"{self.stage}: {target!r} is declared joined from {parts!r}: not files of out/")
