@@ -18,7 +18,6 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_serializer
 
 from mygpt.errors import UserError
-from tasks.core import dask_work
 from tasks.core.report import Markdown, human_bytes, md_code, md_row, md_text, summary_table
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
@@ -236,7 +235,6 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
             index.forget(settings.address, sha)  # ... and does not take its sha256 for the address's
         raise
     ctx.build.joined(CORPUS_FILE, [SPLIT_FILES[s] for s in SPLITS])  # an object store sends its bytes once
-    dask_work.warm_up(ctx.run)  # the next stages' cluster starts while this version is hashed and published
     ctx.progress(1, 1, "done", force=True)
     return {
         "source_url": shown,

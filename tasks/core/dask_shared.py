@@ -1,7 +1,8 @@
 """One local Dask cluster for a flow run's stages: inside :func:`shared_clusters`, the local cluster a stage asks for
-stays up for the next stage that asks for as many workers, and :func:`warm_up` starts it early, in the background.
-Why: each local cluster costs its worker processes' start (spawn, imports) and stop, and the tokenizer and shards
-stages run one after the other on the same workers. Outside the context each stage starts and closes its own.
+stays up for the next stage that asks for as many workers. Why: each local cluster costs its worker processes' start
+(spawn, imports) and stop, and the tokenizer and shards stages run one after the other on the same workers. Not
+started ahead of the first stage that needs it: on two cores its start would only take CPU from the stage before.
+Outside the context each stage starts and closes its own.
 """
 
 from __future__ import annotations
@@ -9,25 +10,23 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
-import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-log = logging.getLogger("wiki_pipeline.dask")
-
 
 class _Shared:
-    """The clusters of one flow run, by worker count: each a future (a warm-up may still be starting it)."""
+    """The clusters of one flow run, by worker count, each as a future (started in a thread of its own, closed in
+    the background)."""
 
     def __init__(self, start: Callable[[int], Any]) -> None:
         self.start = start
         self.lock = threading.Lock()
         self.clusters: dict[int, concurrent.futures.Future] = {}
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dask-warm-up")
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dask-cluster")
 
     def future(self, n: int) -> concurrent.futures.Future:
-        """The cluster of ``n`` workers: the one started (or starting), unless it failed or stopped; else a new one."""
+        """The cluster of ``n`` workers: the one started, unless it failed or stopped; else a new one."""
         with self.lock:
             f = self.clusters.get(n)
             if f is None or (f.done() and (f.exception() is not None or not _running(f.result()))):
@@ -81,16 +80,6 @@ def shared_clusters(start: Callable[[int], Any]) -> Iterator[Callable[[], None]]
 def sharing() -> bool:
     """Whether this context is inside :func:`shared_clusters`."""
     return _current.get() is not None
-
-
-def warm_up(n: int) -> bool:
-    """Start the shared cluster of ``n`` workers in the background, if a run shares its clusters; whether it did
-    (or one was already up)."""
-    shared = _current.get()
-    if shared is None:
-        return False
-    shared.future(n)
-    return True
 
 
 @contextlib.contextmanager

@@ -212,12 +212,6 @@ def shared_local_clusters() -> Iterator[Callable[[], None]]:
         yield release
 
 
-def warm_up(run) -> None:
-    """Start the local cluster ``run`` uses in the background, where a flow run shares it (else nothing)."""
-    if not run.dask_address:
-        dask_shared.warm_up(run.workers or default_workers())
-
-
 def _local_cluster(n: int) -> Any:
     import dask
     from distributed import LocalCluster

@@ -1,5 +1,5 @@
-"""The flow's tokenizer and shards stages run on one local Dask cluster, started while the corpus is published and
-closed once the shards are: one start per run, not one per stage."""
+"""The flow's tokenizer and shards stages run on one local Dask cluster, closed once the shards are published: one
+start per run, not one per stage."""
 
 from __future__ import annotations
 

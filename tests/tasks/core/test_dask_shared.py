@@ -1,6 +1,6 @@
-"""A flow run's stages share one local Dask cluster (``dask_work.shared_local_clusters``): started once (early,
-by ``warm_up``), handed to each stage that asks, replaced when it stopped, closed on ``release`` and on exit;
-outside a run each stage starts and closes its own, as before."""
+"""A flow run's stages share one local Dask cluster (``dask_work.shared_local_clusters``): started once, handed to
+each stage that asks, replaced when it stopped, closed on ``release`` and on exit; outside a run each stage starts
+and closes its own, as before."""
 
 from __future__ import annotations
 
@@ -24,12 +24,11 @@ def _gone(pids: set[int]) -> bool:
     return not [p for p in psutil.process_iter() if p.pid in pids and p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_the_stages_of_a_run_share_one_cluster_started_early_and_closed_on_release():
+def test_the_stages_of_a_run_share_one_cluster_closed_on_release():
     run = RunOptions(workers=2)
     started: list[int] = []
     start = dask_work._local_cluster
     with dask_shared.shared_clusters(lambda n: (started.append(n), start(n))[1]) as release:
-        dask_work.warm_up(run)  # in the background: the first stage finds it starting or up
         with dask_work.dask_client(run, LOG) as client:
             first = client.scheduler.address
             assert client.submit(sum, [1, 2]).result() == 3
@@ -56,7 +55,7 @@ def test_a_shared_cluster_that_stopped_is_replaced_and_outside_a_run_each_stage_
         with dask_work.dask_client(run, LOG) as client:
             assert client.scheduler.address != first
             assert client.submit(sum, [1, 1]).result() == 2
-    assert not dask_shared.warm_up(1)  # outside a run nothing is started early
+    assert not dask_shared.sharing()
     with dask_work.dask_client(run, LOG) as a:
         one = a.scheduler.address
     with dask_work.dask_client(run, LOG) as b:
