@@ -19,8 +19,8 @@ class _Shared:
     """The clusters of one flow run, by worker count, each as a future (started in a thread of its own, closed in
     the background)."""
 
-    def __init__(self, start: Callable[[int], Any]) -> None:
-        self.start = start
+    def __init__(self, start: Callable[[int], Any], stop: Callable[[Any], None]) -> None:
+        self.start, self.stop = start, stop
         self.lock = threading.Lock()
         self.clusters: dict[int, concurrent.futures.Future] = {}
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dask-cluster")
@@ -30,8 +30,8 @@ class _Shared:
         with self.lock:
             f = self.clusters.get(n)
             if f is None or (f.done() and (f.exception() is not None or not _running(f.result()))):
-                if f is not None and f.exception() is None:
-                    _close(f.result())
+                if f is not None:
+                    self._stop(f)
                 f = self.clusters[n] = self.pool.submit(self.start, n)
             return f
 
@@ -40,21 +40,16 @@ class _Shared:
         with self.lock:
             started, self.clusters = list(self.clusters.values()), {}
         for f in started:
-            self.pool.submit(_close_started, f)
+            self.pool.submit(self._stop, f)
+
+    def _stop(self, f: concurrent.futures.Future) -> None:
+        if f.exception() is None:
+            with contextlib.suppress(Exception):
+                self.stop(f.result())
 
 
 def _running(cluster: Any) -> bool:
     return getattr(getattr(cluster, "status", None), "name", "") == "running"
-
-
-def _close_started(f: concurrent.futures.Future) -> None:
-    if f.exception() is None:
-        _close(f.result())
-
-
-def _close(cluster: Any) -> None:
-    with contextlib.suppress(Exception):
-        cluster.close()
 
 
 #: The run's clusters where this context is inside :func:`shared_clusters` (a context variable: two flow runs in one
@@ -63,11 +58,12 @@ _current: contextvars.ContextVar[_Shared | None] = contextvars.ContextVar("dask_
 
 
 @contextlib.contextmanager
-def shared_clusters(start: Callable[[int], Any]) -> Iterator[Callable[[], None]]:
-    """Within: :func:`local_cluster` hands out one cluster per worker count, started by ``start(n)`` once; yields
+def shared_clusters(start: Callable[[int], Any], stop: Callable[[Any], None]) -> Iterator[Callable[[], None]]:
+    """Within: :func:`local_cluster` hands out one cluster per worker count, started by ``start(n)`` once and
+    stopped by ``stop(cluster)``; yields
     ``release``, which closes them in the background (a run calls it after its last stage that uses Dask: their
     worker processes hold memory the later stages need); on exit they are closed, and waited for."""
-    shared = _Shared(start)
+    shared = _Shared(start, stop)
     token = _current.set(shared)
     try:
         yield shared.release

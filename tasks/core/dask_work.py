@@ -208,8 +208,14 @@ def dask_client(run, log, *, needs: Iterable[str] = ()) -> Iterator[Any]:
 @contextlib.contextmanager
 def shared_local_clusters() -> Iterator[Callable[[], None]]:
     """A flow run's stages share their local cluster within (``dask_shared``); yields ``release`` (close it now)."""
-    with _quiet_distributed(), dask_shared.shared_clusters(_local_cluster) as release:
+    with dask_shared.shared_clusters(_local_cluster, _quiet_close) as release:
         yield release
+
+
+def _quiet_close(cluster: Any) -> None:
+    """Close a local cluster without its INFO lines (in the background: after the stages that used it)."""
+    with _quiet_distributed():
+        cluster.close()
 
 
 def _local_cluster(n: int) -> Any:

@@ -28,7 +28,7 @@ def test_the_stages_of_a_run_share_one_cluster_closed_on_release():
     run = RunOptions(workers=2)
     started: list[int] = []
     start = dask_work._local_cluster
-    with dask_shared.shared_clusters(lambda n: (started.append(n), start(n))[1]) as release:
+    with dask_shared.shared_clusters(lambda n: (started.append(n), start(n))[1], dask_work._quiet_close) as release:
         with dask_work.dask_client(run, LOG) as client:
             first = client.scheduler.address
             assert client.submit(sum, [1, 2]).result() == 3
@@ -48,7 +48,7 @@ def test_the_stages_of_a_run_share_one_cluster_closed_on_release():
 
 def test_a_shared_cluster_that_stopped_is_replaced_and_outside_a_run_each_stage_has_its_own():
     run = RunOptions(workers=1)
-    with dask_shared.shared_clusters(dask_work._local_cluster):
+    with dask_shared.shared_clusters(dask_work._local_cluster, dask_work._quiet_close):
         with dask_work.dask_client(run, LOG) as client:
             first = client.scheduler.address
         dask_shared._current.get().future(1).result().close()  # stopped under the run (a crash, a kill)
@@ -60,3 +60,20 @@ def test_a_shared_cluster_that_stopped_is_replaced_and_outside_a_run_each_stage_
         one = a.scheduler.address
     with dask_work.dask_client(run, LOG) as b:
         assert b.scheduler.address != one
+
+
+def test_a_shared_cluster_closes_in_the_background_without_dask_info_lines(caplog):
+    caplog.set_level(logging.INFO)
+    run = RunOptions(workers=1)
+
+    def dask_info() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name.startswith("distributed") and r.levelno < 30]
+
+    with dask_shared.shared_clusters(dask_work._local_cluster, dask_work._quiet_close) as release:
+        with dask_work.dask_client(run, LOG) as client:
+            cluster = dask_shared._current.get().future(1).result()
+            assert client.submit(sum, [1, 1]).result() == 2
+        caplog.clear()
+        release()
+        wait_for(lambda: cluster.status.name == "closed", "the cluster to close", timeout=60)
+    assert dask_info() == []
