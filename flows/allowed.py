@@ -11,7 +11,7 @@ import os
 import posixpath
 import re
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from mygpt.errors import UserError
 from tasks.core.urls import redact_url
@@ -123,10 +123,10 @@ def _plain(url: str) -> str:
     return u._replace(netloc=u.netloc.rpartition("@")[2], query="", fragment="").geturl()
 
 
-def check_allowed(root: str, source_urls: Iterable[str], dask_address: str | None = None) -> None:
-    """``UserError`` when the artifact root ``root``, one of ``source_urls`` (what the run's stages download: the
-    corpus's ``source_url``) or the Dask scheduler ``dask_address`` is outside this machine's allow-lists (for a
-    deployment run, the defaults when unset)."""
+def check_allowed(root: str, source_urls: Mapping[str, str], dask_address: str | None = None) -> None:
+    """``UserError`` when the artifact root ``root``, one of ``source_urls`` (what the run's stages read from
+    outside the store, by the setting that names it: ``{"corpus.source_url": url}``) or the Dask scheduler
+    ``dask_address`` is outside this machine's allow-lists (for a deployment run, the defaults when unset)."""
     deployment = in_deployment_run()
     if deployment:
         check_work_pool()
@@ -139,10 +139,10 @@ def check_allowed(root: str, source_urls: Iterable[str], dask_address: str | Non
             f"ask whoever runs this worker to add yours to {ENV_ROOTS}"
         )
     sources = allowed_sources(deployment)
-    for source_url in source_urls:
+    for field, source_url in source_urls.items():
         if sources is not None and not any(_url_under(source_url, allowed) for allowed in sources):
             raise UserError(
-                f"corpus.source_url {redact_url(source_url)} is outside the sources this machine allows "
+                f"{field} {redact_url(source_url)} is outside the sources this machine allows "
                 f"({_shown(ENV_SOURCES, ' '.join(sources))}); use one of them, or ask whoever runs this worker to "
                 f"add yours to {ENV_SOURCES}"
             )

@@ -127,7 +127,7 @@ def cmd_serve(args) -> int:
 
     settings = checked(args)
     check_prefect_server()
-    allow_served(settings.run.root(), source_urls(dict(settings).values()))  # the operator's own choices
+    allow_served(settings.run.root(), source_urls(dict(settings)).values())  # the operator's own choices
     parameters = flow_parameters(settings)
     DownloadKnobs.from_env()  # the runner's environment is what its flow runs download with
     print(start_runs_warm(), file=sys.stderr, flush=True)  # each run's process forks from a preloaded one

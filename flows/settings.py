@@ -17,9 +17,16 @@ from tasks.registry import STAGES, check_run
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def source_urls(groups) -> list[str]:
-    """What the stages download from (each settings group with a ``source_url``: the corpus's)."""
-    return [g.source_url for g in groups if hasattr(g, "source_url")]
+def source_urls(groups: Mapping[str, Any]) -> dict[str, str]:
+    """What the stages read from outside the store, ``{"group.field": url}``: the corpus's ``source_url`` and a
+    pretrained tokenizer's ``source`` (a path as its ``file://`` URL)."""
+    from tasks.pretrained_tokenizer import source_url
+
+    found = {f"{name}.source_url": g.source_url for name, g in groups.items() if hasattr(g, "source_url")}
+    tokenizer_source = getattr(groups.get("tokenizer"), "source", None)
+    if tokenizer_source:
+        found["tokenizer.source"] = source_url(tokenizer_source)
+    return found
 
 
 #: The flat names that set a field of several stages at once (``--param seed=7``): name -> the stages that
@@ -34,12 +41,27 @@ SHARED_FLAT: dict[str, tuple[str, ...]] = {
 LINKED = ("corpus", "tokenizer")
 
 
+#: The tokenizer kinds whose shards end each article with ``<|endoftext|>`` (so need the corpus's article index).
+DOCUMENT_KINDS = ("byte", "pretrained")
+
+
 def linked(resolved: dict[str, Any]) -> dict[str, Any]:
     """``resolved`` with what one stage's settings imply for another's: a byte-level tokenizer's shards end each
-    article with ``<|endoftext|>``, so its corpus writes the article index (``corpus.article_index``)."""
+    article with ``<|endoftext|>``, so its corpus writes the article index (``corpus.article_index``, when not
+    given). ``UserError`` for ``corpus.article_index=false`` given with such a tokenizer: its shards could not be
+    built, and turning it on anyway would overrule what was asked for."""
     corpus, tokenizer = resolved.get("corpus"), resolved.get("tokenizer")
-    if getattr(tokenizer, "kind", None) == "byte" and corpus is not None and not corpus.article_index:
+    kind = getattr(tokenizer, "kind", None)
+    if kind in DOCUMENT_KINDS and corpus is not None and not corpus.article_index:
+        if corpus.article_index is False:
+            raise UserError(
+                f"corpus.article_index=false cannot go with tokenizer.kind={kind}: its shards end each article with "
+                "<|endoftext|>, which needs the corpus's article index; leave corpus.article_index out (the "
+                "pipeline turns it on) or use tokenizer.kind=chapter"
+            )
         resolved = {**resolved, "corpus": corpus.model_copy(update={"article_index": True})}
+    elif corpus is not None and corpus.article_index is None:  # settled: no tokenizer here needs it
+        resolved = {**resolved, "corpus": corpus.model_copy(update={"article_index": False})}
     return resolved
 
 
@@ -67,7 +89,7 @@ class PipelineBase(BaseModel):
             )
         parsed = {name: cls.settings_class(name).parse(groups.get(name), name) for name in cls.model_fields}
         parsed["run"] = run = check_run(cast(RunOptions, parsed["run"]))  # settings_class("run") is RunOptions
-        check_allowed(run.root(), source_urls(parsed.values()), run.dask_address)
+        check_allowed(run.root(), source_urls(parsed), run.dask_address)
         resolved = linked({name: group.resolved_once() for name, group in parsed.items()})
         for group in resolved.values():
             group.check_against(resolved)

@@ -9,18 +9,19 @@ One parameter per stage (its settings) plus the run options, checked and resolve
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from prefect import flow, get_run_logger
 from prefect.context import TagsContext
 
 from flows import reports
 from flows.reports import Outcome
-from flows.settings import Pipeline, PipelineBase
+from flows.settings import LINKED, Pipeline, PipelineBase
 from mygpt.errors import UserError
 from tasks.core import dask_work
-from tasks.core.stage import Stage, StageRef
+from tasks.core.stage import Stage, StageRef, stage_logger
 from tasks.registry import BY_NAME, NAMES, STAGES, code_versions, open_store
-from tasks.store import ArtifactStore
+from tasks.store import ArtifactStore, VersionInfo
 
 
 @flow(name="wiki-pipeline", description=__doc__.split("\n\n")[0], log_prints=True, validate_parameters=False)
@@ -157,13 +158,58 @@ def early_checks(s: PipelineBase, built: Stage, ref: StageRef) -> None:
                 get_run_logger().warning(warning)
 
 
-def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
-    """The inputs of ``stage``: the nearest upstream stage's latest current (not stale) version, and the versions
-    it was built from for the others (so tokenizer and shards always match). ``UserError`` when every version of
-    an input is stale (what ``only=`` built on it would be stale at once): it names the stage to run first."""
+#: ``(stage, a version's manifest) -> what this run asks of that stage that the version was not built with``
+#: (``["tokenizer.kind='byte' (it has 'chapter')"]``); empty: it will do.
+Differs = Callable[[str, dict], list[str]]
+
+
+def asked_of_upstream(s: PipelineBase) -> Differs:
+    """What ``only=`` compares an upstream corpus or tokenizer version with (what the data is; a later stage's
+    settings given with ``only=``, e.g. ``device`` to sample on, are for the stage that runs): the fields this run
+    gives for that stage, and those the linked groups imply (``corpus.article_index`` for a byte-level tokenizer).
+    Why only those: ``only=`` runs on the latest versions whatever the other groups' defaults say; a field given by
+    name is asked for. A pretrained tokenizer's ``source`` given by name asks for a version of that file's content
+    (its sha256, read once)."""
+    identities: dict[str, dict | None] = {}
+
+    def differs(name: str, manifest: dict) -> list[str]:
+        if name not in LINKED:  # the data's groups; a later stage's settings given with only= are for it alone
+            return []
+        built = manifest.get("settings", {})
+        given, resolved = getattr(s, name), s.resolved(name)
+        out = []
+        if getattr(resolved, "kind", None) == "pretrained" and "source" in given.model_fields_set:
+            from tasks.pretrained_tokenizer import source_identity
+
+            if name not in identities:
+                identities[name] = source_identity(resolved, None, stage_logger(name))
+            want, have = identities[name] or {}, manifest.get("source") or {}
+            if want.get("sha256") != have.get("sha256"):
+                out.append(f"{name}.source of sha256 {want.get('sha256')} (it has {have.get('sha256')})")
+        wanted = resolved.version_params()
+        keys = set(given.model_fields_set)
+        if name in LINKED:  # what another group's settings imply for this one counts as asked for
+            alone = given.resolved_once()
+            keys |= {k for k in wanted if getattr(alone, k) != getattr(resolved, k)}
+        fields = type(resolved).model_fields
+        for key in sorted(keys & set(wanted)):
+            have = built.get(key, fields[key].default)
+            if have != wanted[key]:
+                out.append(f"{name}.{key}={wanted[key]!r} (it has {have!r})")
+        return out
+
+    return differs
+
+
+def latest_upstream(store: ArtifactStore, stage: str, differs: Differs | None = None) -> dict[str, StageRef]:
+    """The inputs of ``stage``: the nearest upstream stage's latest current (not stale) version that has what this
+    run asks of it (``differs``, :func:`asked_of_upstream`), and the versions it was built from for the others (so
+    tokenizer and shards always match). ``UserError`` when every version of an input is stale (what ``only=``
+    built on it would be stale at once), or none has the settings asked for: it names what to run first."""
     needed = BY_NAME[stage].inputs
     refs: dict[str, StageRef] = {}
     stale = store.stale_versions(code_versions()) if needed else {}
+    differs = differs or (lambda name, manifest: [])
     for name in sorted(needed, key=NAMES.index, reverse=True):
         if name in refs:
             continue
@@ -181,25 +227,51 @@ def latest_upstream(store: ArtifactStore, stage: str) -> dict[str, StageRef]:
                 f"stale (the latest, {name}/{latest.version}: {stale[(name, latest.version)]}); run "
                 f"only={name!r} first (or the whole pipeline) to build one from the current upstream versions"
             )
-        todo = [current[-1]]
-        while todo:
-            info = todo.pop()
+        for info in reversed(current):  # the latest whose lineage has what the run asks for
+            chosen = _lineage(store, info, needed, refs, strict=info is current[-1])
+            if chosen is not None and not [a for n, v in chosen.items() for a in differs(n, v.manifest)]:
+                break
+        else:
+            chosen = _lineage(store, current[-1], needed, refs, strict=True) or {}
+            asked = [a for n, v in chosen.items() for a in differs(n, v.manifest)]
+            raise UserError(
+                f"only={stage!r} needs a {name} version built with {', '.join(asked)}, and none of the "
+                f"{len(current)} current one(s) under {store.root} is (the latest: {name}/{current[-1].version}); "
+                f"run only={name!r} with these settings first (or the whole pipeline with them)"
+            )
+        assert chosen is not None  # the loop ends with a break only on a lineage that fits
+        for info in chosen.values():
             refs.setdefault(
                 info.stage,
                 StageRef(
                     stage=info.stage, version=info.version, build_id=info.manifest["build_id"], path=str(info.path)
                 ),
             )
-            for up_name, up in info.manifest.get("inputs", {}).items():
-                if up_name in needed and up_name not in refs:
-                    try:
-                        todo.append(store.get(up_name, up["version"]))
-                    except FileNotFoundError:
-                        raise UserError(
-                            f"{info.stage}/{info.version} was built from {up_name}/{up['version']}, "
-                            "which is no longer published; rerun the whole pipeline"
-                        ) from None
     return {name: refs[name] for name in needed}
+
+
+def _lineage(
+    store: ArtifactStore, info: VersionInfo, needed: tuple[str, ...], known: dict, strict: bool
+) -> dict[str, VersionInfo] | None:
+    """``{stage: VersionInfo}``: ``info`` and the versions of ``needed`` it was built from (not already ``known``),
+    following manifests; a version no longer published: ``UserError`` when ``strict``, else None."""
+    found: dict[str, VersionInfo] = {}
+    todo = [info]
+    while todo:
+        cur = todo.pop()
+        found.setdefault(cur.stage, cur)
+        for up_name, up in cur.manifest.get("inputs", {}).items():
+            if up_name in needed and up_name not in known and up_name not in found:
+                try:
+                    todo.append(store.get(up_name, up["version"]))
+                except FileNotFoundError:
+                    if not strict:
+                        return None
+                    raise UserError(
+                        f"{cur.stage}/{cur.version} was built from {up_name}/{up['version']}, "
+                        "which is no longer published; rerun the whole pipeline"
+                    ) from None
+    return found
 
 
 def run_only(s: PipelineBase, outcomes: list[Outcome]) -> dict[str, StageRef]:
@@ -207,7 +279,7 @@ def run_only(s: PipelineBase, outcomes: list[Outcome]) -> dict[str, StageRef]:
     only = s.run.only
     assert only is not None  # the flow calls it only with run.only set
     stage = BY_NAME[only]
-    inputs = latest_upstream(open_store(s.run.root()), stage.name)
+    inputs = latest_upstream(open_store(s.run.root()), stage.name, asked_of_upstream(s))
     get_run_logger().info(
         "only %s: inputs %s", stage.name, ", ".join(f"{k}/{v['version']}" for k, v in inputs.items()) or "(none)"
     )

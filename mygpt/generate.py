@@ -1,14 +1,21 @@
 """Prompt -> text with a trained GPT: seeded temperature/top-k sampling (``temperature=0``: greedy), KV-cached by
-default; the cached and uncached paths compute the same function past ``max_seq_len`` too."""
+default; the cached and uncached paths compute the same function past ``max_seq_len`` too. With a byte-level
+tokenizer generation ends at ``<|endoftext|>``, as Hugging Face's ``generate`` ends at the EOS token: the model
+has learnt that a document ends there, and what it samples after is the start of an unrelated one."""
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
 
 import torch
 
 from mygpt.device import autocast, resolve_device, resolve_precision
 from mygpt.errors import UserError, check_int, describe_chars
 
-__all__ = ["generate", "generate_ids"]
+__all__ = ["EOS", "Generated", "generate", "generate_ids", "generate_sample"]
+
+EOS = "<|endoftext|>"
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> torch.Tensor:
@@ -35,12 +42,15 @@ def generate_ids(
     seed: int = 1337,
     precision: str = "fp32",
     use_cache: bool = True,
+    stop_ids: Collection[int] = (),
 ) -> torch.Tensor:
-    """Extend the (1, T) id tensor ``ids`` (on the model's device) by ``max_new_tokens`` sampled ids."""
+    """Extend the (1, T) id tensor ``ids`` (on the model's device) by ``max_new_tokens`` sampled ids, or fewer:
+    it stops after the first sampled id in ``stop_ids`` (kept, as the last)."""
     device = ids.device
     gen = torch.Generator(device=device).manual_seed(seed)
     L = model.max_seq_len
     tokens = ids
+    stops = frozenset(int(i) for i in stop_ids)
     cache = model.new_kv_cache() if use_cache else None
     was_training = model.training
     model.eval()
@@ -55,12 +65,30 @@ def generate_ids(
                     logits, _ = model(tokens[:, -L:])
             nxt = _sample(logits[:, -1, :], temperature, top_k, gen)
             tokens = torch.cat((tokens, nxt.to(tokens.dtype)), dim=1)
+            if stops and int(nxt) in stops:
+                break
     finally:
         model.train(was_training)
     return tokens
 
 
-def generate(
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """What :func:`generate_sample` made: ``text`` (the prompt and the continuation, decoded, without the token it
+    stopped at), ``new_tokens`` (sampled, that token included) and ``stopped_at`` (``<|endoftext|>``, or None when
+    ``max_new_tokens`` ran out first)."""
+
+    text: str
+    new_tokens: int
+    stopped_at: str | None
+
+
+def generate(model, tokenizer, prompt: str, **options) -> str:
+    """:func:`generate_sample`'s text: ``prompt`` + up to ``max_new_tokens`` sampled tokens, decoded."""
+    return generate_sample(model, tokenizer, prompt, **options).text
+
+
+def generate_sample(
     model,
     tokenizer,
     prompt: str,
@@ -72,8 +100,9 @@ def generate(
     device="auto",
     precision: str = "fp32",
     use_cache: bool = True,
-) -> str:
-    """Return ``prompt`` + ``max_new_tokens`` sampled tokens, decoded. Moves ``model`` to ``device``."""
+) -> Generated:
+    """``prompt`` continued by up to ``max_new_tokens`` sampled tokens; it stops at the tokenizer's
+    ``<|endoftext|>`` when it has one (a byte-level BPE). Moves ``model`` to ``device``."""
     check_int("max_new_tokens", max_new_tokens, 0)
     if not isinstance(temperature, (int, float)) or not temperature >= 0:
         raise UserError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
@@ -91,6 +120,7 @@ def generate(
     ids = tokenizer.encode(prompt)
     if ids.numel() == 0:
         raise UserError("the prompt encodes to no tokens; give a longer --prompt")
+    eos = getattr(tokenizer, "special_ids", {}).get(EOS)
     model.to(dev)
     out = generate_ids(
         model,
@@ -101,5 +131,12 @@ def generate(
         seed=seed,
         precision=precision,
         use_cache=use_cache,
+        stop_ids=() if eos is None else (eos,),
+    )[0].cpu()
+    new = out[ids.numel() :]
+    stopped = eos is not None and new.numel() > 0 and int(new[-1]) == eos
+    return Generated(
+        text=tokenizer.decode(out[:-1] if stopped else out),
+        new_tokens=int(new.numel()),
+        stopped_at=EOS if stopped else None,
     )
-    return tokenizer.decode(out[0].cpu())

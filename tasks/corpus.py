@@ -58,10 +58,10 @@ class CorpusSettings(Settings):
     expected_sha256: str | None = Field(
         None, description="the sha256 of the zip (64 hex digits, the output of sha256sum); checked when given"
     )
-    article_index: bool = Field(
-        False,
-        description="also write wiki.{split}.articles.npy, where each article starts (set by the pipeline when "
-        "tokenizer.kind=byte, whose shards end each article with <|endoftext|>)",
+    article_index: bool | None = Field(
+        None,
+        description="also write wiki.{split}.articles.npy, where each article starts; null = as the tokenizer "
+        "needs (on for tokenizer.kind=byte or pretrained, whose shards end each article with <|endoftext|>)",
     )
 
     @field_validator("source_url")
@@ -227,7 +227,7 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
             ctx.out,
             source=shown,
             progress=lambda d, t, m: ctx.progress(d, t, m),
-            article_index=settings.article_index,
+            article_index=bool(settings.article_index),
         )
     except UserError:
         if ours:

@@ -2,7 +2,9 @@
 
 The test split (``wiki.test.txt``, which nothing else reads) as the shards stage encoded it (``test-*.parquet``),
 in fixed non-overlapping windows of the model's ``max_seq_len`` (:mod:`mygpt.heldout`); bits per byte is what
-compares models with different tokenizers. Also the tokenizer's tokens per byte of the test text.
+compares models with different tokenizers, over the same text when bounded by ``max_bytes`` (``max_tokens`` is so
+many tokens, so more text for a tokenizer with longer tokens). Also the tokenizer's tokens per byte of the test
+text.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
@@ -28,8 +30,33 @@ class EvaluateSettings(DeviceSettings):
     """How much of the test split to evaluate; ``device``/``precision``: DeviceSettings."""
 
     max_tokens: int | None = Field(
-        None, ge=2, description="evaluate the first N tokens of the test split; null = the whole split"
+        None,
+        ge=2,
+        description="evaluate the first N tokens of the test split (as many bytes of text as the tokenizer makes "
+        "of them: use max_bytes to compare tokenizers); null = the whole split",
     )
+    max_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="evaluate the tokens wholly within the first N bytes of wiki.test.txt: the same text "
+        "whatever the tokenizer, up to a token at either end; null = the whole split",
+    )
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> EvaluateSettings:
+        if self.max_tokens is not None and self.max_bytes is not None:
+            raise ValueError(
+                f"max_tokens={self.max_tokens} and max_bytes={self.max_bytes} both bound the text evaluated; give "
+                "one (max_bytes compares models with different tokenizers over the same text)"
+            )
+        return self
+
+    def version_params(self) -> dict:
+        """All fields, ``max_bytes`` only when set: a version without it keeps the id it had before the field."""
+        params = super().version_params()
+        if params.get("max_bytes") is None:
+            params.pop("max_bytes", None)
+        return params
 
 
 def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, shards: Path, model: Path) -> dict:
@@ -40,7 +67,9 @@ def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, 
 
     ids = np.concatenate([shard_format.read_shard(p) for p in shard_format.shard_paths(shards, "test")])
     text_bytes = (corpus / SPLIT_FILES["test"]).stat().st_size
-    used = ids[: settings.max_tokens] if settings.max_tokens else ids
+    gpt, tokenizer = load_checkpoint(model / "model.ckpt")
+    sizes = text_bytes_per_token(tokenizer)
+    used = first_tokens(ids, sizes, settings)
     if len(used) < 2:
         raise UserError(
             f"the test split has {len(ids)} token(s) ({text_bytes:,} bytes of {SPLIT_FILES['test']}): evaluating needs "
@@ -51,8 +80,6 @@ def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, 
     trained_on_test = trained.get("train_splits") == "all"
     if trained_on_test:
         ctx.log.warning("evaluate: the model was trained with train_splits=all, the test split included")
-    gpt, tokenizer = load_checkpoint(model / "model.ckpt")
-    sizes = text_bytes_per_token(tokenizer)
     ctx.progress(0, 1, f"{len(used):,} of {len(ids):,} test tokens", force=True)
     t0 = time.perf_counter()
     import torch
@@ -88,6 +115,14 @@ def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, 
     atomic_write_text(ctx.out / "evaluate.json", json.dumps(metrics, indent=1) + "\n")
     ctx.progress(1, 1, "done", force=True)
     return metrics
+
+
+def first_tokens(ids: np.ndarray, sizes: np.ndarray, settings: EvaluateSettings) -> np.ndarray:
+    """The test ids to evaluate: the first ``max_tokens``, or those wholly within the first ``max_bytes`` bytes of
+    text (``sizes``: each id's text bytes), or all."""
+    if settings.max_bytes:
+        return ids[: int(np.searchsorted(np.cumsum(sizes[ids]), settings.max_bytes, side="right"))]
+    return ids[: settings.max_tokens] if settings.max_tokens else ids
 
 
 def text_bytes_per_token(tokenizer) -> np.ndarray:
@@ -158,6 +193,6 @@ STAGE = Stage(
     columns=(("test bits/byte", lambda m: number(m.get("test_bpb"))), ("test tokens", _evaluated)),
     columns_for="model",
     shared_flat=("device", "precision"),
-    tiny={"max_tokens": 20_000},
+    tiny={"max_bytes": 50_000},
 )
 evaluate_model = stage_task(STAGE, "evaluate_model", "Evaluate a model version on the test split (or reuse it).")

@@ -1,10 +1,11 @@
 """Stage ``model`` (task ``train_model``): the shards + the tokenizer -> ``model/<version>/model.ckpt``.
 
-The token shards are materialised once into flat token files in the build's work directory and memory-mapped;
-training (:func:`mygpt.training.launcher.run_training`, ``nproc`` processes) checkpoints to ``work/train.ckpt``,
-which survives a crash, so a rerun of the same version resumes from it. Published: ``model.ckpt`` (the chapter's
-format, no optimizer state), ``loss_history.json`` and ``loss_history.csv``. The resolved device, precision,
-``nproc`` and ``compile`` enter the version: each changes the weights' last bits.
+The token shards are streamed (:mod:`tasks.shard_stream`): fetched one by one, in the order training reads them,
+into flat token files in the build's work directory and memory-mapped; training starts once its first block of
+shards is there. Training (:func:`mygpt.training.launcher.run_training`, ``nproc`` processes) checkpoints to
+``work/train.ckpt``, which survives a crash, so a rerun of the same version resumes from it. Published:
+``model.ckpt`` (the chapter's format, no optimizer state), ``loss_history.json`` and ``loss_history.csv``. The
+resolved device, precision, ``nproc`` and ``compile`` enter the version: each changes the weights' last bits.
 
 The settings are ``GPTConfig``'s and ``TrainConfig``'s fields (names, bounds, descriptions), with the chapter's
 run (:data:`CHAPTER_RUN`) as defaults.
@@ -32,6 +33,7 @@ from mygpt.training.config import TrainConfig
 from tasks.core.report import Markdown, line_chart, md_code, md_row, md_text, number, summary_table
 from tasks.core.settings import DeviceSettings, Seed
 from tasks.core.stage import BuildContext, Stage, stage_task
+from tasks.shard_stream import open_stream
 from tasks.tokenizer import load_tokenizer
 
 CHECKPOINT = "train.ckpt"  # in ctx.work: the resume checkpoint
@@ -206,29 +208,6 @@ else:
     )
 
 
-def token_files(shards_dir: Path, work: Path, splits: tuple[str, ...]) -> tuple[list[str], str, int]:
-    """The flat token files of ``splits``, materialised into ``work`` from the Parquet shards (an empty split
-    gives an empty file): ``(paths, numpy dtype name, tokens in all)``. Training memory-maps them."""
-    from mygpt.atomic import atomic_write_bytes
-    from tasks.core.shard_format import materialize_tokens
-
-    paths, dtypes, total = [], set(), 0
-    for split in splits:
-        dest = work / f"tokens-{split}.bin"
-        tokens = materialize_tokens(shards_dir, split, dest)
-        if not len(tokens) and not dest.exists():
-            atomic_write_bytes(dest, b"")
-        paths.append(str(dest))
-        dtypes.add(tokens.dtype.name)
-        total += len(tokens)
-    if len(dtypes) > 1:
-        raise UserError(
-            f"the splits {', '.join(splits)} in {shards_dir} hold different token types "
-            f"({', '.join(sorted(dtypes))}); rebuild the shards"
-        )
-    return paths, dtypes.pop(), total
-
-
 def _checkpoint_step(path: Path, log) -> int:
     """The step a resume checkpoint holds (0 when there is none; an unreadable one is deleted)."""
     if not path.exists():
@@ -244,80 +223,37 @@ def _checkpoint_step(path: Path, log) -> int:
 
 
 def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokenizer: Path) -> dict:
-    """Train mygpt on the memory-mapped shards with ``nproc`` processes (resuming from the work directory's
-    checkpoint) and publish it."""
+    """Train mygpt on the shards, streamed (:mod:`tasks.shard_stream`; ``shards`` is never copied whole), with
+    ``nproc`` processes (resuming from the work directory's checkpoint) and publish it."""
     # torch's TorchInductor cache goes to the user's cache folder, not TMPDIR (where torch would leave a
     # torchinductor_<user> folder behind on every build); this process's training ranks inherit it
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wiki-pipeline" / "torchinductor"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
 
-    from mygpt.training.job import TrainJob
-    from mygpt.training.launcher import run_training
-    from mygpt.training.worker import WORKER_STALL_ENV
-
     s = settings
-    vocab_size = load_tokenizer(tokenizer).vocab_size
     splits = TRAIN_SPLITS[s.train_splits]
-    train_paths, dtype, n_train = token_files(shards, ctx.work, splits)
-    val_paths, _, n_val = token_files(shards, ctx.work, ("valid",))
+    ckpt = ctx.work / CHECKPOINT
+    resumed_from = _checkpoint_step(ckpt, ctx.log)
+    nproc = s.nproc
+    assert isinstance(nproc, int)  # the stage builds with resolved() settings: "auto" is a number by now
+    version = ctx.inputs["shards"]["version"]
+    fetcher, stream, dtype, n_train, n_val = open_stream(
+        ctx.store, version, ctx.work / "tokens", splits, (s.seed, s.batch_size, s.seq_len), resumed_from, s.steps, nproc
+    )
     ctx.log.info(
-        "model: %s training tokens (%s), %s validation tokens, memory-mapped from %s",
+        "model: %s training tokens (%s), %s validation tokens, streamed from %s",
         f"{n_train:,}",
         "+".join(splits),
         f"{n_val:,}",
-        shards,
+        ctx.store.location("shards", version),
     )
-
-    ckpt = ctx.work / CHECKPOINT
-    job = TrainJob(
-        tokenizer=str(Path(tokenizer) / "tokenizer.json"),
-        train_tokens=train_paths,
-        val_tokens=val_paths[0],
-        token_dtype=dtype,
-        model=s.gpt_config(vocab_size),
-        train=s.train_config(),
-        device=s.device,
-        checkpoint=str(ckpt),
-        output=str(ctx.out / "model.ckpt"),
-        meta={"stage": "model", "version": ctx.version, "settings": s.version_params()},
-        threads=ctx.run.threads or 0,
-    )
-    resumed_from = _checkpoint_step(ckpt, ctx.log)
-    if resumed_from:
-        ctx.log.info("model: resuming from step %d (checkpoint %s)", resumed_from, ckpt)
-    ctx.progress(resumed_from, s.steps, f"step {resumed_from}/{s.steps}", force=True)
-
-    def log(message: str) -> None:  # the library's lines; its warnings (bf16 on a slow CPU, compile) as warnings
-        if message.startswith("warning: "):
-            ctx.log.warning("model: %s", message.removeprefix("warning: "))
-        else:
-            ctx.log.info("%s", message)
-
-    def on_progress(point: dict) -> None:
-        val = f" val_loss {point['val_loss']:.4f}" if "val_loss" in point else ""
-        val += f" val_bpb {point['val_bpb']:.4f}" if "val_bpb" in point else ""
-        ctx.progress(point["step"], s.steps, f"step {point['step']}/{s.steps} loss {point['loss']:.4f}{val}")
-
-    stall = bool(os.environ.get(PIPELINE_STALL_ENV))
-
-    def on_checkpoint(step: int, path: str) -> None:
-        ctx.save(Path(path))  # an object-store root: a rerun on another machine resumes from this step
-        if stall and s.nproc == 1 and step < s.steps:  # with several processes rank 0 stalls (env below)
-            ctx.log.warning("model: %s is set: stalling after the checkpoint at step %d", PIPELINE_STALL_ENV, step)
-            while True:
-                time.sleep(1)
-
-    nproc = s.nproc
-    assert isinstance(nproc, int)  # the stage builds with resolved() settings: "auto" is a number by now
-    result = run_training(
-        job,
-        nproc,
-        log=log,
-        on_progress=on_progress,
-        on_checkpoint=on_checkpoint,
-        env={WORKER_STALL_ENV: "1"} if stall else None,
-        run_dir=ctx.work / "ranks",
-    )
+    fetcher.start()  # the first block arrives while torch loads and the model is built
+    try:
+        result, vocab_size = _train(ctx, s, tokenizer, stream, dtype, resumed_from)
+    finally:
+        fetcher.close()
+    if fetcher.error is not None:  # a shard that was never read (training ended first) fails nothing
+        ctx.log.warning("model: fetching the shards stopped early: %s", fetcher.error)
     write_history(ctx.out, result.history)  # the log already has the throughput line and val_bpb at each eval
     return {
         "device": result.device,
@@ -345,6 +281,64 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
             for h in result.history
         ],
     }
+
+
+def _train(ctx: BuildContext, s: ModelSettings, tokenizer: Path, stream: dict, dtype: str, resumed_from: int):
+    """Run the training job on the streamed shards (``stream``, :class:`mygpt.training.job.TrainJob`'s): its
+    ``TrainResult`` and the vocabulary size."""
+    from mygpt.training.job import TrainJob
+    from mygpt.training.launcher import run_training
+    from mygpt.training.worker import WORKER_STALL_ENV
+
+    vocab_size = load_tokenizer(tokenizer).vocab_size
+    ckpt = ctx.work / CHECKPOINT
+    job = TrainJob(
+        tokenizer=str(Path(tokenizer) / "tokenizer.json"),
+        train_tokens=[],
+        stream=stream,
+        token_dtype=dtype,
+        model=s.gpt_config(vocab_size),
+        train=s.train_config(),
+        device=s.device,
+        checkpoint=str(ckpt),
+        output=str(ctx.out / "model.ckpt"),
+        meta={"stage": "model", "version": ctx.version, "settings": s.version_params()},
+        threads=ctx.run.threads or 0,
+    )
+    if resumed_from:
+        ctx.log.info("model: resuming from step %d (checkpoint %s)", resumed_from, ckpt)
+    ctx.progress(resumed_from, s.steps, f"step {resumed_from}/{s.steps}", force=True)
+
+    def log(message: str) -> None:  # the library's lines; its warnings (bf16 on a slow CPU, compile) as warnings
+        if message.startswith("warning: "):
+            ctx.log.warning("model: %s", message.removeprefix("warning: "))
+        else:
+            ctx.log.info("%s", message)
+
+    def on_progress(point: dict) -> None:
+        val = f" val_loss {point['val_loss']:.4f}" if "val_loss" in point else ""
+        val += f" val_bpb {point['val_bpb']:.4f}" if "val_bpb" in point else ""
+        ctx.progress(point["step"], s.steps, f"step {point['step']}/{s.steps} loss {point['loss']:.4f}{val}")
+
+    stall = bool(os.environ.get(PIPELINE_STALL_ENV))
+
+    def on_checkpoint(step: int, path: str) -> None:
+        ctx.save(Path(path))  # an object-store root: a rerun on another machine resumes from this step
+        if stall and s.nproc == 1 and step < s.steps:  # with several processes rank 0 stalls (env below)
+            ctx.log.warning("model: %s is set: stalling after the checkpoint at step %d", PIPELINE_STALL_ENV, step)
+            while True:
+                time.sleep(1)
+
+    result = run_training(
+        job,
+        int(s.nproc),  # resolved: a number
+        log=log,
+        on_progress=on_progress,
+        on_checkpoint=on_checkpoint,
+        env={WORKER_STALL_ENV: "1"} if stall else None,
+        run_dir=ctx.work / "ranks",
+    )
+    return result, vocab_size
 
 
 def write_history(out: Path, history: list[dict]) -> None:
@@ -458,8 +452,9 @@ def curves_chart(versions: list) -> str:
 STAGE = Stage(
     name="model",
     settings=ModelSettings,
-    code_version="2",
+    code_version="3",
     build=build_model,
+    streamed=("shards",),
     report=report,
     alias="train",
     headline=lambda m: f"val loss {number(m.get('final_val_loss'))}, {number(m.get('final_val_bpb'))} bits/byte",

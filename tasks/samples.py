@@ -2,6 +2,8 @@
 
 Every prompt is sampled with the same ``seed``, so a version always holds the same text and a continuation does
 not depend on the prompt's place in the list; characters the tokenizer cannot encode are dropped, with a warning.
+A byte-level model's continuation ends where it samples ``<|endoftext|>`` (``stopped_at``; the report marks the
+place), as Hugging Face's ``generate`` ends at the EOS token.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from mygpt.errors import UserError
-from tasks.core.report import bidi_isolated, md_code, md_text
+from tasks.core.report import Markdown, bidi_isolated, md_code, md_text
 from tasks.core.settings import DeviceSettings, Seed
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 
@@ -82,7 +84,7 @@ def build_samples(ctx: BuildContext, settings: SamplesSettings, model: Path) -> 
     from mygpt.checkpoint import load_checkpoint
     from mygpt.device import torch_threads
     from mygpt.errors import describe_chars
-    from mygpt.generate import generate
+    from mygpt.generate import generate_sample
 
     s = settings
     gpt, tokenizer = load_checkpoint(model / "model.ckpt")
@@ -98,7 +100,7 @@ def build_samples(ctx: BuildContext, settings: SamplesSettings, model: Path) -> 
             )
         t0 = time.perf_counter()
         with torch_threads(ctx.run.threads):
-            text = generate(
+            made = generate_sample(
                 gpt,
                 tokenizer,
                 usable,
@@ -113,7 +115,9 @@ def build_samples(ctx: BuildContext, settings: SamplesSettings, model: Path) -> 
             {
                 "prompt": prompt,
                 "used_prompt": usable,
-                "continuation": text[len(usable) :],
+                "continuation": made.text[len(usable) :],
+                "new_tokens": made.new_tokens,
+                "stopped_at": made.stopped_at,
                 "seconds": round(time.perf_counter() - t0, 3),
             }
         )
@@ -128,7 +132,7 @@ def samples_markdown(samples: list[dict], p: dict) -> str:
     """The samples as markdown: one blockquote per prompt, the prompt in bold, markdown syntax escaped."""
     parts = [
         md_text(
-            f"{p['max_new_tokens']} tokens per prompt, temperature {p['temperature']}, top-k {p['top_k']}, "
+            f"up to {p['max_new_tokens']} tokens per prompt, temperature {p['temperature']}, top-k {p['top_k']}, "
             f"seed {p['seed']}, device {p['device']} ({p['precision']}). The prompt is in bold."
         )
         + "\n"
@@ -143,11 +147,21 @@ def samples_markdown(samples: list[dict], p: dict) -> str:
         core = prompt.strip()  # ** must hug the text to render as bold
         lead, tail = prompt[: len(prompt) - len(prompt.lstrip())], prompt[len(prompt.rstrip()) :]
         lead, core, tail, more = (md_text(part, one_line=False) for part in (lead, core, tail, s["continuation"]))
-        text = f"{lead}**{core}**{tail}{more}"  # each part escaped: a line that starts in it begins no block
+        end = stop_note(s)
+        text = f"{lead}**{core}**{tail}{more}{end}"  # each part escaped: a line that starts in it begins no block
         # each line's bidi isolated: a generated override reverses its own line, not the quote's markup
         quote = "\n".join(f"> {bidi_isolated(line)}  " for line in text.split("\n"))
         parts.append(f"## {i}. {bidi_isolated(md_text(s['prompt']))}{note}\n\n{quote}\n")
     return "\n".join(parts)
+
+
+def stop_note(sample: dict) -> Markdown:
+    """Where a continuation ended at a special token: that token as code and how many tokens came before it
+    (empty when ``max_new_tokens`` ran out, or for a version made before the stage recorded it)."""
+    if not sample.get("stopped_at"):
+        return Markdown("")
+    n = sample["new_tokens"] - 1
+    return md_text(f" [{sample['stopped_at']}] (the model ended the text here, after {n} token{'s' * (n != 1)})")
 
 
 def report(manifest: dict) -> str:
@@ -190,7 +204,7 @@ def check_prompt_early(settings: SamplesSettings, tokenizer: StageRef) -> list[s
 STAGE = Stage(
     name="samples",
     settings=SamplesSettings,
-    code_version="2",
+    code_version="3",
     build=build_samples,
     report=report,
     early_check=("tokenizer", check_prompt_early),

@@ -127,7 +127,8 @@ def encoded_chunks(
     def within(a: int, b: int) -> tuple[int, ...]:
         if ends is None:
             return ()
-        return tuple(ends[np.searchsorted(ends, a, "right") : np.searchsorted(ends, b, "right")].tolist())
+        first = np.searchsorted(ends, a, "left" if a == 0 else "right")  # an end at 0: an empty first article
+        return tuple(ends[first : np.searchsorted(ends, b, "right")].tolist())
 
     work = dask_work.ordered_results(
         client,
@@ -161,8 +162,9 @@ def missing_summary(stats: list[EncodeStats]) -> dict:
 
 
 def document_ends(corpus: Path, split: str, size: int, inputs: dict) -> np.ndarray:
-    """Where ``<|endoftext|>`` follows in ``split`` for a byte-level tokenizer: before each article but the first,
-    and at the end (from the corpus's article index); ``UserError`` when the corpus version has none."""
+    """Where ``<|endoftext|>`` follows in ``split`` for a byte-level tokenizer (from the corpus's article index):
+    at the end of every article, an empty one too (an offset twice: two in a row), and of any text before the
+    first; ``UserError`` when the corpus version has none."""
     path = corpus / ARTICLE_FILES[split]
     if not path.is_file():
         raise UserError(
@@ -171,7 +173,9 @@ def document_ends(corpus: Path, split: str, size: int, inputs: dict) -> np.ndarr
             "build the corpus with corpus.article_index=true (the pipeline sets it when tokenizer.kind=byte)"
         )
     starts = np.load(path).astype(np.int64)
-    return np.unique(np.append(starts[(starts > 0) & (starts < size)], size)) if size else np.zeros(0, np.int64)
+    if not size:
+        return np.zeros(0, np.int64)
+    return np.append(starts[1:] if starts.size and starts[0] == 0 else starts, size)
 
 
 def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, tokenizer: Path) -> dict:

@@ -5,7 +5,9 @@ The slice is the first ``bpe_train_bytes`` of ``wiki.train.txt`` cut back to a c
 stage's chunks), then the merges learnt from the table -- exactly ``BPETokenizer.from_corpus(slice, num_merges)``'s
 (docs/STAGES.md). ``kind=byte``: the byte-level BPE of GPT-2 (``pattern`` gpt2 or gpt4), exactly
 ``ByteBPETokenizer.train(slice, 256 + num_merges + 1)`` with ``<|endoftext|>`` as its one special token.
-Publishes ``tokenizer.json`` (:func:`load_tokenizer` reads either kind) and ``stats.json``.
+``kind=pretrained``: no training, an existing byte-level BPE ``tokenizer.json`` from ``source``, versioned by its
+sha256 (:mod:`tasks.pretrained_tokenizer`); the later stages treat it as the byte kind.
+Publishes ``tokenizer.json`` (:func:`load_tokenizer` reads any kind) and ``stats.json``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
@@ -27,22 +29,31 @@ from mygpt.tokenizers.byte_bpe import DEFAULT_SPECIALS, ByteBPETokenizer
 from mygpt.tokenizers.char_tokenizer import CharTokenizer
 from mygpt.tokenizers.files import load_tokenizer_file, save_tokenizer_file
 from tasks.core import dask_work
-from tasks.core.report import md_code, number, summary_table
+from tasks.core.report import Markdown, md_code, md_text, number, summary_table
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
-from tasks.corpus import SPLIT_FILES
+from tasks.core.urls import stored_url
+from tasks.corpus import ARTICLE_FILES, SPLIT_FILES
+from tasks.pretrained_tokenizer import build_pretrained, check_source, source_identity
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 FIRST_MERGES = 30
 
 
 class TokenizerSettings(Settings):
-    """Which BPE (the chapter's word-level one or the byte-level one), how many merges, from how much text."""
+    """Which BPE (the chapter's word-level one, the byte-level one, or a byte-level one made elsewhere), how many
+    merges, from how much text."""
 
-    kind: Literal["chapter", "byte"] = Field(
+    kind: Literal["chapter", "byte", "pretrained"] = Field(
         "chapter",
         description="chapter: the chapter's word-level BPE; byte: GPT-2's byte-level BPE (any text encodes, "
-        "<|endoftext|> after each article in the shards)",
+        "<|endoftext|> after each article in the shards); pretrained: an existing byte-level BPE tokenizer.json "
+        "from source, not trained",
+    )
+    source: str | None = Field(
+        None,
+        description="kind=pretrained only: the byte-level BPE tokenizer.json to use, an absolute path or an "
+        "http(s):// or file:// URL (allowed as corpus.source_url is)",
     )
     pattern: Literal["gpt2", "gpt4"] = Field(
         "gpt2", description="kind=byte only: the pre-tokenizer's split pattern (GPT-2's or GPT-4's cl100k)"
@@ -54,20 +65,49 @@ class TokenizerSettings(Settings):
         description="train on the first N bytes of wiki.train.txt; the chapter uses 50000000; 0 = the whole split",
     )
 
+    @field_validator("source")
+    @classmethod
+    def _check_source(cls, value: str | None) -> str | None:
+        return None if value is None else check_source(value)
+
     @model_validator(mode="after")
-    def _pattern_needs_byte(self) -> TokenizerSettings:
-        if self.kind == "chapter" and self.pattern != "gpt2":
+    def _fields_of_the_kind(self) -> TokenizerSettings:
+        if self.kind != "byte" and self.pattern != "gpt2":
             raise ValueError(
-                f"pattern={self.pattern} applies only to the byte-level BPE: set kind=byte too, or leave pattern out"
+                f"pattern={self.pattern} applies only to the byte-level BPE trained here: set kind=byte too, or "
+                "leave pattern out"
+                + (" (a pretrained tokenizer.json has its own)" if self.kind == "pretrained" else "")
+            )
+        if self.kind == "pretrained" and self.source is None:
+            raise ValueError(
+                "kind=pretrained needs source: the path or URL of a byte-level BPE tokenizer.json "
+                "(e.g. tokenizer.source=/data/tok/tokenizer.json)"
+            )
+        if self.kind != "pretrained" and self.source is not None:
+            raise ValueError(
+                f"source applies only to kind=pretrained (a tokenizer.json to use instead of training); set "
+                f"kind=pretrained, or leave source out to train the {self.kind} kind"
             )
         return self
 
+    @model_serializer(mode="wrap")
+    def _without_credentials(self, handler, info):
+        """The JSON form (logs, UI, Prefect's parameters) never carries credentials of ``source``."""
+        data = handler(self)
+        if info.mode_is_json() and data.get("source"):
+            data["source"] = stored_url(data["source"])
+        return data
+
     def version_params(self) -> dict:
         """All fields, but ``kind`` and ``pattern`` only for ``kind=byte``: the chapter's tokenizer keeps the
-        version ids it had before there was a second kind."""
+        version ids it had before there was a second kind. ``source`` never (the file's sha256 stands for it, as
+        ``Stage.source``), nor, for ``kind=pretrained``, what it does not train by (``num_merges``, ``pattern``)."""
         params = super().version_params()
+        del params["source"]
         if params["kind"] == "chapter":
             del params["kind"], params["pattern"]
+        elif params["kind"] == "pretrained":
+            del params["num_merges"], params["pattern"]
         return params
 
 
@@ -116,6 +156,20 @@ def count_slice(ctx: BuildContext, path: Path, end: int, chunk_bytes: int, where
     return counts
 
 
+def need_article_index(ctx: BuildContext, corpus: Path, kind: str) -> None:
+    """``UserError`` naming the command to run when the corpus version lacks the article index a byte-level
+    tokenizer's shards end articles by. Why here, not in the shards stage alone: ``--only tokenizer`` over such a
+    corpus would publish a tokenizer no shards can be built from."""
+    missing = [name for name in ARTICLE_FILES.values() if not (corpus / name).is_file()]
+    if missing:
+        raise UserError(
+            f"tokenizer.kind={kind} needs a corpus version with the article index (its shards end each article "
+            f"with <|endoftext|>), and corpus/{ctx.inputs['corpus']['version']} has none ({missing[0]}); build one "
+            f"first: wiki-pipeline run --only corpus --param corpus.article_index=true (or run the whole pipeline "
+            f"with tokenizer.kind={kind}), then rerun this"
+        )
+
+
 def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path) -> dict:
     """Count the slice's words (on Dask), train the BPE, write tokenizer.json + stats.json."""
     train_path = corpus / SPLIT_FILES["train"]
@@ -124,8 +178,12 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
         raise UserError(
             f"{train_path} is empty, so there is nothing to train BPE on; check the corpus stage's source_url"
         )
+    if settings.kind != "chapter":
+        need_article_index(ctx, corpus, settings.kind)
     if settings.kind == "byte":
         return build_byte_tokenizer(ctx, settings, train_path, used)
+    if settings.kind == "pretrained":
+        return build_pretrained(ctx, settings, train_path, used)
     ctx.log.info("tokenizer: counting the words of %s bytes of %s", f"{used:,}", train_path.name)
     t0 = time.monotonic()
     try:
@@ -217,6 +275,17 @@ def build_byte_tokenizer(ctx: BuildContext, settings: TokenizerSettings, train_p
     return stats
 
 
+def kind_line(p: dict, m: dict) -> Markdown:
+    """The report's kind row: chapter, byte-level with its split, or pretrained with where from and its sha256."""
+    if p.get("kind") == "pretrained":
+        renumbered = " (ids renumbered to mygpt's layout, same tokens)" if m.get("renumbered") else ""
+        return Markdown(
+            f"pretrained byte-level BPE, {md_text(str(m.get('pattern')))} split, from {md_code(m.get('source'))} "
+            f"(sha256 {md_code(m.get('source_sha256'))}){md_text(renumbered)}"
+        )
+    return md_text(f"byte-level BPE, {p.get('pattern')} split" if p.get("kind") == "byte" else "chapter")
+
+
 def report(manifest: dict) -> str:
     m = manifest.get("metrics", {})
     p = manifest.get("settings", {})
@@ -225,11 +294,8 @@ def report(manifest: dict) -> str:
         "",
         summary_table(
             [
-                (
-                    "kind",
-                    "byte-level BPE, " + str(p.get("pattern")) + " split" if p.get("kind") == "byte" else "chapter",
-                ),
-                ("merges", f"{m.get('num_merges')} (asked {p.get('num_merges')})"),
+                ("kind", kind_line(p, m)),
+                ("merges", f"{m.get('num_merges')}" + (f" (asked {p['num_merges']})" if "num_merges" in p else "")),
                 ("vocab size", f"{m.get('vocab_size'):,} (alphabet {m.get('alphabet_size'):,})"),
                 (
                     "training slice",
@@ -239,7 +305,9 @@ def report(manifest: dict) -> str:
                 ("corpus chars missing from the slice", "counted while encoding: see the wiki-shards report"),
                 (
                     "time",
-                    f"train {m.get('train_seconds', 0):.1f} s, encode the slice {m.get('encode_seconds', 0):.1f} s"
+                    f"not trained (pretrained), encode the slice {m.get('encode_seconds', 0):.1f} s"
+                    if m.get("kind") == "pretrained"
+                    else f"train {m.get('train_seconds', 0):.1f} s, encode the slice {m.get('encode_seconds', 0):.1f} s"
                     if "encode_seconds" in m
                     else f"count words {m.get('count_seconds', 0):.1f} s, train {m.get('train_seconds', 0):.1f} s",
                 ),
@@ -257,6 +325,7 @@ STAGE = Stage(
     code_version="2",
     build=build_tokenizer,
     report=report,
+    source=source_identity,
     alias="bpe",
     headline=lambda m: f"vocab {m.get('vocab_size', 0):,}, {number(m.get('chars_per_token'), '.2f')} chars/token",
     columns=(

@@ -181,9 +181,11 @@ class HashIndex:
 class WordTable:
     """The distinct words seen so far: ``words[slot]``, found by hash and checked character by character.
 
-    :meth:`slots` gives the slot of every word of a text, in order, adding the words it has not seen."""
+    :meth:`slots` gives the slot of every word of a text, in order, adding the words it has not seen. ``spans`` cuts a
+    text's code points into its words (``word_spans``, the chapter's; the byte-level BPE passes its pre-tokens')."""
 
-    def __init__(self) -> None:
+    def __init__(self, spans=word_spans) -> None:
+        self._spans = spans
         self.words: list[str] = []
         self._index = HashIndex()
         self._by_string: dict[str, int] = {}  # words whose hash another word in the table already has
@@ -198,7 +200,7 @@ class WordTable:
     def slots(self, text: str) -> np.ndarray:
         """The slot of each word of ``text`` (``WORD_RE.findall`` order); new words get the next free slots."""
         cps = code_points(text)
-        starts, lens = word_spans(cps)
+        starts, lens = self._spans(cps)
         if not starts.size:
             return starts
         h = word_hashes(cps, starts, lens)

@@ -8,17 +8,19 @@ matches follow from the class runs of the text: a run of one class is a pre-toke
 * an apostrophe that starts a pre-token and is followed by ``s d m t`` or ``ll ve re`` is a contraction (``"'s"``),
   and the letters after it start a new pre-token.
 
-Pre-tokens are told apart by a 64-bit polynomial hash of their code points and every hash group is then checked
-character by character against one of its members, so a collision can cost time (the piece is counted with the
-regex) but never a wrong count. The text is counted in pieces cut before a space that follows a non-whitespace
-character, where every pattern here ends a pre-token. Other patterns (GPT-4's) are counted with the regex.
+Counting keeps one table of the distinct pre-tokens per thread (:class:`mygpt.tokenizers.bpe_words.WordTable`, cut by
+:func:`pretoken_spans`): each pre-token is found by a 64-bit hash and checked character by character against the
+table's copy, so a collision costs time, never a wrong count, and one string is made per distinct pre-token, not per
+piece. The text is counted in pieces cut before a space that follows a non-whitespace character, where every pattern
+here ends a pre-token; each thread takes a run of consecutive pieces. Other patterns (GPT-4's) are counted with the
+regex. :func:`distinct_pretokens` (the encoder's) tells a piece's pre-tokens apart by their hash the same way and
+falls back to the regex on a collision.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
-import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
@@ -26,16 +28,20 @@ from typing import TypeVar
 import numpy as np
 import regex
 
+from mygpt.tokenizers.bpe_words import WordTable
 from mygpt.tokenizers.byte_bpe_reference import GPT2_PATTERN
 
 __all__ = [
     "MAX_PRETOKEN_BYTES",
     "THREADS",
+    "classes",
     "count_pretokens",
     "distinct_pretokens",
     "map_in_order",
     "overlong_pretoken",
+    "piece_bounds",
     "pieces",
+    "pretoken_spans",
     "pretoken_starts",
 ]
 
@@ -59,15 +65,29 @@ _CONTRACTIONS = {ord(c) for c in "sdmt"}
 _CONTRACTIONS_2 = [(ord(a), ord(b)) for a, b in ("ll", "ve", "re")]
 
 
-@functools.lru_cache(maxsize=1)
-def _classes() -> np.ndarray:
-    """Class of every code point as the ``regex`` module sees it (its Unicode version, not Python's)."""
-    everything = "".join(map(chr, range(0x110000)))
-    table = np.full(0x110000, OTHER, dtype=np.uint8)
+_UNKNOWN = 255
+_CLASS = np.full(0x110000, _UNKNOWN, dtype=np.uint8)  # code point -> class, learnt as code points are met
+
+
+def classes(cps: np.ndarray) -> np.ndarray:
+    """The class of each code point of ``cps`` as the ``regex`` module sees it (its Unicode version, not Python's).
+
+    Learnt for the code points a text holds, the first time they are met: asking ``regex`` about all of Unicode
+    up front takes longer than counting many a text."""
+    cls = _CLASS[cps]
+    if len(cls) and cls.max() == _UNKNOWN:  # the greatest uint8: one pass, no mask, in the usual case
+        _learn(np.unique(cps[cls == _UNKNOWN]))
+        cls = _CLASS[cps]
+    return cls
+
+
+def _learn(new: np.ndarray) -> None:
+    chars = new.astype(np.uint32).tobytes().decode("utf-32-le", "surrogatepass")
+    learnt = np.full(len(new), OTHER, dtype=np.uint8)
     for cls, rest in ((WS, r"\S+"), (LETTER, r"\P{L}+"), (NUMBER, r"\P{N}+")):
-        kept = regex.sub(rest, "", everything)
-        table[np.frombuffer(kept.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)] = cls
-    return table
+        kept = _code_points(regex.sub(rest, "", chars))
+        learnt[np.searchsorted(new, kept)] = cls
+    _CLASS[new] = learnt  # one write of final values: a thread reading meanwhile sees a class or "unknown"
 
 
 def _code_points(text: str) -> np.ndarray:
@@ -77,21 +97,27 @@ def _code_points(text: str) -> np.ndarray:
 def pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
     """``text`` in pieces of about ``size`` characters, each cut before a space that follows a non-whitespace
     character (a pre-token ends there under both patterns, so counting piece by piece changes nothing)."""
+    for start, end in piece_bounds(text, size):
+        yield text[start:end]
+
+
+def piece_bounds(text: str, size: int = PIECE_CHARS) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each of :func:`pieces`' pieces."""
     start = 0
     while len(text) - start > size:
         found = _CUT.search(text, start + size - 1)  # one search, not a step per space of a long run
         if found is None:
             break
         cut = found.start() + 1
-        yield text[start:cut]
+        yield start, cut
         start = cut
-    yield text[start:]
+    yield start, len(text)
 
 
 def pretoken_starts(cps: np.ndarray) -> np.ndarray:
     """Where the GPT-2 pattern's matches start in the code points ``cps`` (a boolean mask)."""
     n = len(cps)
-    cls = _classes()[cps]
+    cls = classes(cps)
     start = np.ones(n, dtype=bool)
     start[1:] = cls[1:] != cls[:-1]
     ws_end = np.flatnonzero((cls[:-1] == WS) & (cls[1:] != WS))  # last whitespace before a non-whitespace
@@ -195,19 +221,46 @@ def _count_piece(piece: str) -> dict[str, int]:
     return dict(zip(distinct, np.bincount(group, minlength=len(distinct)).tolist()))
 
 
-def _count_pieces(texts: list[str], pattern: str, piece_chars: int = PIECE_CHARS) -> dict[str, int]:
-    def count(piece: str) -> dict[str, int]:
-        if pattern == GPT2_PATTERN:
-            return _count_piece(piece)
-        return collections.Counter(regex.findall(pattern, piece))
+def pretoken_spans(cps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, lengths)`` of the GPT-2 pattern's matches in the code points ``cps``."""
+    starts = np.flatnonzero(pretoken_starts(cps)) if len(cps) else np.zeros(0, dtype=np.int64)
+    return starts, np.diff(starts, append=len(cps))
 
+
+def _count_gpt2(text: str, bounds: list[tuple[int, int]]) -> dict[str, int]:
+    """The GPT-2 pre-tokens of ``text[s:e]`` for each ``(s, e)`` of ``bounds``, counted in one table of distinct
+    pre-tokens (each found by hash and checked character by character; one string made per distinct pre-token)."""
+    table = WordTable(pretoken_spans)
+    counts = np.zeros(0, dtype=np.int64)
+    for start, end in bounds:
+        slots = table.slots(text[start:end])
+        if slots.size:
+            c = np.bincount(slots, minlength=len(table))
+            c[: counts.size] += counts
+            counts = c
+    return dict(zip(table.words, counts.tolist()))
+
+
+def _count_pieces(texts: list[str], pattern: str, piece_chars: int = PIECE_CHARS) -> dict[str, int]:
+    tables: Iterable[dict[str, int]]
+    if pattern == GPT2_PATTERN:
+        jobs = [(text, part) for text in texts for part in _shares(list(piece_bounds(text, piece_chars)), THREADS)]
+        tables = list(map_in_order(lambda job: _count_gpt2(*job), jobs, min(THREADS, len(jobs))))
+    else:
+        every_piece = (piece for text in texts for piece in pieces(text, piece_chars))
+        tables = map_in_order(lambda piece: collections.Counter(regex.findall(pattern, piece)), every_piece)
     total: dict[str, int] = {}
     get = total.get
-    every_piece = (piece for text in texts for piece in pieces(text, piece_chars))
-    for counts in map_in_order(count, every_piece):  # a few pieces at a time: memory stays near the text's
+    for counts in tables:  # a few pieces at a time: memory stays near the text's
         for tok, c in counts.items():
             total[tok] = get(tok, 0) + c
     return total
+
+
+def _shares(bounds: list[_T], parts: int) -> list[list[_T]]:
+    """``bounds`` in at most ``parts`` runs of consecutive items, of about equal length."""
+    size = -(-len(bounds) // max(1, parts))
+    return [bounds[i : i + size] for i in range(0, len(bounds), size)]
 
 
 def count_pretokens(

@@ -2,8 +2,8 @@
 
 Two phases. The pre-tokens are counted once (:mod:`mygpt.tokenizers.byte_bpe_pretokens`: distinct pre-tokens with
 their counts, the text cut at the special tokens first). Then the word-level trainer of the chapter's BPE
-(:mod:`mygpt.tokenizers.bpe_train`: incremental pair counts, a pair -> words index and a max-heap with the same
-tie rule) runs on the pre-tokens' UTF-8 bytes, each byte spelled as the Latin-1 character of the same number.
+(:mod:`mygpt.tokenizers.bpe_train`: incremental pair counts, an index of where each pair is and a max-heap with the
+same tie rule) runs on the pre-tokens' UTF-8 bytes, each byte spelled as the Latin-1 character of the same number.
 Why that is exact: Latin-1 maps bytes to characters one to one and keeps their order, so "the greatest pair of
 strings" there is "the greatest pair of byte strings" here, and a merge of two strings is the merge of their bytes.
 """
@@ -30,7 +30,7 @@ def count_text(text: str, specials: Sequence[str] = (), pattern: str = GPT2_PATT
 def train_from_pretoken_counts(counts: dict[str, int], num_merges: int) -> list[tuple[bytes, bytes]]:
     """The merges, in training order, of a ``{pre-token: count}`` table."""
     with gc_paused():
-        words = {tok.encode("utf-8").decode("latin-1"): n for tok, n in counts.items()}
+        words = {tok if tok.isascii() else tok.encode("utf-8").decode("latin-1"): n for tok, n in counts.items()}
         _, merges = train_from_word_counts(words, num_merges)
     return [(a.encode("latin-1"), b.encode("latin-1")) for a, b in merges]
 

@@ -22,7 +22,10 @@ class TrainJob:
     """A training run: ``tokenizer`` is a tokenizer file (:mod:`mygpt.tokenizers.files`); ``train_tokens`` flat
     token files (``token_dtype``, read as one sequence); ``checkpoint`` the resume checkpoint (resumed from when
     ``resume``); ``output`` the final model without optimizer state; ``meta`` goes into both; ``threads``: torch
-    threads per process (0 = torch's default). ``model.vocab_size`` must be the tokenizer's."""
+    threads per process (0 = torch's default). ``model.vocab_size`` must be the tokenizer's. ``stream``, instead
+    of ``train_tokens``/``val_tokens``: ``{"dir": folder, "train": [[file, tokens], ...], "valid": [...]}``,
+    one flat token file per shard, in index order, that may appear while training runs
+    (:mod:`mygpt.training.stream`)."""
 
     tokenizer: str
     train_tokens: list
@@ -36,6 +39,7 @@ class TrainJob:
     output: str | None = None
     meta: dict | None = None
     threads: int = 0
+    stream: dict | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.train_tokens, (str, os.PathLike)):
@@ -88,6 +92,12 @@ class TrainJob:
                 f"job 'model' has vocab_size {self.model.vocab_size}, but the tokenizer {self.tokenizer} has "
                 f"{tokenizer.vocab_size}; build the model's config with the tokenizer's vocab_size"
             )
+        if self.stream is not None:
+            from mygpt.training.stream import ShardStream
+
+            folder, valid = self.stream["dir"], self.stream.get("valid")
+            train_tokens = ShardStream(self.stream["train"], self.token_dtype, folder)
+            return tokenizer, train_tokens, ShardStream(valid, self.token_dtype, folder) if valid else None
         train_tokens = open_token_files(self.train_tokens, self.token_dtype)
         val_tokens = open_token_files([self.val_tokens], self.token_dtype) if self.val_tokens else None
         return tokenizer, train_tokens, val_tokens

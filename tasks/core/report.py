@@ -14,6 +14,10 @@ _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~&])")
 _LINE_BREAK = re.compile("\r\n|[\r\u2028\u2029]")
 _SHOWN = {"\r": "\\r", "\n": "\\n", "\t": "\\t", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 _SHOWN_RE = re.compile("[\r\n\t\u2028\u2029]")
+#: The C0 control characters but tab, line feed and carriage return (which are written out or kept as line
+#: breaks), and DEL: invisible, and a raw one (ESC starts a terminal sequence) has no business in a report; each is
+#: written out as ``\xNN``.
+_CONTROL_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 #: The start of a line that would begin a block: its leading spaces/tabs (4 make code), and a list marker, a
 #: setext underline or a thematic break (``-``, ``+``, ``=``, ``1.``, ``1)``; the other markers are escaped anyway).
 _LINE_START = re.compile(r"^([ \t]*)([-+=]|[0-9]+[.)])?", re.MULTILINE)
@@ -30,9 +34,15 @@ def md(value: object) -> Markdown:
     return value if isinstance(value, Markdown) else md_text(value)
 
 
+def _controls_shown(s: str) -> str:
+    """``s`` with its other control characters (:data:`_CONTROL_RE`) written out as ``\\xNN``."""
+    return _CONTROL_RE.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
+
+
 def _shown(s: str) -> str:
-    """``s`` with its line breaks and tabs written out (``\\n``), so it stays on one line."""
-    return _SHOWN_RE.sub(lambda m: _SHOWN[m.group()], s)
+    """``s`` with its line breaks and tabs written out (``\\n``), so it stays on one line, and its other control
+    characters as ``\\xNN``."""
+    return _SHOWN_RE.sub(lambda m: _SHOWN[m.group()], _controls_shown(s))
 
 
 def _line_start(m: re.Match) -> str:
@@ -44,15 +54,15 @@ def _line_start(m: re.Match) -> str:
 
 def md_text(text: object, one_line: bool = True) -> Markdown:
     """``text`` as literal markdown text: markup characters (and so HTML's ``<`` and entities' ``&``)
-    backslash-escaped; on one line (line breaks and tabs written out as ``\\n``, ``\\r``, ``\\u2028``...)
-    unless ``one_line`` is false (a caller that quotes each line itself). Then every line break a renderer knows
-    becomes ``\\n`` and no line can begin a block: a line's leading spaces and tabs become no-break spaces (4
-    would make code) and a list marker, ``=``/``-`` underline or rule at its start is escaped (a generated ``---``
-    would turn the line above into a heading)."""
+    backslash-escaped; other control characters written out (``\\x1b``); on one line (line breaks and tabs
+    written out as ``\\n``, ``\\r``, ``\\u2028``...) unless ``one_line`` is false (a caller that quotes each
+    line itself). Then every line break a renderer knows becomes ``\\n`` and no line can begin a block: a line's
+    leading spaces and tabs become no-break spaces (4 would make code) and a list marker, ``=``/``-`` underline
+    or rule at its start is escaped (a generated ``---`` would turn the line above into a heading)."""
     s = str(text)
     if one_line:
         return Markdown(_MD_SPECIAL.sub(r"\\\1", _shown(s)))
-    s = _MD_SPECIAL.sub(r"\\\1", _LINE_BREAK.sub("\n", s))
+    s = _MD_SPECIAL.sub(r"\\\1", _LINE_BREAK.sub("\n", _controls_shown(s)))
     return Markdown(_LINE_START.sub(_line_start, s))
 
 

@@ -144,8 +144,6 @@ def shard_paths(shards_dir: str | os.PathLike, split: str) -> list[Path]:
 def materialize_tokens(shards_dir: str | os.PathLike, split: str, dest: str | os.PathLike) -> np.ndarray:
     """A split's ids in one flat native-order file ``dest`` (written atomically unless it has the right size),
     memory-mapped read-only; an empty split gives an empty array (an empty file cannot be mapped)."""
-    import pyarrow.parquet as pq
-
     paths = shard_paths(shards_dir, split)
     dtype = shard_dtype(paths[0])
     total = 0
@@ -161,12 +159,32 @@ def materialize_tokens(shards_dir: str | os.PathLike, split: str, dest: str | os
         written = 0
         with atomic_open(dest, "wb") as f:
             for p in paths:
-                pf = pq.ParquetFile(p)
-                for batch in pf.iter_batches(batch_size=ROW_GROUP_TOKENS, columns=[COLUMN]):
-                    arr = batch.column(0).to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-                    f.write(arr.tobytes())
-                    written += arr.size
+                written += _write_flat(p, dtype, f)
         if written != total:  # pragma: no cover - footer and data disagree
             dest.unlink(missing_ok=True)
             raise UserError(f"shards in {shards_dir} hold {written} {split} tokens, their footers say {total}")
     return np.memmap(dest, dtype=dtype, mode="r", shape=(total,))
+
+
+def _write_flat(path: str | os.PathLike, dtype: np.dtype, f) -> int:
+    """Append the shard ``path``'s ids to the open file ``f`` as flat ``dtype`` (native order); how many."""
+    import pyarrow.parquet as pq
+
+    written = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_TOKENS, columns=[COLUMN]):
+        arr = batch.column(0).to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+        f.write(arr.tobytes())
+        written += arr.size
+    return written
+
+
+def flatten_shard(path: str | os.PathLike, dest: str | os.PathLike, dtype, tokens: int) -> None:
+    """The shard ``path`` as one flat native-order token file ``dest`` (atomically): how training reads a shard
+    it streams. ``UserError`` when it holds another type or count than its index says."""
+    dtype = np.dtype(dtype)
+    if shard_dtype(path) != dtype:
+        raise UserError(f"{path} has token type {shard_dtype(path)}, its index says {dtype}; rebuild the shards")
+    with atomic_open(dest, "wb") as f:
+        written = _write_flat(path, dtype, f)
+        if written != tokens:
+            raise UserError(f"{path} holds {written:,} tokens, its index says {tokens:,}; rebuild the shards")

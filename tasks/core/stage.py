@@ -166,8 +166,9 @@ class Stage:
     build: Callable[..., dict]  # build(ctx, settings, **input_dirs) -> metrics; writes ctx.out
     report: Callable[[dict], str]  # manifest (plus "path") -> markdown for the UI
     #: For a stage that reads from outside the store (the corpus): ``(settings, store, logger) -> {...}``, the
-    #: identity of what it would read now; it enters the version id, so new content gives a new version.
-    source: Callable[..., dict] | None = None
+    #: identity of what it would read now; it enters the version id, so new content gives a new version (None from
+    #: it: these settings read nothing outside the store).
+    source: Callable[..., dict | None] | None = None
     #: ``(upstream stage, check(settings, upstream_ref) -> warnings)``, run as soon as that upstream exists;
     #: raises ``UserError`` for settings that cannot work.
     early_check: tuple[str, Callable[[Any, StageRef], list[str]]] | None = None
@@ -179,6 +180,8 @@ class Stage:
     chart: Callable[[list], str] | None = None  # versions -> a markdown chart atop this stage's comparison
     shared_flat: tuple[str, ...] = ()  # fields a flat name (``--param seed=``) sets here and in other stages
     tiny: dict = field(default_factory=dict, compare=False)  # this stage's part of the tiny preset
+    #: Inputs the build reads file by file as it needs them (``ctx.store.fetch_file``), never copied whole first.
+    streamed: tuple[str, ...] = ()
     #: The stage's Prefect task, bound by :func:`stage_task`: ``task(*inputs, settings, run) -> StageRef``.
     task: Any = field(default=None, init=False, compare=False, repr=False)
 
@@ -262,7 +265,12 @@ class Stage:
             if force:
                 staging.reset()  # a forced build starts from nothing, whatever an earlier attempt left
             for name, up in sorted(inputs.items()):  # local directories (for an object-store root: verified copies)
-                input_dirs[name] = store.local_copy(name, up["version"], full=run.full_check)
+                streamed = name in self.streamed  # where it would lie: the build reads it file by file
+                input_dirs[name] = (
+                    store.version_path(name, up["version"])
+                    if streamed
+                    else store.local_copy(name, up["version"], full=run.full_check)
+                )
             logger.info(
                 "%s: building %s/%s%s",
                 self.name,

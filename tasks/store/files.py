@@ -116,6 +116,11 @@ class Files(Protocol):
 
     def usage(self, key: str) -> tuple[int, float]: ...  # bytes under ``key``, its newest mtime
 
+    def fetch(self, key: str, dest: Path) -> Path:
+        """A local file holding the object ``key``: on a directory root the file itself, on an object store a
+        download to ``dest`` (the caller's to delete). Unchecked: ``Versions.fetch_file`` checks it."""
+        ...
+
     def local_copy(self, key: str, full: bool = False) -> Path:
         """A local directory holding the published version ``key`` (checked by size, with ``full`` by sha256)."""
         ...

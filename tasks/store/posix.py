@@ -138,6 +138,9 @@ class PosixFiles:
                         total += st.st_size
         return total, newest
 
+    def fetch(self, key: str, dest: Path) -> Path:
+        return self.root / key  # read in place
+
     def local_copy(self, key: str, full: bool = False) -> Path:
         return self.root / key  # the version itself
 

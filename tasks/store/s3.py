@@ -116,8 +116,8 @@ class ObjectFiles:
     def names(self, key: str) -> list[str]:
         return sorted(rel for rel in self.files(key) if "/" not in rel)
 
-    def links(self, key: str) -> list[str]:
-        return []  # an object store has none
+    def links(self, key: str) -> list[str]:  # an object store has none
+        return []
 
     def sha256(self, key: str) -> str:
         h = hashlib.sha256()
@@ -134,6 +134,11 @@ class ObjectFiles:
             if modified is not None and hasattr(modified, "timestamp"):
                 newest = max(newest, modified.timestamp())
         return total, newest
+
+    def fetch(self, key: str, dest: Path) -> Path:
+        with self._errors(f"downloading {key}"):
+            self.fs.get_file(self._path(key), str(dest))
+        return dest
 
     def local_copy(self, key: str, full: bool = False) -> Path:
         """The cached copy of ``key``, downloaded unless the cache holds its build, every file checked first."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mygpt.atomic import sha256_file
 from mygpt.errors import UserError
 from tasks.store.files import MANIFEST, UnreadableManifest, files_prefix, parse_manifest, safe_rel
 from tasks.store.layout import STAGE_NAME_RE, VERSION_RE
@@ -197,6 +198,39 @@ class Versions:
         if prefix is None or not safe_rel(rel):
             raise UserError(f"{self.location(stage, version)}: its manifest does not say where {rel!r} lies")
         return self.files.where(f"{self._version_key(stage, version)}/{prefix}{rel}")
+
+    def fetch_file(self, stage: str, version: str, rel: str, folder: Path, manifest: dict | None = None) -> Path:
+        """A local file holding the file ``rel`` of the published ``stage/version``, checked against its size and
+        sha256 in the manifest before anyone reads it: the published file itself on a directory root, a download
+        into ``folder`` on an object store (the caller deletes it once read). ``UserError`` naming the file when
+        it does not match (it was changed after publication): training must never read a damaged shard.
+        ``manifest``: the version's, where the caller has it (one read for many files)."""
+        manifest = manifest if manifest is not None else self.get(stage, version).manifest
+        prefix, meta = files_prefix(manifest), manifest["files"].get(rel)
+        if prefix is None or not safe_rel(rel) or not isinstance(meta, dict):
+            raise UserError(f"{self.location(stage, version)}: its manifest does not list {rel!r}")
+        key = f"{self._version_key(stage, version)}/{prefix}{rel}"
+        folder.mkdir(parents=True, exist_ok=True)
+        local = self.files.fetch(key, folder / f".{Path(rel).name}.{uuid.uuid4().hex[:8]}.part")
+        try:
+            size = local.stat().st_size
+            problem = (
+                f"it is {size:,} bytes, the manifest says {meta.get('size'):,}"
+                if size != meta.get("size")
+                else "its sha256 is not the manifest's"
+                if sha256_file(local) != meta.get("sha256")
+                else None
+            )
+        except OSError as exc:
+            problem = f"it cannot be read ({exc.strerror or exc})"
+        if problem:
+            if self.remote:
+                local.unlink(missing_ok=True)
+            raise UserError(
+                f"{self.files.where(key)} does not match the manifest of {stage}/{version} ({problem}): it was "
+                f"changed after publication; rerun with force for {stage} to rebuild it"
+            )
+        return local
 
     def local_copy(self, stage: str, version: str, full: bool = False) -> Path:
         """A local directory holding ``stage/version`` for a build to read (see :meth:`Files.local_copy`)."""

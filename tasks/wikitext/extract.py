@@ -139,7 +139,7 @@ def _extract_member(
         st["raw_lines"] += 1
     st["lines_removed"] = st["raw_lines"] - st["lines"]
     if articles_path is not None:
-        found = np.unique(np.asarray(starts, dtype=np.uint64))  # an empty article adds no second start
+        found = np.asarray(starts, dtype=np.uint64)  # in order; an empty article repeats its successor's start
         with atomic_open(articles_path, "wb") as f:
             np.save(f, found)
         st["articles"] = int(found.size)

@@ -366,10 +366,24 @@ def test_a_byte_level_tokenizer_turns_on_the_corpus_article_index():
     assert chapter.resolved("corpus").article_index is False
     byte = Pipeline.from_flat({"tokenizer.kind": "byte"})
     assert byte.resolved("tokenizer").kind == "byte" and byte.resolved("corpus").article_index is True
-    assert byte.corpus.article_index is False, "the parameters as given are kept"
+    assert byte.corpus.article_index is None, "the parameters as given are kept"
     copy = chapter.model_copy(update={"tokenizer": chapter.tokenizer.model_copy(update={"kind": "byte"})})
     assert copy.resolved("corpus").article_index is True
     assert chapter.resolved("corpus").article_index is False
+
+
+@pytest.mark.parametrize("kind", ["byte", "pretrained"])
+def test_an_article_index_turned_off_by_hand_is_refused_with_a_byte_level_tokenizer(kind):
+    """corpus.article_index=false given with a tokenizer whose shards end articles: refused, not overruled."""
+    tokenizer = {"kind": kind, **({"source": "/t/tokenizer.json"} if kind == "pretrained" else {})}
+    with pytest.raises(UserError, match=rf"^corpus\.article_index=false cannot go with tokenizer\.kind={kind}: "):
+        Pipeline.parse(corpus={"article_index": False}, tokenizer=tokenizer)
+    given = Pipeline.parse(corpus={"article_index": True}, tokenizer=tokenizer)
+    assert given.resolved("corpus").article_index is True
+    chapter = Pipeline.parse(corpus={"article_index": False})
+    copy = chapter.model_copy(update={"tokenizer": chapter.tokenizer.model_copy(update=tokenizer)})
+    with pytest.raises(UserError, match=r"corpus\.article_index=false cannot go"):
+        copy.resolved("corpus")
 
 
 def test_every_integer_of_the_model_and_samples_has_an_upper_bound():

@@ -8,6 +8,7 @@ import torch
 from mygpt import GPT, CharTokenizer, TrainConfig, UserError
 from mygpt.generate import generate, generate_ids
 from mygpt.training.train import train
+from tests.support.ending_model import ending_model
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +116,28 @@ def test_bad_prompts_and_settings(tok):
         generate(model, tok, "a", top_k=-3, device="cpu")
     with pytest.raises(UserError, match="max_new_tokens"):
         generate(model, tok, "a", max_new_tokens=-1, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def byte_tok(shakespeare_text):
+    from mygpt.tokenizers.byte_bpe import ByteBPETokenizer
+
+    return ByteBPETokenizer.train(shakespeare_text[:20_000], 256 + 30 + 1)
+
+
+def test_generation_stops_at_endoftext_and_says_so(byte_tok):
+    from mygpt.generate import EOS, generate_sample
+
+    prompt = "ROMEO: What light"
+    model, unstopped, n = ending_model(byte_tok, prompt)
+    eos = byte_tok.special_ids[EOS]
+    assert unstopped[n - 1] == eos and eos not in unstopped[: n - 1]
+    ids = byte_tok.encode(prompt).view(1, -1)
+    out = generate_ids(model, ids, max_new_tokens=24, temperature=0, stop_ids=(eos,))[0, ids.size(1) :].tolist()
+    assert out == unstopped[:n]  # the stop token kept as the last, nothing after it
+    made = generate_sample(model, byte_tok, prompt, max_new_tokens=24, temperature=0, device="cpu")
+    assert made.stopped_at == EOS and made.new_tokens == n
+    assert made.text == prompt + byte_tok.decode(unstopped[: n - 1]) and EOS not in made.text
+    shorter = generate_sample(model, byte_tok, prompt, max_new_tokens=n - 1, temperature=0, device="cpu")
+    assert shorter.stopped_at is None and shorter.new_tokens == n - 1 and shorter.text == made.text
+    assert generate(model, byte_tok, prompt, max_new_tokens=24, temperature=0, device="cpu") == made.text

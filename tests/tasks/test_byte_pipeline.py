@@ -118,3 +118,31 @@ def test_evaluate_counts_the_test_texts_own_bytes(pipeline):
     vocab = tok.vocab
     specials = set(tok.special_ids.values())
     assert m["bytes_evaluated"] == sum(len(vocab[int(i)]) for i in used if int(i) not in specials)
+
+
+def covered_bytes(evaluate_ref, shards_ref, tokenizer) -> tuple[int, int]:
+    """``(bytes of text the evaluated ids stand for, the longest token's bytes)``, from the published test shards."""
+    from tasks.evaluate import text_bytes_per_token
+
+    m = manifest(evaluate_ref)["metrics"]
+    ids = np.concatenate([SF.read_shard(p) for p in SF.shard_paths(shards_ref["path"], "test")])
+    sizes = text_bytes_per_token(tokenizer)
+    used = ids[: m["tokens_evaluated"] + 1]  # the first is context only
+    assert m["bytes_evaluated"] == int(sizes[used[1:]].sum())
+    return int(sizes[used].sum()), int(sizes.max())
+
+
+def test_the_tiny_preset_evaluates_the_same_text_for_both_kinds(pipeline, upstream, trained):
+    """Bits per byte of the two kinds compare over the same test text: the tiny preset bounds it in bytes."""
+    from mygpt.checkpoint import load_checkpoint
+
+    bound = TINY["evaluate"]["max_bytes"]
+    root, corpus, _, shards = upstream
+    chapter = evaluate_model.fn(corpus, shards, trained, Pipeline.parse(**TINY).resolved("evaluate"), run_in(root))
+    _, chapter_tok = load_checkpoint(Path(trained["path"]) / "model.ckpt")
+    for ref, shards_ref, tok in (
+        (pipeline["evaluate"], pipeline["shards"], load_tokenizer(pipeline["tokenizer"]["path"])),
+        (chapter, shards, chapter_tok),
+    ):
+        covered, longest = covered_bytes(ref, shards_ref, tok)
+        assert bound - longest < covered <= bound  # the first max_bytes of wiki.test.txt, to a token's length

@@ -107,7 +107,7 @@ def test_settings_defaults_pin_the_chapter_size():
         "source_url": D.DEFAULT_URL,
         "expected_bytes": 191_984_949,
         "expected_sha256": None,
-        "article_index": False,
+        "article_index": None,  # settled by the pipeline from the tokenizer kind (flows.settings.linked)
     }
     assert D.CorpusSettings().resolved().version_params() == {"expected_bytes": 191_984_949, "expected_sha256": None}
     assert resolved(source_url="http://127.0.0.1:1/x.zip")["expected_bytes"] == 0

@@ -19,6 +19,8 @@ from tests.support.tiny import SETTINGS, run_in
 
 
 def evaluate(upstream, trained, **settings):
+    if "max_tokens" in settings:  # the tiny preset bounds max_bytes instead: one bound at a time
+        settings.setdefault("max_bytes", None)
     root, corpus, _, shards = upstream
     return evaluate_stage.evaluate_model.fn(
         corpus, shards, trained, SETTINGS.evaluate.model_copy(update=settings), run_in(root)
@@ -154,3 +156,13 @@ def test_running_out_of_memory_is_one_error_naming_the_forward_pass(upstream, tr
         "tokens per forward pass (no more tokens than one of the model's training passes): free the device's memory "
         "(other processes) or set evaluate.device to cpu"
     )
+
+
+def test_one_bound_of_the_text_at_a_time():
+    import pytest
+
+    from mygpt.errors import UserError
+
+    with pytest.raises(UserError, match=r"^evaluate: max_tokens=10 and max_bytes=20 both bound the text evaluated"):
+        evaluate_stage.EvaluateSettings.parse({"max_tokens": 10, "max_bytes": 20}, "evaluate")
+    assert "max_bytes" not in evaluate_stage.EvaluateSettings().version_params()

@@ -98,21 +98,35 @@ def test_report_has_a_readable_loss_curve_and_summary(upstream, trained):
         assert needle in md
 
 
-def test_train_reads_memory_mapped_tokens_and_all_splits(upstream, tmp_path):
-    from mygpt.training.data import open_token_files
+def test_train_streams_memory_mapped_shards_of_all_splits(upstream, tmp_path):
+    from mygpt.training.stream import ShardStream
+    from tasks.core.shard_format import read_shard, shard_paths
+    from tasks.shard_stream import open_stream
 
-    _, _, _, shards = upstream
-    paths, dtype, n = train_stage.token_files(Path(shards["path"]), tmp_path, ("train",))
-    assert dtype == "uint16" and len(paths) == 1
-    train_only = open_token_files(paths, dtype)
-    assert isinstance(train_only, np.memmap) and len(train_only) == n
-    all_paths, _, n_all = train_stage.token_files(Path(shards["path"]), tmp_path, train_stage.TRAIN_SPLITS["all"])
-    everything = open_token_files(all_paths, dtype)
-    valid = open_token_files(train_stage.token_files(Path(shards["path"]), tmp_path, ("valid",))[0], dtype)
-    test = open_token_files(train_stage.token_files(Path(shards["path"]), tmp_path, ("test",))[0], dtype)
-    assert len(everything) == n_all == n + len(valid) + len(test)
-    assert np.array_equal(everything[n - 3 : n + 3], np.concatenate([train_only[-3:], valid[:3]]))
-    assert all(isinstance(p, np.memmap) for p in everything.parts), "no copies of the corpus"
+    root, _, _, shards = upstream
+    store, folder = open_store(root), Path(shards["path"])
+    fetcher, stream, dtype, n_all, n_val = open_stream(
+        store, shards["version"], tmp_path / "t", train_stage.TRAIN_SPLITS["all"], (1, 8, 32), 0, 100, 1
+    )
+    names = [Path(p).name for p, _ in stream["train"]]
+    assert names == [
+        p.name.replace(".parquet", ".bin") for s in ("train", "valid", "test") for p in shard_paths(folder, s)
+    ]
+    assert (
+        dtype == "uint16"
+        and n_all == sum(n for _, n in stream["train"])
+        and n_val == len(read_shard(folder / "valid-00000.parquet"))
+    )
+    fetcher.start()
+    try:
+        valid = ShardStream(stream["valid"], dtype, stream["dir"])
+        assert np.array_equal(valid[0:n_val], np.concatenate([read_shard(p) for p in shard_paths(folder, "valid")]))
+        assert all(isinstance(p.open(), np.memmap) for p in valid.parts), "no copies of the corpus"
+    finally:
+        fetcher.close()
+    assert fetcher.error is None and fetcher.fetched[: len(fetcher.blocks[0].shards)] == [
+        names[i].replace(".bin", ".parquet") for i in fetcher.blocks[0].shards
+    ], "the first block first"
 
 
 def test_train_splits_all_is_another_version(upstream, trained):

@@ -95,3 +95,39 @@ def test_temperature_above_100_or_not_finite_is_refused(temperature):
     with pytest.raises(UserError, match=r"^samples.temperature must be (0 \(greedy\) or from 0.001 to 100|a finite)"):
         sample_stage.SamplesSettings.parse({"temperature": temperature}, "samples")
     assert sample_stage.SamplesSettings.parse({"temperature": 100.0}, "samples").temperature == 100.0
+
+
+def test_a_byte_level_sample_stops_at_endoftext_and_the_report_shows_where(tmp_path, shakespeare_text):
+    from mygpt.checkpoint import save_checkpoint
+    from mygpt.tokenizers.byte_bpe import ByteBPETokenizer
+    from tasks.core.stage import StageRef
+    from tasks.registry import code_versions
+    from tests.support.ending_model import ending_model
+
+    tok = ByteBPETokenizer.train(shakespeare_text[:20_000], 256 + 30 + 1)
+    prompt = "ROMEO: What light"
+    model, unstopped, n = ending_model(tok, prompt)
+    store = open_store(tmp_path)
+    build = store.open_build("model", "ending")
+    save_checkpoint(model, tok, build.out / "model.ckpt")
+    manifest = build.publish(settings={}, inputs={}, code_version=code_versions()["model"])
+    ref = StageRef(
+        stage="model", version="ending", build_id=manifest["build_id"], path=store.location("model", "ending")
+    )
+    out = sample(tmp_path, ref, prompt=(prompt,), temperature=0.0, max_new_tokens=24, device="cpu")
+    (s,) = json.loads((Path(out["path"]) / "samples.json").read_text(encoding="utf-8"))
+    assert s["stopped_at"] == "<|endoftext|>" and s["new_tokens"] == n
+    assert s["continuation"] == tok.decode(unstopped[: n - 1])
+    md = (Path(out["path"]) / "samples.md").read_text(encoding="utf-8")
+    ended = f" [<|endoftext|>] (the model ended the text here, after {n - 1} token{'s' * (n != 2)})"
+    assert sample_stage.md_text(ended) in md and md.rstrip().endswith(sample_stage.md_text(ended))
+
+
+def test_control_characters_in_a_sample_are_written_out():
+    """A raw ESC, NUL or BEL a model samples never reaches samples.md (ESC starts a terminal sequence)."""
+    import re
+
+    sample_dict = {"prompt": "a\x07b", "used_prompt": "a\x07b", "continuation": " x\x1b[31my\x00z\x7f\nnext\x0cline"}
+    md = sample_stage.samples_markdown([{**sample_dict, "new_tokens": 5, "stopped_at": None}], SAMPLE.version_params())
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f]", md)
+    assert "x\\\\x1b\\[31my\\\\x00z\\\\x7f" in md and "next\\\\x0cline" in md and "**a\\\\x07b**" in md

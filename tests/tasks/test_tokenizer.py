@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -20,7 +21,7 @@ def corpus(tmp_path_factory, wikitext2_path):
     root = tmp_path_factory.mktemp("bpe-art")
     zpath = root / "w.zip"
     build_wikitext_zip(zpath, data_dir=wikitext2_path.parent)
-    return root, stages.corpus(root, source_url=zpath.as_uri())
+    return root, stages.corpus(root, source_url=zpath.as_uri(), article_index=True)
 
 
 def test_tokenizer_and_stats(corpus):
@@ -168,6 +169,27 @@ def test_byte_kind_equals_the_library_trained_on_the_same_slice(corpus):
     gpt4 = stages.tokenizer(root, cref, kind="byte", pattern="gpt4", num_merges=60, bpe_train_bytes=100_000)
     assert gpt4["version"] != ref["version"]
     assert B.load_tokenizer(Path(gpt4["path"])) == ByteBPETokenizer.train(text, 317, pattern="gpt4")
+
+
+@pytest.mark.parametrize("kind", ["byte", "pretrained"])
+def test_a_byte_level_kind_over_a_corpus_without_the_article_index_names_the_command(corpus, tmp_path, kind):
+    """Its shards could not be built, so no tokenizer is published; the error says what to run."""
+    root, indexed = corpus
+    bare = stages.corpus(root, source_url=(root / "w.zip").as_uri())  # the same zip, built without the index
+    assert bare["version"] != indexed["version"]
+    source = {}
+    if kind == "pretrained":
+        from mygpt.tokenizers.byte_bpe import ByteBPETokenizer
+
+        (tmp_path / "tokenizer.json").write_text(ByteBPETokenizer.train("a b c ab ab", 256 + 2 + 1).to_json())
+        source = {"source": str(tmp_path / "tokenizer.json")}
+    message = (
+        f"tokenizer.kind={kind} needs a corpus version with the article index (its shards end each article with "
+        f"<|endoftext|>), and corpus/{bare['version']} has none (wiki.train.articles.npy); build one first: "
+        "wiki-pipeline run --only corpus --param corpus.article_index=true"
+    )
+    with pytest.raises(UserError, match="^" + re.escape(message)):
+        stages.tokenizer(root, bare, kind=kind, bpe_train_bytes=10_000, **source)
 
 
 def test_chapter_kind_keeps_its_version_ids():

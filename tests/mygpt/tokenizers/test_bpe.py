@@ -351,3 +351,12 @@ def test_long_words_and_many_new_words_match_reference():
     fast = tok.encode_corpus(text, "error")
     assert fast.tolist() == [tok.stoi[s] for s in ref.encode(text, tok.merges)]
     assert tok._encode_word(long_word) == ref.encode_word(long_word, {p: i for i, p in enumerate(tok.merges)})
+
+
+def test_runs_of_one_symbol_and_back_to_back_pairs_match_reference():
+    """Runs of one character of every length up to 40 (the trainer merges the 1st, 3rd, ... pair of each run) and
+    back-to-back occurrences of a pair (``abab``: the pair between them is ``(ab, ab)``, counted once)."""
+    words = ["a" * n for n in range(1, 41)] + ["ab" * n for n in range(1, 12)] + ["ba" * n + "b" for n in range(9)]
+    text = " ".join(words * 3 + ["aab", "aaab", "aaaab", "baaa", "abba"] * 5)
+    for n in (5, 40, 120):
+        assert BPETokenizer.from_corpus(text, n).merges == reference_train(text, n)[1]

@@ -54,6 +54,33 @@ def test_pretoken_counts_equal_the_regex_on_real_text_in_pieces_and_processes(wi
     assert byte_bpe_pretokens.count_pretokens([text], ref.GPT4_PATTERN, piece_chars=10_000) == gpt4
 
 
+def test_pretoken_counts_equal_the_regex_when_every_hash_collides(monkeypatch, wikitext2_text):
+    """The table of distinct pre-tokens checks each one character by character: a hash with 8 values costs time,
+    never a wrong count."""
+    from mygpt.tokenizers import bpe_words
+
+    real = bpe_words.word_hashes
+    monkeypatch.setattr(bpe_words, "word_hashes", lambda cps, s, n: real(cps, s, n) & np.uint64(7))
+    text = wikitext2_text[:60_000] + UNSEEN
+    expected = collections.Counter(regex.findall(ref.GPT2_PATTERN, text))
+    for threads in (1, 2):
+        monkeypatch.setattr(byte_bpe_pretokens, "THREADS", threads)
+        assert byte_bpe_pretokens.count_pretokens([text, text[:999]], piece_chars=5_000) == expected + (
+            collections.Counter(regex.findall(ref.GPT2_PATTERN, text[:999]))
+        )
+
+
+def test_character_classes_learnt_as_met_equal_the_regex_over_all_of_unicode():
+    everything = "".join(map(chr, range(0x110000)))
+    expected = np.full(0x110000, byte_bpe_pretokens.OTHER, dtype=np.uint8)
+    for cls, pattern in ((byte_bpe_pretokens.WS, r"\s"), (byte_bpe_pretokens.LETTER, r"\p{L}")):
+        expected[[ord(c) for c in regex.findall(pattern, everything)]] = cls
+    expected[[ord(c) for c in regex.findall(r"\p{N}", everything)]] = byte_bpe_pretokens.NUMBER
+    some = np.array([0x4E00, 32, 0x10FFFF, 0xD800, 0x661, 97, 32], dtype=np.uint32)  # a few first, then the rest
+    assert byte_bpe_pretokens.classes(some).tolist() == expected[some].tolist()
+    assert (byte_bpe_pretokens.classes(np.arange(0x110000, dtype=np.uint32)) == expected).all()
+
+
 def test_a_hash_collision_falls_back_to_the_regex_and_to_hugging_face(monkeypatch, shakespeare_text):
     text = shakespeare_text[:50_000] + " on no"
     tok = ByteBPETokenizer.train(text, 256 + 100 + 1)

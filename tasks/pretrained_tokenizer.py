@@ -1,0 +1,219 @@
+"""The tokenizer stage's ``kind=pretrained``: an existing byte-level BPE ``tokenizer.json`` taken instead of training.
+
+``tokenizer.source`` names it: an absolute path, a ``file://`` URL or an ``http(s)://`` URL, allowed by the same
+lists as the corpus's source (:mod:`flows.allowed`). The version names the file's content (its sha256, through
+``Stage.source``), never the address, so new bytes at the same address make a new version. The file is read as
+``mygpt tokenizer encode`` reads any byte-level BPE (:func:`mygpt.tokenizers.byte_bpe_files.layout_parts`) and
+becomes a ``ByteBPETokenizer``: the same tokens and merges, ids laid out as mygpt lays them out (the 256 bytes in
+order, the merges, the specials). Why renumber: every later stage (shards, model, export, evaluate) speaks that
+layout, and a model trained here learns its own embedding for each id, so only the tokens must be the file's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import urllib.parse
+from pathlib import Path
+
+from mygpt.errors import UserError
+from mygpt.tokenizers.byte_bpe import DEFAULT_SPECIALS, ByteBPETokenizer
+from tasks.core.urls import file_path, redact_text, redact_url
+
+#: The most a tokenizer.json may hold (the largest public ones, with 200k merges, are ~10 MB).
+MAX_TOKENIZER_BYTES = 256 << 20
+EOS = DEFAULT_SPECIALS[0]
+#: BPE model options a file may set only to these values: anything else changes which tokens come out.
+_PLAIN_BPE = {"dropout": None, "continuing_subword_prefix": None, "end_of_word_suffix": None, "ignore_merges": False}
+
+
+def check_source(value: str) -> str:
+    """``value`` (stripped) if it is an absolute path or an ``http(s)://`` / ``file://`` URL; else ``ValueError``
+    naming what to give."""
+    value = value.strip()
+    shown = redact_url(value)
+    if "://" not in value:
+        if not os.path.isabs(os.path.expanduser(value)):
+            raise ValueError(
+                f"source {shown!r} is not an absolute path or a URL; give /absolute/path/tokenizer.json, "
+                "file:///absolute/path/tokenizer.json or an http(s):// URL"
+            )
+        return value
+    try:
+        parsed = urllib.parse.urlsplit(value)
+        parsed.port  # noqa: B018 (raises for a port that is not a number)
+    except ValueError:
+        raise ValueError(f"source {shown!r} is not a valid URL (its host or port); fix it") from None
+    scheme = parsed.scheme.lower()
+    if scheme not in ("http", "https", "file"):
+        raise ValueError(f"source {shown!r} has scheme {parsed.scheme!r}; use an http://, https:// or file:// URL")
+    if scheme != "file" and not parsed.hostname:
+        raise ValueError(f"source {shown!r} has no host; write it as {scheme}://host/path")
+    if scheme == "file" and (parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/")):
+        raise ValueError(f"source {shown!r}: a file:// URL names no host and an absolute path (file:///...)")
+    return value
+
+
+def source_url(source: str) -> str:
+    """``source`` as a URL: a path becomes its ``file://`` URL (what the allow-lists compare)."""
+    if "://" in source:
+        return source
+    return Path(os.path.expanduser(source)).as_uri()
+
+
+def read_source(source: str, log=None) -> bytes:
+    """The bytes at ``source`` (at most :data:`MAX_TOKENIZER_BYTES`); ``UserError`` naming ``tokenizer.source``
+    (redacted) and what to do for a missing file or an unreachable or refusing server."""
+    url = source_url(source)
+    shown = redact_url(url)
+    if url.lower().startswith("file:"):
+        path = file_path(url)
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "does not exist"
+            raise UserError(
+                f"tokenizer.source {shown}: {path} {what}; give the path of a byte-level BPE tokenizer.json "
+                f"(mygpt tokenizer train --out DIR makes DIR/tokenizer.json)"
+            )
+        if path.stat().st_size > MAX_TOKENIZER_BYTES:
+            raise _too_big(shown)
+        return path.read_bytes()
+    from tasks.wikitext.download import DownloadKnobs, fetch
+
+    with tempfile.TemporaryDirectory(prefix="wiki-tokenizer-") as tmp:
+        dest = Path(tmp) / "tokenizer.json"
+        try:
+            fetch(url, dest, knobs=DownloadKnobs.from_env(), max_bytes=MAX_TOKENIZER_BYTES, log=log)
+        except UserError as e:
+            message = redact_text(str(e), url).replace("source_url", "tokenizer.source")
+            raise UserError(f"tokenizer.source: {message}") from None
+        return dest.read_bytes()
+
+
+def _too_big(shown: str) -> UserError:
+    return UserError(
+        f"tokenizer.source {shown} holds more than {MAX_TOKENIZER_BYTES:,} bytes, more than any tokenizer.json; "
+        "check that it names a tokenizer.json"
+    )
+
+
+def identity(content: bytes) -> dict:
+    """What a version names of a tokenizer file: its sha256 and size."""
+    return {"sha256": hashlib.sha256(content).hexdigest(), "bytes": len(content)}
+
+
+def tokenizer_from_file(path: Path, shown: str) -> tuple[ByteBPETokenizer, bool]:
+    """``(tokenizer, renumbered)``: the byte-level BPE in the ``tokenizer.json`` at ``path`` as a
+    ``ByteBPETokenizer`` (``renumbered``: its ids differ from the file's, its tokens do not); ``UserError`` naming
+    ``shown`` for a file that is not one, splits otherwise than by GPT-2's or GPT-4's pattern, or has no
+    ``<|endoftext|>``."""
+    import json
+
+    from mygpt.tokenizers.byte_bpe_files import layout_parts, vocab_strings
+
+    def refuse(what: str) -> UserError:
+        return UserError(f"tokenizer.source {shown} {what}")
+
+    try:
+        merges, specials, pattern, vocab = layout_parts(path)
+    except UserError as e:
+        message = str(e).replace(f"tokenizer file {path} ", "").replace(str(path), shown)
+        raise refuse(message) from None
+    model = json.loads(path.read_text(encoding="utf-8"))["model"]
+    odd = [f"{k}={model[k]!r}" for k, plain in _PLAIN_BPE.items() if model.get(k, plain) not in (plain, "")]
+    if pattern is None or odd:
+        raise refuse(
+            "is a byte-level BPE that does more than split by GPT-2's or GPT-4's pattern and merge"
+            + (
+                f" (its BPE model sets {', '.join(odd)})"
+                if odd
+                else " (a normalizer, a prefix space, another split pattern, or added tokens that are not special)"
+            )
+            + "; the pipeline's shards, export and tiktoken file need one of those two patterns: train one with "
+            "mygpt tokenizer train, or use tokenizer.kind=byte"
+        )
+    if EOS not in specials:
+        raise refuse(
+            f"has no {EOS} special token (its specials: {sorted(specials) or 'none'}), which the shards put after "
+            f"each article and the export names as the end of text; add it to the file's added_tokens as a special "
+            f"token, or train one with mygpt tokenizer train (which adds it)"
+        )
+    try:
+        tok = ByteBPETokenizer(
+            merges=tuple(merges), specials=tuple(sorted(specials, key=specials.__getitem__)), pattern=pattern
+        )
+        ours = vocab_strings(tok)
+    except UserError as e:
+        raise refuse(f"cannot be used as it is: {e}") from None
+    missing, extra = set(ours) - set(vocab), set(vocab) - set(ours)
+    if missing or extra:
+        raise refuse(
+            f"has a vocabulary that is not its 256 bytes and the tokens its merges make ({len(missing)} of those "
+            f"missing, {len(extra)} tokens no merge makes, e.g. {sorted(missing or extra)[0]!r}); give a byte-level "
+            "BPE whose vocabulary is exactly that (GPT-2's is; mygpt tokenizer train writes one)"
+        )
+    return tok, ours != vocab or tok.special_ids != specials
+
+
+def source_identity(settings, store, log) -> dict | None:
+    """``Stage.source`` of the tokenizer stage: for ``kind=pretrained`` the identity of the file at
+    ``settings.source`` (read now: a tokenizer.json is small), else None (the trained kinds read only the store)."""
+    if settings.kind != "pretrained":
+        return None
+    return identity(read_source(settings.source, log))
+
+
+def build_pretrained(ctx, settings, train_path: Path, used: int) -> dict:
+    """Read the file the version names (refused when its bytes changed since the version was named), check it,
+    write it as the stage's ``tokenizer.json`` (mygpt's layout) and ``stats.json`` with its tokens per character
+    on the corpus slice."""
+    import json
+    import time
+
+    from mygpt.atomic import atomic_write_text
+    from mygpt.tokenizers.files import save_tokenizer_file
+
+    shown = redact_url(source_url(settings.source))
+    content = read_source(settings.source, ctx.log)
+    got = identity(content)
+    if ctx.source and got["sha256"] != ctx.source.get("sha256"):
+        raise UserError(
+            f"tokenizer.source {shown} now holds other bytes (sha256 {got['sha256']}) than the ones this run's "
+            f"version names ({ctx.source.get('sha256')}): the file changed while this run was using it; rerun"
+        )
+    copy = ctx.work / "source.tokenizer.json"
+    copy.write_bytes(content)
+    tok, renumbered = tokenizer_from_file(copy, shown)
+    copy.unlink()
+    ctx.log.info("tokenizer: %s is a byte-level BPE of %d merges (%s split)", shown, len(tok.merges), tok.pattern)
+    ctx.progress(1, 2, "counting the slice's tokens", force=True)
+    with open(train_path, "rb") as f:
+        text = f.read(used).decode("utf-8", errors="replace")
+    t0 = time.monotonic()
+    tokens = len(tok.encode_array(text))
+    save_tokenizer_file(tok, ctx.out / "tokenizer.json")
+    stats = {
+        "kind": "pretrained",
+        "source": shown,
+        "source_sha256": got["sha256"],
+        "source_bytes": got["bytes"],
+        "renumbered": renumbered,
+        "pattern": tok.pattern,
+        "vocab_size": tok.vocab_size,
+        "alphabet_size": 256,
+        "num_merges": len(tok.merges),
+        "specials": list(tok.specials),
+        "first_merges": [
+            [a.decode("utf-8", "backslashreplace"), b.decode("utf-8", "backslashreplace")] for a, b in tok.merges[:30]
+        ],
+        "train_bytes": used,
+        "train_chars": len(text),
+        "train_tokens": tokens,
+        "chars_per_token": round(len(text) / tokens, 4) if tokens else None,
+        "bytes_per_token": round(used / tokens, 4) if tokens else None,
+        "encode_seconds": round(time.monotonic() - t0, 3),
+        "train_seconds": 0.0,
+    }
+    atomic_write_text(ctx.out / "stats.json", json.dumps(stats, indent=1, ensure_ascii=False) + "\n")
+    ctx.progress(2, 2, "done", force=True)
+    return stats

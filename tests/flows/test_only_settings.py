@@ -1,0 +1,106 @@
+"""``only=`` takes the latest upstream version that has what the run asks of it: ``--only shards --param
+tokenizer.kind=byte`` takes the latest byte-level tokenizer, never a chapter one published later, and a byte-level
+kind's ``--only tokenizer`` takes a corpus with the article index; where none has it, one error says what to run."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from flows.settings import Pipeline
+from flows.wiki_pipeline import asked_of_upstream, latest_upstream
+from mygpt.errors import UserError
+from tasks.registry import BY_NAME, code_versions, open_store
+from tasks.store import ArtifactStore
+
+_CLOCK = itertools.count(10)  # created_at has whole seconds: give each version its own, in order
+
+
+def publish(store: ArtifactStore, stage: str, settings: dict, source: dict | None = None, **inputs: dict) -> dict:
+    """A version of ``stage`` whose manifest records ``settings`` as the stage's settings class writes them (and
+    ``source``, the identity of what it read)."""
+    version = f"{stage[0]}{next(_CLOCK)}"
+    build = store.open_build(stage, version)
+    (build.out / "x").write_text(version)
+    lineage = {name: {"stage": name, "version": m["version"], "build_id": m["build_id"]} for name, m in inputs.items()}
+    params = BY_NAME[stage].settings(**settings).version_params()
+    return build.publish(
+        settings=params,
+        inputs=lineage,
+        code_version=code_versions()[stage],
+        extra={"created_at": f"2026-01-01T00:00:{next(_CLOCK)}Z", **({"source": source} if source else {})},
+    )
+
+
+def picked(store, stage: str, **groups) -> dict[str, str]:
+    refs = latest_upstream(store, stage, asked_of_upstream(Pipeline.parse(**groups)))
+    return {k: v["version"] for k, v in refs.items()}
+
+
+def test_only_takes_the_upstream_of_the_kind_asked_for(tmp_path):
+    store = open_store(tmp_path)
+    bare = publish(store, "corpus", {})
+    indexed = publish(store, "corpus", {"article_index": True})
+    byte = publish(store, "tokenizer", {"kind": "byte"}, corpus=indexed)
+    chapter = publish(store, "tokenizer", {}, corpus=bare)  # published after the byte one
+    assert picked(store, "shards") == {"corpus": bare["version"], "tokenizer": chapter["version"]}
+    assert picked(store, "shards", tokenizer={"kind": "byte"}) == {
+        "corpus": indexed["version"],
+        "tokenizer": byte["version"],
+    }
+    with pytest.raises(UserError) as e:
+        picked(store, "shards", tokenizer={"kind": "byte", "pattern": "gpt4"})
+    assert str(e.value) == (
+        "only='shards' needs a tokenizer version built with tokenizer.kind='byte' (it has 'chapter'), "
+        f"tokenizer.pattern='gpt4' (it has 'gpt2'), corpus.article_index=True (it has None), and none of the 2 "
+        f"current one(s) under {store.root} is (the "
+        f"latest: tokenizer/{chapter['version']}); run only='tokenizer' with these settings first (or the whole "
+        "pipeline with them)"
+    )
+    # a later stage follows the lineage: the latest shards whose tokenizer is byte-level, not the newest shards
+    byte_shards = publish(store, "shards", {}, corpus=indexed, tokenizer=byte)
+    newest = publish(store, "shards", {}, corpus=bare, tokenizer=chapter)
+    assert picked(store, "model")["shards"] == newest["version"]
+    assert picked(store, "model", tokenizer={"kind": "byte"}) == {
+        "shards": byte_shards["version"],
+        "tokenizer": byte["version"],
+    }
+    # a later stage's own settings given with only= are for the stage that runs, not asked of its inputs
+    assert picked(store, "model", shards={"shard_tokens": 7}, model={"steps": 3})["shards"] == newest["version"]
+
+
+def test_only_tokenizer_of_a_byte_level_kind_takes_a_corpus_with_the_article_index(tmp_path):
+    store = open_store(tmp_path)
+    bare = publish(store, "corpus", {})
+    with pytest.raises(
+        UserError, match=r"needs a corpus version built with corpus\.article_index=True \(it has None\)"
+    ):
+        picked(store, "tokenizer", tokenizer={"kind": "byte"})
+    indexed = publish(store, "corpus", {"article_index": True})
+    later = publish(store, "corpus", {})
+    assert picked(store, "tokenizer", tokenizer={"kind": "byte"}) == {"corpus": indexed["version"]}
+    assert picked(store, "tokenizer") == {"corpus": later["version"]} != {"corpus": bare["version"]}
+
+
+def test_only_shards_with_a_pretrained_source_takes_a_tokenizer_of_that_files_content(tmp_path):
+    import hashlib
+
+    store = open_store(tmp_path / "art")
+    indexed = publish(store, "corpus", {"article_index": True})
+    wanted, other = tmp_path / "a.json", tmp_path / "b.json"
+    wanted.write_text('{"a": 1}')
+    other.write_text('{"b": 2}')
+
+    def identity(path):
+        return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "bytes": path.stat().st_size}
+
+    kind = {"kind": "pretrained", "source": str(wanted)}
+    mine = publish(store, "tokenizer", {**kind}, source=identity(wanted), corpus=indexed)
+    publish(store, "tokenizer", {**kind, "source": str(other)}, source=identity(other), corpus=indexed)  # later
+    assert picked(store, "shards", tokenizer=kind)["tokenizer"] == mine["version"]
+    wanted.write_text('{"a": 3}')  # new content at the same path: no version has it
+    with pytest.raises(
+        UserError, match=r"needs a tokenizer version built with tokenizer\.source of sha256 [0-9a-f]{64} "
+    ):
+        picked(store, "shards", tokenizer=kind)

@@ -1,0 +1,228 @@
+"""``tokenizer.kind=pretrained``: a tokenizer.json made by ``mygpt tokenizer train`` on real text, served by a real
+HTTP server on 127.0.0.1, taken by the tiny pipeline instead of training (every stage outside Prefect); versioned
+by the file's sha256; a GPT-2-layout file (bytes not in id order) taken with the same tokens; and the bad inputs,
+each one clear error."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flows.allowed import ENV_SOURCES
+from flows.settings import TINY, Pipeline
+from mygpt.errors import UserError
+from tasks.core import shard_format as SF
+from tasks.corpus import download_corpus
+from tasks.evaluate import evaluate_model
+from tasks.export import export_model
+from tasks.model import train_model
+from tasks.samples import sample_model
+from tasks.shards import encode_shards
+from tasks.tokenizer import load_tokenizer, train_tokenizer
+from tests.support import REPO
+from tests.support.http_servers import dir_server
+from tests.support.tiny import run_in, tiny_zip_url
+
+EOT = "<|endoftext|>"
+MERGES = 60
+
+
+def mygpt_train(text: Path, out: Path, *extra: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mygpt.cli", "tokenizer", "train", str(text), "--vocab-size", str(256 + MERGES + 1)]
+        + [*extra, "--out", str(out)],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, shakespeare_text):
+    """A directory of tokenizer files and a real HTTP server on 127.0.0.1 serving it."""
+    d = tmp_path_factory.mktemp("served")
+    (d / "train.txt").write_text(shakespeare_text[:80_000], encoding="utf-8")
+    mygpt_train(d / "train.txt", d / "tok")
+    with dir_server(d) as server:
+        yield d, server
+
+
+def settings(tmp: Path, **tokenizer):
+    return Pipeline.parse(
+        **{**TINY, "corpus": {"source_url": tiny_zip_url(tmp)}, "tokenizer": {**TINY["tokenizer"], **tokenizer}}
+    )
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, served):
+    _, server = served
+    tmp = tmp_path_factory.mktemp("pretrained-pipeline")
+    s = settings(tmp, kind="pretrained", source=server.url("tok/tokenizer.json"))
+    run = run_in(tmp / "art")
+    refs: dict = {"corpus": download_corpus.fn(s.resolved("corpus"), run)}
+    refs["tokenizer"] = train_tokenizer.fn(refs["corpus"], s.resolved("tokenizer"), run)
+    refs["shards"] = encode_shards.fn(refs["corpus"], refs["tokenizer"], s.resolved("shards"), run)
+    refs["model"] = train_model.fn(refs["shards"], refs["tokenizer"], s.resolved("model"), run)
+    refs["samples"] = sample_model.fn(refs["model"], s.resolved("samples"), run)
+    refs["export"] = export_model.fn(refs["model"], s.resolved("export"), run)
+    refs["evaluate"] = evaluate_model.fn(refs["corpus"], refs["shards"], refs["model"], s.resolved("evaluate"), run)
+    return s, run, refs
+
+
+def train_tokenizer_report(info: dict) -> str:
+    from tasks.tokenizer import STAGE
+
+    return STAGE.report(info)
+
+
+def manifest(ref) -> dict:
+    return json.loads((Path(ref["path"]) / "manifest.json").read_text(encoding="utf-8"))
+
+
+def test_the_pipeline_runs_on_the_served_tokenizer_json(pipeline, served, wikitext2_text):
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    d, _ = served
+    _, _, refs = pipeline
+    original = d / "tok" / "tokenizer.json"
+    info = manifest(refs["tokenizer"])
+    assert info["source"]["sha256"] == hashlib.sha256(original.read_bytes()).hexdigest()
+    assert info["metrics"]["renumbered"] is False and info["metrics"]["num_merges"] == MERGES
+    assert info["settings"] == {"kind": "pretrained", "bpe_train_bytes": TINY["tokenizer"]["bpe_train_bytes"]}
+    md = train_tokenizer_report(info)
+    assert "pretrained byte-level BPE, gpt2 split, from `http://127.0.0.1:" in md and info["source"]["sha256"] in md
+    assert "not trained (pretrained)" in md
+    tok = load_tokenizer(refs["tokenizer"]["path"])
+    assert tok.kind == "byte" and tok.vocab_size == 256 + MERGES + 1
+    text = wikitext2_text[100_000:103_000] + " 東京 🚀 café"
+    want = Tokenizer.from_file(str(original)).encode(text, add_special_tokens=False).ids
+    assert tok.encode_array(text).tolist() == want
+    # shards: <|endoftext|> after each article, as for kind=byte
+    assert manifest(refs["corpus"])["settings"]["article_index"] is True
+    ids = np.concatenate([SF.read_shard(p) for p in SF.shard_paths(refs["shards"]["path"], "valid")])
+    articles = np.load(Path(refs["corpus"]["path"]) / "wiki.valid.articles.npy")
+    assert int((ids == tok.special_ids[EOT]).sum()) == len(articles)
+    # export and evaluate
+    hf_tok = AutoTokenizer.from_pretrained(refs["export"]["path"])
+    assert hf_tok(text, add_special_tokens=False)["input_ids"] == want and hf_tok.eos_token == EOT
+    assert (Path(refs["export"]["path"]) / "tokenizer.tiktoken").is_file()
+    assert manifest(refs["evaluate"])["metrics"]["test_bpb"] > 0
+    assert all(s["continuation"] for s in manifest(refs["samples"])["metrics"]["samples"])
+
+
+def test_the_version_names_the_files_content_not_its_address(pipeline, served, tmp_path):
+    d, server = served
+    s, run, refs = pipeline
+    copy = d / "copy"
+    copy.mkdir(exist_ok=True)
+    (copy / "tokenizer.json").write_bytes((d / "tok" / "tokenizer.json").read_bytes())
+    again = s.resolved("tokenizer").model_copy(update={"source": str(copy / "tokenizer.json")})
+    assert train_tokenizer.fn(refs["corpus"], again, run)["version"] == refs["tokenizer"]["version"]
+    mygpt_train(d / "train.txt", d / "gpt4", "--pattern", "gpt4")  # other bytes at another address
+    other = s.resolved("tokenizer").model_copy(update={"source": server.url("gpt4/tokenizer.json")})
+    ref = train_tokenizer.fn(refs["corpus"], other, run)
+    assert ref["version"] != refs["tokenizer"]["version"] and load_tokenizer(ref["path"]).pattern == "gpt4"
+
+
+def gpt2_layout(ours: Path, out: Path) -> Path:
+    """``ours`` rewritten with GPT-2's id layout: the 256 byte tokens in GPT-2's order (printable first)."""
+    from mygpt.tokenizers.byte_bpe_files import bytes_to_unicode
+
+    data = json.loads(ours.read_text(encoding="utf-8"))
+    vocab = data["model"]["vocab"]
+    order = list(bytes_to_unicode().values())  # GPT-2's vocab.json order for the bytes
+    for i, ch in enumerate(order):
+        vocab[ch] = i
+    out.write_text(json.dumps(data), encoding="utf-8")
+    return out
+
+
+def test_a_gpt2_layout_file_is_taken_with_the_same_tokens(pipeline, served, wikitext2_text, tmp_path):
+    from tokenizers import Tokenizer
+
+    from mygpt.tokenizers.byte_bpe_files import hf_tokenizer
+
+    d, _ = served
+    s, run, refs = pipeline
+    path = gpt2_layout(d / "tok" / "tokenizer.json", tmp_path / "tokenizer.json")
+    ref = train_tokenizer.fn(refs["corpus"], s.resolved("tokenizer").model_copy(update={"source": str(path)}), run)
+    assert manifest(ref)["metrics"]["renumbered"] is True
+    tok = load_tokenizer(ref["path"])
+    text = wikitext2_text[:5_000] + " 東京 🚀"
+    theirs = Tokenizer.from_file(str(path)).encode(text, add_special_tokens=False)
+    assert theirs.ids != tok.encode_array(text).tolist()  # other ids ...
+    assert hf_tokenizer(tok).encode(text, add_special_tokens=False).tokens == theirs.tokens  # ... the same tokens
+
+
+def bad(s, run, refs, source) -> str:
+    with pytest.raises(UserError) as e:
+        train_tokenizer.fn(refs["corpus"], s.resolved("tokenizer").model_copy(update={"source": source}), run)
+    return str(e.value)
+
+
+def test_bad_tokenizer_files_are_clear_errors(pipeline, served, tmp_path):
+    d, server = served
+    s, run, refs = pipeline
+    missing = tmp_path / "nowhere" / "tokenizer.json"
+    message = bad(s, run, refs, str(missing))
+    assert f"tokenizer.source {missing.as_uri()}" in message and "does not exist" in message
+    assert "mygpt tokenizer train" in message
+    assert "404" in bad(s, run, refs, server.url("tok/absent.json"))
+    damaged = d / "damaged.json"
+    damaged.write_bytes((d / "tok" / "tokenizer.json").read_bytes()[:500])
+    message = bad(s, run, refs, server.url("damaged.json"))
+    assert message.startswith(f"tokenizer.source {server.url('damaged.json')} is not a JSON tokenizer.json")
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    Tokenizer(WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(tmp_path / "word.json"))
+    assert "is not a BPE tokenizer.json (model type 'WordLevel')" in bad(s, run, refs, str(tmp_path / "word.json"))
+    mygpt_train(d / "train.txt", d / "pad", "--special-token", "<|pad|>")
+    message = bad(s, run, refs, str(d / "pad" / "tokenizer.json"))
+    assert "has no <|endoftext|> special token (its specials: ['<|pad|>'])" in message
+    no_split = json.loads((d / "tok" / "tokenizer.json").read_text(encoding="utf-8"))
+    no_split["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    (tmp_path / "prefix.json").write_text(json.dumps(no_split), encoding="utf-8")
+    assert "does more than split by GPT-2's or GPT-4's pattern" in bad(s, run, refs, str(tmp_path / "prefix.json"))
+
+
+def test_a_source_outside_the_allowed_ones_is_refused_before_any_stage(monkeypatch, served, tmp_path):
+    d, server = served
+    monkeypatch.setenv(ENV_SOURCES, f"{server.url('tok/')} file://{tmp_path}/")
+    settings(tmp_path, kind="pretrained", source=server.url("tok/tokenizer.json"))  # allowed
+    with pytest.raises(UserError, match=r"^tokenizer\.source http://127\.0\.0\.1:\d+/pad/tokenizer\.json is outside"):
+        settings(tmp_path, kind="pretrained", source=server.url("pad/tokenizer.json"))
+    with pytest.raises(UserError, match=r"^tokenizer\.source file:///.*/tok/tokenizer\.json is outside"):
+        settings(tmp_path, kind="pretrained", source=str(d / "tok" / "tokenizer.json"))
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "message"),
+    [
+        ({"kind": "pretrained"}, "tokenizer: kind=pretrained needs source"),
+        ({"source": "/t/tokenizer.json"}, "source applies only to kind=pretrained"),
+        ({"kind": "pretrained", "source": "tok/tokenizer.json"}, "is not an absolute path or a URL"),
+        ({"kind": "pretrained", "source": "ftp://h/tokenizer.json"}, "has scheme 'ftp'"),
+        ({"kind": "pretrained", "source": "/t.json", "pattern": "gpt4"}, "a pretrained tokenizer.json has its own"),
+    ],
+)
+def test_pretrained_settings_are_checked(tokenizer, message):
+    with pytest.raises(UserError, match=message.replace(".", r"\.")):
+        Pipeline.parse(tokenizer=tokenizer)
+
+
+def test_credentials_in_the_source_are_never_shown():
+    s = Pipeline.parse(tokenizer={"kind": "pretrained", "source": "https://alice:secret@h.example/tokenizer.json"})
+    assert "secret" not in json.dumps(s.resolved("tokenizer").model_dump(mode="json"))
+    assert "secret" not in json.dumps(s.resolved("tokenizer").version_params())
