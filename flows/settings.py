@@ -29,6 +29,15 @@ def source_urls(groups: Mapping[str, Any]) -> dict[str, str]:
     return found
 
 
+def check_environment(groups: Mapping[str, Any], run: RunOptions) -> None:
+    """``Stage.check_environment`` of each stage this run will run (``run.only``'s, else every one not skipped):
+    a bad ``WIKI_PIPELINE_*`` value stops the run before its first stage, with the message the stage would give."""
+    for stage in STAGES:
+        runs = stage.name == run.only if run.only else not groups[stage.name].skipped()
+        if runs and stage.check_environment is not None:
+            stage.check_environment()
+
+
 #: The flat names that set a field of several stages at once (``--param seed=7``): name -> the stages that
 #: declare it (``Stage.shared_flat``). Any other name several stages have must be written stage.field, so a new
 #: stage's field never changes what a flat name does.
@@ -90,6 +99,7 @@ class PipelineBase(BaseModel):
         parsed = {name: cls.settings_class(name).parse(groups.get(name), name) for name in cls.model_fields}
         parsed["run"] = run = check_run(cast(RunOptions, parsed["run"]))  # settings_class("run") is RunOptions
         check_allowed(run.root(), source_urls(parsed), run.dask_address)
+        check_environment(parsed, run)
         resolved = linked({name: group.resolved_once() for name, group in parsed.items()})
         for group in resolved.values():
             group.check_against(resolved)

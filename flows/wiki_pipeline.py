@@ -163,13 +163,13 @@ def early_checks(s: PipelineBase, built: Stage, ref: StageRef) -> None:
 Differs = Callable[[str, dict], list[str]]
 
 
-def asked_of_upstream(s: PipelineBase) -> Differs:
+def asked_of_upstream(s: PipelineBase, store: ArtifactStore | None = None) -> Differs:
     """What ``only=`` compares an upstream corpus or tokenizer version with (what the data is; a later stage's
     settings given with ``only=``, e.g. ``device`` to sample on, are for the stage that runs): the fields this run
     gives for that stage, and those the linked groups imply (``corpus.article_index`` for a byte-level tokenizer).
     Why only those: ``only=`` runs on the latest versions whatever the other groups' defaults say; a field given by
     name is asked for. A pretrained tokenizer's ``source`` given by name asks for a version of that file's content
-    (its sha256, read once)."""
+    (its sha256, read once: ``Stage.source``, which with ``store`` falls back offline as the stage does)."""
     identities: dict[str, dict | None] = {}
 
     def differs(name: str, manifest: dict) -> list[str]:
@@ -179,10 +179,9 @@ def asked_of_upstream(s: PipelineBase) -> Differs:
         given, resolved = getattr(s, name), s.resolved(name)
         out = []
         if getattr(resolved, "kind", None) == "pretrained" and "source" in given.model_fields_set:
-            from tasks.pretrained_tokenizer import source_identity
-
+            source = BY_NAME[name].source
             if name not in identities:
-                identities[name] = source_identity(resolved, None, stage_logger(name))
+                identities[name] = source(resolved, store, stage_logger(name)) if source else None
             want, have = identities[name] or {}, manifest.get("source") or {}
             if want.get("sha256") != have.get("sha256"):
                 out.append(f"{name}.source of sha256 {want.get('sha256')} (it has {have.get('sha256')})")
@@ -279,7 +278,8 @@ def run_only(s: PipelineBase, outcomes: list[Outcome]) -> dict[str, StageRef]:
     only = s.run.only
     assert only is not None  # the flow calls it only with run.only set
     stage = BY_NAME[only]
-    inputs = latest_upstream(open_store(s.run.root()), stage.name, asked_of_upstream(s))
+    store = open_store(s.run.root())
+    inputs = latest_upstream(store, stage.name, asked_of_upstream(s, store))
     get_run_logger().info(
         "only %s: inputs %s", stage.name, ", ".join(f"{k}/{v['version']}" for k, v in inputs.items()) or "(none)"
     )

@@ -33,7 +33,7 @@ from mygpt.training.config import TrainConfig
 from tasks.core.report import Markdown, line_chart, md_code, md_row, md_text, number, summary_table
 from tasks.core.settings import DeviceSettings, Seed
 from tasks.core.stage import BuildContext, Stage, stage_task
-from tasks.shard_stream import open_stream
+from tasks.shard_stream import cache_budget, open_stream
 from tasks.tokenizer import load_tokenizer
 
 CHECKPOINT = "train.ckpt"  # in ctx.work: the resume checkpoint
@@ -455,6 +455,7 @@ STAGE = Stage(
     code_version="3",
     build=build_model,
     streamed=("shards",),
+    check_environment=cache_budget,
     report=report,
     alias="train",
     headline=lambda m: f"val loss {number(m.get('final_val_loss'))}, {number(m.get('final_val_bpb'))} bits/byte",

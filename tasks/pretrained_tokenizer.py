@@ -11,6 +11,7 @@ layout, and a model trained here learns its own embedding for each id, so only t
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import tempfile
@@ -19,7 +20,12 @@ from pathlib import Path
 
 from mygpt.errors import UserError
 from mygpt.tokenizers.byte_bpe import DEFAULT_SPECIALS, ByteBPETokenizer
-from tasks.core.urls import file_path, redact_text, redact_url
+from tasks.core.stage import Stage
+from tasks.core.urls import address_sha256, file_path, redact_text, redact_url
+from tasks.store import ArtifactStore
+from tasks.wikitext.download import DownloadKnobs, SourceMissing, SourceUnreachable, probe
+from tasks.wikitext.fallback import FALLBACK_PROBE_ATTEMPTS, last_served_version
+from tasks.wikitext.source_zip import stage_sources
 
 #: The most a tokenizer.json may hold (the largest public ones, with 200k merges, are ~10 MB).
 MAX_TOKENIZER_BYTES = 256 << 20
@@ -78,16 +84,20 @@ def read_source(source: str, log=None) -> bytes:
         if path.stat().st_size > MAX_TOKENIZER_BYTES:
             raise _too_big(shown)
         return path.read_bytes()
-    from tasks.wikitext.download import DownloadKnobs, fetch
+    from tasks.wikitext.download import fetch
 
     with tempfile.TemporaryDirectory(prefix="wiki-tokenizer-") as tmp:
         dest = Path(tmp) / "tokenizer.json"
         try:
             fetch(url, dest, knobs=DownloadKnobs.from_env(), max_bytes=MAX_TOKENIZER_BYTES, log=log)
         except UserError as e:
-            message = redact_text(str(e), url).replace("source_url", "tokenizer.source")
-            raise UserError(f"tokenizer.source: {message}") from None
+            raise UserError(f"tokenizer.source: {_told(e, url)}") from None
         return dest.read_bytes()
+
+
+def _told(e: UserError, url: str) -> str:
+    """A download error's message as this field's: redacted, naming ``tokenizer.source`` (not ``source_url``)."""
+    return redact_text(str(e), url).replace("source_url", "tokenizer.source")
 
 
 def _too_big(shown: str) -> UserError:
@@ -155,12 +165,44 @@ def tokenizer_from_file(path: Path, shown: str) -> tuple[ByteBPETokenizer, bool]
     return tok, ours != vocab or tok.special_ids != specials
 
 
-def source_identity(settings, store, log) -> dict | None:
-    """``Stage.source`` of the tokenizer stage: for ``kind=pretrained`` the identity of the file at
-    ``settings.source`` (read now: a tokenizer.json is small), else None (the trained kinds read only the store)."""
+def pretrained_source(settings, store: ArtifactStore | None, log, stage: Stage) -> dict | None:
+    """``Stage.source`` of the tokenizer stage (``stage``): for ``kind=pretrained`` the identity of the file at
+    ``settings.source`` (read now: a tokenizer.json is small), else None (the trained kinds read only the store).
+
+    An http(s) source that cannot be reached (network, 5xx, 401/403; a 404 is an answer and fails) names what it
+    served last as far as ``store`` knows, with a warning, as the corpus's zip does (docs/CORPUS.md, the offline
+    fallback): a finished pipeline reruns offline. Why ask with a probe first: it tells an unreachable server from
+    one that answered (the download's errors do not), in two tries, not a download's back-off. Each file read is
+    noted as served by its address (the fallback ranks by it); ``store`` None: no fallback."""
     if settings.kind != "pretrained":
         return None
-    return identity(read_source(settings.source, log))
+    url = source_url(settings.source)
+    if url.lower().startswith("file:") or store is None:
+        return identity(read_source(settings.source, log))
+    address = address_sha256(url)
+    fallback = last_served_version(store, stage, address)
+    if fallback is not None:  # something to fall back to: ask twice whether the server answers
+        knobs = DownloadKnobs.from_env()
+        try:
+            probe(url, dataclasses.replace(knobs, attempts=min(knobs.attempts, FALLBACK_PROBE_ATTEMPTS)), log)
+        except SourceUnreachable as e:
+            found = fallback.manifest["source"]
+            log.warning(
+                "tokenizer: cannot check tokenizer.source %s now (%s); taking it to hold what it served last as far "
+                "as this artifact root knows, sha256 %s (tokenizer/%s, published %s): the file there may have "
+                "changed since",
+                redact_url(url),
+                _told(e, url),
+                found.get("sha256"),
+                fallback.version,
+                fallback.manifest.get("created_at"),
+            )
+            return found
+        except SourceMissing as e:
+            raise UserError(f"tokenizer.source: {_told(e, url)}") from None
+    got = identity(read_source(settings.source, log))
+    stage_sources(store, stage.name).mark_served(address, got["sha256"])
+    return got
 
 
 def build_pretrained(ctx, settings, train_path: Path, used: int) -> dict:
@@ -196,6 +238,7 @@ def build_pretrained(ctx, settings, train_path: Path, used: int) -> dict:
         "kind": "pretrained",
         "source": shown,
         "source_sha256": got["sha256"],
+        "source_url_sha256": address_sha256(source_url(settings.source)),  # the address the offline fallback matches
         "source_bytes": got["bytes"],
         "renumbered": renumbered,
         "pattern": tok.pattern,

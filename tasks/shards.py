@@ -170,7 +170,8 @@ def document_ends(corpus: Path, split: str, size: int, inputs: dict) -> np.ndarr
         raise UserError(
             f"the tokenizer version {inputs['tokenizer']['version']} is byte-level, whose shards end each article "
             f"with <|endoftext|>, but corpus version {inputs['corpus']['version']} has no article index ({path.name}); "
-            "build the corpus with corpus.article_index=true (the pipeline sets it when tokenizer.kind=byte)"
+            "build the corpus with corpus.article_index=true (the pipeline turns it on itself for tokenizer.kind=byte "
+            "and tokenizer.kind=pretrained)"
         )
     starts = np.load(path).astype(np.int64)
     if not size:

@@ -34,7 +34,7 @@ from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.core.urls import stored_url
 from tasks.corpus import ARTICLE_FILES, SPLIT_FILES
-from tasks.pretrained_tokenizer import build_pretrained, check_source, source_identity
+from tasks.pretrained_tokenizer import build_pretrained, check_source, pretrained_source
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 FIRST_MERGES = 30
@@ -98,6 +98,21 @@ class TokenizerSettings(Settings):
             data["source"] = stored_url(data["source"])
         return data
 
+    def warnings(self) -> list[str]:
+        """For ``kind=pretrained``, each field that only the trained kinds use (``num_merges``, ``pattern``) given
+        anyway: it runs (the file has its own), but the value is not used. A warning, not an error (as a
+        ``pattern`` other than gpt2 is): the tiny preset and a deployment's parameters give ``num_merges``, and a
+        run cannot take a field out of those."""
+        if self.kind != "pretrained":
+            return []
+        return [
+            f"tokenizer.{name}={getattr(self, name)!r} is not used with kind=pretrained: the tokenizer.json at "
+            f"tokenizer.source has its own {what}, and the version does not depend on it; leave {name} out, or "
+            "use kind=byte to train one"
+            for name, what in (("num_merges", "merges"), ("pattern", "split pattern"))
+            if name in self.model_fields_set
+        ]
+
     def version_params(self) -> dict:
         """All fields, but ``kind`` and ``pattern`` only for ``kind=byte``: the chapter's tokenizer keeps the
         version ids it had before there was a second kind. ``source`` never (the file's sha256 stands for it, as
@@ -109,6 +124,12 @@ class TokenizerSettings(Settings):
         elif params["kind"] == "pretrained":
             del params["num_merges"], params["pattern"]
         return params
+
+
+def source_identity(settings: TokenizerSettings, store, log) -> dict | None:
+    """``Stage.source``: the identity of a pretrained kind's file
+    (:func:`tasks.pretrained_tokenizer.pretrained_source`), None for the trained kinds."""
+    return pretrained_source(settings, store, log, STAGE)
 
 
 def load_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> BPETokenizer | ByteBPETokenizer:

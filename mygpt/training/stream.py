@@ -14,11 +14,14 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mygpt.errors import UserError
-from mygpt.training.data import ConcatTokens, get_batch
+
+if TYPE_CHECKING:  # torch comes with it: imported where a stream is read, not by the schedule's users
+    from mygpt.training.data import ConcatTokens
 
 __all__ = ["BLOCK_SHARDS", "BlockSchedule", "PendingShard", "ShardStream", "failed_file", "position_file"]
 
@@ -159,6 +162,8 @@ class ShardStream:
     windows from its block and reads only the shards this process's rows touch."""
 
     def __init__(self, files: list, dtype: str, folder: str) -> None:
+        from mygpt.training.data import ConcatTokens
+
         dt = np.dtype(dtype)
         self.folder = folder
         self.parts = [PendingShard(os.fspath(p), int(n), dt, folder) for p, n in files]
@@ -176,6 +181,8 @@ class ShardStream:
 
     def batch(self, step: int, batch_size: int, seq_len: int, generator, device, rows: slice | None, rank: int):
         """``(x, y)`` of step ``step``: :func:`get_batch` over the tokens of its block (shards in index order)."""
+        from mygpt.training.data import ConcatTokens, get_batch
+
         if self.schedule is None:
             raise RuntimeError("ShardStream.batch before schedule_for: the schedule needs the run's seed")
         block = self.schedule.at(step)

@@ -172,6 +172,10 @@ class Stage:
     #: ``(upstream stage, check(settings, upstream_ref) -> warnings)``, run as soon as that upstream exists;
     #: raises ``UserError`` for settings that cannot work.
     early_check: tuple[str, Callable[[Any, StageRef], list[str]]] | None = None
+    #: What the build reads from the environment (a ``WIKI_PIPELINE_*`` knob), checked by the flow before any stage
+    #: runs, for each stage the run will run: raises ``UserError`` naming the variable. Why before: a bad value
+    #: would otherwise fail the run only when this stage starts, after the stages before it.
+    check_environment: Callable[[], object] | None = None
     alias: str | None = None  # the older verb (``train`` for model), still accepted where a user names a stage
     headline: Callable[[dict], str] | None = None  # metrics -> the run summary's one number
     columns: tuple[Column, ...] = ()  # metrics -> cells of a version comparison

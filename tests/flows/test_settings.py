@@ -269,6 +269,31 @@ def test_the_flow_itself_validates_before_any_task(prefect_server, tmp_path):
     assert not (tmp_path / "art").exists()
 
 
+def test_a_bad_cache_budget_stops_the_run_before_any_stage(prefect_server, monkeypatch, tmp_path, capsys):
+    """``WIKI_PIPELINE_CACHE_MAX``, read by the model stage, is checked where the settings are (the command line
+    and the flow's first line) with the stage's own message, not when the model stage starts after the corpus,
+    tokenizer and shards; a run that does not run the model stage is not stopped by it."""
+    from flows.wiki_pipeline import wiki_pipeline
+    from tasks.shard_stream import ENV_CACHE_MAX, cache_budget
+
+    monkeypatch.setenv(ENV_CACHE_MAX, "lots")
+    with pytest.raises(UserError) as e:
+        cache_budget()
+    assert str(e.value).startswith(f"{ENV_CACHE_MAX}='lots' is not a size")
+    root = tmp_path / "art"
+    assert main(["run", "--tiny", "--artifacts-dir", str(root), "--source-url", tiny_zip_url(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {e.value}"
+    assert not root.exists(), "nothing ran, nothing was published"
+    state = wiki_pipeline(**tiny_flow_parameters(tiny_zip_url(tmp_path), root), return_state=True)
+    with pytest.raises(UserError) as in_flow:
+        state.result()
+    assert str(in_flow.value) == str(e.value)
+    assert task_run_states(state.state_details.flow_run_id) == {} and not root.exists()
+    with pytest.raises(UserError, match=f"^{ENV_CACHE_MAX}="):
+        Pipeline.parse(run={"only": "model"})
+    assert Pipeline.parse(run={"only": "shards"}).run.only == "shards"
+
+
 def test_prompt_the_tokenizer_cannot_encode_stops_the_flow_after_bpe(prefect_server, tmp_path):
     """The tokenizer check runs right after bpe: encode, train and sample never start."""
     from flows.wiki_pipeline import wiki_pipeline
@@ -343,6 +368,23 @@ def test_a_warmup_not_shorter_than_the_steps_is_a_warning_not_an_error():
     assert "peaks at 12% of lr (0.001)" in warning, warning
     assert Pipeline.from_flat({"steps": 600}).resolved("model").warnings() == []
     assert Pipeline.from_flat({"steps": 6, "warmup": 0}).resolved("model").warnings() == []
+
+
+def test_training_fields_given_with_a_pretrained_tokenizer_are_a_warning_naming_them():
+    """``num_merges`` and ``pattern`` given with ``kind=pretrained`` run (the file has its own) but are not used:
+    a warning for each one given (the tiny preset gives num_merges), none when left out or for a trained kind."""
+    pretrained = {"kind": "pretrained", "source": "/t/tokenizer.json"}
+    s = Pipeline.parse(tokenizer={**pretrained, "num_merges": 48, "pattern": "gpt2"})
+    assert s.resolved("tokenizer").warnings() == [
+        "tokenizer.num_merges=48 is not used with kind=pretrained: the tokenizer.json at tokenizer.source has its "
+        "own merges, and the version does not depend on it; leave num_merges out, or use kind=byte to train one",
+        "tokenizer.pattern='gpt2' is not used with kind=pretrained: the tokenizer.json at tokenizer.source has its "
+        "own split pattern, and the version does not depend on it; leave pattern out, or use kind=byte to train one",
+    ]
+    tiny = Pipeline.parse(**{**TINY, "tokenizer": {**TINY["tokenizer"], **pretrained}})
+    assert [w.split(" is ")[0] for w in tiny.resolved("tokenizer").warnings()] == ["tokenizer.num_merges=48"]
+    assert Pipeline.parse(tokenizer=pretrained).resolved("tokenizer").warnings() == []
+    assert Pipeline.parse(tokenizer={"kind": "byte", "num_merges": 48}).resolved("tokenizer").warnings() == []
 
 
 def test_the_older_verbs_a_stage_answers_to_are_documented_in_the_help():

@@ -135,6 +135,45 @@ def test_the_version_names_the_files_content_not_its_address(pipeline, served, t
     assert ref["version"] != refs["tokenizer"]["version"] and load_tokenizer(ref["path"]).pattern == "gpt4"
 
 
+def test_an_unreachable_source_is_taken_to_hold_what_it_served_last(served, tmp_path, fast_retries, caplog):
+    """With its server stopped, a rerun (and ``only=`` naming the source) takes the file the address served last, a
+    warning naming the version, instead of failing; a 404 is an answer, not unreachability: it fails; where nothing
+    was read from the address, the error names tokenizer.source."""
+    import logging
+    import re
+    import shutil
+
+    from flows.wiki_pipeline import asked_of_upstream, latest_upstream
+    from tasks.registry import BY_NAME, open_store
+    from tests.support import stages
+
+    d, _ = served
+    site = tmp_path / "site"
+    shutil.copytree(d / "tok", site)
+    root = tmp_path / "art"
+    corpus = stages.corpus(root, source_url=tiny_zip_url(tmp_path), article_index=True)
+    kind = {"kind": "pretrained", "bpe_train_bytes": 20_000}
+    with dir_server(site) as server:
+        url = server.url("tokenizer.json")
+        ref = stages.tokenizer(root, corpus, source=url, **kind)
+        (site / "tokenizer.json").rename(site / "moved.json")
+        with pytest.raises(UserError, match=r"^tokenizer\.source: downloading .* HTTP 404 .*check tokenizer\.source"):
+            stages.tokenizer(root, corpus, source=url, **kind)  # the server answered: nothing stands in
+        (site / "moved.json").rename(site / "tokenizer.json")
+    shards = stages.shards(root, corpus, ref, shard_tokens=4096, run={"workers": 1})
+    with caplog.at_level("WARNING", logger="wiki_pipeline"):  # the server is stopped
+        assert stages.tokenizer(root, corpus, source=url, **kind) == ref
+    sha = manifest(ref)["source"]["sha256"]
+    assert f"cannot check tokenizer.source {url} now" in caplog.text, caplog.text
+    assert f"sha256 {sha} (tokenizer/{ref['version']}, published " in caplog.text
+    only = Pipeline.parse(tokenizer={"kind": "pretrained", "source": url}, run={"only": "model"})
+    store = open_store(root)
+    assert latest_upstream(store, "model", asked_of_upstream(only, store))["shards"] == shards
+    settings = only.resolved("tokenizer")
+    with pytest.raises(UserError, match=r"^tokenizer\.source: downloading " + re.escape(url) + " failed 4 times"):
+        BY_NAME["tokenizer"].source(settings, open_store(tmp_path / "elsewhere"), logging.getLogger("wiki_pipeline"))
+
+
 def gpt2_layout(ours: Path, out: Path) -> Path:
     """``ours`` rewritten with GPT-2's id layout: the 256 byte tokens in GPT-2's order (printable first)."""
     from mygpt.tokenizers.byte_bpe_files import bytes_to_unicode
