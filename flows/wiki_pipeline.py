@@ -18,6 +18,7 @@ from flows import reports
 from flows.reports import Outcome
 from flows.settings import LINKED, Pipeline, PipelineBase
 from mygpt.errors import UserError
+from tasks.core import dask_work
 from tasks.core.stage import Stage, StageRef, stage_logger
 from tasks.registry import BY_NAME, NAMES, STAGES, code_versions, open_store
 from tasks.store import ArtifactStore, VersionInfo
@@ -86,14 +87,22 @@ def log_settings(s: PipelineBase) -> list[str]:
     return notes
 
 
+#: The stages whose chunk work runs on Dask: they share one local cluster, closed once the last of them is done.
+DASK_STAGES = ("tokenizer", "shards")
+
+
 def run_stages(s: PipelineBase, outcomes: list[Outcome]) -> dict[str, StageRef]:
     """Every stage in the registry's order, each on its inputs."""
     refs: dict[str, StageRef] = {}
-    for stage in STAGES:
-        if getattr(s, stage.name).skipped():
-            continue
-        refs[stage.name] = run_stage(s, stage, {name: refs[name] for name in stage.inputs}, outcomes)
-        early_checks(s, stage, refs[stage.name])
+    last_dask = max((i for i, stage in enumerate(STAGES) if stage.name in DASK_STAGES), default=-1)
+    with dask_work.shared_local_clusters() as release:
+        for i, stage in enumerate(STAGES):
+            if i > last_dask:
+                release()  # the later stages need the memory its worker processes hold
+            if getattr(s, stage.name).skipped():
+                continue
+            refs[stage.name] = run_stage(s, stage, {name: refs[name] for name in stage.inputs}, outcomes)
+            early_checks(s, stage, refs[stage.name])
     return refs
 
 

@@ -234,6 +234,7 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
             zip_path.unlink(missing_ok=True)  # a rerun fetches again instead of reusing a bad archive ...
             index.forget(settings.address, sha)  # ... and does not take its sha256 for the address's
         raise
+    ctx.build.joined(CORPUS_FILE, [SPLIT_FILES[s] for s in SPLITS])  # an object store sends its bytes once
     ctx.progress(1, 1, "done", force=True)
     return {
         "source_url": shown,

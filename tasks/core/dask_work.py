@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from mygpt.errors import UserError
+from tasks.core import dask_shared
 
 CONNECT_TIMEOUT_S = 10  # how long to try to reach run.dask_address before giving up
 SCHEMES = ("tcp", "tls")  # the Dask protocols dask_address may name (none = tcp)
@@ -193,14 +194,28 @@ def dask_client(run, log, *, needs: Iterable[str] = ()) -> Iterator[Any]:
                 client.close()
             return
         n = run.workers or default_workers()
-        with _local_cluster(n) as cluster, Client(cluster, set_as_default=False) as client:
+        with dask_shared.local_cluster(n, _local_cluster) as cluster, Client(cluster, set_as_default=False) as client:
             log.info(
-                "dask: local cluster of %d worker%s (%s)",
+                "dask: local cluster of %d worker%s (%s%s)",
                 n,
                 "s" if n > 1 else "",
                 "processes on 127.0.0.1" if n > 1 else "threads in this process",
+                "; shared by this run's stages" if dask_shared.sharing() else "",
             )
             yield client
+
+
+@contextlib.contextmanager
+def shared_local_clusters() -> Iterator[Callable[[], None]]:
+    """A flow run's stages share their local cluster within (``dask_shared``); yields ``release`` (close it now)."""
+    with dask_shared.shared_clusters(_local_cluster, _quiet_close) as release:
+        yield release
+
+
+def _quiet_close(cluster: Any) -> None:
+    """Close a local cluster without its INFO lines (in the background: after the stages that used it)."""
+    with _quiet_distributed():
+        cluster.close()
 
 
 def _local_cluster(n: int) -> Any:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
+import os
 import shutil
 import socket
 import time
@@ -12,10 +14,11 @@ from pathlib import Path
 
 from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
-from tasks.store.files import FILES_UNDER, MANIFEST, MAX_MANIFEST_BYTES
+from tasks.store.files import FILES_UNDER, JOINED, MANIFEST, MAX_MANIFEST_BYTES
 from tasks.store.versions import Versions
 
 MANIFEST_FORMAT = 1
+HASH_THREADS = min(4, os.cpu_count() or 1)
 
 log = logging.getLogger("wiki_pipeline.store")
 
@@ -34,6 +37,7 @@ class Build:
         self.out = self.dir / "out"
         self.work = self.dir / "work"
         self._kept_key = store._staging_key(stage, version)
+        self._joined: dict[str, list[str]] = {}
         self._lock_key = store._lock_key(stage, version)
         # what this build may replace, read under its lock: publish's last lock check comes after this read
         self._found = store.files.found(store._version_key(stage, version))
@@ -68,6 +72,13 @@ class Build:
             rel = Path(path).absolute().relative_to(self.dir.absolute()).as_posix()
             self.store.files.save_state(Path(path), f"{self._kept_key}/{rel}")
 
+    def joined(self, target: str, parts: list[str]) -> None:
+        """Declare that ``out/<target>`` holds the files ``parts`` of ``out/``, one after another, byte for byte: the
+        manifest says so (``"joined"``), and an object store makes ``target`` from the parts it has already
+        uploaded (server-side copies, checked against the manifest's sha256 first) instead of sending the same
+        bytes twice."""
+        self._joined[target] = list(parts)
+
     def reset(self) -> None:
         """Throw away everything an earlier attempt left (for stages that cannot resume)."""
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -92,14 +103,19 @@ class Build:
         area; the manifest. ``fault`` (a test hook) is called with ``"publish"`` before the manifest is visible
         and ``"published"`` after."""
         self._sweep_temp_files()
-        files: dict[str, dict] = {}
-        for p in sorted(self.out.rglob("*")):
-            if p.is_dir():
-                continue
-            rel = p.relative_to(self.out).as_posix()
-            if rel == MANIFEST:
-                raise RuntimeError(f"stage {self.stage} must not write its own {MANIFEST}")
-            files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        paths = [p for p in sorted(self.out.rglob("*")) if not p.is_dir()]
+        if any(p.relative_to(self.out).as_posix() == MANIFEST for p in paths):
+            raise RuntimeError(f"stage {self.stage} must not write its own {MANIFEST}")
+        # hashed in threads (sha256 lets go of the GIL): the large files of a version at once, not one after another
+        with concurrent.futures.ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="publish-hash") as pool:
+            sums = list(pool.map(sha256_file, paths))
+        files = {
+            p.relative_to(self.out).as_posix(): {"size": p.stat().st_size, "sha256": sha}
+            for p, sha in zip(paths, sums, strict=True)
+        }
+        for target, parts in self._joined.items():
+            if target not in files or any(p not in files or p in self._joined for p in parts) or target in parts:
+                raise RuntimeError(f"{self.stage}: {target!r} is declared joined from {parts!r}: not files of out/")
         build_id = uuid.uuid4().hex[:12]
         under = self.store.files.build_folder(build_id)
         manifest = {
@@ -116,6 +132,7 @@ class Build:
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "host": socket.gethostname(),
             **({FILES_UNDER: under} if under else {}),
+            **({JOINED: self._joined} if self._joined else {}),
             **(extra or {}),
         }
         text = json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"

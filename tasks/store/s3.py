@@ -27,6 +27,7 @@ from tasks.store.files import (
 )
 from tasks.store.manifest_schema import manifest_problem
 from tasks.store.s3_client import cache_root, filesystem, no_bucket, precondition_failed, read_at_most
+from tasks.store.s3_compose import checked_joined, upload_joined
 from tasks.store.s3_lease import Lease, lease_seconds
 from tasks.store.s3_urls import SCHEME, normal_url, scrub, split_url
 
@@ -273,13 +274,17 @@ class ObjectFiles:
         prefix = files_prefix(manifest) if manifest is not None else None
         if manifest is None or prefix is None:
             raise RuntimeError(f"{out / MANIFEST} is no manifest this store wrote")
-        rels = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+        joined = checked_joined(manifest, out)  # made from the objects of their parts (s3_compose): after them
+        rels = sorted(
+            (p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()), key=lambda r: (r in joined, r)
+        )
         mine = [f"{key}/{prefix}{rel}" for rel in rels if rel != MANIFEST]
         try:
             for rel, target in zip([r for r in rels if r != MANIFEST], mine, strict=True):
                 if still_held:
                     still_held()  # a build that lost its lock uploads nothing more
-                self.upload(out / rel, target)
+                if not (rel in joined and upload_joined(self, out, f"{key}/{prefix}", rel, joined[rel], still_held)):
+                    self.upload(out / rel, target)
             if still_held:
                 still_held()
             if fault:

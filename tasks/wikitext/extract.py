@@ -121,7 +121,7 @@ def _extract_member(
                     writer.write(data, (f, sha), corpus)  # in the writer thread
                     st["bytes"] += len(data)
                     st["chars"] += len(text)
-                    st["lines"] += text.count("\n")
+                    st["lines"] += data.count(b"\n")  # the same count: memchr over bytes, not a scan of a wide str
                     st["headers_stripped"] += n
                     if text:
                         last = text

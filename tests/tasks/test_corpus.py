@@ -34,6 +34,9 @@ def test_http_download_is_byte_identical_to_the_chapter(tmp_path, mirror, wiki_z
     assert (out / "wikipedia.txt").read_bytes() == b"".join(
         (out / f"wiki.{s}.txt").read_bytes() for s in ("train", "valid", "test")
     )
+    # ... and says so in its manifest: an object store makes it from the split files' objects
+    joined = json.loads((out / "manifest.json").read_text())["joined"]
+    assert joined == {"wikipedia.txt": ["wiki.train.txt", "wiki.valid.txt", "wiki.test.txt"]}
     m = metrics(ref)
     assert m["zip_bytes"] == len(wiki_zip) and m["zip_published"] is False
     assert (

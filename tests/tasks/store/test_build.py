@@ -101,3 +101,25 @@ def test_a_leftover_manifest_in_staging_is_removed_before_the_build(tmp_path):
     ref = SOURCE.reuse_or_build(Word(), run, {})
     assert ref["version"] == version and ref["build_id"] != "left-over"
     assert ArtifactStore(tmp_path).verify("corpus", version, full=True) == (True, "ok")
+
+
+def test_publish_hashes_the_files_of_a_version_at_once_and_records_each_ones_own_sha256(tmp_path, monkeypatch):
+    import hashlib
+    import threading
+
+    from tasks.store import build as build_module
+
+    both = threading.Barrier(2, timeout=10)  # sequential hashing never has two files in hand at once: it times out
+    real = build_module.sha256_file
+
+    def meeting(path):
+        both.wait()
+        return real(path)
+
+    monkeypatch.setattr(build_module, "HASH_THREADS", 2)
+    monkeypatch.setattr(build_module, "sha256_file", meeting)
+    files = {"a.txt": b"alpha\n", "b.txt": b"beta\n" * 1000}
+    manifest = publish_local(open_store(tmp_path), files=files)
+    assert manifest["files"] == {
+        rel: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for rel, data in files.items()
+    }

@@ -54,3 +54,42 @@ def test_a_damaged_member_fails_in_the_reader_thread_and_writes_nothing(tmp_path
         extract_corpus(zpath, out, source="test", block_chars=5000)
     assert list(out.iterdir()) == []  # no split, no wikipedia.txt, no temp file
     assert not [t for t in threading.enumerate() if t.name.startswith(("corpus-reader", "corpus-writer"))]
+
+
+def test_the_writer_starts_each_files_writeback_as_it_goes_and_a_failed_sync_fails_the_extract(
+    tmp_path, wikitext2_text, monkeypatch
+):
+    import os
+
+    from tasks.wikitext import unzip
+
+    synced: list[tuple[str, int]] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced.append((os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), os.fstat(fd).st_size))
+        real(fd)
+
+    monkeypatch.setattr(unzip, "SYNC_EVERY_BYTES", 200_000)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    zpath = _zip(tmp_path, wikitext2_text)
+    out = tmp_path / "out"
+    out.mkdir()
+    extract_corpus(zpath, out, source="test", block_chars=5000)
+    train = CHAPTER_RE.sub("", wikitext2_text).encode()
+    assert (out / "wiki.train.txt").read_bytes() == train  # the same bytes
+    # both files being written had their writeback started before they were whole (the temp names)
+    names = {name.split(".tmp")[0].rsplit(".", 1)[0] for name, _ in synced}
+    assert names == {".wiki.train.txt", ".wikipedia.txt"}, synced
+    assert all(0 < size < len(train) + 100 for _, size in synced)
+    assert not [t for t in threading.enumerate() if t.name.startswith("corpus-sync")]
+
+    def broken(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+    again = tmp_path / "again"
+    again.mkdir()
+    with pytest.raises(OSError, match="Input/output error"):
+        extract_corpus(zpath, again, source="test", block_chars=5000)
+    assert list(again.iterdir()) == []  # nothing half-written left

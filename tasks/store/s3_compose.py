@@ -1,0 +1,131 @@
+"""A file that is other files of its build one after another (``Build.joined``), made on S3 from the objects already
+uploaded: a multipart upload whose parts are server-side copies of them (``UploadPartCopy``), so its bytes are sent
+once, not twice. Why this way: a build's output that concatenates its other outputs (the corpus's wikipedia.txt)
+would otherwise double what a publish sends."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tasks.store.files import JOINED
+
+#: S3's bounds on a multipart upload's parts: every part but the last at least 5 MiB; a copied part at most 5 GiB.
+MIN_PART_BYTES = 5 << 20
+MAX_COPY_BYTES = 5 << 30
+
+#: A part: ``("copy", file, start, end)`` (a range of an uploaded file) or ``("send", [(file, start, end), ...])``.
+Part = tuple
+
+
+def plan_parts(sizes: list[tuple[str, int]], min_part: int = MIN_PART_BYTES, max_copy: int = MAX_COPY_BYTES) -> list:
+    """The parts that make the files ``sizes`` (``(name, bytes)``, in order) one object: a range is copied when it
+    can be a part of its own (at least ``min_part``), the rest is sent, gathered into parts of exactly ``min_part``
+    (the last one shorter). Every part but the last is then at least ``min_part``, as S3 requires."""
+    parts: list[Part] = []
+    pending: list[tuple[str, int, int]] = []
+    held = 0
+    for name, size in sizes:
+        pos = 0
+        while pos < size:
+            left = size - pos
+            if not held and left >= min_part:
+                n = min(left, max_copy)
+                parts.append(("copy", name, pos, pos + n))
+            else:
+                n = min(left, min_part - held)
+                pending.append((name, pos, pos + n))
+                held += n
+                if held == min_part:
+                    parts.append(("send", pending))
+                    pending, held = [], 0
+            pos += n
+    if pending:
+        parts.append(("send", pending))
+    return parts
+
+
+def joined_sha256(out: Path, names: list[str]) -> tuple[int, str]:
+    """The size and sha256 of the files ``names`` of ``out``, one after another."""
+    h, size = hashlib.sha256(), 0
+    for name in names:
+        with open(out / name, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+                size += len(block)
+    return size, h.hexdigest()
+
+
+def _read_range(out: Path, name: str, start: int, end: int) -> bytes:
+    with open(out / name, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    if len(data) != end - start:
+        raise RuntimeError(f"{out / name} is shorter than its {end:,} bytes while being published")
+    return data
+
+
+def compose(
+    call: Callable[..., Any],
+    bucket: str,
+    object_key: Callable[[str], str],
+    out: Path,
+    target: str,
+    parts: list[str],
+    still_held: Callable[[], None] | None = None,
+) -> bool:
+    """Make the object ``object_key(target)`` from the objects ``object_key(part)`` (uploaded from ``out``), each
+    range as :func:`plan_parts` cuts them; ``call(method, **kwargs)`` is one S3 request on ``bucket``. False (nothing
+    done) when no range is long enough to be copied: the caller uploads the file as it is. A failure aborts the
+    multipart upload (nothing is left under the name) and raises."""
+    plan = plan_parts([(name, (out / name).stat().st_size) for name in parts])
+    if not any(p[0] == "copy" for p in plan):
+        return False
+    dest = object_key(target)
+    upload_id = call("create_multipart_upload", Key=dest)["UploadId"]
+    try:
+        done = []
+        for number, part in enumerate(plan, 1):
+            if still_held:
+                still_held()  # a build that lost its lock sends nothing more
+            common = dict(Key=dest, UploadId=upload_id, PartNumber=number)
+            if part[0] == "copy":
+                _, name, start, end = part
+                source = {"Bucket": bucket, "Key": object_key(name)}
+                answer = call(
+                    "upload_part_copy", CopySource=source, CopySourceRange=f"bytes={start}-{end - 1}", **common
+                )
+                tag = answer["CopyPartResult"]["ETag"]
+            else:
+                body = b"".join(_read_range(out, *r) for r in part[1])
+                tag = call("upload_part", Body=body, **common)["ETag"]
+            done.append({"ETag": tag, "PartNumber": number})
+        call("complete_multipart_upload", Key=dest, UploadId=upload_id, MultipartUpload={"Parts": done})
+    except BaseException:
+        with contextlib.suppress(Exception):
+            call("abort_multipart_upload", Key=dest, UploadId=upload_id)
+        raise
+    return True
+
+
+def checked_joined(manifest: dict, out: Path) -> dict[str, list[str]]:
+    """The manifest's ``joined`` files (``{file: [its parts]}``), each checked against its size and sha256 in the
+    manifest: a build's claim is taken only where it is true (``RuntimeError``, a stage's bug, otherwise)."""
+    joined = manifest.get(JOINED) or {}
+    files = manifest.get("files") or {}
+    for target, parts in joined.items():
+        meta = files.get(target) or {}
+        if joined_sha256(out, parts) != (meta.get("size"), meta.get("sha256")):
+            raise RuntimeError(f"{out / target} is declared to be {parts!r} one after another, and it is not")
+    return joined
+
+
+def upload_joined(files: Any, out: Path, folder: str, rel: str, parts: list[str], still_held=None) -> bool:
+    """:func:`compose` for the ``ObjectFiles`` ``files``: ``out/<rel>`` made under ``folder`` (a key ending in ``/``)
+    from its ``parts``' objects there; False when it must be uploaded as it is."""
+    with files._errors(f"uploading {folder}{rel}"):
+        key = files._object_key
+        return compose(files._call, files.bucket, lambda n: key(folder + n), out, rel, parts, still_held)

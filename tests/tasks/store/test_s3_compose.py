@@ -1,0 +1,96 @@
+"""A file declared joined from other files of its build (``Build.joined``) is made on S3 from their objects, not
+sent again: the object holds exactly the local file's bytes, a false claim is refused before anything is sent,
+and files too short to copy are uploaded as they are."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tasks.registry import open_store
+from tasks.store import MANIFEST
+from tasks.store.s3 import ObjectFiles
+from tasks.store.s3_compose import plan_parts
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [("a", 12), ("b", 1), ("c", 2)],
+        [("a", 1), ("b", 12), ("c", 0), ("d", 3)],
+        [("a", 4), ("b", 4), ("c", 4), ("d", 4)],
+        [("a", 30)],
+        [("a", 2)],
+    ],
+)
+def test_the_plan_covers_every_byte_once_in_order_with_every_part_but_the_last_long_enough(sizes):
+    parts = plan_parts(sizes, min_part=5, max_copy=11)
+    ranges = []
+    for i, part in enumerate(parts):
+        pieces = [part[1:]] if part[0] == "copy" else part[1]
+        length = sum(end - start for _, start, end in pieces)
+        assert i == len(parts) - 1 or length >= 5, parts
+        if part[0] == "copy":
+            assert 5 <= length <= 11
+        ranges += pieces
+    covered = [(name, pos) for name, start, end in ranges for pos in range(start, end)]
+    assert covered == [(name, pos) for name, size in sizes for pos in range(size)]
+
+
+def _publish(store, files: dict[str, bytes], joined: dict[str, list[str]]) -> dict:
+    with store.lock("corpus", "v1"):
+        build = store.open_build("corpus", "v1")
+        for rel, data in files.items():
+            (build.out / rel).write_bytes(data)
+        for target, parts in joined.items():
+            build.joined(target, parts)
+        return build.publish(settings={"a": 1}, inputs={}, code_version="1")
+
+
+def test_a_joined_file_is_made_from_its_parts_objects_not_uploaded_again(s3_root, monkeypatch):
+    rng = random.Random(7)
+    parts = {
+        "big.txt": rng.randbytes(6 * MIB),
+        "small.txt": b"tiny\n" * 100,
+        "long.txt": rng.randbytes(12 * MIB + 5),  # cut: its start sent with small.txt, the rest copied by range
+    }
+    whole = b"".join(parts.values())
+    sent: list[str] = []
+    upload = ObjectFiles.upload
+    monkeypatch.setattr(
+        ObjectFiles, "upload", lambda self, local, key: (sent.append(local.name), upload(self, local, key))
+    )
+    store = open_store(s3_root)
+    manifest = _publish(store, {**parts, "all.txt": whole}, {"all.txt": list(parts)})
+    assert manifest["joined"] == {"all.txt": ["big.txt", "small.txt", "long.txt"]}
+    assert sorted(sent) == sorted(parts)  # all.txt was never sent
+    folder = f"{s3_root[5:]}/corpus/v1/{manifest['files_under']}"
+    assert store.files.fs.cat_file(f"{folder}/all.txt") == whole
+    assert store.verify("corpus", "v1", full=True) == (True, "ok")
+
+
+def test_a_joined_file_whose_parts_are_too_short_to_copy_is_uploaded_as_it_is(s3_root):
+    store = open_store(s3_root)
+    manifest = _publish(
+        store, {"a.txt": b"alpha\n", "b.txt": b"beta\n", "ab.txt": b"alpha\nbeta\n"}, {"ab.txt": ["a.txt", "b.txt"]}
+    )
+    assert store.files.fs.cat_file(f"{s3_root[5:]}/corpus/v1/{manifest['files_under']}/ab.txt") == b"alpha\nbeta\n"
+    assert store.verify("corpus", "v1", full=True) == (True, "ok")
+
+
+def test_a_false_joined_claim_is_refused_before_anything_is_sent(s3_root):
+    store = open_store(s3_root)
+    big = b"x" * (6 * MIB)
+    with pytest.raises(RuntimeError, match="is declared to be"):
+        _publish(store, {"a.txt": big, "b.txt": b"b", "ab.txt": big + b"c"}, {"ab.txt": ["a.txt", "b.txt"]})
+    assert not [k for k in store.files.files("corpus/v1") if k != MANIFEST]
+    assert store.versions() == []
+
+
+def test_a_joined_claim_naming_no_file_of_the_build_is_a_bug(s3_root):
+    store = open_store(s3_root)
+    with pytest.raises(RuntimeError, match="not files of out/"):
+        _publish(store, {"a.txt": b"a"}, {"ab.txt": ["a.txt"]})
