@@ -23,13 +23,14 @@ from mygpt.tokenizers.byte_bpe import DEFAULT_SPECIALS, ByteBPETokenizer
 from tasks.core.stage import Stage
 from tasks.core.urls import address_sha256, file_path, redact_text, redact_url
 from tasks.store import ArtifactStore
-from tasks.wikitext.download import DownloadKnobs, SourceMissing, SourceUnreachable, probe
+from tasks.wikitext.download import DownloadKnobs, RedirectRefused, SourceMissing, SourceUnreachable, probe
 from tasks.wikitext.fallback import FALLBACK_PROBE_ATTEMPTS, last_served_version
 from tasks.wikitext.source_zip import stage_sources
 
 #: The most a tokenizer.json may hold (the largest public ones, with 200k merges, are ~10 MB).
 MAX_TOKENIZER_BYTES = 256 << 20
 EOS = DEFAULT_SPECIALS[0]
+FIELD = "tokenizer.source"
 #: BPE model options a file may set only to these values: anything else changes which tokens come out.
 _PLAIN_BPE = {"dropout": None, "continuing_subword_prefix": None, "end_of_word_suffix": None, "ignore_merges": False}
 
@@ -89,7 +90,9 @@ def read_source(source: str, log=None) -> bytes:
     with tempfile.TemporaryDirectory(prefix="wiki-tokenizer-") as tmp:
         dest = Path(tmp) / "tokenizer.json"
         try:
-            fetch(url, dest, knobs=DownloadKnobs.from_env(), max_bytes=MAX_TOKENIZER_BYTES, log=log)
+            fetch(url, dest, knobs=DownloadKnobs.from_env(), max_bytes=MAX_TOKENIZER_BYTES, log=log, field=FIELD)
+        except RedirectRefused:
+            raise
         except UserError as e:
             raise UserError(f"tokenizer.source: {_told(e, url)}") from None
         return dest.read_bytes()
@@ -184,7 +187,7 @@ def pretrained_source(settings, store: ArtifactStore | None, log, stage: Stage) 
     if fallback is not None:  # something to fall back to: ask twice whether the server answers
         knobs = DownloadKnobs.from_env()
         try:
-            probe(url, dataclasses.replace(knobs, attempts=min(knobs.attempts, FALLBACK_PROBE_ATTEMPTS)), log)
+            probe(url, dataclasses.replace(knobs, attempts=min(knobs.attempts, FALLBACK_PROBE_ATTEMPTS)), log, FIELD)
         except SourceUnreachable as e:
             found = fallback.manifest["source"]
             log.warning(
