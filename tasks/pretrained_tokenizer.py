@@ -71,13 +71,19 @@ def source_url(source: str) -> str:
 
 def read_source(source: str, log=None) -> bytes:
     """The bytes at ``source`` (at most :data:`MAX_TOKENIZER_BYTES`); ``UserError`` naming ``tokenizer.source``
-    (redacted) and what to do for a missing file or an unreachable or refusing server."""
+    (redacted) and what to do for a missing file, one that is not a regular file (a FIFO, a device), or an
+    unreachable or refusing server."""
     url = source_url(source)
     shown = redact_url(url)
     if url.lower().startswith("file:"):
         path = file_path(url)
-        if not path.is_file():
-            what = "is a directory" if path.is_dir() else "does not exist"
+        if not path.is_file():  # stat only: a FIFO is never opened (reading one would wait for a writer)
+            if path.is_dir():
+                what = "is a directory"
+            elif path.exists():
+                what = "is not a regular file (a device, a pipe or a socket)"
+            else:
+                what = "does not exist"
             raise UserError(
                 f"tokenizer.source {shown}: {path} {what}; give the path of a byte-level BPE tokenizer.json "
                 f"(mygpt tokenizer train --out DIR makes DIR/tokenizer.json)"

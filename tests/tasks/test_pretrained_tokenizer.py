@@ -236,6 +236,19 @@ def test_bad_tokenizer_files_are_clear_errors(pipeline, served, tmp_path):
     assert "does more than split by GPT-2's or GPT-4's pattern" in bad(s, run, refs, str(tmp_path / "prefix.json"))
 
 
+def test_a_source_that_is_not_a_regular_file_or_nests_too_deeply_is_one_clear_error(pipeline, tmp_path):
+    """A FIFO (never opened: it would wait for a writer) and a device are not "missing"; JSON nested past the
+    parser's recursion is refused as no tokenizer.json, not a RecursionError."""
+    s, run, refs = pipeline
+    os.mkfifo(tmp_path / "fifo.json")
+    for path in (tmp_path / "fifo.json", Path("/dev/zero")):
+        message = bad(s, run, refs, str(path))
+        assert message.startswith(f"tokenizer.source {path.as_uri()}: {path} is not a regular file"), message
+    (tmp_path / "deep.json").write_text("[" * 200_000 + "]" * 200_000, encoding="utf-8")
+    message = bad(s, run, refs, str(tmp_path / "deep.json"))
+    assert message.startswith(f"tokenizer.source {(tmp_path / 'deep.json').as_uri()} nests its JSON"), message
+
+
 def test_a_source_outside_the_allowed_ones_is_refused_before_any_stage(monkeypatch, served, tmp_path):
     d, server = served
     monkeypatch.setenv(ENV_SOURCES, f"{server.url('tok/')} file://{tmp_path}/")
