@@ -138,7 +138,9 @@ def tokenizer_from_file(path: Path, shown: str) -> tuple[ByteBPETokenizer, bool]
     except UserError as e:
         message = str(e).replace(f"tokenizer file {path} ", "").replace(str(path), shown)
         raise refuse(message) from None
-    model = json.loads(path.read_text(encoding="utf-8"))["model"]
+    whole = json.loads(path.read_text(encoding="utf-8"))
+    model = whole["model"]
+    _check_extras(whole, refuse)
     odd = [f"{k}={model[k]!r}" for k, plain in _PLAIN_BPE.items() if model.get(k, plain) not in (plain, "")]
     if pattern is None or odd:
         raise refuse(
@@ -157,6 +159,10 @@ def tokenizer_from_file(path: Path, shown: str) -> tuple[ByteBPETokenizer, bool]
             f"each article and the export names as the end of text; add it to the file's added_tokens as a special "
             f"token, or train one with mygpt tokenizer train (which adds it)"
         )
+    for special in specials:
+        why = _ordinary_text(special, vocab)
+        if why:
+            raise refuse(_special_refused(special, why))
     try:
         tok = ByteBPETokenizer(
             merges=tuple(merges), specials=tuple(sorted(specials, key=specials.__getitem__)), pattern=pattern
@@ -172,6 +178,54 @@ def tokenizer_from_file(path: Path, shown: str) -> tuple[ByteBPETokenizer, bool]
             "BPE whose vocabulary is exactly that (GPT-2's is; mygpt tokenizer train writes one)"
         )
     return tok, ours != vocab or tok.special_ids != specials
+
+
+def _ordinary_text(special: str, vocab: dict) -> str | None:
+    """Why ordinary text contains ``special`` (None: no sign of it): an ordinary token of ``vocab`` spells it, or
+    it is made of letters, digits and spaces only, as words are."""
+    from mygpt.tokenizers.byte_bpe_files import token_string
+
+    if token_string(special.encode("utf-8")) in vocab:
+        return "an ordinary token of the vocabulary spells it"
+    if all(c.isalnum() or c.isspace() or c == "_" for c in special):
+        return "it is made of letters, digits and spaces only, as ordinary words are"
+    return None
+
+
+def _special_refused(special: str, why: str) -> str:
+    """Why a special that ordinary text contains cannot be taken. Why refused: Hugging Face's tokenizer (the
+    export's) takes a special out of any text that contains it, even inside a word, while the shards encode a
+    document's text as ordinary bytes, so the export would tokenize the training text otherwise than the model saw
+    it."""
+    return (
+        f"has the special token {special!r}, which ordinary text contains ({why}): Hugging Face's tokenizer, as "
+        f"the export uses it, takes it out of any text that holds it, even inside a longer word, while the shards "
+        f"encode text as ordinary bytes, so the export would disagree with the training data; remove it from the "
+        f"file's added_tokens or give it a name no text contains (like <|{special}|>)"
+    )
+
+
+def _check_extras(whole: dict, refuse) -> None:
+    """Refuse a file whose post-processor adds tokens or that sets truncation or padding. Why refuse, not warn:
+    the stage keeps only the tokens and merges, so those settings would be dropped from the export silently and
+    its ids (add_special_tokens, fixed lengths) would differ from what the file's own users get."""
+    if whole.get("truncation") is not None or whole.get("padding") is not None:
+        what = " and ".join(k for k in ("truncation", "padding") if whole.get(k) is not None)
+        raise refuse(
+            f"sets {what}, which the pipeline's tokenizer (and so its export) does not keep; remove it from the "
+            "file (set it to null): truncation and padding belong to whoever calls the tokenizer"
+        )
+    post = whole.get("post_processor")
+    steps = post.get("processors", []) if isinstance(post, dict) and post.get("type") == "Sequence" else [post]
+    for step in steps:
+        kind = step.get("type") if isinstance(step, dict) else None
+        adds = isinstance(step, dict) and kind == "TemplateProcessing" and bool(step.get("special_tokens"))
+        if step is not None and (kind not in ("ByteLevel", "TemplateProcessing") or adds):
+            raise refuse(
+                f"has a {kind} post_processor, which adds tokens around each text the pipeline's tokenizer (and so "
+                "its export) would not add; remove the post_processor (set it to null), or keep only a ByteLevel "
+                "one (GPT-2's, which changes offsets only)"
+            )
 
 
 def pretrained_source(settings, store: ArtifactStore | None, log, stage: Stage) -> dict | None:
@@ -240,6 +294,12 @@ def build_pretrained(ctx, settings, train_path: Path, used: int) -> dict:
     ctx.progress(1, 2, "counting the slice's tokens", force=True)
     with open(train_path, "rb") as f:
         text = f.read(used).decode("utf-8", errors="replace")
+    for special in tok.specials:
+        if special in text:
+            raise UserError(
+                f"tokenizer.source {shown} "
+                + _special_refused(special, f"the corpus slice holds it {text.count(special):,} times")
+            )
     t0 = time.monotonic()
     tokens = len(tok.encode_array(text))
     save_tokenizer_file(tok, ctx.out / "tokenizer.json")
