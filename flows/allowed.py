@@ -2,8 +2,9 @@
 (``WIKI_PIPELINE_ALLOWED_SOURCES``) and Dask schedulers (``WIKI_PIPELINE_ALLOWED_SCHEDULERS``) its environment
 allows; unset means the defaults for a deployment run (for schedulers: none, only a local cluster the run starts)
 and everything for a person's own run (docs/SERVING.md). :func:`check_allowed` refuses the rest with a
-``UserError``. The environment is the worker's own: the work pool's base job template (:data:`WORK_POOL_TEMPLATE`)
-lets no caller set a run's environment, command or working directory."""
+``UserError``, and :func:`check_redirect` every redirect a download is sent to outside them. The environment is
+the worker's own: the work pool's base job template (:data:`WORK_POOL_TEMPLATE`) lets no caller set a run's
+environment, command or working directory."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from mygpt.errors import UserError
 from tasks.core.urls import redact_url
 from tasks.store import normal_url
+from tasks.wikitext.download import RedirectRefused, check_redirects_with
 
 ENV_ROOTS = "WIKI_PIPELINE_ALLOWED_ROOTS"
 ENV_SOURCES = "WIKI_PIPELINE_ALLOWED_SOURCES"
@@ -148,6 +150,22 @@ def check_allowed(root: str, source_urls: Mapping[str, str], dask_address: str |
             )
     if dask_address:
         _check_scheduler(dask_address, allowed_schedulers(deployment))
+
+
+def check_redirect(field: str, from_url: str, to_url: str) -> None:
+    """:class:`RedirectRefused` when a download of ``field`` (at ``from_url``, allowed) is redirected to ``to_url``
+    outside this machine's source allow-list; installed for every download of this process (below). Why each
+    redirect: the list names what a run may download, and a server it allows could otherwise send it anywhere."""
+    sources = allowed_sources(in_deployment_run())
+    if sources is not None and not any(_url_under(to_url, allowed) for allowed in sources):
+        raise RedirectRefused(
+            f"{field} {redact_url(from_url)} redirects to {redact_url(to_url)}, which is outside the sources this "
+            f"machine allows ({_shown(ENV_SOURCES, ' '.join(sources))}); give a source that serves the file itself, "
+            f"or ask whoever runs this worker to add the address it redirects to to {ENV_SOURCES}"
+        )
+
+
+check_redirects_with(check_redirect)
 
 
 def open_job_variables(base_job_template: dict) -> list[str]:

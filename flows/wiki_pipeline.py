@@ -8,15 +8,18 @@ One parameter per stage (its settings) plus the run options, checked and resolve
 
 from __future__ import annotations
 
+import json
+import shlex
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prefect import flow, get_run_logger
 from prefect.context import TagsContext
 
 from flows import reports
 from flows.reports import Outcome
-from flows.settings import LINKED, Pipeline, PipelineBase
+from flows.settings import LINKED, SHARED_FLAT, Pipeline, PipelineBase
 from mygpt.errors import UserError
 from tasks.core import dask_work
 from tasks.core.stage import Stage, StageRef, stage_logger
@@ -158,35 +161,65 @@ def early_checks(s: PipelineBase, built: Stage, ref: StageRef) -> None:
                 get_run_logger().warning(warning)
 
 
+@dataclass(frozen=True)
+class Asked:
+    """A setting this run asks of an upstream version that it was not built with (``str``: ``field=want (it has
+    have)``); ``param``: a ``--param`` can ask for it (a pretrained source's sha256 cannot)."""
+
+    field: str
+    want: object
+    have: object
+    param: bool = True
+
+    def __str__(self) -> str:
+        if not self.param:
+            return f"{self.field} of {self.want} (it has {self.have})"
+        return f"{self.field}={self.want!r} (it has {self.have!r})"
+
+    def as_param(self) -> str:
+        value = self.want if isinstance(self.want, str) else json.dumps(self.want)
+        return "--param " + shlex.quote(f"{self.field}={value}")
+
+
 #: ``(stage, a version's manifest) -> what this run asks of that stage that the version was not built with``
-#: (``["tokenizer.kind='byte' (it has 'chapter')"]``); empty: it will do.
-Differs = Callable[[str, dict], list[str]]
+#: (``[Asked("tokenizer.kind", "byte", "chapter")]``); empty: it will do.
+Differs = Callable[[str, dict], list[Asked]]
 
 
 def asked_of_upstream(s: PipelineBase, store: ArtifactStore | None = None) -> Differs:
-    """What ``only=`` compares an upstream corpus or tokenizer version with (what the data is; a later stage's
-    settings given with ``only=``, e.g. ``device`` to sample on, are for the stage that runs): the fields this run
-    gives for that stage, and those the linked groups imply (``corpus.article_index`` for a byte-level tokenizer).
-    Why only those: ``only=`` runs on the latest versions whatever the other groups' defaults say; a field given by
-    name is asked for. A pretrained tokenizer's ``source`` given by name asks for a version of that file's content
-    (its sha256, read once: ``Stage.source``, which with ``store`` falls back offline as the stage does)."""
+    """What ``only=`` compares an upstream version with: the fields this run gives by name for that stage (any
+    upstream stage: ``--only model -p shards.shard_tokens=1000`` asks for shards of 1000 tokens), and those the
+    linked groups imply (``corpus.article_index`` for a byte-level tokenizer). Why: ``only=`` runs on the latest
+    versions whatever the other groups' defaults say, but a field given by name is asked for, and a run that
+    silently took a version built otherwise would log settings it did not use. A shared flat name (``seed``,
+    ``device``, ``precision``: :data:`SHARED_FLAT`) given to the stage that runs with the same value is for it
+    (``--only samples -p seed=7``), not asked of its inputs. A pretrained tokenizer's ``source`` given by name asks
+    for a version of that file's content (its sha256, read once: ``Stage.source``, which with ``store`` falls
+    back offline as the stage does)."""
     identities: dict[str, dict | None] = {}
+    running = getattr(s, s.run.only) if s.run.only else None
 
-    def differs(name: str, manifest: dict) -> list[str]:
-        if name not in LINKED:  # the data's groups; a later stage's settings given with only= are for it alone
-            return []
+    def for_the_running_stage(key: str, value: object) -> bool:
+        return (
+            running is not None
+            and key in SHARED_FLAT
+            and key in running.model_fields_set
+            and getattr(running, key) == value
+        )
+
+    def differs(name: str, manifest: dict) -> list[Asked]:
         built = manifest.get("settings", {})
         given, resolved = getattr(s, name), s.resolved(name)
-        out = []
+        out: list[Asked] = []
         if getattr(resolved, "kind", None) == "pretrained" and "source" in given.model_fields_set:
             source = BY_NAME[name].source
             if name not in identities:
                 identities[name] = source(resolved, store, stage_logger(name)) if source else None
             want, have = identities[name] or {}, manifest.get("source") or {}
             if want.get("sha256") != have.get("sha256"):
-                out.append(f"{name}.source of sha256 {want.get('sha256')} (it has {have.get('sha256')})")
+                out.append(Asked(f"{name}.source", f"sha256 {want.get('sha256')}", have.get("sha256"), param=False))
         wanted = resolved.version_params()
-        keys = set(given.model_fields_set)
+        keys = {k for k in given.model_fields_set if not for_the_running_stage(k, getattr(given, k))}
         if name in LINKED:  # what another group's settings imply for this one counts as asked for
             alone = given.resolved_once()
             keys |= {k for k in wanted if getattr(alone, k) != getattr(resolved, k)}
@@ -194,7 +227,7 @@ def asked_of_upstream(s: PipelineBase, store: ArtifactStore | None = None) -> Di
         for key in sorted(keys & set(wanted)):
             have = built.get(key, fields[key].default)
             if have != wanted[key]:
-                out.append(f"{name}.{key}={wanted[key]!r} (it has {have!r})")
+                out.append(Asked(f"{name}.{key}", wanted[key], have))
         return out
 
     return differs
@@ -233,10 +266,12 @@ def latest_upstream(store: ArtifactStore, stage: str, differs: Differs | None = 
         else:
             chosen = _lineage(store, current[-1], needed, refs, strict=True) or {}
             asked = [a for n, v in chosen.items() for a in differs(n, v.manifest)]
+            command = " ".join(["wiki-pipeline run --only", name, *(a.as_param() for a in asked if a.param), "..."])
             raise UserError(
-                f"only={stage!r} needs a {name} version built with {', '.join(asked)}, and none of the "
+                f"only={stage!r} needs a {name} version built with {', '.join(map(str, asked))}, and none of the "
                 f"{len(current)} current one(s) under {store.root} is (the latest: {name}/{current[-1].version}); "
-                f"run only={name!r} with these settings first (or the whole pipeline with them)"
+                f"build one first with this run's settings: {command} (or the "
+                "whole pipeline with them), or leave those settings out to take the latest"
             )
         assert chosen is not None  # the loop ends with a break only on a lineage that fits
         for info in chosen.values():

@@ -23,13 +23,14 @@ from mygpt.tokenizers.byte_bpe import DEFAULT_SPECIALS, ByteBPETokenizer
 from tasks.core.stage import Stage
 from tasks.core.urls import address_sha256, file_path, redact_text, redact_url
 from tasks.store import ArtifactStore
-from tasks.wikitext.download import DownloadKnobs, SourceMissing, SourceUnreachable, probe
+from tasks.wikitext.download import DownloadKnobs, RedirectRefused, SourceMissing, SourceUnreachable, probe
 from tasks.wikitext.fallback import FALLBACK_PROBE_ATTEMPTS, last_served_version
 from tasks.wikitext.source_zip import stage_sources
 
 #: The most a tokenizer.json may hold (the largest public ones, with 200k merges, are ~10 MB).
 MAX_TOKENIZER_BYTES = 256 << 20
 EOS = DEFAULT_SPECIALS[0]
+FIELD = "tokenizer.source"
 #: BPE model options a file may set only to these values: anything else changes which tokens come out.
 _PLAIN_BPE = {"dropout": None, "continuing_subword_prefix": None, "end_of_word_suffix": None, "ignore_merges": False}
 
@@ -70,13 +71,19 @@ def source_url(source: str) -> str:
 
 def read_source(source: str, log=None) -> bytes:
     """The bytes at ``source`` (at most :data:`MAX_TOKENIZER_BYTES`); ``UserError`` naming ``tokenizer.source``
-    (redacted) and what to do for a missing file or an unreachable or refusing server."""
+    (redacted) and what to do for a missing file, one that is not a regular file (a FIFO, a device), or an
+    unreachable or refusing server."""
     url = source_url(source)
     shown = redact_url(url)
     if url.lower().startswith("file:"):
         path = file_path(url)
-        if not path.is_file():
-            what = "is a directory" if path.is_dir() else "does not exist"
+        if not path.is_file():  # stat only: a FIFO is never opened (reading one would wait for a writer)
+            if path.is_dir():
+                what = "is a directory"
+            elif path.exists():
+                what = "is not a regular file (a device, a pipe or a socket)"
+            else:
+                what = "does not exist"
             raise UserError(
                 f"tokenizer.source {shown}: {path} {what}; give the path of a byte-level BPE tokenizer.json "
                 f"(mygpt tokenizer train --out DIR makes DIR/tokenizer.json)"
@@ -89,7 +96,9 @@ def read_source(source: str, log=None) -> bytes:
     with tempfile.TemporaryDirectory(prefix="wiki-tokenizer-") as tmp:
         dest = Path(tmp) / "tokenizer.json"
         try:
-            fetch(url, dest, knobs=DownloadKnobs.from_env(), max_bytes=MAX_TOKENIZER_BYTES, log=log)
+            fetch(url, dest, knobs=DownloadKnobs.from_env(), max_bytes=MAX_TOKENIZER_BYTES, log=log, field=FIELD)
+        except RedirectRefused:
+            raise
         except UserError as e:
             raise UserError(f"tokenizer.source: {_told(e, url)}") from None
         return dest.read_bytes()
@@ -129,7 +138,9 @@ def tokenizer_from_file(path: Path, shown: str) -> tuple[ByteBPETokenizer, bool]
     except UserError as e:
         message = str(e).replace(f"tokenizer file {path} ", "").replace(str(path), shown)
         raise refuse(message) from None
-    model = json.loads(path.read_text(encoding="utf-8"))["model"]
+    whole = json.loads(path.read_text(encoding="utf-8"))
+    model = whole["model"]
+    _check_extras(whole, refuse)
     odd = [f"{k}={model[k]!r}" for k, plain in _PLAIN_BPE.items() if model.get(k, plain) not in (plain, "")]
     if pattern is None or odd:
         raise refuse(
@@ -148,6 +159,10 @@ def tokenizer_from_file(path: Path, shown: str) -> tuple[ByteBPETokenizer, bool]
             f"each article and the export names as the end of text; add it to the file's added_tokens as a special "
             f"token, or train one with mygpt tokenizer train (which adds it)"
         )
+    for special in specials:
+        why = _ordinary_text(special, vocab)
+        if why:
+            raise refuse(_special_refused(special, why))
     try:
         tok = ByteBPETokenizer(
             merges=tuple(merges), specials=tuple(sorted(specials, key=specials.__getitem__)), pattern=pattern
@@ -163,6 +178,54 @@ def tokenizer_from_file(path: Path, shown: str) -> tuple[ByteBPETokenizer, bool]
             "BPE whose vocabulary is exactly that (GPT-2's is; mygpt tokenizer train writes one)"
         )
     return tok, ours != vocab or tok.special_ids != specials
+
+
+def _ordinary_text(special: str, vocab: dict) -> str | None:
+    """Why ordinary text contains ``special`` (None: no sign of it): an ordinary token of ``vocab`` spells it, or
+    it is made of letters, digits and spaces only, as words are."""
+    from mygpt.tokenizers.byte_bpe_files import token_string
+
+    if token_string(special.encode("utf-8")) in vocab:
+        return "an ordinary token of the vocabulary spells it"
+    if all(c.isalnum() or c.isspace() or c == "_" for c in special):
+        return "it is made of letters, digits and spaces only, as ordinary words are"
+    return None
+
+
+def _special_refused(special: str, why: str) -> str:
+    """Why a special that ordinary text contains cannot be taken. Why refused: Hugging Face's tokenizer (the
+    export's) takes a special out of any text that contains it, even inside a word, while the shards encode a
+    document's text as ordinary bytes, so the export would tokenize the training text otherwise than the model saw
+    it."""
+    return (
+        f"has the special token {special!r}, which ordinary text contains ({why}): Hugging Face's tokenizer, as "
+        f"the export uses it, takes it out of any text that holds it, even inside a longer word, while the shards "
+        f"encode text as ordinary bytes, so the export would disagree with the training data; remove it from the "
+        f"file's added_tokens or give it a name no text contains (like <|{special}|>)"
+    )
+
+
+def _check_extras(whole: dict, refuse) -> None:
+    """Refuse a file whose post-processor adds tokens or that sets truncation or padding. Why refuse, not warn:
+    the stage keeps only the tokens and merges, so those settings would be dropped from the export silently and
+    its ids (add_special_tokens, fixed lengths) would differ from what the file's own users get."""
+    if whole.get("truncation") is not None or whole.get("padding") is not None:
+        what = " and ".join(k for k in ("truncation", "padding") if whole.get(k) is not None)
+        raise refuse(
+            f"sets {what}, which the pipeline's tokenizer (and so its export) does not keep; remove it from the "
+            "file (set it to null): truncation and padding belong to whoever calls the tokenizer"
+        )
+    post = whole.get("post_processor")
+    steps = post.get("processors", []) if isinstance(post, dict) and post.get("type") == "Sequence" else [post]
+    for step in steps:
+        kind = step.get("type") if isinstance(step, dict) else None
+        adds = isinstance(step, dict) and kind == "TemplateProcessing" and bool(step.get("special_tokens"))
+        if step is not None and (kind not in ("ByteLevel", "TemplateProcessing") or adds):
+            raise refuse(
+                f"has a {kind} post_processor, which adds tokens around each text the pipeline's tokenizer (and so "
+                "its export) would not add; remove the post_processor (set it to null), or keep only a ByteLevel "
+                "one (GPT-2's, which changes offsets only)"
+            )
 
 
 def pretrained_source(settings, store: ArtifactStore | None, log, stage: Stage) -> dict | None:
@@ -184,7 +247,7 @@ def pretrained_source(settings, store: ArtifactStore | None, log, stage: Stage) 
     if fallback is not None:  # something to fall back to: ask twice whether the server answers
         knobs = DownloadKnobs.from_env()
         try:
-            probe(url, dataclasses.replace(knobs, attempts=min(knobs.attempts, FALLBACK_PROBE_ATTEMPTS)), log)
+            probe(url, dataclasses.replace(knobs, attempts=min(knobs.attempts, FALLBACK_PROBE_ATTEMPTS)), log, FIELD)
         except SourceUnreachable as e:
             found = fallback.manifest["source"]
             log.warning(
@@ -231,6 +294,12 @@ def build_pretrained(ctx, settings, train_path: Path, used: int) -> dict:
     ctx.progress(1, 2, "counting the slice's tokens", force=True)
     with open(train_path, "rb") as f:
         text = f.read(used).decode("utf-8", errors="replace")
+    for special in tok.specials:
+        if special in text:
+            raise UserError(
+                f"tokenizer.source {shown} "
+                + _special_refused(special, f"the corpus slice holds it {text.count(special):,} times")
+            )
     t0 = time.monotonic()
     tokens = len(tok.encode_array(text))
     save_tokenizer_file(tok, ctx.out / "tokenizer.json")

@@ -162,7 +162,8 @@ def load_byte_level_bpe(path: str | os.PathLike) -> tuple[Tokenizer, dict[str, i
     """``(tokenizer, specials, pattern)`` of a byte-level BPE ``tokenizer.json``: its special added tokens as
     ``{content: id}`` and ``gpt2``/``gpt4`` when its split is one of ours and it adds no ordinary tokens (``None``:
     anything else, encoded by HF's whole path);
-    ``UserError`` naming the file when it is missing, not JSON, or not a byte-level BPE."""
+    ``UserError`` naming the file when it is missing or not a regular file, not JSON (or nested too deeply for
+    a parser's recursion), or not a byte-level BPE."""
     from tokenizers import Tokenizer
 
     where = os.fspath(path)
@@ -178,6 +179,11 @@ def load_byte_level_bpe(path: str | os.PathLike) -> tuple[Tokenizer, dict[str, i
             hf_json = json.loads(f.read().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"tokenizer file {where} is not a JSON tokenizer.json ({e}); give a tokenizer.json") from e
+    except RecursionError:  # Python's parser recurses per level; no tokenizer.json nests more than a few
+        raise UserError(
+            f"tokenizer file {where} nests its JSON objects or arrays too deeply to be a tokenizer.json (a "
+            "tokenizer.json nests a few levels); give a tokenizer.json"
+        ) from None
     model = hf_json.get("model") if isinstance(hf_json, dict) else None
     if not isinstance(model, dict) or model.get("type") != "BPE":
         kind = model.get("type") if isinstance(model, dict) else None

@@ -15,9 +15,10 @@ _LINE_BREAK = re.compile("\r\n|[\r\u2028\u2029]")
 _SHOWN = {"\r": "\\r", "\n": "\\n", "\t": "\\t", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 _SHOWN_RE = re.compile("[\r\n\t\u2028\u2029]")
 #: The C0 control characters but tab, line feed and carriage return (which are written out or kept as line
-#: breaks), and DEL: invisible, and a raw one (ESC starts a terminal sequence) has no business in a report; each is
-#: written out as ``\xNN``.
-_CONTROL_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+#: breaks), DEL and the C1 controls (U+0080-U+009F: NEL is a line break to some readers, CSI starts a terminal
+#: sequence as ESC ``[`` does): invisible, and a raw one has no business in a report; each is written out as
+#: ``\xNN``.
+_CONTROL_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 #: The start of a line that would begin a block: its leading spaces/tabs (4 make code), and a list marker, a
 #: setext underline or a thematic break (``-``, ``+``, ``=``, ``1.``, ``1)``; the other markers are escaped anyway).
 _LINE_START = re.compile(r"^([ \t]*)([-+=]|[0-9]+[.)])?", re.MULTILINE)

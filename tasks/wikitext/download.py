@@ -9,6 +9,8 @@ import math
 import os
 import re
 import time
+import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,11 +115,91 @@ class SourceMissing(UserError):
     so nothing published from that address earlier stands in for it."""
 
 
+# ---- redirects ------------------------------------------------------------------------------------------
+MAX_REDIRECTS = 10
+#: ``(field, from_url, to_url) -> None``: asked before a download follows a redirect to another origin (scheme,
+#: host, port); raises ``UserError`` to refuse it. The flow installs this machine's allow-list
+#: (``flows.allowed``, :func:`check_redirects_with`) when it is imported: this layer cannot read one.
+RedirectCheck = Callable[[str, str, str], None]
+
+
+class RedirectRefused(UserError):
+    """A redirect the allow-list (or, with none installed, the rule: same origin only) does not let a download
+    follow: an answer about this run's settings, not a server that is down, so never a reason to fall back."""
+
+
+def _same_origin_only(field: str, from_url: str, to_url: str) -> None:
+    raise RedirectRefused(
+        f"{field} {redact_url(from_url)} redirects to {redact_url(to_url)}, another host, and no allow-list "
+        "decides which hosts a download may follow; give the address it redirects to as the source"
+    )
+
+
+_redirect_check: list[RedirectCheck] = [_same_origin_only]
+
+
+def check_redirects_with(check: RedirectCheck) -> None:
+    """Ask ``check`` about every redirect to another origin from now on (the flow's allow-list)."""
+    _redirect_check[0] = check
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    u = urllib.parse.urlsplit(url)
+    scheme = u.scheme.lower()
+    return scheme, (u.hostname or "").lower(), u.port or {"http": 80, "https": 443}.get(scheme)
+
+
+def _split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``(url without its user info, (user, password) or None)``, as ``requests`` would read them."""
+    u = urllib.parse.urlsplit(url)
+    userinfo, at, host = u.netloc.rpartition("@")
+    if not at:
+        return url, None
+    user, _, password = userinfo.partition(":")
+    auth = (urllib.parse.unquote(user), urllib.parse.unquote(password))
+    return urllib.parse.urlunsplit(u._replace(netloc=host)), auth if any(auth) else None
+
+
+def _get(session, url: str, headers: dict, knobs: DownloadKnobs, field: str):
+    """The response (streamed) to a GET of ``url``, its redirects followed here one by one (at most
+    :data:`MAX_REDIRECTS`), never by ``requests``: each one to another origin is first asked of the installed
+    check (:class:`RedirectRefused`), and the URL's credentials go only to its own origin (scheme, host, port):
+    a redirect to another one gets none."""
+    plain, auth = _split_credentials(url)
+    current = plain
+    for _ in range(MAX_REDIRECTS + 1):
+        r = session.get(
+            current,
+            headers=headers,
+            stream=True,
+            timeout=(CONNECT_TIMEOUT, knobs.read_timeout),
+            allow_redirects=False,
+            auth=auth if _origin(current) == _origin(url) else None,
+        )
+        if not r.is_redirect:
+            return r
+        target = urllib.parse.urljoin(current, r.headers["Location"])
+        r.close()
+        if urllib.parse.urlsplit(target).scheme.lower() not in ("http", "https"):
+            raise RedirectRefused(
+                f"{field} {redact_url(url)} redirects to {redact_url(target)}, which is not an http(s) URL; give "
+                "a source that serves the file over http(s)"
+            )
+        if _origin(target) != _origin(current):
+            _redirect_check[0](field, url, target)
+        current = target
+    raise RedirectRefused(
+        f"{field} {redact_url(url)} redirected more than {MAX_REDIRECTS} times (last to {redact_url(current)}); "
+        "give the address the file is at"
+    )
+
+
 # ---- what is at an address -----------------------------------------------------------------------------
-def probe(url: str, knobs: DownloadKnobs, log=None) -> dict:
+def probe(url: str, knobs: DownloadKnobs, log=None, field: str = "corpus.source_url") -> dict:
     """What is at ``url`` (``{"bytes", "etag", "last_modified"}`` where the server says), by a one-byte ``Range`` GET
     (HEAD is refused by signed URLs), at most ``knobs.attempts`` tries; :class:`SourceUnreachable` when every try
-    failed or was refused (401, 403), :class:`SourceMissing` at once for 404 and 410."""
+    failed or was refused (401, 403), :class:`SourceMissing` at once for 404 and 410, :class:`RedirectRefused`
+    for a redirect that ``field`` may not follow (:func:`_get`)."""
     import requests
     import urllib3
 
@@ -126,7 +208,7 @@ def probe(url: str, knobs: DownloadKnobs, log=None) -> dict:
     with requests.Session() as session:
         while True:
             try:
-                with session.get(url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, knobs.read_timeout)) as r:
+                with _get(session, url, headers, knobs, field) as r:
                     _raise_for_status(url, r)
                     identity = _identity_of(r)
                     if r.status_code == 206:  # read the one byte, so the connection ends cleanly (no reset)
@@ -137,6 +219,8 @@ def probe(url: str, knobs: DownloadKnobs, log=None) -> dict:
                 raise SourceMissing(
                     f"{e} (the server answered, so no version fetched from this address before is reused)"
                 ) from None
+            except RedirectRefused:
+                raise
             except UserError as e:  # another 4xx: the server will not say
                 raise SourceUnreachable(str(e)) from None
             except _retryable() as exc:
@@ -198,12 +282,13 @@ def fetch(
     max_bytes: int = MAX_ZIP_BYTES,
     log=None,
     progress=None,
+    field: str = "corpus.source_url",
 ) -> dict:
     """Download ``url`` to ``dest`` (via ``dest.part``, resumed with ``Range``); return download facts for the metrics.
 
     ``dest`` appears only when the whole body arrived. ``identity`` (from :func:`probe`) gives the size to expect
-    and the ETag that must not change. ``UserError`` past ``max_bytes``, on 4xx, and after ``knobs.attempts``
-    failed tries in a row."""
+    and the ETag that must not change. ``UserError`` past ``max_bytes``, on 4xx, after ``knobs.attempts``
+    failed tries in a row, and for a redirect that ``field`` (the setting that names ``url``) may not follow."""
     import requests
 
     identity = identity or {}
@@ -241,7 +326,7 @@ def fetch(
                 headers["If-Range"] = validator
             range_requests += 1
         try:
-            with session.get(url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT, knobs.read_timeout)) as r:
+            with _get(session, url, headers, knobs, field) as r:
                 status = r.status_code
                 if status == 416 and have:
                     m = re.match(r"^bytes\s+\*/(\d+)$", r.headers.get("Content-Range", ""))

@@ -34,7 +34,7 @@ def publish(store: ArtifactStore, stage: str, settings: dict, source: dict | Non
 
 
 def picked(store, stage: str, **groups) -> dict[str, str]:
-    refs = latest_upstream(store, stage, asked_of_upstream(Pipeline.parse(**groups)))
+    refs = latest_upstream(store, stage, asked_of_upstream(Pipeline.parse(**groups, run={"only": stage})))
     return {k: v["version"] for k, v in refs.items()}
 
 
@@ -55,8 +55,10 @@ def test_only_takes_the_upstream_of_the_kind_asked_for(tmp_path):
         "only='shards' needs a tokenizer version built with tokenizer.kind='byte' (it has 'chapter'), "
         f"tokenizer.pattern='gpt4' (it has 'gpt2'), corpus.article_index=True (it has None), and none of the 2 "
         f"current one(s) under {store.root} is (the "
-        f"latest: tokenizer/{chapter['version']}); run only='tokenizer' with these settings first (or the whole "
-        "pipeline with them)"
+        f"latest: tokenizer/{chapter['version']}); build one first with this run's settings: wiki-pipeline run "
+        "--only tokenizer --param tokenizer.kind=byte --param tokenizer.pattern=gpt4 --param "
+        "corpus.article_index=true ... (or the whole pipeline with them), or leave those settings out to take the "
+        "latest"
     )
     # a later stage follows the lineage: the latest shards whose tokenizer is byte-level, not the newest shards
     byte_shards = publish(store, "shards", {}, corpus=indexed, tokenizer=byte)
@@ -66,8 +68,8 @@ def test_only_takes_the_upstream_of_the_kind_asked_for(tmp_path):
         "shards": byte_shards["version"],
         "tokenizer": byte["version"],
     }
-    # a later stage's own settings given with only= are for the stage that runs, not asked of its inputs
-    assert picked(store, "model", shards={"shard_tokens": 7}, model={"steps": 3})["shards"] == newest["version"]
+    # the running stage's own settings given with only= are for it, not asked of its inputs
+    assert picked(store, "model", model={"steps": 3})["shards"] == newest["version"]
 
 
 def test_only_tokenizer_of_a_byte_level_kind_takes_a_corpus_with_the_article_index(tmp_path):
@@ -104,3 +106,31 @@ def test_only_shards_with_a_pretrained_source_takes_a_tokenizer_of_that_files_co
         UserError, match=r"needs a tokenizer version built with tokenizer\.source of sha256 [0-9a-f]{64} "
     ):
         picked(store, "shards", tokenizer=kind)
+
+
+def test_only_asks_every_upstream_stages_fields_given_by_name(tmp_path):
+    """``--only model -p shards.shard_tokens=1000`` over shards of 4500 tokens is refused (it would train on them
+    while the run's header logs 1000), naming the field, both values and the command that builds such shards; the
+    latest shards that have it are taken. A shared flat name given to the stage that runs too (``--only samples -p
+    seed=7``) is for it; the same field given by name for the model (``model.seed``) is asked of the model."""
+    store = open_store(tmp_path)
+    corpus = publish(store, "corpus", {})
+    tok = publish(store, "tokenizer", {}, corpus=corpus)
+    small = publish(store, "shards", {"shard_tokens": 1000}, corpus=corpus, tokenizer=tok)
+    shards = publish(store, "shards", {"shard_tokens": 4500}, corpus=corpus, tokenizer=tok)
+    assert picked(store, "model", shards={"shard_tokens": 1000})["shards"] == small["version"]
+    assert picked(store, "model", shards={"shard_tokens": 4500})["shards"] == shards["version"]
+    with pytest.raises(UserError) as e:
+        picked(store, "model", shards={"shard_tokens": 2000})
+    assert str(e.value) == (
+        "only='model' needs a shards version built with shards.shard_tokens=2000 (it has 4500), and none of the 2 "
+        f"current one(s) under {store.root} is (the latest: shards/{shards['version']}); build one first with this "
+        "run's settings: wiki-pipeline run --only shards --param shards.shard_tokens=2000 ... (or the whole pipeline "
+        "with them), or leave those settings out to take the latest"
+    )
+    model = publish(store, "model", {"seed": 1}, shards=shards, tokenizer=tok)
+    flat = Pipeline.group_flat({"seed": 7})  # the CLI's --param seed=7: the model's and the samples' seed
+    assert set(flat) == {"model", "samples"}
+    assert picked(store, "samples", **flat) == {"model": model["version"]}
+    with pytest.raises(UserError, match=r"needs a model version built with model\.seed=7 \(it has 1\)"):
+        picked(store, "samples", model={"seed": 7})

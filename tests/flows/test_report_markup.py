@@ -115,3 +115,29 @@ def test_a_charts_labels_and_titles_are_escaped_svg_text():
     svg = line_chart([(HOSTILE, "#000", [(1, 2.0), (2, 1.0)])], x_title=HOSTILE, y_title=HOSTILE)
     assert "<script" not in svg and "<img" not in svg and "<a " not in svg, svg
     assert svg.count("&lt;script&gt;alert(2)&lt;/script&gt;") == 3, "the legend and both axis titles, as text"
+
+
+#: Terminal and line controls from both control blocks: ESC (C0), DEL, NEL and CSI (C1: CSI 2J clears a terminal
+#: that shows the text, as ESC [ 2J does).
+CONTROLS = "a\x1b[31m b\x7f c\u0085d \u009b2J e\u0080\u009f"
+
+
+def _with_controls(value):
+    """``value`` with every string leaf replaced by :data:`CONTROLS`."""
+    if isinstance(value, dict):
+        return {k: _with_controls(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_with_controls(v) for v in value]
+    return CONTROLS if isinstance(value, str) else value
+
+
+@pytest.mark.parametrize("stage", ["corpus", "tokenizer", "samples"])
+def test_every_control_character_in_a_value_is_written_out_not_passed_through(manifests, stage):
+    """A value's C0 and C1 controls reach a report as ``\\xNN`` text, none of them raw."""
+    md = BY_NAME[stage].report(_with_controls(manifests[stage])) + settings_table(
+        _with_controls(manifests[stage]["settings"])
+    )
+    raw = [c for c in md if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F]
+    assert not raw, [hex(ord(c)) for c in raw]
+    for shown in ("\\x1b", "\\x7f", "\\x85", "\\x9b", "\\x80", "\\x9f"):
+        assert shown in md, shown

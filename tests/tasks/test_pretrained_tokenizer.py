@@ -236,6 +236,92 @@ def test_bad_tokenizer_files_are_clear_errors(pipeline, served, tmp_path):
     assert "does more than split by GPT-2's or GPT-4's pattern" in bad(s, run, refs, str(tmp_path / "prefix.json"))
 
 
+def with_changes(served_dir: Path, out: Path, special: str | None = None, **top) -> str:
+    """The served tokenizer.json with one more special token ``special`` and the top-level keys ``top`` set."""
+    data = json.loads((served_dir / "tok" / "tokenizer.json").read_text(encoding="utf-8"))
+    if special is not None:
+        next_id = max(t["id"] for t in data["added_tokens"]) + 1
+        data["added_tokens"].append(
+            {
+                "id": next_id,
+                "content": special,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        )
+    data.update(top)
+    out.write_text(json.dumps(data), encoding="utf-8")
+    return str(out)
+
+
+def test_a_special_that_ordinary_text_contains_is_refused(pipeline, served, tmp_path):
+    """Hugging Face takes a special out of any text that holds it (``the`` even inside ``there``) while the shards
+    encode text as ordinary bytes: a special spelled like a word, like an ordinary token, or found in the corpus
+    slice is refused, naming it and why; a special no text holds is taken."""
+    from tokenizers import Tokenizer
+
+    d, _ = served
+    s, run, refs = pipeline
+    path = with_changes(d, tmp_path / "the.json", "the")
+    hf = Tokenizer.from_file(path)
+    assert hf.encode("there").tokens[0] == "the"  # the disagreement itself: HF splits it out of a longer word
+    message = bad(s, run, refs, path)
+    assert message.startswith(
+        f"tokenizer.source {Path(path).as_uri()} has the special token 'the', which ordinary "
+        "text contains (it is made of letters, digits and spaces only"
+    ), message
+    vocab = json.loads((d / "tok" / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    token = " " + next(t for t in vocab if t.startswith("Ġ") and len(t) > 1 and t[1:].isascii())[1:]  # " t"
+    message = bad(s, run, refs, with_changes(d, tmp_path / "tok.json", token))
+    assert f"has the special token {token!r}, which ordinary text contains (an ordinary token" in message, message
+    message = bad(s, run, refs, with_changes(d, tmp_path / "atat.json", " @-@ "))  # wikitext's hyphen
+    assert "has the special token ' @-@ ', which ordinary text contains (the corpus slice holds it " in message
+    ref = train_tokenizer.fn(
+        refs["corpus"],
+        s.resolved("tokenizer").model_copy(update={"source": with_changes(d, tmp_path / "ok.json", "<|pad|>")}),
+        run,
+    )
+    assert load_tokenizer(ref["path"]).specials == (EOT, "<|pad|>")
+
+
+def test_post_processing_truncation_and_padding_are_refused_not_dropped(pipeline, served, tmp_path):
+    """Settings the pipeline's tokenizer would not keep are refused, naming them; GPT-2's ByteLevel post-processor
+    (offsets only) is taken."""
+    d, _ = served
+    s, run, refs = pipeline
+    template = {
+        "type": "TemplateProcessing",
+        "single": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": EOT, "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+        "special_tokens": {EOT: {"id": EOT, "ids": [256 + MERGES], "tokens": [EOT]}},
+    }
+    message = bad(s, run, refs, with_changes(d, tmp_path / "post.json", post_processor=template))
+    assert "has a TemplateProcessing post_processor, which adds tokens" in message, message
+    truncation = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    message = bad(s, run, refs, with_changes(d, tmp_path / "trunc.json", truncation=truncation))
+    assert "sets truncation, which the pipeline's tokenizer (and so its export) does not keep" in message, message
+    gpt2_post = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
+    path = with_changes(d, tmp_path / "gpt2post.json", post_processor=gpt2_post)
+    ref = train_tokenizer.fn(refs["corpus"], s.resolved("tokenizer").model_copy(update={"source": path}), run)
+    assert ref["version"]
+
+
+def test_a_source_that_is_not_a_regular_file_or_nests_too_deeply_is_one_clear_error(pipeline, tmp_path):
+    """A FIFO (never opened: it would wait for a writer) and a device are not "missing"; JSON nested past the
+    parser's recursion is refused as no tokenizer.json, not a RecursionError."""
+    s, run, refs = pipeline
+    os.mkfifo(tmp_path / "fifo.json")
+    for path in (tmp_path / "fifo.json", Path("/dev/zero")):
+        message = bad(s, run, refs, str(path))
+        assert message.startswith(f"tokenizer.source {path.as_uri()}: {path} is not a regular file"), message
+    (tmp_path / "deep.json").write_text("[" * 200_000 + "]" * 200_000, encoding="utf-8")
+    message = bad(s, run, refs, str(tmp_path / "deep.json"))
+    assert message.startswith(f"tokenizer.source {(tmp_path / 'deep.json').as_uri()} nests its JSON"), message
+
+
 def test_a_source_outside_the_allowed_ones_is_refused_before_any_stage(monkeypatch, served, tmp_path):
     d, server = served
     monkeypatch.setenv(ENV_SOURCES, f"{server.url('tok/')} file://{tmp_path}/")

@@ -116,6 +116,8 @@ def test_bad_files_give_one_error_line_and_exit_2(texts, tmp_path):
 
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     (tmp_path / "notjson.json").write_text("not json", encoding="utf-8")
+    (tmp_path / "deep.json").write_text("[" * 200_000 + "]" * 200_000, encoding="utf-8")  # past any recursion limit
+    os.mkfifo(tmp_path / "fifo.json")  # never opened: reading one would wait for a writer
     wordlevel = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
     wordlevel.save(str(tmp_path / "wordlevel.json"))
     plain_bpe = Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2}, [("a", "b")]))
@@ -127,6 +129,8 @@ def test_bad_files_give_one_error_line_and_exit_2(texts, tmp_path):
     cases = [
         (("encode", "--tokenizer", tmp_path / "missing.json", texts / "other.txt"), "does not exist"),
         (("encode", "--tokenizer", tmp_path / "notjson.json", texts / "other.txt"), "is not a JSON tokenizer.json"),
+        (("encode", "--tokenizer", tmp_path / "deep.json", texts / "other.txt"), "deep.json nests its JSON objects"),
+        (("encode", "--tokenizer", tmp_path / "fifo.json", texts / "other.txt"), "fifo.json is not a regular file"),
         (("encode", "--tokenizer", tmp_path / "wordlevel.json", texts / "other.txt"), "model type 'WordLevel'"),
         (("encode", "--tokenizer", tmp_path / "plain_bpe.json", texts / "other.txt"), "not a byte-level BPE"),
         (("encode", "--tokenizer", tok, tmp_path / "latin1.txt"), "is not valid UTF-8 (bad byte 0xe9"),

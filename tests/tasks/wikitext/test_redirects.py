@@ -1,0 +1,120 @@
+"""A download follows a redirect to another host only where this machine's source allow-list allows the target
+(``WIKI_PIPELINE_ALLOWED_SOURCES``, asked of ``flows.allowed`` for every redirect), for the corpus's zip and a
+pretrained tokenizer alike (one ``fetch``); the URL's credentials never go to another origin. Real servers: one
+on 127.0.0.1 that redirects, one on 127.0.0.2 that logs what reaches it."""
+
+from __future__ import annotations
+
+import shutil
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from flows.allowed import ENV_SOURCES
+from mygpt.errors import UserError
+from tests.support import stages
+from tests.support.http_servers import Loopback
+from tests.support.tiny import tiny_zip_url
+
+
+class Site(Loopback):
+    """Serves the files of ``folder`` on ``host``; ``/go/NAME`` answers 302 to ``{target}NAME``; every request is
+    kept as ``(path, Authorization header)``."""
+
+    def __init__(self, host: str, folder: Path) -> None:
+        site = self
+        self.requests: list[tuple[str, str | None]] = []
+        self.target = ""
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                site.requests.append((self.path, self.headers.get("Authorization")))
+                if self.path.startswith("/go/"):
+                    self.send_response(302)
+                    self.send_header("Location", site.target + self.path[len("/go/") :])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                path = folder / self.path.lstrip("/")
+                if not path.is_file():
+                    self.send_error(404)
+                    return
+                body = path.read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        server = ThreadingHTTPServer((host, 0), Handler)
+        server.daemon_threads = True
+        self.host = host
+        super().__init__(server)
+
+    def url(self, name: str) -> str:
+        return f"http://{self.host}:{self.port}/{name}"
+
+
+@pytest.fixture
+def sites(tmp_path, shakespeare_text):
+    """``(good, evil)``: 127.0.0.1 redirecting ``/go/NAME`` to 127.0.0.2's ``NAME``; both serve a tokenizer.json
+    and the tiny wikitext zip."""
+    from tests.tasks.test_pretrained_tokenizer import mygpt_train
+
+    folder = tmp_path / "site"
+    folder.mkdir()
+    (tmp_path / "train.txt").write_text(shakespeare_text[:20_000], encoding="utf-8")
+    mygpt_train(tmp_path / "train.txt", tmp_path / "tok")
+    shutil.copy(tmp_path / "tok" / "tokenizer.json", folder / "tokenizer.json")
+    zip_path = Path(tiny_zip_url(tmp_path).removeprefix("file://"))
+    shutil.copy(zip_path, folder / zip_path.name)
+    try:
+        evil = Site("127.0.0.2", folder)
+    except OSError as e:  # pragma: no cover - a loopback without 127.0.0.2
+        pytest.skip(f"cannot serve on 127.0.0.2: {e}")
+    with Site("127.0.0.1", folder) as good, evil:
+        good.target = evil.url("")
+        yield good, evil
+
+
+def test_a_redirect_outside_the_allowed_sources_is_refused_for_both_sources(sites, tmp_path, monkeypatch):
+    """Corpus zip and tokenizer.json alike: one error naming the field and both addresses (no credentials), and
+    nothing asked of the host the redirect points at."""
+    good, evil = sites
+    monkeypatch.setenv(ENV_SOURCES, f"default {good.url('')}")
+    root = tmp_path / "art"
+    with pytest.raises(UserError) as e:
+        stages.corpus(root, source_url=good.url("go/wikitext-103-raw-v1.zip"))
+    assert str(e.value).startswith(
+        f"corpus.source_url {good.url('go/wikitext-103-raw-v1.zip')} redirects to "
+        f"{evil.url('wikitext-103-raw-v1.zip')}, which is outside the sources this machine allows"
+    ), e.value
+    assert ENV_SOURCES in str(e.value)
+    corpus = stages.corpus(root, source_url=good.url("wikitext-103-raw-v1.zip"), article_index=True)
+    secret = "http://alice:s3cret@" + good.url("go/tokenizer.json").removeprefix("http://")
+    with pytest.raises(UserError) as e:
+        stages.tokenizer(root, corpus, kind="pretrained", source=secret, bpe_train_bytes=20_000)
+    assert str(e.value).startswith(
+        f"tokenizer.source http://***@{good.url('go/tokenizer.json').removeprefix('http://')} redirects to "
+        f"{evil.url('tokenizer.json')}, which is outside"
+    ), e.value
+    assert "s3cret" not in str(e.value) and "alice" not in str(e.value)
+    assert evil.requests == []
+    assert not list((root / "tokenizer").glob("[0-9a-f]*"))  # no version published
+
+
+def test_an_allowed_redirect_is_followed_without_the_sources_credentials(sites, tmp_path, monkeypatch):
+    """Where the target is allowed too, the download follows it; the user info's credentials reach only the
+    origin they were given for."""
+    good, evil = sites
+    monkeypatch.setenv(ENV_SOURCES, f"{good.url('')} {evil.url('')} file:///")
+    root = tmp_path / "art"
+    corpus = stages.corpus(root, source_url=tiny_zip_url(tmp_path), article_index=True)
+    secret = "http://alice:s3cret@" + good.url("go/tokenizer.json").removeprefix("http://")
+    ref = stages.tokenizer(root, corpus, kind="pretrained", source=secret, bpe_train_bytes=20_000)
+    assert ref["version"]
+    assert ("/go/tokenizer.json", "Basic YWxpY2U6czNjcmV0") in good.requests  # alice:s3cret, to its own host
+    assert evil.requests and all(auth is None for _, auth in evil.requests), evil.requests
