@@ -197,10 +197,12 @@ class ShardFetcher:
 
     def _next(self, order: list[tuple[int, Shard]], starts: list[int], held: dict[str, int]):
         """The first ``(block position, shard)`` a reader may still read that is not here, or None: the
-        validation split (always), then the shards of the blocks from the slowest reader's on."""
+        validation split (always), then the shards of the blocks from the slowest reader's to the last one the
+        lookahead allows."""
         reading = self._reading()
         todo = [(reading, s) for s in self.valid] if reading else []
-        for pos, shard in todo + order[bisect.bisect_left(starts, reading) :]:
+        lo, hi = bisect.bisect_left(starts, reading), bisect.bisect_right(starts, reading + LOOKAHEAD_BLOCKS)
+        for pos, shard in todo + order[lo:hi]:
             if shard.flat not in held:
                 return pos, shard
         return None
@@ -252,7 +254,7 @@ class ShardFetcher:
 def _write_small(path: str, text: str) -> None:
     """``text`` into ``path`` by one rename (its folder made again if it was deleted)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp"
+    tmp = f"{path}.{threading.get_ident()}.tmp"  # the fetcher and its heartbeat may both write `failed`
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
