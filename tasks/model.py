@@ -254,8 +254,7 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
         fetcher.close()
         if fetcher.error is None or exc is fetcher.error:
             raise
-        why = fetcher.error  # training ended waiting for it: the fetcher's own error is the cause
-        raise UserError(str(why) if isinstance(why, UserError) else f"fetching the shards failed: {why!r}") from why
+        raise UserError(fetcher.why()) from fetcher.error  # training ended waiting for it: this is the cause
     finally:
         fetcher.close()
     if fetcher.error is not None:  # a shard that was never read (training ended first) fails nothing

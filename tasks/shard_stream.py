@@ -169,11 +169,14 @@ class ShardFetcher:
             elif self.error is not None and not os.path.exists(failed_file(self.folder)):
                 self._mark_failed()
 
-    def _mark_failed(self) -> None:
+    def why(self) -> str:
+        """What stopped the fetcher (:attr:`error`), as its readers and the stage say it."""
         exc = self.error
-        why = str(exc) if isinstance(exc, UserError) else f"fetching the shards failed: {type(exc).__name__}: {exc}"
+        return str(exc) if isinstance(exc, UserError) else f"fetching the shards failed: {type(exc).__name__}: {exc}"
+
+    def _mark_failed(self) -> None:
         with contextlib.suppress(OSError):  # the heartbeat, stopped, tells the readers instead
-            _write_small(failed_file(self.folder), why + "\n")
+            _write_small(failed_file(self.folder), self.why() + "\n")
 
     def _reading(self) -> int:
         """The position in :attr:`blocks` of the block the slowest reader reads (0 before it reports)."""

@@ -119,7 +119,7 @@ def test_a_dead_fetcher_s_error_reaches_the_stage(upstream, tmp_path, monkeypatc
 
     monkeypatch.setattr(ShardFetcher, "_fetch", broken)
     settings = SETTINGS.model.model_copy(update={"steps": 3, "eval_every": 3, "checkpoint_every": 0})
-    with pytest.raises(UserError, match=r"fetching the shards failed: OSError.*No space left on device"):
+    with pytest.raises(UserError, match=r"^fetching the shards failed: OSError: \[Errno 28\] No space left on device$"):
         _ended(lambda: train_stage.train_model.fn(shards, tokenizer, settings, run_in(art)))
 
 
