@@ -250,6 +250,11 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
     fetcher.start()  # the first block arrives while torch loads and the model is built
     try:
         result, vocab_size = _train(ctx, s, tokenizer, stream, dtype, resumed_from)
+    except Exception as exc:
+        fetcher.close()
+        if fetcher.error is None or exc is fetcher.error:
+            raise
+        raise UserError(fetcher.why()) from fetcher.error  # training ended waiting for it: this is the cause
     finally:
         fetcher.close()
     if fetcher.error is not None:  # a shard that was never read (training ended first) fails nothing

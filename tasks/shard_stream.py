@@ -7,8 +7,10 @@ block is there, so the time to the first step does not grow with the number of s
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -19,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from mygpt.errors import UserError
-from mygpt.training.stream import Block, BlockSchedule, failed_file, position_file
+from mygpt.training.stream import Block, BlockSchedule, failed_file, heartbeat_file, position_file
 from tasks.core.report import human_bytes
 from tasks.core.shard_format import flatten_shard
 from tasks.store import ArtifactStore
@@ -27,23 +29,44 @@ from tasks.store import ArtifactStore
 ENV_CACHE_MAX = "WIKI_PIPELINE_CACHE_MAX"
 LOOKAHEAD_BLOCKS = 2  # blocks fetched ahead of the one training reads (within the budget)
 INDEX = "shards.json"
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+HEARTBEAT_SECONDS = 1.0  # how often the fetcher's heartbeat changes (readers allow it far longer)
+POLL = 0.02
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE | re.ASCII)
+_UNITS = " kmgt"
 
 
 def cache_budget() -> int | None:
-    """``$WIKI_PIPELINE_CACHE_MAX`` in bytes (``20G``, ``512M``, ``1.5T``, ``1000000``: powers of 1024), or None
-    (unset or empty: no limit). ``UserError`` naming the variable for anything else."""
+    """``$WIKI_PIPELINE_CACHE_MAX`` in bytes (``20G``, ``512M``, ``1.5T``, ``1000000``: powers of 1024, ASCII
+    digits), or None (unset or empty: no limit). ``UserError`` naming the variable for anything else."""
     raw = os.environ.get(ENV_CACHE_MAX, "")
     if not raw.strip():
         return None
     m = _SIZE_RE.match(raw)
-    value = int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2).lower() or " ")) if m else 0
-    if value <= 0:
+    exact = float(m.group(1)) * 1024 ** _UNITS.index(m.group(2).lower() or " ") if m else 0.0
+    if 0 < exact < 1:
+        raise UserError(
+            f"{ENV_CACHE_MAX}={raw!r} is below one byte: give at least 1 (a number of bytes), or a size with K, M, "
+            f"G or T (powers of 1024), e.g. {ENV_CACHE_MAX}=20G; unset it for no limit"
+        )
+    if exact <= 0:
         raise UserError(
             f"{ENV_CACHE_MAX}={raw!r} is not a size: give a positive number of bytes, or one with K, M, G or T "
             f"(powers of 1024), e.g. {ENV_CACHE_MAX}=20G; unset it for no limit"
         )
-    return value
+    return int(exact)
+
+
+def size_at_least(n: int) -> str:
+    """A value of ``WIKI_PIPELINE_CACHE_MAX`` that :func:`cache_budget` reads as at least ``n`` bytes, short: the
+    largest unit, one decimal, rounded up (a rounded-down figure would advise a value that is still refused)."""
+    for power in range(len(_UNITS) - 1, 0, -1):
+        unit = 1024**power
+        if n >= unit:
+            tenths = math.ceil(n * 10 / unit)
+            while int(tenths / 10 * unit) < n:  # float rounding: the value as cache_budget computes it
+                tenths += 1
+            return f"{tenths / 10:g}{_UNITS[power].upper()}"
+    return str(n)
 
 
 @dataclass(frozen=True)
@@ -61,8 +84,12 @@ class ShardFetcher:
     """Fetches the shards of ``shards/<version>`` that steps ``start_step + 1 .. steps`` read into ``folder``
     (see the module): ``train`` and ``valid`` in index order, the validation split right after the first block
     and never deleted. ``readers`` processes report the block they read (``reading-<rank>``); a file no block from
-    the slowest reader's on needs is deleted when the budget needs the room. A failure is written to
-    ``folder/failed`` (the readers raise it) and kept in :attr:`error`."""
+    the slowest reader's on needs is deleted when the budget needs the room. A file that vanishes (deleted by
+    hand) is brought again while a reader may still need it. Token files left by an earlier run are deleted, never
+    reused: what training reads was checked against the manifest by this fetcher. A failure is written to
+    ``folder/failed`` (the readers raise it) and kept in :attr:`error`; while the fetcher runs, its heartbeat
+    (:func:`mygpt.training.stream.heartbeat_file`) changes, so readers end even where the marker cannot be
+    written."""
 
     def __init__(
         self,
@@ -86,6 +113,8 @@ class ShardFetcher:
         self.fetched: list[str] = []  # the shards this fetcher brought, in order
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shard-fetcher", daemon=True)
+        self._beating = threading.Thread(target=self._beat, name="shard-fetcher-heartbeat", daemon=True)
+        self._positions: dict[int, int] = {}  # each reader's last reported block (a deleted report keeps it)
         self.check_budget()
 
     def size(self, shard: Shard) -> int:
@@ -103,36 +132,62 @@ class ShardFetcher:
             raise UserError(
                 f"{ENV_CACHE_MAX}={os.environ.get(ENV_CACHE_MAX)} ({human_bytes(self.budget)}) cannot hold what "
                 f"training reads at once: {human_bytes(need)} (the validation split and one block of shards"
-                f"{', and one download' if download else ''}); raise it to at least {human_bytes(need)}, or unset it"
+                f"{', and one download' if download else ''}); raise it to at least {size_at_least(need)} "
+                f"({need:,} bytes), or unset it"
             )
 
     # ---- the thread ----------------------------------------------------------------------------------
     def start(self) -> ShardFetcher:
+        """Clear what an earlier run left (its markers and token files: a file is read only once this fetcher
+        has checked it) and start fetching."""
         self.folder.mkdir(parents=True, exist_ok=True)
         for stale in [failed_file(self.folder), *(position_file(self.folder, r) for r in range(self.readers))]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)  # a killed run's: the readers of this run report afresh
+        for leftover in self.folder.glob("*.bin"):
+            leftover.unlink(missing_ok=True)
         self._thread.start()
+        self._beating.start()
         return self
 
     def close(self) -> None:
         """Stop fetching (training ended); raises nothing: :attr:`error` says what failed."""
         self._stop.set()
         self._thread.join()
+        self._beating.join()
         shutil.rmtree(self.folder / ".incoming", ignore_errors=True)
+
+    def _beat(self) -> None:
+        """While the fetcher runs, give its heartbeat a new value every :data:`HEARTBEAT_SECONDS`; once it has
+        failed, stop beating and keep trying to write its ``failed`` marker (the folder may have been deleted)."""
+        count = 0
+        while not self._stop.wait(HEARTBEAT_SECONDS if count else 0):
+            count += 1
+            if self._thread.is_alive():
+                with contextlib.suppress(OSError):
+                    _write_small(heartbeat_file(self.folder), str(count))
+            elif self.error is not None and not os.path.exists(failed_file(self.folder)):
+                self._mark_failed()
+
+    def why(self) -> str:
+        """What stopped the fetcher (:attr:`error`), as its readers and the stage say it."""
+        exc = self.error
+        return str(exc) if isinstance(exc, UserError) else f"fetching the shards failed: {type(exc).__name__}: {exc}"
+
+    def _mark_failed(self) -> None:
+        with contextlib.suppress(OSError):  # the heartbeat, stopped, tells the readers instead
+            _write_small(failed_file(self.folder), self.why() + "\n")
 
     def _reading(self) -> int:
         """The position in :attr:`blocks` of the block the slowest reader reads (0 before it reports)."""
         first = self.blocks[0].index if self.blocks else 0
-        least = None
         for rank in range(self.readers):
             try:
                 with open(position_file(self.folder, rank), encoding="utf-8") as f:
-                    at = int(f.read().strip() or first) - first
+                    self._positions[rank] = max(self._positions.get(rank, 0), int(f.read().strip()) - first)
             except (OSError, ValueError):
-                at = 0
-            least = at if least is None else min(least, at)
-        return max(least or 0, 0)
+                pass  # not yet reported, or deleted: its last report stands
+        return max(min(self._positions.get(r, 0) for r in range(self.readers)), 0) if self.readers else 0
 
     def _order(self) -> list[tuple[int, Shard]]:
         """``(block position, shard)`` in the order training first reads them."""
@@ -143,30 +198,39 @@ class ShardFetcher:
                 order += [(0, s) for s in self.valid]
         return order
 
+    def _next(self, order: list[tuple[int, Shard]], starts: list[int], held: dict[str, int]):
+        """The first ``(block position, shard)`` a reader may still read that is not here, or None: the
+        validation split (always), then the shards of the blocks from the slowest reader's to the last one the
+        lookahead allows."""
+        reading = self._reading()
+        todo = [(reading, s) for s in self.valid] if reading else []
+        lo, hi = bisect.bisect_left(starts, reading), bisect.bisect_right(starts, reading + LOOKAHEAD_BLOCKS)
+        for pos, shard in todo + order[lo:hi]:
+            if shard.flat not in held:
+                return pos, shard
+        return None
+
     def _run(self) -> None:
         try:
-            held = {
-                s.flat: self.size(s)
-                for s in [*self.train, *self.valid]
-                if (self.folder / s.flat).is_file() and (self.folder / s.flat).stat().st_size == self.size(s)
-            }
+            held: dict[str, int] = {}
             keep = {s.flat for s in self.valid}
-            for pos, shard in self._order():
-                if shard.flat in held:
+            order = self._order()
+            starts = [pos for pos, _ in order]
+            while not self._stop.is_set():
+                for name in [n for n in held if not (self.folder / n).is_file()]:
+                    del held[name]  # deleted by hand: brought again if a reader may still need it
+                nxt = self._next(order, starts, held)
+                if nxt is None or not self._room(nxt[0], self._need(nxt[1]), held, keep):
+                    self._stop.wait(POLL)
                     continue
-                need = self.size(shard) + (shard.parquet_bytes if self.store.remote else 0)
-                while not self._room(pos, need, held, keep):
-                    if self._stop.wait(0.02):
-                        return
-                if self._stop.is_set():
-                    return
-                self._fetch(shard)
-                held[shard.flat] = self.size(shard)
+                self._fetch(nxt[1])
+                held[nxt[1].flat] = self.size(nxt[1])
         except BaseException as exc:  # handed to the readers (they raise it) and to the stage
             self.error = exc
-            why = str(exc) if isinstance(exc, UserError) else f"fetching the shards failed: {type(exc).__name__}: {exc}"
-            with contextlib.suppress(OSError):
-                Path(failed_file(self.folder)).write_text(why + "\n", encoding="utf-8")
+            self._mark_failed()
+
+    def _need(self, shard: Shard) -> int:
+        return self.size(shard) + (shard.parquet_bytes if self.store.remote else 0)
 
     def _room(self, pos: int, need: int, held: dict[str, int], keep: set[str]) -> bool:
         """Whether the shard for block position ``pos`` may be fetched now, deleting what no block from the
@@ -183,14 +247,20 @@ class ShardFetcher:
         return sum(held.values()) + need <= self.budget
 
     def _fetch(self, shard: Shard) -> None:
-        incoming = self.folder / ".incoming"
-        local = self.store.fetch_file("shards", self.version, shard.name, incoming, self.manifest)
-        try:
-            flatten_shard(local, self.folder / shard.flat, self.dtype, shard.tokens)
-        finally:
-            if self.store.remote:
-                local.unlink(missing_ok=True)
+        """Bring ``shard`` as its flat token file: flattened from the very bytes checked against the manifest."""
+        data = self.store.fetch_bytes("shards", self.version, shard.name, self.folder / ".incoming", self.manifest)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        flatten_shard(data, self.folder / shard.flat, self.dtype, shard.tokens, name=shard.name)
         self.fetched.append(shard.name)
+
+
+def _write_small(path: str, text: str) -> None:
+    """``text`` into ``path`` by one rename (its folder made again if it was deleted)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{threading.get_ident()}.tmp"  # the fetcher and its heartbeat may both write `failed`
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def open_stream(
@@ -207,12 +277,7 @@ def open_stream(
     global batch size, seq_len), the job's ``stream`` (:class:`mygpt.training.job.TrainJob`), the token dtype,
     and the training and validation token counts. Reads the version's index (``shards.json``) only."""
     manifest = store.get("shards", version).manifest
-    local = store.fetch_file("shards", version, INDEX, folder / ".incoming", manifest)
-    try:
-        index = json.loads(local.read_text(encoding="utf-8"))
-    finally:
-        if store.remote:
-            local.unlink(missing_ok=True)
+    index = json.loads(store.fetch_bytes("shards", version, INDEX, folder / ".incoming", manifest).decode("utf-8"))
     files = manifest["files"]
 
     def shards(split: str) -> list[Shard]:

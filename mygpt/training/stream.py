@@ -23,12 +23,24 @@ from mygpt.errors import UserError
 if TYPE_CHECKING:  # torch comes with it: imported where a stream is read, not by the schedule's users
     from mygpt.training.data import ConcatTokens
 
-__all__ = ["BLOCK_SHARDS", "BlockSchedule", "PendingShard", "ShardStream", "failed_file", "position_file"]
+__all__ = [
+    "BLOCK_SHARDS",
+    "BlockSchedule",
+    "PendingShard",
+    "ShardStream",
+    "failed_file",
+    "heartbeat_file",
+    "position_file",
+]
 
 #: shards per block: the shuffle window (4 shards of the pipeline's default size hold some 40 M tokens)
 BLOCK_SHARDS = 4
 FAILED = "failed"  # in a stream's directory: what the fetcher could not bring (its message), once it gave up
+HEARTBEAT = "fetching"  # in a stream's directory: a counter the fetcher rewrites while it runs
 POLL_SECONDS = 0.02
+#: how long a reader waits for a file while the fetcher's heartbeat does not change before it calls the fetcher
+#: gone: compared with the reader's own clock (never a file's mtime), so a skewed or cached clock cannot trip it
+FETCHER_SILENT_SECONDS = 60.0
 
 
 def position_file(folder: str | os.PathLike, rank: int) -> str:
@@ -38,6 +50,20 @@ def position_file(folder: str | os.PathLike, rank: int) -> str:
 
 def failed_file(folder: str | os.PathLike) -> str:
     return os.path.join(os.fspath(folder), FAILED)
+
+
+def heartbeat_file(folder: str | os.PathLike) -> str:
+    """What the fetcher rewrites (a new counter) every second or so while it runs: a reader waiting for a file
+    whose fetcher has died, unable to say so in :data:`FAILED`, ends instead of waiting for ever."""
+    return os.path.join(os.fspath(folder), HEARTBEAT)
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -132,12 +158,7 @@ class PendingShard:
 
     def open(self) -> np.ndarray:
         if self._array is None:
-            while not os.path.exists(self.path):
-                failed = failed_file(self.folder)
-                if os.path.exists(failed):
-                    with open(failed, encoding="utf-8") as f:
-                        raise UserError(f.read().strip() or f"fetching {self.path} failed")
-                time.sleep(POLL_SECONDS)
+            self._wait()
             size = os.path.getsize(self.path)
             if size != self.tokens * self.dtype.itemsize:
                 raise UserError(
@@ -146,6 +167,24 @@ class PendingShard:
                 )
             self._array = np.memmap(self.path, dtype=self.dtype, mode="r") if self.tokens else np.zeros(0, self.dtype)
         return self._array
+
+    def _wait(self) -> None:
+        """Until the file is there; ``UserError`` with the fetcher's message once it failed, or naming the file
+        once the fetcher's heartbeat has not changed for :data:`FETCHER_SILENT_SECONDS` (it died unheard)."""
+        beat, since = None, time.monotonic()
+        while not os.path.exists(self.path):
+            failed = _read_text(failed_file(self.folder))
+            if failed is not None:
+                raise UserError(failed.strip() or f"fetching {self.path} failed")
+            now, seen = time.monotonic(), _read_text(heartbeat_file(self.folder))
+            if seen != beat:
+                beat, since = seen, now
+            elif now - since > FETCHER_SILENT_SECONDS:
+                raise UserError(
+                    f"token file {self.path} is not there and the shard fetcher that brings it has given no sign "
+                    f"of life for {FETCHER_SILENT_SECONDS:g} s (it stopped; the log says why); rerun the stage"
+                )
+            time.sleep(POLL_SECONDS)
 
     def close(self) -> None:
         """Let go of the mapping (the fetcher may delete the file to keep within its budget)."""
@@ -204,6 +243,7 @@ class ShardStream:
 
 
 def _write_position(path: str, index: int) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)  # the folder may have been deleted: the fetcher brings it back
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(str(index))

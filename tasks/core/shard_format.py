@@ -166,25 +166,38 @@ def materialize_tokens(shards_dir: str | os.PathLike, split: str, dest: str | os
     return np.memmap(dest, dtype=dtype, mode="r", shape=(total,))
 
 
-def _write_flat(path: str | os.PathLike, dtype: np.dtype, f) -> int:
-    """Append the shard ``path``'s ids to the open file ``f`` as flat ``dtype`` (native order); how many."""
+def _write_flat(path, dtype: np.dtype, f) -> int:
+    """Append the shard ``path`` (a path or an open Parquet file)'s ids to the open file ``f`` as flat ``dtype``
+    (native order); how many."""
     import pyarrow.parquet as pq
 
     written = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_TOKENS, columns=[COLUMN]):
+    source = path if isinstance(path, pq.ParquetFile) else pq.ParquetFile(path)
+    for batch in source.iter_batches(batch_size=ROW_GROUP_TOKENS, columns=[COLUMN]):
         arr = batch.column(0).to_numpy(zero_copy_only=False).astype(dtype, copy=False)
         f.write(arr.tobytes())
         written += arr.size
     return written
 
 
-def flatten_shard(path: str | os.PathLike, dest: str | os.PathLike, dtype, tokens: int) -> None:
-    """The shard ``path`` as one flat native-order token file ``dest`` (atomically): how training reads a shard
-    it streams. ``UserError`` when it holds another type or count than its index says."""
+def flatten_shard(
+    shard: str | os.PathLike | bytes, dest: str | os.PathLike, dtype, tokens: int, name: str = ""
+) -> None:
+    """The shard ``shard`` (a path, or its bytes: what was checked is what is read) as one flat native-order token
+    file ``dest`` (atomically): how training reads a shard it streams. ``UserError`` naming ``name`` (default: the
+    path) when it holds another type or count than its index says."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     dtype = np.dtype(dtype)
-    if shard_dtype(path) != dtype:
-        raise UserError(f"{path} has token type {shard_dtype(path)}, its index says {dtype}; rebuild the shards")
+    if isinstance(shard, bytes):
+        source, name = pq.ParquetFile(pa.BufferReader(shard)), name or "the shard"
+    else:
+        source, name = pq.ParquetFile(shard), name or os.fspath(shard)
+    got = np.dtype(source.schema_arrow.field(COLUMN).type.to_pandas_dtype())
+    if got != dtype:
+        raise UserError(f"{name} has token type {got}, its index says {dtype}; rebuild the shards")
     with atomic_open(dest, "wb") as f:
-        written = _write_flat(path, dtype, f)
+        written = _write_flat(source, dtype, f)
         if written != tokens:
-            raise UserError(f"{path} holds {written:,} tokens, its index says {tokens:,}; rebuild the shards")
+            raise UserError(f"{name} holds {written:,} tokens, its index says {tokens:,}; rebuild the shards")

@@ -204,33 +204,60 @@ class Versions:
         sha256 in the manifest before anyone reads it: the published file itself on a directory root, a download
         into ``folder`` on an object store (the caller deletes it once read). ``UserError`` naming the file when
         it does not match (it was changed after publication): training must never read a damaged shard.
-        ``manifest``: the version's, where the caller has it (one read for many files)."""
-        manifest = manifest if manifest is not None else self.get(stage, version).manifest
-        prefix, meta = files_prefix(manifest), manifest["files"].get(rel)
-        if prefix is None or not safe_rel(rel) or not isinstance(meta, dict):
-            raise UserError(f"{self.location(stage, version)}: its manifest does not list {rel!r}")
-        key = f"{self._version_key(stage, version)}/{prefix}{rel}"
+        ``manifest``: the version's, where the caller has it (one read for many files). A reader that must be
+        sure it reads the checked bytes (a directory root's file may change after the check) uses
+        :meth:`fetch_bytes`."""
+        key, meta = self._file_key(stage, version, rel, manifest)
         folder.mkdir(parents=True, exist_ok=True)
         local = self.files.fetch(key, folder / f".{Path(rel).name}.{uuid.uuid4().hex[:8]}.part")
         try:
             size = local.stat().st_size
-            problem = (
-                f"it is {size:,} bytes, the manifest says {meta.get('size'):,}"
-                if size != meta.get("size")
-                else "its sha256 is not the manifest's"
-                if sha256_file(local) != meta.get("sha256")
-                else None
-            )
+            problem = self._mismatch(meta, size, lambda: sha256_file(local))
         except OSError as exc:
             problem = f"it cannot be read ({exc.strerror or exc})"
-        if problem:
+        if problem and self.remote:
+            local.unlink(missing_ok=True)
+        self._refuse(stage, version, key, problem)
+        return local
+
+    def fetch_bytes(self, stage: str, version: str, rel: str, folder: Path, manifest: dict | None = None) -> bytes:
+        """The bytes of the file ``rel`` of the published ``stage/version``, read once and checked against its
+        size and sha256 in the manifest (see :meth:`fetch_file`): what the caller gets is exactly what was
+        hashed, so a change to the file after the check cannot reach it. ``folder``: where an object store's
+        download goes (deleted here)."""
+        key, meta = self._file_key(stage, version, rel, manifest)
+        folder.mkdir(parents=True, exist_ok=True)
+        local = self.files.fetch(key, folder / f".{Path(rel).name}.{uuid.uuid4().hex[:8]}.part")
+        try:
+            data = local.read_bytes()
+            problem = self._mismatch(meta, len(data), lambda: hashlib.sha256(data).hexdigest())
+        except OSError as exc:
+            data, problem = b"", f"it cannot be read ({exc.strerror or exc})"
+        finally:
             if self.remote:
                 local.unlink(missing_ok=True)
+        self._refuse(stage, version, key, problem)
+        return data
+
+    def _file_key(self, stage: str, version: str, rel: str, manifest: dict | None) -> tuple[str, dict]:
+        manifest = manifest if manifest is not None else self.get(stage, version).manifest
+        prefix, meta = files_prefix(manifest), manifest["files"].get(rel)
+        if prefix is None or not safe_rel(rel) or not isinstance(meta, dict):
+            raise UserError(f"{self.location(stage, version)}: its manifest does not list {rel!r}")
+        return f"{self._version_key(stage, version)}/{prefix}{rel}", meta
+
+    @staticmethod
+    def _mismatch(meta: dict, size: int, sha256) -> str | None:
+        if size != meta.get("size"):
+            return f"it is {size:,} bytes, the manifest says {meta.get('size'):,}"
+        return "its sha256 is not the manifest's" if sha256() != meta.get("sha256") else None
+
+    def _refuse(self, stage: str, version: str, key: str, problem: str | None) -> None:
+        if problem:
             raise UserError(
                 f"{self.files.where(key)} does not match the manifest of {stage}/{version} ({problem}): it was "
                 f"changed after publication; rerun with force for {stage} to rebuild it"
             )
-        return local
 
     def local_copy(self, stage: str, version: str, full: bool = False) -> Path:
         """A local directory holding ``stage/version`` for a build to read (see :meth:`Files.local_copy`)."""

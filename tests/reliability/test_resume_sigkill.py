@@ -1,5 +1,6 @@
 """SIGKILL `wiki-pipeline run` after training's step-10 checkpoint (a test hook holds it there): the rerun reuses the
-finished stages, resumes from step 10 and ends bit-identical to an uninterrupted run."""
+finished stages, resumes from step 10 and ends bit-identical to an uninterrupted run, even with the token files
+the killed run left changed behind its back."""
 
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ def test_sigkill_mid_training_then_rerun_resumes_bit_identical(prefect_server, t
     env = {**prefect_server.env, PIPELINE_STALL_ENV: "1"}
     ckpt = _kill_after_first_checkpoint(cmd, env, killed_root, tmp_path / "killed.log")
     assert ckpt.is_file() and not list(killed_root.glob("model/*/model.ckpt")), "killed before publishing"
+    tokens = list(killed_root.glob("model/.staging/*/work/tokens/*.bin"))
+    assert tokens, "the killed run left its token files"
+    for p in tokens:  # changed after the kill, same size: the rerun must not train on them
+        p.write_bytes(bytes(p.stat().st_size))
 
     monkeypatch.delenv(PIPELINE_STALL_ENV, raising=False)
     caplog.set_level(logging.INFO)

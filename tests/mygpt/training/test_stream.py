@@ -13,8 +13,16 @@ import pytest
 import torch
 
 from mygpt import GPT, CharTokenizer, TrainConfig, UserError
+from mygpt.training import stream as stream_mod
 from mygpt.training.data import ConcatTokens, get_batch
-from mygpt.training.stream import BLOCK_SHARDS, BlockSchedule, ShardStream, failed_file, position_file
+from mygpt.training.stream import (
+    BLOCK_SHARDS,
+    BlockSchedule,
+    ShardStream,
+    failed_file,
+    heartbeat_file,
+    position_file,
+)
 from mygpt.training.train import train
 from tests.support.tiny_model import TINY_MODEL, TINY_TRAIN
 
@@ -104,6 +112,29 @@ def test_a_reader_waiting_for_a_shard_gets_the_fetcher_s_error(tmp_path):
     threading.Timer(0.1, lambda: open(failed_file(tmp_path), "w").write("shard x is damaged\n")).start()
     with pytest.raises(UserError, match="shard x is damaged"):
         stream.batch(1, 2, 8, torch.Generator().manual_seed(0), "cpu", None, 0)
+
+
+def test_a_reader_waits_while_the_fetcher_beats_and_names_the_file_once_it_falls_silent(tmp_path, monkeypatch):
+    monkeypatch.setattr(stream_mod, "FETCHER_SILENT_SECONDS", 0.3)
+    arrays = _shards(1)
+    path = tmp_path / "train-00000.bin"
+    stop = threading.Event()
+
+    def fetcher() -> None:  # beats for longer than the silence allowed, then brings the file
+        for beat in range(40):
+            with open(heartbeat_file(tmp_path), "w") as f:
+                f.write(str(beat))
+            time.sleep(0.02)
+        arrays[0].tofile(tmp_path / ".tmp")
+        os.replace(tmp_path / ".tmp", path)
+        stop.set()
+
+    threading.Thread(target=fetcher, daemon=True).start()
+    stream = ShardStream([[str(path), len(arrays[0])]], "uint16", str(tmp_path))
+    assert np.array_equal(stream[0:10], arrays[0][:10]) and stop.is_set()
+    silent = ShardStream([[str(tmp_path / "train-00001.bin"), 100]], "uint16", str(tmp_path))
+    with pytest.raises(UserError, match=r"token file .*train-00001\.bin is not there and the shard fetcher .* no sign"):
+        silent[0:10]
 
 
 class Stop(Exception):

@@ -123,3 +123,6 @@ def test_fetch_file_hands_out_a_checked_file_and_refuses_one_changed_since(tmp_p
         store.fetch_file("corpus", version, "y.bin", tmp_path / "in")
     with pytest.raises(UserError, match=r"its manifest does not list 'z\.bin'"):
         store.fetch_file("corpus", version, "z.bin", tmp_path / "in")
+    assert store.fetch_bytes("corpus", version, "x.bin", tmp_path / "in") == b"0123456789"
+    with pytest.raises(UserError, match=r"y\.bin does not match the manifest of corpus/a1b2c3d4e5f6 \(its sha256"):
+        store.fetch_bytes("corpus", version, "y.bin", tmp_path / "in")
