@@ -20,7 +20,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def source_urls(groups: Mapping[str, Any]) -> dict[str, str]:
     """What the stages read from outside the store, ``{"group.field": url}``: the corpus's ``source_url`` and a
     pretrained tokenizer's ``source`` (a path as its ``file://`` URL)."""
-    from tasks.pretrained_tokenizer import source_url
+    from tasks.sources.pretrained_tokenizer import source_url
 
     found = {f"{name}.source_url": g.source_url for name, g in groups.items() if hasattr(g, "source_url")}
     tokenizer_source = getattr(groups.get("tokenizer"), "source", None)

@@ -1,6 +1,6 @@
 """Stage ``model`` (task ``train_model``): the shards + the tokenizer -> ``model/<version>/model.ckpt``.
 
-The token shards are streamed (:mod:`tasks.shard_stream`): fetched one by one, in the order training reads them,
+The token shards are streamed (:mod:`tasks.core.shard_stream`): fetched one by one, in the order training reads them,
 into flat token files in the build's work directory and memory-mapped; training starts once its first block of
 shards is there. Training (:func:`mygpt.training.launcher.run_training`, ``nproc`` processes) checkpoints to
 ``work/train.ckpt``, which survives a crash, so a rerun of the same version resumes from it. Published:
@@ -32,8 +32,8 @@ from mygpt.options import Option, options
 from mygpt.training.config import TrainConfig
 from tasks.core.report import Markdown, line_chart, md_code, md_row, md_text, number, summary_table
 from tasks.core.settings import DeviceSettings, Seed
+from tasks.core.shard_stream import cache_budget, open_stream
 from tasks.core.stage import BuildContext, Stage, stage_task
-from tasks.shard_stream import cache_budget, open_stream
 from tasks.tokenizer import load_tokenizer
 
 CHECKPOINT = "train.ckpt"  # in ctx.work: the resume checkpoint
@@ -223,7 +223,7 @@ def _checkpoint_step(path: Path, log) -> int:
 
 
 def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokenizer: Path) -> dict:
-    """Train mygpt on the shards, streamed (:mod:`tasks.shard_stream`; ``shards`` is never copied whole), with
+    """Train mygpt on the shards, streamed (:mod:`tasks.core.shard_stream`; ``shards`` is never copied whole), with
     ``nproc`` processes (resuming from the work directory's checkpoint) and publish it."""
     # torch's TorchInductor cache goes to the user's cache folder, not TMPDIR (where torch would leave a
     # torchinductor_<user> folder behind on every build); this process's training ranks inherit it

@@ -6,7 +6,7 @@ stage's chunks), then the merges learnt from the table -- exactly ``BPETokenizer
 (docs/STAGES.md). ``kind=byte``: the byte-level BPE of GPT-2 (``pattern`` gpt2 or gpt4), exactly
 ``ByteBPETokenizer.train(slice, 256 + num_merges + 1)`` with ``<|endoftext|>`` as its one special token.
 ``kind=pretrained``: no training, an existing byte-level BPE ``tokenizer.json`` from ``source``, versioned by its
-sha256 (:mod:`tasks.pretrained_tokenizer`); the later stages treat it as the byte kind.
+sha256 (:mod:`tasks.sources.pretrained_tokenizer`); the later stages treat it as the byte kind.
 Publishes ``tokenizer.json`` (:func:`load_tokenizer` reads any kind) and ``stats.json``.
 """
 
@@ -34,7 +34,7 @@ from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.core.urls import stored_url
 from tasks.corpus import ARTICLE_FILES, SPLIT_FILES
-from tasks.pretrained_tokenizer import build_pretrained, check_source, pretrained_source
+from tasks.sources.pretrained_tokenizer import build_pretrained, check_source, pretrained_source
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 FIRST_MERGES = 30
@@ -128,7 +128,7 @@ class TokenizerSettings(Settings):
 
 def source_identity(settings: TokenizerSettings, store, log) -> dict | None:
     """``Stage.source``: the identity of a pretrained kind's file
-    (:func:`tasks.pretrained_tokenizer.pretrained_source`), None for the trained kinds."""
+    (:func:`tasks.sources.pretrained_tokenizer.pretrained_source`), None for the trained kinds."""
     return pretrained_source(settings, store, log, STAGE)
 
 

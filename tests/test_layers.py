@@ -54,3 +54,13 @@ def test_importing_the_library_loads_no_torch_and_no_prefect(statement):
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_file_directly_in_tasks_is_a_stage_or_the_registry():
+    """docs/ARCHITECTURE.md's rule: a module directly in ``tasks/`` is a registered stage (or the registry);
+    anything a stage stands on lives in a room (a folder) of ``tasks/``."""
+    from tasks.registry import NAMES
+
+    allowed = {"__init__", "registry", *NAMES}
+    loose = sorted(p.name for p in (REPO / "tasks").glob("*.py") if p.stem not in allowed)
+    assert not loose, f"move {loose} into a room of tasks/ (core/, store/, wikitext/, sources/)"

@@ -101,7 +101,7 @@ def test_report_has_a_readable_loss_curve_and_summary(upstream, trained):
 def test_train_streams_memory_mapped_shards_of_all_splits(upstream, tmp_path):
     from mygpt.training.stream import ShardStream
     from tasks.core.shard_format import read_shard, shard_paths
-    from tasks.shard_stream import open_stream
+    from tasks.core.shard_stream import open_stream
 
     root, _, _, shards = upstream
     store, folder = open_store(root), Path(shards["path"])

@@ -11,9 +11,9 @@ import pytest
 
 from mygpt.errors import UserError
 from mygpt.training.stream import BLOCK_SHARDS, BlockSchedule
+from tasks.core.shard_stream import ENV_CACHE_MAX, LOOKAHEAD_BLOCKS, cache_budget
 from tasks.core.stage import BuildContext
 from tasks.registry import open_store
-from tasks.shard_stream import ENV_CACHE_MAX, LOOKAHEAD_BLOCKS, cache_budget
 from tasks.store.files import files_prefix
 from tests.support import stages
 from tests.support.tiny import TINY, tiny_zip_url

@@ -18,8 +18,8 @@ from mygpt.training import stream as stream_mod
 from mygpt.training.stream import ShardStream
 from tasks import model as train_stage
 from tasks.core.shard_format import read_shard, shard_paths, write_shard
+from tasks.core.shard_stream import ENV_CACHE_MAX, ShardFetcher, cache_budget, open_stream, size_at_least
 from tasks.registry import open_store
-from tasks.shard_stream import ENV_CACHE_MAX, ShardFetcher, cache_budget, open_stream, size_at_least
 
 HANG = 120  # a guard only: a read that has not ended by then never will (the old code waited for ever)
 
@@ -145,7 +145,7 @@ def test_a_resumed_run_brings_its_token_files_again_instead_of_trusting_what_was
 def test_a_shard_changed_after_its_check_on_a_directory_root_is_not_read(upstream, tmp_path, monkeypatch):
     """What is flattened is the bytes that were hashed: a change to the published file between the check and
     the read (a directory root hands out the file itself) cannot reach training."""
-    import tasks.shard_stream as shard_stream
+    import tasks.core.shard_stream as shard_stream
 
     root, _, _, shards = upstream
     art = tmp_path / "art"
