@@ -237,14 +237,14 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                 def emit(ids: np.ndarray, next_chunk, next_skip, stats_before: EncodeStats) -> None:
                     nonlocal index, offset
                     spath = ctx.out / shard_format.shard_name(split, index)  # noqa: B023 (called in this split's loop)
-                    nbytes = shard_format.write_shard(spath, ids)
+                    written = shard_format.write_shard(spath, ids)
                     srec["shards"].append(  # noqa: B023
                         {
                             "index": index,
                             "tokens": int(ids.size),
                             "first_token": offset,
-                            "size": nbytes,
-                            "sha256": sha256_file(spath),
+                            "size": written.size,
+                            "sha256": written.sha256,
                             "next_chunk": next_chunk,
                             "skip": next_skip,
                             "stats": stats_before.to_dict(),

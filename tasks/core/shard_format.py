@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-from mygpt.atomic import atomic_open
+from mygpt.atomic import atomic_open, atomic_write_bytes
 from mygpt.errors import UserError
 
 SPLITS = ("train", "valid", "test")
@@ -70,8 +72,15 @@ def shard_name(split: str, index: int) -> str:
     return SHARD_NAME.format(split=split, index=index)
 
 
-def write_shard(path: str | os.PathLike, ids: np.ndarray) -> int:
-    """Write ``ids`` as one shard, atomically; its size. The bytes depend only on ``ids`` (and pyarrow)."""
+class WrittenShard(NamedTuple):
+    size: int
+    sha256: str
+
+
+def shard_bytes(ids: np.ndarray) -> bytes:
+    """The Parquet file of ``ids`` (a 1-D uint16 or uint32 array) as bytes: they depend only on ``ids`` (and
+    pyarrow). The column is made from ``ids``'s buffer as it is: ``pa.array`` on a numpy array would import pandas
+    (seconds in a fresh process) only to ask whether it was handed a pandas object."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -79,17 +88,25 @@ def write_shard(path: str | os.PathLike, ids: np.ndarray) -> int:
     if ids.ndim != 1:
         raise ValueError(f"a shard holds a 1-D array of token ids, got shape {ids.shape}")
     schema = pa.schema([pa.field(COLUMN, arrow_type(ids.dtype), nullable=False)])
-    table = pa.Table.from_arrays([pa.array(ids, type=schema.field(0).type)], schema=schema)
-    with atomic_open(path, "wb") as f:
-        pq.write_table(
-            table,
-            f,
-            compression=COMPRESSION,
-            use_dictionary=True,
-            row_group_size=ROW_GROUP_TOKENS,
-            write_statistics=True,
-        )
-    return os.path.getsize(path)
+    column = pa.Array.from_buffers(schema.field(0).type, ids.size, [None, pa.py_buffer(ids)])
+    sink = pa.BufferOutputStream()
+    pq.write_table(
+        pa.Table.from_arrays([column], schema=schema),
+        sink,
+        compression=COMPRESSION,
+        use_dictionary=True,
+        row_group_size=ROW_GROUP_TOKENS,
+        write_statistics=True,
+    )
+    return sink.getvalue().to_pybytes()
+
+
+def write_shard(path: str | os.PathLike, ids: np.ndarray) -> WrittenShard:
+    """Write ``ids`` as one shard, atomically; its size and sha256, from the bytes written (the file is not read
+    back to hash it)."""
+    data = shard_bytes(ids)
+    atomic_write_bytes(path, data)
+    return WrittenShard(len(data), hashlib.sha256(data).hexdigest())
 
 
 def shard_tokens_in(path: str | os.PathLike) -> int:

@@ -273,6 +273,58 @@ def test_write_read_uint32_shard(tmp_path):
     assert SF.dtype_for_vocab(65536) == np.uint16 and SF.dtype_for_vocab(65537) == np.uint32
 
 
+def test_write_shard_bytes_and_digest_match_plain_pyarrow(tmp_path):
+    """The shard built from the ids' buffer is the file pyarrow writes from ``pa.array`` with the documented
+    options, and the size and sha256 it reports are the file's."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mygpt.atomic import sha256_file
+
+    rng = np.random.default_rng(3)
+    cases = [
+        np.zeros(0, np.uint16),
+        rng.integers(0, 1164, SF.ROW_GROUP_TOKENS + 12_345).astype(np.uint16),
+        rng.integers(0, 1164, 2 * 50_001).astype(np.uint16)[::2],  # a strided view
+        rng.integers(0, 2**20, 70_000).astype(np.uint32),
+    ]
+    for i, ids in enumerate(cases):
+        path = tmp_path / f"train-{i:05d}.parquet"
+        written = SF.write_shard(path, ids)
+        schema = pa.schema([pa.field(SF.COLUMN, SF.arrow_type(ids.dtype), nullable=False)])
+        plain = io.BytesIO()
+        pq.write_table(
+            pa.Table.from_arrays([pa.array(ids, type=schema.field(0).type)], schema=schema),
+            plain,
+            compression=SF.COMPRESSION,
+            use_dictionary=True,
+            row_group_size=SF.ROW_GROUP_TOKENS,
+            write_statistics=True,
+        )
+        assert path.read_bytes() == plain.getvalue()
+        assert (written.size, written.sha256) == (path.stat().st_size, sha256_file(path))
+        assert np.array_equal(SF.read_shard(path), ids)
+
+
+def test_write_shard_does_not_import_pandas(tmp_path):
+    """Writing a shard in a fresh process leaves pandas unimported (pyarrow would import it to inspect a numpy
+    array, seconds spent in the shards stage for nothing)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from tasks.core import shard_format as SF\n"
+        f"SF.write_shard({str(tmp_path / 'train-00000.parquet')!r}, np.arange(1000, dtype=np.uint16))\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    assert SF.read_shard(tmp_path / "train-00000.parquet").tolist() == list(range(1000))
+
+
 def test_shard_paths_reports_a_gap(tmp_path):
     SF.write_shard(tmp_path / "train-00000.parquet", np.arange(3, dtype=np.uint16))
     SF.write_shard(tmp_path / "train-00002.parquet", np.arange(3, dtype=np.uint16))
