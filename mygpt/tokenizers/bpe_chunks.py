@@ -147,8 +147,8 @@ def encode_chunk(
     caller that spreads the chunks over processes or machines (the pipeline does, on Dask); the tokenizer's
     word cache carries over from one call to the next in the same process. ``opener``: see :func:`read_chunk`.
     A byte-level BPE encodes every character (``unk_policy`` has nothing to do); ``ends``: the file offsets in
-    ``start < e <= end`` where a document ends (``<|endoftext|>`` follows there): the text between is encoded
-    document by document, as each document alone encodes."""
+    ``start < e <= end`` where a document ends (``<|endoftext|>`` follows there): each document gets the ids it
+    has alone (the chunk is encoded in one pass, ``ByteBPETokenizer.encode_documents``)."""
     if getattr(tokenizer, "kind", "bpe") == "byte":
         return _encode_documents(tokenizer, read_chunk(path, start, end, opener), start, ends)
     if ends:
@@ -172,17 +172,14 @@ def _encode_documents(tokenizer, text: str, start: int, ends: Sequence[int]) -> 
     """A byte-level BPE's ids of a chunk at file offset ``start``, ``<|endoftext|>`` after each document end (file
     offsets, turned into the chunk's character offsets here); the chunk is encoded in one pass
     (``ByteBPETokenizer.encode_documents``), each document's ids as it alone encodes."""
-    if not ends:
-        ids = tokenizer.encode_array(text, threads=1)
-    else:
-        at = np.asarray(ends, dtype=np.int64) - start
+    at = np.asarray(ends, dtype=np.int64) - start
+    if at.size and not text.isascii():  # a byte offset is ahead of its character by the continuation bytes before it
         data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-        if data.size != len(text):  # not ASCII: a byte offset is ahead of its character by the continuation bytes
-            inside = np.flatnonzero((data & 0xC0) == 0x80)
-            if np.isin(at, inside).any():
-                raise UserError(f"a document end lies inside a UTF-8 character in bytes {start:,}.. of the corpus")
-            at = at - np.searchsorted(inside, at)
-        ids = tokenizer.encode_documents(text, at)
+        inside = np.flatnonzero((data & 0xC0) == 0x80)
+        if np.isin(at, inside).any():
+            raise UserError(f"a document end lies inside a UTF-8 character in bytes {start:,}.. of the corpus")
+        at = at - np.searchsorted(inside, at)
+    ids = tokenizer.encode_documents(text, at)
     return ids, EncodeStats(chars=len(text), tokens=int(ids.size))
 
 

@@ -7,7 +7,9 @@ vocabulary) and ``decode(encode(text)) == text``.
 Encoding runs on Hugging Face ``tokenizers`` loading this tokenizer's own ``tokenizer.json``
 (:func:`mygpt.tokenizers.byte_bpe_files.hf_tokenizer`): for a merge list its BPE is the reference's rule, merge the
 lowest-ranked pair first, and the tests prove the ids equal on real text. With the GPT-2 pattern the pre-tokens
-are found in numpy and HF encodes each distinct one once (HF's own regex split is the slow part of its encoder).
+are found in numpy and HF encodes each distinct one once (HF's own regex split is the slow part of its encoder);
+a text of many documents (a chunk of the shards stage) is encoded in one pass, its pre-tokens looked up in a table
+kept between texts (:class:`PretokenIds`), each document's ids still those it has alone.
 Specials are cut out here, never by HF (its added-token matching is switched off), so ``<|endoftext|>`` in a
 user's text is ordinary bytes unless the caller allows specials.
 """

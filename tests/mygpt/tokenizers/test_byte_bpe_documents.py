@@ -156,5 +156,7 @@ def test_a_chunk_with_byte_offsets_in_non_ascii_text_equals_its_documents(toks, 
             expected += [*tok.encode_array(path.read_bytes()[a:b].decode("utf-8")).tolist(), tok.special_ids[EOT]]
         expected += tok.encode_array(path.read_bytes()[ends[-1] :].decode("utf-8")).tolist()
         assert ids.tolist() == expected and stats.tokens == len(expected) and stats.chars == len(text)
+        whole, _ = encode_chunk(tok, path, 5, 5 + len(data))  # a chunk in which no document ends
+        assert whole.tolist() == tok.encode_array(text).tolist()
         with pytest.raises(UserError, match="inside a UTF-8 character"):
             encode_chunk(tok, path, 5, 5 + len(data), ends=[5 + 1])  # "Ü" is two bytes
