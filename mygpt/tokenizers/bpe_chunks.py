@@ -19,7 +19,6 @@ import regex
 from mygpt.errors import UserError, check_int
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 from mygpt.tokenizers.bpe_words import SAFE_CUT_RE
-from mygpt.tokenizers.byte_bpe import id_dtype
 
 
 def _not_utf8(path, offset: int) -> UserError:
@@ -148,8 +147,8 @@ def encode_chunk(
     caller that spreads the chunks over processes or machines (the pipeline does, on Dask); the tokenizer's
     word cache carries over from one call to the next in the same process. ``opener``: see :func:`read_chunk`.
     A byte-level BPE encodes every character (``unk_policy`` has nothing to do); ``ends``: the file offsets in
-    ``start < e <= end`` where a document ends (``<|endoftext|>`` follows there): the text between is encoded
-    document by document, as each document alone encodes."""
+    ``start < e <= end`` where a document ends (``<|endoftext|>`` follows there): each document gets the ids it
+    has alone (the chunk is encoded in one pass, ``ByteBPETokenizer.encode_documents``)."""
     if getattr(tokenizer, "kind", "bpe") == "byte":
         return _encode_documents(tokenizer, read_chunk(path, start, end, opener), start, ends)
     if ends:
@@ -170,20 +169,17 @@ def _encode_bytes(enc, f, path, start: int, end: int, unk_policy: str) -> tuple[
 
 
 def _encode_documents(tokenizer, text: str, start: int, ends: Sequence[int]) -> tuple[np.ndarray, EncodeStats]:
-    """A byte-level BPE's ids of a chunk at file offset ``start``, ``<|endoftext|>`` after each document end."""
-    if not ends:
-        ids = tokenizer.encode_array(text, threads=1)
-    else:
-        data = text.encode("utf-8")
-        eot: np.ndarray = np.asarray([tokenizer.special_ids["<|endoftext|>"]], dtype=id_dtype(tokenizer.vocab_size))
-        parts: list[np.ndarray] = []
-        at = 0
-        for e in (int(x) - start for x in ends):
-            parts += [tokenizer.encode_array(data[at:e].decode("utf-8"), threads=1), eot]
-            at = e
-        if at < len(data):
-            parts.append(tokenizer.encode_array(data[at:].decode("utf-8"), threads=1))
-        ids = np.concatenate(parts)
+    """A byte-level BPE's ids of a chunk at file offset ``start``, ``<|endoftext|>`` after each document end (file
+    offsets, turned into the chunk's character offsets here); the chunk is encoded in one pass
+    (``ByteBPETokenizer.encode_documents``), each document's ids as it alone encodes."""
+    at = np.asarray(ends, dtype=np.int64) - start
+    if at.size and not text.isascii():  # a byte offset is ahead of its character by the continuation bytes before it
+        data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        inside = np.flatnonzero((data & 0xC0) == 0x80)
+        if np.isin(at, inside).any():
+            raise UserError(f"a document end lies inside a UTF-8 character in bytes {start:,}.. of the corpus")
+        at = at - np.searchsorted(inside, at)
+    ids = tokenizer.encode_documents(text, at)
     return ids, EncodeStats(chars=len(text), tokens=int(ids.size))
 
 

@@ -197,10 +197,14 @@ class WordTable:
     def __len__(self) -> int:
         return len(self.words)
 
-    def slots(self, text: str) -> np.ndarray:
-        """The slot of each word of ``text`` (``WORD_RE.findall`` order); new words get the next free slots."""
-        cps = code_points(text)
-        starts, lens = self._spans(cps)
+    def slots(
+        self, text: str, cps: np.ndarray | None = None, spans: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> np.ndarray:
+        """The slot of each word of ``text`` (``WORD_RE.findall`` order); new words get the next free slots.
+        ``cps`` and ``spans``: the text's code points and its words' ``(starts, lengths)`` where the caller has
+        them (default: found here, ``spans`` by the table's own rule)."""
+        cps = code_points(text) if cps is None else cps
+        starts, lens = self._spans(cps) if spans is None else spans
         if not starts.size:
             return starts
         h = word_hashes(cps, starts, lens)

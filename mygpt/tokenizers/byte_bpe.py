@@ -7,7 +7,9 @@ vocabulary) and ``decode(encode(text)) == text``.
 Encoding runs on Hugging Face ``tokenizers`` loading this tokenizer's own ``tokenizer.json``
 (:func:`mygpt.tokenizers.byte_bpe_files.hf_tokenizer`): for a merge list its BPE is the reference's rule, merge the
 lowest-ranked pair first, and the tests prove the ids equal on real text. With the GPT-2 pattern the pre-tokens
-are found in numpy and HF encodes each distinct one once (HF's own regex split is the slow part of its encoder).
+are found in numpy and HF encodes each distinct one once (HF's own regex split is the slow part of its encoder);
+a text of many documents (a chunk of the shards stage) is encoded in one pass, its pre-tokens looked up in a table
+kept between texts (:class:`PretokenIds`), each document's ids still those it has alone.
 Specials are cut out here, never by HF (its added-token matching is switched off), so ``<|endoftext|>`` in a
 user's text is ordinary bytes unless the caller allows specials.
 """
@@ -18,6 +20,7 @@ import dataclasses
 import functools
 import itertools
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -29,7 +32,15 @@ from mygpt.tokenizers.byte_bpe_reference import PATTERNS, split_specials
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-__all__ = ["DEFAULT_SPECIALS", "ByteBPETokenizer", "check_pretokens", "check_text", "encode_with", "id_dtype"]
+__all__ = [
+    "DEFAULT_SPECIALS",
+    "ByteBPETokenizer",
+    "PretokenIds",
+    "check_pretokens",
+    "check_text",
+    "encode_with",
+    "id_dtype",
+]
 
 DEFAULT_SPECIALS = ("<|endoftext|>",)
 #: How many pieces one ``encode_batch_fast`` call gets (bounds the memory of HF's encodings).
@@ -130,6 +141,85 @@ def _encode_gpt2_piece(
     out_starts = np.cumsum(out_lens) - out_lens
     src = np.repeat((np.cumsum(lens) - lens)[group] - out_starts, out_lens) + np.arange(total)
     return flat[src]
+
+
+class PretokenIds:
+    """The ids of each distinct GPT-2 pre-token met so far, for texts cut into documents (:meth:`documents`).
+
+    Pre-tokens are found by hash in a :class:`~mygpt.tokenizers.bpe_words.WordTable` (checked character by
+    character: a collision costs time, never a wrong id), each new one encoded once by ``hf``'s BPE model, and a
+    text's ids gathered from the table in numpy. Why: a corpus's documents share most pre-tokens, so after the
+    first chunks the work per text is a few array passes, not a step per document or per distinct pre-token.
+    Emptied past :data:`CACHE_PRETOKENS`; one lock, so threads may share it."""
+
+    def __init__(self, hf: Tokenizer, dtype: type) -> None:
+        self._hf, self._dtype = hf, dtype
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        from mygpt.tokenizers.bpe_words import WordTable
+
+        self._table = WordTable()
+        # slot -> its ids at _flat[_start[slot]:][:_len[slot]]
+        self._flat: np.ndarray = np.zeros(1 << 16, dtype=self._dtype)
+        self._start = np.zeros(0, dtype=np.int64)
+        self._len = np.zeros(0, dtype=np.int64)
+
+    def documents(self, text: str, ends: np.ndarray, eot: int) -> np.ndarray | None:
+        """The ids of ``text`` with ``eot`` after each document end (``ends``: sorted character offsets, an offset
+        twice for an empty document): each document's ids are its ids alone. ``None`` where a pre-token may be
+        longer than :data:`~mygpt.tokenizers.byte_bpe_pretokens.MAX_PRETOKEN_BYTES` (the caller encodes document by
+        document, which refuses it or encodes it)."""
+        from mygpt.tokenizers.bpe_words import code_points
+        from mygpt.tokenizers.byte_bpe_pretokens import MAX_PRETOKEN_BYTES, piece_bounds, pretoken_spans
+
+        parts: list[np.ndarray] = []
+        at_token: list[np.ndarray] = [np.zeros(int(np.searchsorted(ends, 0, "right")), dtype=np.int64)]
+        base = 0
+        for s, e in piece_bounds(text) if text else ():
+            lo, hi = np.searchsorted(ends, [s, e], "right")
+            bounds = ends[lo:hi] - s
+            piece = text[s:e]
+            cps = code_points(piece)
+            starts, lens = pretoken_spans(cps, bounds)
+            if lens.size and int(lens.max()) * 4 > MAX_PRETOKEN_BYTES:
+                return None
+            ids, out_lens = self._ids(piece, cps, starts, lens)
+            before = np.zeros(len(out_lens) + 1, dtype=np.int64)
+            np.cumsum(out_lens, out=before[1:])
+            at_token.append(base + before[np.searchsorted(starts, bounds, "left")])
+            parts.append(ids)
+            base += ids.size
+        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=self._dtype)
+        return np.insert(ids, np.concatenate(at_token), np.asarray(eot, dtype=self._dtype))
+
+    def _ids(self, piece: str, cps: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, ids per pre-token)`` of the pre-tokens ``starts``/``lens`` of ``piece``."""
+        with self._lock:
+            if len(self._table) > CACHE_PRETOKENS:
+                self._reset()
+            known = len(self._table)
+            slots = self._table.slots(piece, cps, (starts, lens))
+            if len(self._table) > known:
+                self._add(self._table.words[known:])
+            out_lens = self._len[slots]
+            total = int(out_lens.sum())
+            out_starts = np.cumsum(out_lens) - out_lens
+            src = np.repeat(self._start[slots] - out_starts, out_lens) + np.arange(total)
+            return self._flat[src], out_lens
+
+    def _add(self, words: list[str]) -> None:
+        tokenize, to_byte_chars = self._hf.model.tokenize, _byte_chars()
+        lists = [[x.id for x in tokenize(w.encode("utf-8").decode("latin-1").translate(to_byte_chars))] for w in words]
+        lens = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        used = int(self._start[-1] + self._len[-1]) if self._len.size else 0
+        end = used + int(lens.sum())
+        if end > self._flat.size:
+            self._flat = np.resize(self._flat, max(end, 2 * self._flat.size))
+        self._flat[used:end] = np.fromiter(itertools.chain.from_iterable(lists), dtype=self._dtype, count=end - used)
+        self._start = np.append(self._start, used + np.cumsum(lens) - lens)
+        self._len = np.append(self._len, lens)
 
 
 def check_pretokens(text: str, specials: Iterable[str], pattern: str, what: str) -> None:
@@ -269,6 +359,33 @@ class ByteBPETokenizer:
             cache=cache,
             threads=threads,
         )
+
+    @functools.cached_property
+    def _document_ids(self) -> PretokenIds:
+        return PretokenIds(self._hf, id_dtype(self.vocab_size))
+
+    def encode_documents(self, text: str, ends: Sequence[int]) -> np.ndarray:
+        """The ids of ``text`` with ``<|endoftext|>`` after each document end (``ends``: sorted character offsets in
+        ``0..len(text)``; an offset twice: an empty document), equal to encoding each document alone
+        (:meth:`encode_array`, specials as ordinary bytes) and joining them with the special's id; the text after
+        the last end is a document without one. With the GPT-2 pattern the text is encoded in one pass
+        (:class:`PretokenIds`), not document by document."""
+        check_text(text, "text to encode")
+        at = np.asarray(ends, dtype=np.int64)
+        if at.size and (at[0] < 0 or at[-1] > len(text) or (np.diff(at) < 0).any()):
+            raise UserError(f"document ends must be sorted offsets in 0..{len(text):,}, got {at[:10].tolist()}...")
+        eot = self.special_ids["<|endoftext|>"]
+        ids = self._document_ids.documents(text, at, eot) if self.pattern == "gpt2" else None
+        if ids is not None:
+            return ids
+        dtype = id_dtype(self.vocab_size)
+        parts: list[np.ndarray] = []
+        for a, b in zip([0, *at.tolist()], at.tolist()):
+            parts += [self.encode_array(text[a:b], threads=1), np.asarray([eot], dtype=dtype)]
+        tail = int(at[-1]) if at.size else 0
+        if tail < len(text):
+            parts.append(self.encode_array(text[tail:], threads=1))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
     def encode(self, text: str):
         """The ids of ``text`` as a ``torch.long`` tensor, specials as ordinary bytes (the model-facing form every

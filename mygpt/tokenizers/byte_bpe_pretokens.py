@@ -114,13 +114,25 @@ def piece_bounds(text: str, size: int = PIECE_CHARS) -> Iterator[tuple[int, int]
     yield start, len(text)
 
 
-def pretoken_starts(cps: np.ndarray) -> np.ndarray:
-    """Where the GPT-2 pattern's matches start in the code points ``cps`` (a boolean mask)."""
+def pretoken_starts(cps: np.ndarray, bounds: np.ndarray | None = None) -> np.ndarray:
+    """Where the GPT-2 pattern's matches start in the code points ``cps`` (a boolean mask). ``bounds`` (sorted
+    positions): where a document starts; each document's matches are then those of the document alone, as if it
+    were split off first. Why one pass for many documents: the rules look only at a character's neighbours, so a
+    boundary changes the neighbours it separates and nothing else."""
     n = len(cps)
     cls = classes(cps)
     start = np.ones(n, dtype=bool)
     start[1:] = cls[1:] != cls[:-1]
-    ws_end = np.flatnonzero((cls[:-1] == WS) & (cls[1:] != WS))  # last whitespace before a non-whitespace
+    joined = None  # joined[i]: characters i and i + 1 are in one document
+    if bounds is not None and len(bounds):
+        inner = bounds[(bounds > 0) & (bounds < n)]
+        start[inner] = True
+        joined = np.ones(max(n - 1, 0), dtype=bool)
+        joined[inner - 1] = False
+    ws_end = (cls[:-1] == WS) & (cls[1:] != WS)  # last whitespace before a non-whitespace
+    if joined is not None:
+        ws_end &= joined
+    ws_end = np.flatnonzero(ws_end)
     start[ws_end] = True
     start[ws_end[cps[ws_end] == 32] + 1] = False  # a space joins the pre-token after it
     apos = np.flatnonzero(start[:-1] & (cps[:-1] == 39))
@@ -132,6 +144,9 @@ def pretoken_starts(cps: np.ndarray) -> np.ndarray:
         third = np.where(has3, cps[np.minimum(apos + 2, n - 1)], 0)
         for a, b in _CONTRACTIONS_2:
             two |= has3 & (nxt == a) & (third == b)
+        if joined is not None:  # a contraction never reaches into the next document
+            one &= joined[apos]
+            two &= joined[apos] & joined[np.minimum(apos + 1, n - 2)]
         for hits, length in ((one, 2), (two, 3)):
             at = apos[hits]
             start[at + 1] = False
@@ -221,9 +236,10 @@ def _count_piece(piece: str) -> dict[str, int]:
     return dict(zip(distinct, np.bincount(group, minlength=len(distinct)).tolist()))
 
 
-def pretoken_spans(cps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(starts, lengths)`` of the GPT-2 pattern's matches in the code points ``cps``."""
-    starts = np.flatnonzero(pretoken_starts(cps)) if len(cps) else np.zeros(0, dtype=np.int64)
+def pretoken_spans(cps: np.ndarray, bounds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, lengths)`` of the GPT-2 pattern's matches in the code points ``cps``; ``bounds``: where documents
+    start (:func:`pretoken_starts`)."""
+    starts = np.flatnonzero(pretoken_starts(cps, bounds)) if len(cps) else np.zeros(0, dtype=np.int64)
     return starts, np.diff(starts, append=len(cps))
 
 
