@@ -322,7 +322,7 @@ def read_ahead(items: Iterator, depth: int = 4) -> Iterator:
 
 
 class BlockWriter:
-    """Writes and hashes blocks in one background thread, in order (file writes and sha256 let go of the GIL), at
+    """Writes blocks in one background thread, in order (file writes let go of the GIL), at
     most a few blocks behind; :meth:`drain` waits for it and re-raises its errors. Every ``sync_every`` bytes of a
     file it starts that file's ``fdatasync`` in a third thread, so the disk writes while the text is still being
     made and the ``fsync`` that ends the file has little left to wait for (it waited for all of it)."""
@@ -344,10 +344,9 @@ class BlockWriter:
         self.pool.shutdown(wait=True)
         self.sync_pool.shutdown(wait=True)
 
-    def _write(self, data: bytes, targets) -> None:
-        for f, sha in targets:
+    def _write(self, data: bytes, files) -> None:
+        for f in files:
             f.write(data)
-            sha.update(data)
             fd = f.fileno()
             written = self.unsynced.get(fd, 0) + len(data)
             if written >= self.sync_every:
@@ -356,9 +355,9 @@ class BlockWriter:
                 written = 0
             self.unsynced[fd] = written
 
-    def write(self, data: bytes, *targets) -> None:
-        """Write ``data`` to each ``(file, sha256)`` target and add it to the hash."""
-        self.pending.append(self.pool.submit(self._write, data, targets))
+    def write(self, data: bytes, *files) -> None:
+        """Write ``data`` to each of ``files``."""
+        self.pending.append(self.pool.submit(self._write, data, files))
         while len(self.pending) > self.depth:
             self.pending.popleft().result()
 
