@@ -249,6 +249,12 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
     }
 
 
+def _file_sha256(manifest: dict, name: str, metrics: dict) -> str:
+    """A text file's sha256 as the manifest lists it (published, verified); a version built before its metrics
+    stopped repeating it has it there too."""
+    return ((manifest.get("files") or {}).get(name) or {}).get("sha256") or metrics.get("sha256") or ""
+
+
 def report(manifest: dict) -> str:
     m = manifest.get("metrics", {})
     d = m.get("download", {})
@@ -284,11 +290,13 @@ def report(manifest: dict) -> str:
         if not st:
             continue
         counts = (f"{st[k]:,}" for k in ("bytes", "chars", "lines", "headers_stripped", "lines_removed"))
-        lines.append(md_row(SPLIT_FILES[split], *counts, Markdown(md_code(st["sha256"][:16]) + "…")))
+        sha = _file_sha256(manifest, SPLIT_FILES[split], st)
+        lines.append(md_row(SPLIT_FILES[split], *counts, Markdown(md_code(sha[:16]) + "…")))
     w = m.get("wikipedia")
     if w:
         counts = (f"{w[k]:,}" for k in ("bytes", "chars", "lines"))
-        lines.append(md_row(Markdown(f"**{CORPUS_FILE}**"), *counts, "", "", Markdown(md_code(w["sha256"][:16]) + "…")))
+        sha = _file_sha256(manifest, CORPUS_FILE, w)
+        lines.append(md_row(Markdown(f"**{CORPUS_FILE}**"), *counts, "", "", Markdown(md_code(sha[:16]) + "…")))
     return "\n".join(lines) + "\n"
 
 

@@ -3,7 +3,6 @@ order, to one joined file, with per-member metrics; memory stays at a few blocks
 
 from __future__ import annotations
 
-import hashlib
 import zipfile
 import zlib
 from pathlib import Path
@@ -31,15 +30,16 @@ def extract_text(
 ) -> dict:
     """``members``: ``{key: (member in the zip, file name)}``, in order. Writes each member, stripped, to
     ``out_dir/<file name>`` and all of them to ``out_dir/<joined>``; returns ``{"members": {key: metrics},
-    "joined": {bytes, chars, lines, sha256}}``. ``progress(done, total, message)`` follows the unzipping.
-    ``article_files`` (``{key: file name}``): also write, per member, the byte offsets in its stripped file where
-    each article starts (where a ``= Title =`` line was removed) as a 1-D ``uint64`` ``.npy``."""
+    "joined": {bytes, chars, lines}}``. No sha256: the store's publish hashes every file from disk for the manifest
+    (what it verifies is what was written), so a hash here would read the same bytes twice.
+    ``progress(done, total, message)`` follows the unzipping. ``article_files`` (``{key: file name}``): also write,
+    per member, the byte offsets in its stripped file where each article starts (where a ``= Title =`` line was
+    removed) as a 1-D ``uint64`` ``.npy``."""
     with open_zip(zip_path, source) as zf:
         _check_layout(zf, [member for member, _ in members.values()], source, layout_hint)
         raw_total = sum(zf.getinfo(member).file_size for member, _ in members.values()) or 1
         raw_done = 0
         out: dict[str, dict] = {}
-        all_sha = hashlib.sha256()
         with atomic_open(out_dir / joined, "wb") as all_f, BlockWriter() as writer:
             for key, (member, name) in members.items():
 
@@ -52,7 +52,7 @@ def extract_text(
                     member,
                     out_dir / name,
                     writer,
-                    (all_f, all_sha),
+                    all_f,
                     source=source,
                     block_chars=block_chars,
                     unzipped=unzipped,
@@ -61,7 +61,7 @@ def extract_text(
                 raw_done += out[key]["raw_bytes"]
             writer.drain()
     totals = {key: sum(st[key] for st in out.values()) for key in ("bytes", "chars", "lines")}
-    return {"members": out, "joined": {**totals, "sha256": all_sha.hexdigest()}}
+    return {"members": out, "joined": totals}
 
 
 def _check_layout(zf: zipfile.ZipFile, members: list[str], source: str, hint: str) -> None:
@@ -78,7 +78,7 @@ def _extract_member(
     member: str,
     path: Path,
     writer: BlockWriter,
-    corpus: tuple,
+    corpus,
     *,
     source: str,
     block_chars: int,
@@ -87,7 +87,6 @@ def _extract_member(
 ) -> dict:
     """``member`` unzipped, stripped and written to ``path`` and to the joined file ``corpus``; returns its metrics.
     ``articles_path``: where the article starts go (see :func:`extract_text`)."""
-    sha = hashlib.sha256()
     st: dict[str, Any] = {
         "member": member,
         "raw_bytes": zf.getinfo(member).file_size,
@@ -118,7 +117,7 @@ def _extract_member(
                     data = text.encode("utf-8")
                     for a in articles or ():
                         starts.append(st["bytes"] + (a if text.isascii() else len(text[:a].encode("utf-8"))))
-                    writer.write(data, (f, sha), corpus)  # in the writer thread
+                    writer.write(data, f, corpus)  # in the writer thread
                     st["bytes"] += len(data)
                     st["chars"] += len(text)
                     st["lines"] += data.count(b"\n")  # the same count: memchr over bytes, not a scan of a wide str
@@ -143,5 +142,4 @@ def _extract_member(
         with atomic_open(articles_path, "wb") as f:
             np.save(f, found)
         st["articles"] = int(found.size)
-    st["sha256"] = sha.hexdigest()
     return st

@@ -16,9 +16,22 @@ import zipfile
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 from mygpt.errors import UserError
 from tasks.core.report import human_bytes
+
+try:
+    from isal import isal_zlib
+except ImportError:  # pragma: no cover (a dependency; plain zlib inflates the same bytes, slower)
+    isal_zlib = None  # type: ignore[assignment]
+
+#: What raw-deflate members are inflated and every member's CRC-32 is computed with: ISA-L's zlib-compatible
+#: ``isal_zlib`` when it imports (the same bytes, in about half zlib's time), else :mod:`zlib`, the specification
+#: (``tests/tasks/wikitext/test_inflate.py`` holds the two equal on real text and on damaged members).
+DEFLATE: ModuleType = isal_zlib or zlib
+#: What either module raises on invalid deflate data.
+_DEFLATE_ERRORS: tuple[type[Exception], ...] = (zlib.error, DEFLATE.error)
 
 PIECE_BYTES = 4 << 20
 #: How much of a file :class:`BlockWriter` writes before it starts that file's writeback to disk.
@@ -149,24 +162,30 @@ def _lzma_decompressor(data: Iterator[bytes], info: zipfile.ZipInfo, source: str
     return lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=filters), head[4 + psize :]
 
 
-def member_bytes(zf: zipfile.ZipFile, name: str, source: str, piece_bytes: int = PIECE_BYTES) -> Iterator[bytes]:
+def member_bytes(
+    zf: zipfile.ZipFile, name: str, source: str, piece_bytes: int = PIECE_BYTES, deflate: ModuleType = DEFLATE
+) -> Iterator[bytes]:
     """Member ``name`` inflated in pieces of at most ``piece_bytes``, never more than its declared size, whatever the
-    method; ``UserError`` naming it when it holds more, ends early, fails its CRC-32 or cannot be inflated."""
+    method; ``UserError`` naming it when it holds more, ends early, fails its CRC-32 or cannot be inflated.
+    ``deflate``: the zlib-compatible module that inflates deflate members and computes the CRC-32 (:data:`DEFLATE`;
+    :mod:`zlib` gives the same bytes and the same errors)."""
     info = zf.getinfo(name)
     limit = min(info.file_size, MAX_UNZIPPED_BYTES)
     produced = crc = 0
     with open(str(zf.filename), "rb") as f:
         compressed = _compressed(f, info, source)
         try:
-            for out in _inflate(compressed, info, source, piece_bytes):
+            for out in _inflate(compressed, info, source, piece_bytes, deflate):
                 produced += len(out)
                 if produced > limit:
                     raise _lies(info, source, produced, limit)
-                crc = zlib.crc32(out, crc)
+                crc = deflate.crc32(out, crc)
                 yield out
         except UserError:
             raise
-        except (zlib.error, lzma.LZMAError, OSError, EOFError, ValueError) as e:
+        except _DEFLATE_ERRORS as e:  # the two modules word it differently: the same message names what is wrong
+            raise _damaged(info, source, f"its deflate data is invalid: {e}") from None
+        except (lzma.LZMAError, OSError, EOFError, ValueError) as e:
             raise _damaged(info, source, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
     if produced < info.file_size:
         raise _damaged(info, source, f"it ends after {produced:,} of the {info.file_size:,} bytes its header declares")
@@ -174,15 +193,18 @@ def member_bytes(zf: zipfile.ZipFile, name: str, source: str, piece_bytes: int =
         raise _damaged(info, source, f"Bad CRC-32: {crc:08x}, its header says {info.CRC:08x}")
 
 
-def _inflate(data: Iterator[bytes], info: zipfile.ZipInfo, source: str, piece_bytes: int) -> Iterator[bytes]:
-    """``data`` (compressed with ``info``'s method) inflated, each decompressor call bounded to ``piece_bytes``."""
+def _inflate(
+    data: Iterator[bytes], info: zipfile.ZipInfo, source: str, piece_bytes: int, deflate: ModuleType = zlib
+) -> Iterator[bytes]:
+    """``data`` (compressed with ``info``'s method) inflated, each decompressor call bounded to ``piece_bytes``;
+    deflate by ``deflate`` (a zlib-compatible module: ``decompressobj``, ``unconsumed_tail``, ``eof``)."""
     method = info.compress_type
     if method == zipfile.ZIP_STORED:
         yield from data
         return
     pending = b""
     if method == zipfile.ZIP_DEFLATED:
-        d = zlib.decompressobj(-15)
+        d = deflate.decompressobj(-15)
         for chunk in data:
             pending = chunk
             while pending and not d.eof:
@@ -300,7 +322,7 @@ def read_ahead(items: Iterator, depth: int = 4) -> Iterator:
 
 
 class BlockWriter:
-    """Writes and hashes blocks in one background thread, in order (file writes and sha256 let go of the GIL), at
+    """Writes blocks in one background thread, in order (file writes let go of the GIL), at
     most a few blocks behind; :meth:`drain` waits for it and re-raises its errors. Every ``sync_every`` bytes of a
     file it starts that file's ``fdatasync`` in a third thread, so the disk writes while the text is still being
     made and the ``fsync`` that ends the file has little left to wait for (it waited for all of it)."""
@@ -322,10 +344,9 @@ class BlockWriter:
         self.pool.shutdown(wait=True)
         self.sync_pool.shutdown(wait=True)
 
-    def _write(self, data: bytes, targets) -> None:
-        for f, sha in targets:
+    def _write(self, data: bytes, files) -> None:
+        for f in files:
             f.write(data)
-            sha.update(data)
             fd = f.fileno()
             written = self.unsynced.get(fd, 0) + len(data)
             if written >= self.sync_every:
@@ -334,9 +355,9 @@ class BlockWriter:
                 written = 0
             self.unsynced[fd] = written
 
-    def write(self, data: bytes, *targets) -> None:
-        """Write ``data`` to each ``(file, sha256)`` target and add it to the hash."""
-        self.pending.append(self.pool.submit(self._write, data, targets))
+    def write(self, data: bytes, *files) -> None:
+        """Write ``data`` to each of ``files``."""
+        self.pending.append(self.pool.submit(self._write, data, files))
         while len(self.pending) > self.depth:
             self.pending.popleft().result()
 

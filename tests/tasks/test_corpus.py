@@ -44,8 +44,15 @@ def test_http_download_is_byte_identical_to_the_chapter(tmp_path, mirror, wiki_z
         and m["wikipedia"]["bytes"] == (out / "wikipedia.txt").stat().st_size
     )
     assert not (tmp_path / "art" / "corpus" / ".staging" / ref["version"]).exists()  # zip + work dir gone
-    report = D.STAGE.report(json.loads((out / "manifest.json").read_text()))
+    manifest = json.loads((out / "manifest.json").read_text())
+    report = D.STAGE.report(manifest)
     assert "| wiki.train.txt |" in report and m["zip_sha256"] in report
+    # each text file hashed once, by the publish that verifies it: the report shows the manifest's sha256 (of the
+    # bytes on disk) and the metrics hold no second one computed while writing
+    for name in ("wiki.train.txt", "wiki.valid.txt", "wiki.test.txt", "wikipedia.txt"):
+        sha = hashlib.sha256((out / name).read_bytes()).hexdigest()
+        assert manifest["files"][name]["sha256"] == sha and f"`{sha[:16]}`…" in report, name
+    assert not [k for st in [*m["splits"].values(), m["wikipedia"]] for k in st if "sha256" in k], m
 
 
 def test_newlines_and_odd_headers_match_the_chapter(tmp_path):
