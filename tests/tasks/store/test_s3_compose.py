@@ -94,3 +94,28 @@ def test_a_joined_claim_naming_no_file_of_the_build_is_a_bug(s3_root):
     store = open_store(s3_root)
     with pytest.raises(RuntimeError, match="not files of out/"):
         _publish(store, {"a.txt": b"a"}, {"ab.txt": ["a.txt"]})
+
+
+def test_a_part_object_changed_after_its_upload_is_never_composed_into_the_joined_file(s3_root, monkeypatch):
+    """Another writer replaces a part's object (same size, other bytes) between its upload and the compose: the
+    copied part's ETag is not the local range's MD5, so the joined file is uploaded as it is -- its object is the
+    local file, the one the manifest's sha256 names -- and no multipart upload is left behind."""
+    rng = random.Random(8)
+    parts = {"big.txt": rng.randbytes(6 * MIB), "small.txt": b"tiny\n" * 100}
+    whole = b"".join(parts.values())
+    sent: list[str] = []
+    upload = ObjectFiles.upload
+
+    def upload_then_overwrite(self, local, key):
+        sent.append(local.name)
+        upload(self, local, key)
+        if local.name == "big.txt":
+            self.put_object(key, b"X" * (6 * MIB))
+
+    monkeypatch.setattr(ObjectFiles, "upload", upload_then_overwrite)
+    store = open_store(s3_root)
+    manifest = _publish(store, {**parts, "all.txt": whole}, {"all.txt": list(parts)})
+    assert "all.txt" in sent  # the fallback: sent as it is
+    folder = f"{s3_root[5:]}/corpus/v1/{manifest['files_under']}"
+    assert store.files.fs.cat_file(f"{folder}/all.txt") == whole
+    assert store.files._call("list_multipart_uploads").get("Uploads", []) == []
