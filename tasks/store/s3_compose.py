@@ -163,3 +163,26 @@ def upload_joined(files: Any, out: Path, folder: str, rel: str, parts: list[str]
     with files._errors(f"uploading {folder}{rel}"):
         key = files._object_key
         return compose(files._call, files.bucket, lambda n: key(folder + n), out, rel, parts, still_held)
+
+
+def abort_unfinished(files: Any, folder: str) -> int:
+    """Abort every unfinished multipart upload under ``folder`` (a version's key and ``/``) of the ``ObjectFiles``
+    ``files``; how many. Called by the builder that holds the version's lock before it uploads anything, so each
+    one there is a builder's that was killed (or lost the lock) mid-upload: no listing of objects shows them,
+    and S3 keeps their parts for ever. Best effort: a store that will not list them (a policy without
+    ``s3:ListBucketMultipartUploads``) only gets a warning."""
+    prefix = files._object_key(folder.rstrip("/")) + "/"
+    aborted = 0
+    try:
+        marker: dict[str, str] = {}
+        while True:
+            answer = files._call("list_multipart_uploads", Prefix=prefix, **marker)
+            for upload in answer.get("Uploads") or []:
+                files._call("abort_multipart_upload", Key=upload["Key"], UploadId=upload["UploadId"])
+                aborted += 1
+            if not answer.get("IsTruncated"):
+                return aborted
+            marker = {"KeyMarker": answer["NextKeyMarker"], "UploadIdMarker": answer["NextUploadIdMarker"]}
+    except Exception as e:
+        log.warning("store: could not abort the unfinished multipart uploads under %s (%s)", folder, e)
+        return aborted
