@@ -275,7 +275,7 @@ class ObjectFiles:
         if manifest is None or prefix is None:
             raise RuntimeError(f"{out / MANIFEST} is no manifest this store wrote")
         joined = checked_joined(manifest, out)  # made from the objects of their parts (s3_compose): after them
-        abort_unfinished(self, f"{key}/")  # a killed builder's uploads: the version's lock is ours now
+        abort_unfinished(self, f"{key}/", still_held)  # a killed builder's uploads: the version's lock is ours
         rels = sorted(
             (p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()), key=lambda r: (r in joined, r)
         )

@@ -165,12 +165,15 @@ def upload_joined(files: Any, out: Path, folder: str, rel: str, parts: list[str]
         return compose(files._call, files.bucket, lambda n: key(folder + n), out, rel, parts, still_held)
 
 
-def abort_unfinished(files: Any, folder: str) -> int:
+def abort_unfinished(files: Any, folder: str, still_held: Callable[[], None] | None = None) -> int:
     """Abort every unfinished multipart upload under ``folder`` (a version's key and ``/``) of the ``ObjectFiles``
     ``files``; how many. Called by the builder that holds the version's lock before it uploads anything, so each
     one there is a builder's that was killed (or lost the lock) mid-upload: no listing of objects shows them,
     and S3 keeps their parts for ever. Best effort: a store that will not list them (a policy without
-    ``s3:ListBucketMultipartUploads``) only gets a warning."""
+    ``s3:ListBucketMultipartUploads``) only gets a warning. ``still_held`` raises first if the lock was lost:
+    then the uploads there may be the new holder's."""
+    if still_held:
+        still_held()
     prefix = files._object_key(folder.rstrip("/")) + "/"
     aborted = 0
     try:
