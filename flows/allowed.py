@@ -153,7 +153,7 @@ def check_allowed(root: str, source_urls: Mapping[str, str], dask_address: str |
 
 
 def check_redirect(field: str, from_url: str, to_url: str) -> None:
-    """:class:`RedirectRefused` when a download of ``field`` (at ``from_url``, allowed) is redirected to ``to_url``
+    """:class:`RedirectRefused` when a download of ``field`` is redirected (by the hop ``from_url``) to ``to_url``
     outside this machine's source allow-list; installed for every download of this process (below). Why each
     redirect: the list names what a run may download, and a server it allows could otherwise send it anywhere."""
     sources = allowed_sources(in_deployment_run())

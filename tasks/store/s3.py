@@ -27,7 +27,7 @@ from tasks.store.files import (
 )
 from tasks.store.manifest_schema import manifest_problem
 from tasks.store.s3_client import cache_root, filesystem, no_bucket, precondition_failed, read_at_most
-from tasks.store.s3_compose import checked_joined, upload_joined
+from tasks.store.s3_compose import abort_unfinished, checked_joined, upload_joined
 from tasks.store.s3_lease import Lease, lease_seconds
 from tasks.store.s3_urls import SCHEME, normal_url, scrub, split_url
 
@@ -275,6 +275,7 @@ class ObjectFiles:
         if manifest is None or prefix is None:
             raise RuntimeError(f"{out / MANIFEST} is no manifest this store wrote")
         joined = checked_joined(manifest, out)  # made from the objects of their parts (s3_compose): after them
+        abort_unfinished(self, f"{key}/", still_held)  # a killed builder's uploads: the version's lock is ours
         rels = sorted(
             (p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()), key=lambda r: (r in joined, r)
         )

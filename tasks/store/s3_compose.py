@@ -1,17 +1,22 @@
 """A file that is other files of its build one after another (``Build.joined``), made on S3 from the objects already
 uploaded: a multipart upload whose parts are server-side copies of them (``UploadPartCopy``), so its bytes are sent
 once, not twice. Why this way: a build's output that concatenates its other outputs (the corpus's wikipedia.txt)
-would otherwise double what a publish sends."""
+would otherwise double what a publish sends. Each copied part is checked against the local bytes it stands for
+(its ETag, the MD5 of the bytes copied) before the upload is completed: a part object changed since its upload
+(or an ETag that is no MD5, as with SSE-KMS) makes the caller upload the file as it is -- never a wrong object."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tasks.store.files import JOINED
+
+log = logging.getLogger(__name__)
 
 #: S3's bounds on a multipart upload's parts: every part but the last at least 5 MiB; a copied part at most 5 GiB.
 MIN_PART_BYTES = 5 << 20
@@ -59,6 +64,22 @@ def joined_sha256(out: Path, names: list[str]) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+class _PartChanged(Exception):
+    """A copied part's bytes are not the local file's range they stand for."""
+
+
+def _range_md5(out: Path, name: str, start: int, end: int) -> str:
+    """The MD5 (hex) of bytes ``start:end`` of ``out/name``: what S3 answers as the ETag of a part copied from it."""
+    h = hashlib.md5(usedforsecurity=False)
+    with open(out / name, "rb") as f:
+        f.seek(start)
+        left = end - start
+        while left and (block := f.read(min(left, 1 << 20))):
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
 def _read_range(out: Path, name: str, start: int, end: int) -> bytes:
     with open(out / name, "rb") as f:
         f.seek(start)
@@ -79,8 +100,11 @@ def compose(
 ) -> bool:
     """Make the object ``object_key(target)`` from the objects ``object_key(part)`` (uploaded from ``out``), each
     range as :func:`plan_parts` cuts them; ``call(method, **kwargs)`` is one S3 request on ``bucket``. False (nothing
-    done) when no range is long enough to be copied: the caller uploads the file as it is. A failure aborts the
-    multipart upload (nothing is left under the name) and raises."""
+    done) when no range is long enough to be copied, or when a copied part is not the local range it stands for
+    (its ETag, the copied bytes' MD5, differs: the part's object changed since its upload): the caller uploads
+    the file as it is. Why checked before completing: the object would be committed beside a manifest whose
+    sha256 is the local file's. A failure aborts the multipart upload (nothing is left under the name) and
+    raises."""
     plan = plan_parts([(name, (out / name).stat().st_size) for name in parts])
     if not any(p[0] == "copy" for p in plan):
         return False
@@ -99,15 +123,25 @@ def compose(
                     "upload_part_copy", CopySource=source, CopySourceRange=f"bytes={start}-{end - 1}", **common
                 )
                 tag = answer["CopyPartResult"]["ETag"]
+                if tag.strip('"') != _range_md5(out, name, start, end):
+                    raise _PartChanged(f"{source['Key']} bytes {start:,}-{end - 1:,}")
             else:
                 body = b"".join(_read_range(out, *r) for r in part[1])
                 tag = call("upload_part", Body=body, **common)["ETag"]
             done.append({"ETag": tag, "PartNumber": number})
         call("complete_multipart_upload", Key=dest, UploadId=upload_id, MultipartUpload={"Parts": done})
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(Exception):
             call("abort_multipart_upload", Key=dest, UploadId=upload_id)
-        raise
+        if not isinstance(e, _PartChanged):
+            raise
+        log.warning(
+            "store: %s not made from its parts' objects: the copy of %s is not the local file's bytes (the object "
+            "changed since its upload, or its ETag is no MD5); uploading it as it is",
+            dest,
+            e,
+        )
+        return False
     return True
 
 
@@ -129,3 +163,29 @@ def upload_joined(files: Any, out: Path, folder: str, rel: str, parts: list[str]
     with files._errors(f"uploading {folder}{rel}"):
         key = files._object_key
         return compose(files._call, files.bucket, lambda n: key(folder + n), out, rel, parts, still_held)
+
+
+def abort_unfinished(files: Any, folder: str, still_held: Callable[[], None] | None = None) -> int:
+    """Abort every unfinished multipart upload under ``folder`` (a version's key and ``/``) of the ``ObjectFiles``
+    ``files``; how many. Called by the builder that holds the version's lock before it uploads anything, so each
+    one there is a builder's that was killed (or lost the lock) mid-upload: no listing of objects shows them,
+    and S3 keeps their parts for ever. Best effort: a store that will not list them (a policy without
+    ``s3:ListBucketMultipartUploads``) only gets a warning. ``still_held`` raises first if the lock was lost:
+    then the uploads there may be the new holder's."""
+    if still_held:
+        still_held()
+    prefix = files._object_key(folder.rstrip("/")) + "/"
+    aborted = 0
+    try:
+        marker: dict[str, str] = {}
+        while True:
+            answer = files._call("list_multipart_uploads", Prefix=prefix, **marker)
+            for upload in answer.get("Uploads") or []:
+                files._call("abort_multipart_upload", Key=upload["Key"], UploadId=upload["UploadId"])
+                aborted += 1
+            if not answer.get("IsTruncated"):
+                return aborted
+            marker = {"KeyMarker": answer["NextKeyMarker"], "UploadIdMarker": answer["NextUploadIdMarker"]}
+    except Exception as e:
+        log.warning("store: could not abort the unfinished multipart uploads under %s (%s)", folder, e)
+        return aborted

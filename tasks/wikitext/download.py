@@ -105,6 +105,11 @@ def _retryable() -> tuple[type[BaseException], ...]:
     return (_Transient, requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
 
 
+def _failed(tries: int) -> str:
+    """How many tries in a row failed, in words ("failed once", "failed 4 times in a row")."""
+    return "failed once" if tries == 1 else f"failed {tries} times in a row"
+
+
 class SourceUnreachable(UserError):
     """The source would not say what it holds: network down or server failing (retried, then given up), or
     refusing (a 4xx other than 404/410: e.g. 401, or 403 for an expired signed URL)."""
@@ -117,9 +122,10 @@ class SourceMissing(UserError):
 
 # ---- redirects ------------------------------------------------------------------------------------------
 MAX_REDIRECTS = 10
-#: ``(field, from_url, to_url) -> None``: asked before a download follows a redirect to another origin (scheme,
-#: host, port); raises ``UserError`` to refuse it. The flow installs this machine's allow-list
-#: (``flows.allowed``, :func:`check_redirects_with`) when it is imported: this layer cannot read one.
+#: ``(field, from_url, to_url) -> None``: asked before a download follows each redirect, ``from_url`` the hop that
+#: redirected (same origin too: an allow-list may name a path); raises ``UserError`` to refuse it. The flow installs
+#: this machine's allow-list (``flows.allowed``, :func:`check_redirects_with`) when it is imported: this layer
+#: cannot read one.
 RedirectCheck = Callable[[str, str, str], None]
 
 
@@ -129,6 +135,9 @@ class RedirectRefused(UserError):
 
 
 def _same_origin_only(field: str, from_url: str, to_url: str) -> None:
+    """The check with no allow-list installed: a redirect within the origin of ``from_url`` only."""
+    if _origin(to_url) == _origin(from_url):
+        return
     raise RedirectRefused(
         f"{field} {redact_url(from_url)} redirects to {redact_url(to_url)}, another host, and no allow-list "
         "decides which hosts a download may follow; give the address it redirects to as the source"
@@ -139,7 +148,7 @@ _redirect_check: list[RedirectCheck] = [_same_origin_only]
 
 
 def check_redirects_with(check: RedirectCheck) -> None:
-    """Ask ``check`` about every redirect to another origin from now on (the flow's allow-list)."""
+    """Ask ``check`` about every redirect from now on (the flow's allow-list), same origin too."""
     _redirect_check[0] = check
 
 
@@ -162,9 +171,10 @@ def _split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
 
 def _get(session, url: str, headers: dict, knobs: DownloadKnobs, field: str):
     """The response (streamed) to a GET of ``url``, its redirects followed here one by one (at most
-    :data:`MAX_REDIRECTS`), never by ``requests``: each one to another origin is first asked of the installed
-    check (:class:`RedirectRefused`), and the URL's credentials go only to its own origin (scheme, host, port):
-    a redirect to another one gets none."""
+    :data:`MAX_REDIRECTS`), never by ``requests``: each hop's target, same origin too, is first asked of the
+    installed check (:class:`RedirectRefused`; why every hop: an allow-list may name a path prefix, which a
+    same-origin redirect would otherwise leave), and the URL's credentials go only to its own origin (scheme,
+    host, port): a redirect to another one gets none. Messages name the hop that redirected, without credentials."""
     plain, auth = _split_credentials(url)
     current = plain
     for _ in range(MAX_REDIRECTS + 1):
@@ -182,11 +192,10 @@ def _get(session, url: str, headers: dict, knobs: DownloadKnobs, field: str):
         r.close()
         if urllib.parse.urlsplit(target).scheme.lower() not in ("http", "https"):
             raise RedirectRefused(
-                f"{field} {redact_url(url)} redirects to {redact_url(target)}, which is not an http(s) URL; give "
-                "a source that serves the file over http(s)"
+                f"{field} {redact_url(current)} redirects to {redact_url(target)}, which is not an http(s) URL; "
+                "give a source that serves the file over http(s)"
             )
-        if _origin(target) != _origin(current):
-            _redirect_check[0](field, url, target)
+        _redirect_check[0](field, current, target)
         current = target
     raise RedirectRefused(
         f"{field} {redact_url(url)} redirected more than {MAX_REDIRECTS} times (last to {redact_url(current)}); "
@@ -227,7 +236,7 @@ def probe(url: str, knobs: DownloadKnobs, log=None, field: str = "corpus.source_
                 failures += 1
                 if failures >= knobs.attempts:
                     raise SourceUnreachable(
-                        f"downloading {redact_url(url)} failed {failures} times in a row (last: "
+                        f"downloading {redact_url(url)} {_failed(failures)} (last: "
                         f"{_describe(exc, url)}); check the network or the mirror, or pass another "
                         "source_url"
                     ) from None
@@ -388,7 +397,7 @@ def fetch(
             failures = 1 if now_have > start_have else failures + 1
             if failures >= knobs.attempts:
                 raise UserError(
-                    f"downloading {shown} failed {failures} times in a row (last: {_describe(exc, url)}); check the "
+                    f"downloading {shown} {_failed(failures)} (last: {_describe(exc, url)}); check the "
                     f"network or the mirror, or pass another source_url; a rerun resumes from the "
                     f"{now_have:,} bytes already downloaded"
                 ) from None

@@ -5,6 +5,11 @@ and files too short to copy are uploaded as they are."""
 from __future__ import annotations
 
 import random
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +19,7 @@ from tasks.store.s3 import ObjectFiles
 from tasks.store.s3_compose import plan_parts
 
 MIB = 1 << 20
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(
@@ -94,3 +100,63 @@ def test_a_joined_claim_naming_no_file_of_the_build_is_a_bug(s3_root):
     store = open_store(s3_root)
     with pytest.raises(RuntimeError, match="not files of out/"):
         _publish(store, {"a.txt": b"a"}, {"ab.txt": ["a.txt"]})
+
+
+def test_a_part_object_changed_after_its_upload_is_never_composed_into_the_joined_file(s3_root, monkeypatch):
+    """Another writer replaces a part's object (same size, other bytes) between its upload and the compose: the
+    copied part's ETag is not the local range's MD5, so the joined file is uploaded as it is -- its object is the
+    local file, the one the manifest's sha256 names -- and no multipart upload is left behind."""
+    rng = random.Random(8)
+    parts = {"big.txt": rng.randbytes(6 * MIB), "small.txt": b"tiny\n" * 100}
+    whole = b"".join(parts.values())
+    sent: list[str] = []
+    upload = ObjectFiles.upload
+
+    def upload_then_overwrite(self, local, key):
+        sent.append(local.name)
+        upload(self, local, key)
+        if local.name == "big.txt":
+            self.put_object(key, b"X" * (6 * MIB))
+
+    monkeypatch.setattr(ObjectFiles, "upload", upload_then_overwrite)
+    store = open_store(s3_root)
+    manifest = _publish(store, {**parts, "all.txt": whole}, {"all.txt": list(parts)})
+    assert "all.txt" in sent  # the fallback: sent as it is
+    folder = f"{s3_root[5:]}/corpus/v1/{manifest['files_under']}"
+    assert store.files.fs.cat_file(f"{folder}/all.txt") == whole
+    assert store.files._call("list_multipart_uploads").get("Uploads", []) == []
+
+
+_KILLED_MID_COMPOSE = textwrap.dedent(
+    """
+    import os, random, signal, sys
+    from tasks.registry import open_store
+    from tasks.store.s3 import ObjectFiles
+    from tests.tasks.store.test_s3_compose import MIB, _publish
+
+    call = ObjectFiles._call
+    def call_then_die(self, method, **kwargs):
+        answer = call(self, method, **kwargs)
+        if method == "upload_part_copy":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return answer
+    ObjectFiles._call = call_then_die
+    parts = {"a.txt": random.Random(9).randbytes(6 * MIB), "b.txt": b"b" * 100}
+    _publish(open_store(sys.argv[1]), {**parts, "ab.txt": b"".join(parts.values())}, {"ab.txt": list(parts)})
+    """
+)
+
+
+def test_the_next_build_aborts_the_multipart_upload_a_killed_builder_left(s3_root, monkeypatch):
+    """A builder SIGKILLed in the middle of a compose leaves its multipart upload unfinished (no object listing
+    shows it, S3 keeps its parts); the next builder of that version, holding its lock, aborts it and publishes."""
+    monkeypatch.setenv("WIKI_PIPELINE_LEASE_SECONDS", "1")  # the killed builder's lock goes dead soon
+    child = subprocess.run([sys.executable, "-c", _KILLED_MID_COMPOSE, s3_root], cwd=REPO, check=False)
+    assert child.returncode == -signal.SIGKILL
+    store = open_store(s3_root)
+    assert len(store.files._call("list_multipart_uploads").get("Uploads", [])) == 1
+    parts = {"a.txt": random.Random(9).randbytes(6 * MIB), "b.txt": b"b" * 100}
+    whole = b"".join(parts.values())
+    manifest = _publish(store, {**parts, "ab.txt": whole}, {"ab.txt": list(parts)})
+    assert store.files._call("list_multipart_uploads").get("Uploads", []) == []
+    assert store.files.fs.cat_file(f"{s3_root[5:]}/corpus/v1/{manifest['files_under']}/ab.txt") == whole

@@ -1,7 +1,7 @@
-"""A download follows a redirect to another host only where this machine's source allow-list allows the target
-(``WIKI_PIPELINE_ALLOWED_SOURCES``, asked of ``flows.allowed`` for every redirect), for the corpus's zip and a
-pretrained tokenizer alike (one ``fetch``); the URL's credentials never go to another origin. Real servers: one
-on 127.0.0.1 that redirects, one on 127.0.0.2 that logs what reaches it."""
+"""A download follows a redirect only where this machine's source allow-list allows the target
+(``WIKI_PIPELINE_ALLOWED_SOURCES``, asked of ``flows.allowed`` for every hop, same host too), for the corpus's
+zip and a pretrained tokenizer alike (one ``fetch``); the URL's credentials never go to another origin. Real
+servers: one on 127.0.0.1 that redirects, one on 127.0.0.2 that logs what reaches it."""
 
 from __future__ import annotations
 
@@ -13,19 +13,21 @@ import pytest
 
 from flows.allowed import ENV_SOURCES
 from mygpt.errors import UserError
+from tasks.wikitext.download import DownloadKnobs, RedirectRefused, probe
 from tests.support import stages
 from tests.support.http_servers import Loopback
 from tests.support.tiny import tiny_zip_url
 
 
 class Site(Loopback):
-    """Serves the files of ``folder`` on ``host``; ``/go/NAME`` answers 302 to ``{target}NAME``; every request is
-    kept as ``(path, Authorization header)``."""
+    """Serves the files of ``folder`` on ``host``; ``/go/NAME`` answers 302 to ``{target}NAME``, a path in
+    ``routes`` 302 to its value; every request is kept as ``(path, Authorization header)``."""
 
     def __init__(self, host: str, folder: Path) -> None:
         site = self
         self.requests: list[tuple[str, str | None]] = []
         self.target = ""
+        self.routes: dict[str, str] = {}
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
@@ -33,9 +35,10 @@ class Site(Loopback):
 
             def do_GET(self):
                 site.requests.append((self.path, self.headers.get("Authorization")))
-                if self.path.startswith("/go/"):
+                if self.path.startswith("/go/") or self.path in site.routes:
                     self.send_response(302)
-                    self.send_header("Location", site.target + self.path[len("/go/") :])
+                    location = site.routes.get(self.path) or site.target + self.path[len("/go/") :]
+                    self.send_header("Location", location)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
@@ -98,8 +101,7 @@ def test_a_redirect_outside_the_allowed_sources_is_refused_for_both_sources(site
     with pytest.raises(UserError) as e:
         stages.tokenizer(root, corpus, kind="pretrained", source=secret, bpe_train_bytes=20_000)
     assert str(e.value).startswith(
-        f"tokenizer.source http://***@{good.url('go/tokenizer.json').removeprefix('http://')} redirects to "
-        f"{evil.url('tokenizer.json')}, which is outside"
+        f"tokenizer.source {good.url('go/tokenizer.json')} redirects to {evil.url('tokenizer.json')}, which is outside"
     ), e.value
     assert "s3cret" not in str(e.value) and "alice" not in str(e.value)
     assert evil.requests == []
@@ -118,3 +120,38 @@ def test_an_allowed_redirect_is_followed_without_the_sources_credentials(sites, 
     assert ref["version"]
     assert ("/go/tokenizer.json", "Basic YWxpY2U6czNjcmV0") in good.requests  # alice:s3cret, to its own host
     assert evil.requests and all(auth is None for _, auth in evil.requests), evil.requests
+
+
+def test_a_same_origin_redirect_out_of_an_allowed_path_is_refused(sites, monkeypatch):
+    """The allow-list names a path on the host: a redirect on that host to a path outside it is refused like one
+    to another host, and the path it points at is never asked; one to an allowed path is followed."""
+    good, _ = sites
+    good.routes["/pub/out"] = "/private/tokenizer.json"
+    good.routes["/pub/in"] = "/tokenizer.json"
+    monkeypatch.setenv(ENV_SOURCES, good.url("pub/"))
+    with pytest.raises(RedirectRefused) as e:
+        probe(good.url("pub/out"), DownloadKnobs(attempts=1), field="tokenizer.source")
+    assert str(e.value).startswith(
+        f"tokenizer.source {good.url('pub/out')} redirects to {good.url('private/tokenizer.json')}, which is "
+        "outside the sources this machine allows"
+    ), e.value
+    assert [path for path, _ in good.requests] == ["/pub/out"]
+    monkeypatch.setenv(ENV_SOURCES, f"{good.url('pub/')} {good.url('tokenizer.json')}")
+    assert probe(good.url("pub/in"), DownloadKnobs(attempts=1))["bytes"]  # to an allowed path: followed
+
+
+def test_a_refused_hop_is_named_in_the_message_without_credentials(sites, monkeypatch):
+    """Two hops, the second to another host: the message names the hop that redirected (not the source),
+    without the source's credentials."""
+    good, evil = sites
+    good.routes["/pub/a"] = "/pub/b"
+    good.routes["/pub/b"] = evil.url("tokenizer.json")
+    monkeypatch.setenv(ENV_SOURCES, good.url("pub/"))
+    secret = "http://alice:s3cret@" + good.url("pub/a").removeprefix("http://")
+    with pytest.raises(RedirectRefused) as e:
+        probe(secret, DownloadKnobs(attempts=1), field="tokenizer.source")
+    assert str(e.value).startswith(
+        f"tokenizer.source {good.url('pub/b')} redirects to {evil.url('tokenizer.json')}, which is outside"
+    ), e.value
+    assert "s3cret" not in str(e.value) and "alice" not in str(e.value)
+    assert [path for path, _ in good.requests] == ["/pub/a", "/pub/b"] and evil.requests == []
