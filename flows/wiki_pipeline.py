@@ -300,11 +300,13 @@ def _refusal(
         return False
 
     furthest = next(up for up in sorted(stages, key=NAMES.index) if up == name or not fits(up))
-    params = [a.as_param() for a in sorted(asked, key=lambda a: NAMES.index(a.field.split(".")[0])) if a.param]
+    upstream_first = sorted((a for a in asked if a.param), key=lambda a: NAMES.index(a.field.split(".")[0]))
+    params = [a.as_param() for a in upstream_first]
     command = " ".join(["wiki-pipeline run", *params, "..."])
     try:
         latest_upstream(store, furthest, differs)
-        first = f", or rebuild {furthest} first: {' '.join(['wiki-pipeline run --only', furthest, *params, '...'])}"
+        upto = [a.as_param() for a in upstream_first if NAMES.index(a.field.split(".")[0]) <= NAMES.index(furthest)]
+        first = f", or rebuild {furthest} first: {' '.join(['wiki-pipeline run --only', furthest, *upto, '...'])}"
     except UserError:
         first = ""
     ordered = sorted(asked, key=lambda a: -NAMES.index(a.field.split(".")[0]))

@@ -182,17 +182,42 @@ def test_only_refusal_names_the_furthest_stage_to_rebuild_and_a_command_that_is_
     message = str(e.value)
     assert "the furthest upstream stage to rebuild is corpus: run the pipeline with this run's settings: " in message
     assert "wiki-pipeline run --param corpus.article_index=true --param tokenizer.kind=byte ..." in message
-    assert "--only corpus --param corpus.article_index=true --param tokenizer.kind=byte ..." in message
+    assert "or rebuild corpus first: wiki-pipeline run --only corpus --param corpus.article_index=true ..., " in message
     indexed = publish(store, "corpus", {"article_index": True})
     with pytest.raises(UserError) as e:
         picked(store, "model", tokenizer={"kind": "byte"})
     assert "the furthest upstream stage to rebuild is tokenizer: " in str(e.value)
     assert "or rebuild tokenizer first: wiki-pipeline run --only tokenizer --param" in str(e.value)
     assert picked(store, "tokenizer", tokenizer={"kind": "byte"}) == {"corpus": indexed["version"]}  # as offered
-    # a stage whose own input does not fit is not offered: --only shards with another tokenizer would be refused
+    # the furthest stage with no fitting version, not the nearest: --only shards would be refused (no such tokenizer)
     with pytest.raises(UserError) as e:
         picked(store, "model", tokenizer={"num_merges": 3}, shards={"shard_tokens": 999})
     assert "the furthest upstream stage to rebuild is tokenizer: " in str(e.value)
     assert shards["version"] in str(e.value)
     with pytest.raises(UserError):
         picked(store, "shards", tokenizer={"num_merges": 3}, shards={"shard_tokens": 999})
+
+
+def test_only_with_the_tiny_preset_asks_only_what_was_typed(tmp_path):
+    """``--tiny --only samples`` takes the newest model though it trained 2 steps and the preset says 40: a
+    preset's value is not asked of upstream versions (the stage that runs still takes the preset); the same value
+    typed with ``--param`` is asked, and ``--param only=...`` counts as ``--only``."""
+    from flows.choices import checked
+    from flows.cli import build_parser
+
+    store = open_store(tmp_path)
+    corpus = publish(store, "corpus", {})
+    tok = publish(store, "tokenizer", {"num_merges": 48}, corpus=corpus)
+    shards = publish(store, "shards", {}, corpus=corpus, tokenizer=tok)
+    forty = publish(store, "model", {"steps": 40}, shards=shards, tokenizer=tok)
+    two = publish(store, "model", {"steps": 2}, shards=shards, tokenizer=tok)
+
+    def cli(*argv: str) -> dict[str, str]:
+        s = checked(build_parser().parse_args(["run", "--tiny", "--artifacts-dir", str(tmp_path), *argv]))
+        refs = latest_upstream(store, s.run.only, asked_of_upstream(s))
+        return {k: v["version"] for k, v in refs.items()} | {"max_new_tokens": s.resolved("samples").max_new_tokens}
+
+    assert cli("--only", "samples") == {"model": two["version"], "max_new_tokens": 40}
+    assert cli("--param", "only=sample") == {"model": two["version"], "max_new_tokens": 40}
+    assert cli("--only", "samples", "-p", "model.steps=40")["model"] == forty["version"]
+    assert checked(build_parser().parse_args(["run", "--tiny"])).resolved("model").steps == 40  # a whole run
