@@ -289,7 +289,12 @@ def _refusal(
     asked settings does that (it rebuilds what differs and reuses the rest). ``--only`` of that stage is offered as
     well only where it would itself be accepted, so the suggested command never leads to another refusal."""
     stale = store.stale_versions(code_versions())
-    stages = {a.field.split(".")[0] for a in asked} | {name}
+    ancestry, todo = set(), [name]
+    while todo:  # name and every stage it is built from
+        ancestry.add(up := todo.pop())
+        todo += BY_NAME[up].inputs
+    nearest_asked = min(NAMES.index(a.field.split(".")[0]) for a in asked)
+    stages = {up for up in ancestry if NAMES.index(up) >= nearest_asked}  # the asked stages and those in between
 
     def fits(up: str) -> bool:
         for info in store.versions(up):

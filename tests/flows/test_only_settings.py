@@ -196,6 +196,16 @@ def test_only_refusal_names_the_furthest_stage_to_rebuild_and_a_command_that_is_
     assert shards["version"] in str(e.value)
     with pytest.raises(UserError):
         picked(store, "shards", tokenizer={"num_merges": 3}, shards={"shard_tokens": 999})
+    # a stage in between: a tokenizer of 3 merges is there, shards from it are not (nor a model)
+    publish(store, "model", {}, shards=shards, tokenizer=tok)
+    t3 = publish(store, "tokenizer", {"num_merges": 3}, corpus=bare)
+    with pytest.raises(UserError) as e:
+        picked(store, "samples", tokenizer={"num_merges": 3})
+    assert "the furthest upstream stage to rebuild is shards: " in str(e.value)
+    assert "or rebuild shards first: wiki-pipeline run --only shards --param tokenizer.num_merges=3 ..., " in str(
+        e.value
+    )
+    assert picked(store, "shards", tokenizer={"num_merges": 3})["tokenizer"] == t3["version"]  # as offered
 
 
 def test_only_with_the_tiny_preset_asks_only_what_was_typed(tmp_path):
