@@ -20,7 +20,8 @@ def parse_param(text: str) -> tuple[str, object]:
 
 def chosen_groups(args) -> dict[str, dict]:
     """The settings the user chose, per stage (the stages' defaults fill in the rest): --tiny, --params,
-    --param and the flags, later ones winning."""
+    --param and the flags, later ones winning. With ``only`` the preset gives the stage that runs and ``run``
+    only (:func:`preset_for`)."""
     from flows.settings import TINY, Pipeline
 
     groups: dict[str, dict] = {}
@@ -29,8 +30,6 @@ def chosen_groups(args) -> dict[str, dict]:
         for group, values in Pipeline.group_flat(flat).items():
             groups.setdefault(group, {}).update(values)
 
-    if args.tiny:
-        add(TINY)
     if getattr(args, "params", None):
         try:
             extra = json.loads(args.params)
@@ -44,7 +43,26 @@ def chosen_groups(args) -> dict[str, dict]:
     add({k: v for k, v in flags.items() if v})
     if getattr(args, "full_check", False):
         add({"full_check": True})
-    return groups
+    if not args.tiny:
+        return groups
+    preset = preset_for(TINY, groups.get("run", {}).get("only"))
+    return {name: {**preset.get(name, {}), **groups.get(name, {})} for name in {**preset, **groups}}
+
+
+def preset_for(preset: dict[str, dict], only: object) -> dict[str, dict]:
+    """The part of ``preset`` a run applies: all of it, or with ``only`` the running stage's group and ``run``.
+    Why: ``only=`` asks every field given by name of the upstream versions it takes, and a preset's value is not
+    one the user asked for (``--tiny --only samples`` would refuse, or pass over, the newest model for having
+    trained other than the preset's ``model.steps``); the stage that runs does take the preset's settings."""
+    from tasks.registry import stage_name
+
+    if not only:
+        return preset
+    try:
+        running = stage_name(only, "only")
+    except UserError:  # the settings' own check reports it, with the rest
+        return preset
+    return {name: values for name, values in preset.items() if name in (running, "run")}
 
 
 def checked(args):

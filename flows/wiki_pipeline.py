@@ -234,10 +234,13 @@ def asked_of_upstream(s: PipelineBase, store: ArtifactStore | None = None) -> Di
 
 
 def latest_upstream(store: ArtifactStore, stage: str, differs: Differs | None = None) -> dict[str, StageRef]:
-    """The inputs of ``stage``: the nearest upstream stage's latest current (not stale) version that has what this
-    run asks of it (``differs``, :func:`asked_of_upstream`), and the versions it was built from for the others (so
-    tokenizer and shards always match). ``UserError`` when every version of an input is stale (what ``only=``
-    built on it would be stale at once), or none has the settings asked for: it names what to run first."""
+    """The inputs of ``stage``: the nearest upstream stage's latest current (not stale) version whose whole
+    ancestry has what this run asks of it (``differs``, :func:`asked_of_upstream`: that version's own settings and
+    those of every version it was built from, transitively, as the manifests record them), and the versions it was
+    built from for the others (so tokenizer and shards always match). Why the whole ancestry: samples built from a
+    model whose tokenizer had other merges than asked would be reused while the header logs what was asked.
+    ``UserError`` when every version of an input is stale (what ``only=`` built on it would be stale at once), or
+    none has the settings asked for: it names the furthest upstream stage to rebuild and a command that works."""
     needed = BY_NAME[stage].inputs
     refs: dict[str, StageRef] = {}
     stale = store.stale_versions(code_versions()) if needed else {}
@@ -266,13 +269,7 @@ def latest_upstream(store: ArtifactStore, stage: str, differs: Differs | None = 
         else:
             chosen = _lineage(store, current[-1], needed, refs, strict=True) or {}
             asked = [a for n, v in chosen.items() for a in differs(n, v.manifest)]
-            command = " ".join(["wiki-pipeline run --only", name, *(a.as_param() for a in asked if a.param), "..."])
-            raise UserError(
-                f"only={stage!r} needs a {name} version built with {', '.join(map(str, asked))}, and none of the "
-                f"{len(current)} current one(s) under {store.root} is (the latest: {name}/{current[-1].version}); "
-                f"build one first with this run's settings: {command} (or the "
-                "whole pipeline with them), or leave those settings out to take the latest"
-            )
+            raise UserError(_refusal(store, stage, name, current, asked, differs))
         assert chosen is not None  # the loop ends with a break only on a lineage that fits
         for info in chosen.values():
             refs.setdefault(
@@ -284,23 +281,70 @@ def latest_upstream(store: ArtifactStore, stage: str, differs: Differs | None = 
     return {name: refs[name] for name in needed}
 
 
+def _refusal(
+    store: ArtifactStore, stage: str, name: str, current: list[VersionInfo], asked: list[Asked], differs: Differs
+) -> str:
+    """Why ``only=stage`` has no ``name`` version to take, and what to run: the furthest upstream stage of which no
+    current version fits (its ancestry included) must be rebuilt, and everything after it; a whole run with the
+    asked settings does that (it rebuilds what differs and reuses the rest). ``--only`` of that stage is offered as
+    well only where it would itself be accepted, so the suggested command never leads to another refusal."""
+    stale = store.stale_versions(code_versions())
+    ancestry, todo = set(), [name]
+    while todo:  # name and every stage it is built from
+        ancestry.add(up := todo.pop())
+        todo += BY_NAME[up].inputs
+    nearest_asked = min(NAMES.index(a.field.split(".")[0]) for a in asked)
+    stages = {up for up in ancestry if NAMES.index(up) >= nearest_asked}  # the asked stages and those in between
+
+    def fits(up: str) -> bool:
+        for info in store.versions(up):
+            if (up, info.version) not in stale:
+                found = _lineage(store, info, (), {}, strict=False)
+                if found is not None and not [a for n, v in found.items() for a in differs(n, v.manifest)]:
+                    return True
+        return False
+
+    furthest = next(up for up in sorted(stages, key=NAMES.index) if up == name or not fits(up))
+    upstream_first = sorted((a for a in asked if a.param), key=lambda a: NAMES.index(a.field.split(".")[0]))
+    params = [a.as_param() for a in upstream_first]
+    command = " ".join(["wiki-pipeline run", *params, "..."])
+    try:
+        latest_upstream(store, furthest, differs)
+        upto = [a.as_param() for a in upstream_first if NAMES.index(a.field.split(".")[0]) <= NAMES.index(furthest)]
+        first = f", or rebuild {furthest} first: {' '.join(['wiki-pipeline run --only', furthest, *upto, '...'])}"
+    except UserError:
+        first = ""
+    ordered = sorted(asked, key=lambda a: -NAMES.index(a.field.split(".")[0]))
+    return (
+        f"only={stage!r} needs a {name} version built with {', '.join(map(str, ordered))}, and none of the "
+        f"{len(current)} current one(s) under {store.root} is (the latest: {name}/{current[-1].version}); the "
+        f"furthest upstream stage to rebuild is {furthest}: run the pipeline with this run's settings: {command} "
+        f"(a whole run rebuilds what differs and reuses the rest){first}, or leave those settings out to take "
+        "the latest"
+    )
+
+
 def _lineage(
     store: ArtifactStore, info: VersionInfo, needed: tuple[str, ...], known: dict, strict: bool
 ) -> dict[str, VersionInfo] | None:
-    """``{stage: VersionInfo}``: ``info`` and the versions of ``needed`` it was built from (not already ``known``),
-    following manifests; a version no longer published: ``UserError`` when ``strict``, else None."""
+    """``{stage: VersionInfo}``: ``info`` and every version it was built from, transitively (not already
+    ``known``), following manifests; a version no longer published: ``UserError`` when ``strict`` and it is one of
+    ``needed``, else None (not ``strict``) or its branch ends there (``strict``, further up than ``needed``: the
+    latest stays usable after its far ancestors are collected)."""
     found: dict[str, VersionInfo] = {}
     todo = [info]
     while todo:
         cur = todo.pop()
         found.setdefault(cur.stage, cur)
         for up_name, up in cur.manifest.get("inputs", {}).items():
-            if up_name in needed and up_name not in known and up_name not in found:
+            if up_name not in known and up_name not in found:
                 try:
                     todo.append(store.get(up_name, up["version"]))
                 except FileNotFoundError:
                     if not strict:
                         return None
+                    if up_name not in needed:
+                        continue
                     raise UserError(
                         f"{cur.stage}/{cur.version} was built from {up_name}/{up['version']}, "
                         "which is no longer published; rerun the whole pipeline"
