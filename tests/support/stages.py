@@ -27,3 +27,14 @@ def __getattr__(name: str) -> Callable[..., StageRef]:
     if name in BY_NAME:
         return plain_call(name)
     raise AttributeError(name)
+
+
+def every_stage(settings, run: RunOptions) -> dict[str, StageRef]:
+    """Every stage of the registry, in order and plainly, each on its inputs' refs, with ``settings`` (a flow
+    ``Pipeline``) resolved for it: ``{stage name: its ref}``."""
+    from tasks.registry import STAGES
+
+    refs: dict[str, StageRef] = {}
+    for stage in STAGES:
+        refs[stage.name] = stage.task.fn(*(refs[name] for name in stage.inputs), settings.resolved(stage.name), run)
+    return refs

@@ -12,13 +12,9 @@ import pytest
 
 from flows.settings import TINY, Pipeline
 from tasks.core import shard_format as SF
-from tasks.corpus import download_corpus
 from tasks.evaluate import evaluate_model
-from tasks.export import export_model
-from tasks.model import train_model
-from tasks.samples import sample_model
-from tasks.shards import encode_shards
-from tasks.tokenizer import load_tokenizer, train_tokenizer
+from tasks.tokenizer import load_tokenizer
+from tests.support.stages import every_stage
 from tests.support.tiny import run_in, tiny_zip_url
 
 PROMPTS = ("The history of", "東京 🚀 café")
@@ -36,13 +32,7 @@ def pipeline(tmp_path_factory):
         }
     )
     run = run_in(tmp / "art")
-    refs: dict = {"corpus": download_corpus.fn(s.resolved("corpus"), run)}
-    refs["tokenizer"] = train_tokenizer.fn(refs["corpus"], s.resolved("tokenizer"), run)
-    refs["shards"] = encode_shards.fn(refs["corpus"], refs["tokenizer"], s.resolved("shards"), run)
-    refs["model"] = train_model.fn(refs["shards"], refs["tokenizer"], s.resolved("model"), run)
-    refs["samples"] = sample_model.fn(refs["model"], s.resolved("samples"), run)
-    refs["export"] = export_model.fn(refs["model"], s.resolved("export"), run)
-    refs["evaluate"] = evaluate_model.fn(refs["corpus"], refs["shards"], refs["model"], s.resolved("evaluate"), run)
+    refs = every_stage(s, run)
     return refs
 
 
