@@ -27,17 +27,22 @@ from mygpt.tokenizers.bpe_chunks import chunk_bounds
 from mygpt.tokenizers.bpe_train import add_counts, gc_paused, train_and_count_tokens
 from mygpt.tokenizers.byte_bpe import DEFAULT_SPECIALS, ByteBPETokenizer
 from mygpt.tokenizers.char_tokenizer import CharTokenizer
-from mygpt.tokenizers.files import load_tokenizer_file, save_tokenizer_file
+from mygpt.tokenizers.files import load_tokenizer_file
 from tasks.core import dask_work
 from tasks.core.report import Markdown, md_code, md_text, number, summary_table
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.core.urls import stored_url
 from tasks.corpus import ARTICLE_FILES, SPLIT_FILES
-from tasks.sources.pretrained_tokenizer import build_pretrained, check_source, pretrained_source
+from tasks.sources.pretrained_tokenizer import (
+    FIRST_MERGES,
+    build_pretrained,
+    check_source,
+    pretrained_source,
+    write_byte_level,
+)
 
 DEFAULT_CHUNK_BYTES = 8 << 20
-FIRST_MERGES = 30
 
 
 class TokenizerSettings(Settings):
@@ -268,32 +273,8 @@ def build_byte_tokenizer(ctx: BuildContext, settings: TokenizerSettings, train_p
     tok = ByteBPETokenizer.train(text, vocab_size, DEFAULT_SPECIALS, settings.pattern, workers=workers)
     train_seconds = time.monotonic() - t0
     ctx.progress(1, 2, "counting the slice's tokens", force=True)
-    t1 = time.monotonic()
-    tokens = len(tok.encode_array(text))
-    save_tokenizer_file(tok, ctx.out / "tokenizer.json")
-    stats = {
-        "kind": "byte",
-        "pattern": settings.pattern,
-        "vocab_size": tok.vocab_size,
-        "alphabet_size": 256,
-        "num_merges": len(tok.merges),
-        "num_merges_requested": settings.num_merges,
-        "specials": list(tok.specials),
-        "first_merges": [
-            [a.decode("utf-8", "backslashreplace"), b.decode("utf-8", "backslashreplace")]
-            for a, b in tok.merges[:FIRST_MERGES]
-        ],
-        "train_bytes": used,
-        "train_chars": len(text),
-        "train_tokens": tokens,
-        "chars_per_token": round(len(text) / tokens, 4) if tokens else None,
-        "bytes_per_token": round(used / tokens, 4) if tokens else None,
-        "encode_seconds": round(time.monotonic() - t1, 3),
-        "train_seconds": round(train_seconds, 3),
-    }
-    atomic_write_text(ctx.out / "stats.json", json.dumps(stats, indent=1, ensure_ascii=False) + "\n")
-    ctx.progress(2, 2, "done", force=True)
-    return stats
+    head = {"kind": "byte", "num_merges_requested": settings.num_merges}
+    return write_byte_level(ctx, tok, text, used, head, train_seconds)
 
 
 def kind_line(p: dict, m: dict) -> Markdown:

@@ -27,6 +27,8 @@ from tasks.wikitext.download import DownloadKnobs, RedirectRefused, SourceMissin
 from tasks.wikitext.fallback import FALLBACK_PROBE_ATTEMPTS, last_served_version
 from tasks.wikitext.source_zip import stage_sources
 
+#: How many of a tokenizer's first merges its stats.json and report show.
+FIRST_MERGES = 30
 #: The most a tokenizer.json may hold (the largest public ones, with 200k merges, are ~10 MB).
 MAX_TOKENIZER_BYTES = 256 << 20
 EOS = DEFAULT_SPECIALS[0]
@@ -272,12 +274,6 @@ def build_pretrained(ctx, settings, train_path: Path, used: int) -> dict:
     """Read the file the version names (refused when its bytes changed since the version was named), check it,
     write it as the stage's ``tokenizer.json`` (mygpt's layout) and ``stats.json`` with its tokens per character
     on the corpus slice."""
-    import json
-    import time
-
-    from mygpt.atomic import atomic_write_text
-    from mygpt.tokenizers.files import save_tokenizer_file
-
     shown = redact_url(source_url(settings.source))
     content = read_source(settings.source, ctx.log)
     got = identity(content)
@@ -300,23 +296,40 @@ def build_pretrained(ctx, settings, train_path: Path, used: int) -> dict:
                 f"tokenizer.source {shown} "
                 + _special_refused(special, f"the corpus slice holds it {text.count(special):,} times")
             )
-    t0 = time.monotonic()
-    tokens = len(tok.encode_array(text))
-    save_tokenizer_file(tok, ctx.out / "tokenizer.json")
-    stats = {
+    head = {
         "kind": "pretrained",
         "source": shown,
         "source_sha256": got["sha256"],
         "source_url_sha256": address_sha256(source_url(settings.source)),  # the address the offline fallback matches
         "source_bytes": got["bytes"],
         "renumbered": renumbered,
+    }
+    return write_byte_level(ctx, tok, text, used, head, train_seconds=0.0)
+
+
+def write_byte_level(ctx, tok: ByteBPETokenizer, text: str, used: int, head: dict, train_seconds: float) -> dict:
+    """Write a byte-level tokenizer (trained or pretrained) as the stage's ``tokenizer.json`` and ``stats.json``:
+    ``head`` (what only its kind knows), then what both kinds report of it over the slice ``text`` (``used``
+    bytes) -- one home, so the report reads the same fields whichever kind made it. Returns the stats."""
+    import json
+    import time
+
+    from mygpt.atomic import atomic_write_text
+    from mygpt.tokenizers.files import save_tokenizer_file
+
+    t0 = time.monotonic()
+    tokens = len(tok.encode_array(text))
+    save_tokenizer_file(tok, ctx.out / "tokenizer.json")
+    stats = {
+        **head,
         "pattern": tok.pattern,
         "vocab_size": tok.vocab_size,
         "alphabet_size": 256,
         "num_merges": len(tok.merges),
         "specials": list(tok.specials),
         "first_merges": [
-            [a.decode("utf-8", "backslashreplace"), b.decode("utf-8", "backslashreplace")] for a, b in tok.merges[:30]
+            [a.decode("utf-8", "backslashreplace"), b.decode("utf-8", "backslashreplace")]
+            for a, b in tok.merges[:FIRST_MERGES]
         ],
         "train_bytes": used,
         "train_chars": len(text),
@@ -324,7 +337,7 @@ def build_pretrained(ctx, settings, train_path: Path, used: int) -> dict:
         "chars_per_token": round(len(text) / tokens, 4) if tokens else None,
         "bytes_per_token": round(used / tokens, 4) if tokens else None,
         "encode_seconds": round(time.monotonic() - t0, 3),
-        "train_seconds": 0.0,
+        "train_seconds": round(train_seconds, 3),
     }
     atomic_write_text(ctx.out / "stats.json", json.dumps(stats, indent=1, ensure_ascii=False) + "\n")
     ctx.progress(2, 2, "done", force=True)
