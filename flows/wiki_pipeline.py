@@ -21,7 +21,7 @@ from flows import reports
 from flows.reports import Outcome
 from flows.settings import LINKED, SHARED_FLAT, Pipeline, PipelineBase
 from mygpt.errors import UserError
-from tasks.core import dask_work
+from tasks.core import ahead, dask_work
 from tasks.core.stage import Stage, StageRef, stage_logger
 from tasks.registry import BY_NAME, NAMES, STAGES, code_versions, open_store
 from tasks.store import ArtifactStore, VersionInfo
@@ -98,7 +98,8 @@ def run_stages(s: PipelineBase, outcomes: list[Outcome]) -> dict[str, StageRef]:
     """Every stage in the registry's order, each on its inputs."""
     refs: dict[str, StageRef] = {}
     last_dask = max((i for i, stage in enumerate(STAGES) if stage.name in DASK_STAGES), default=-1)
-    with dask_work.shared_local_clusters() as release:
+    plan = ahead.plan((stage, s.resolved(stage.name)) for stage in STAGES if not getattr(s, stage.name).skipped())
+    with dask_work.shared_local_clusters() as release, ahead.planned(plan, s.run):
         for i, stage in enumerate(STAGES):
             if i > last_dask:
                 release()  # the later stages need the memory its worker processes hold

@@ -462,6 +462,7 @@ STAGE = Stage(
     alias="encode",
     headline=lambda m: f"{m.get('tokens', 0):,} tokens",
     tiny={"shard_tokens": 50_000},
+    ahead=lambda s: ("dask",),
 )
 encode_shards = stage_task(
     STAGE, "encode_shards", "Encode every split of a corpus version into Parquet token shards (or reuse them)."

@@ -1,8 +1,8 @@
 """One local Dask cluster for a flow run's stages: inside :func:`shared_clusters`, the local cluster a stage asks for
 stays up for the next stage that asks for as many workers. Why: each local cluster costs its worker processes' start
-(spawn, imports) and stop, and the tokenizer and shards stages run one after the other on the same workers. Not
-started ahead of the first stage that needs it: on two cores its start would only take CPU from the stage before.
-Outside the context each stage starts and closes its own.
+(spawn, imports) and stop, and the tokenizer and shards stages run one after the other on the same workers. A run
+may start it ahead of the first stage that asks (:func:`start_ahead`, from :mod:`tasks.core.ahead`); that stage then
+gets it, or the error its start ended with. Outside the context each stage starts and closes its own.
 """
 
 from __future__ import annotations
@@ -23,22 +23,33 @@ class _Shared:
         self.start, self.stop = start, stop
         self.lock = threading.Lock()
         self.clusters: dict[int, concurrent.futures.Future] = {}
+        self.ahead: set[int] = set()  # worker counts started ahead that no stage has asked for yet
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dask-cluster")
 
-    def future(self, n: int) -> concurrent.futures.Future:
-        """The cluster of ``n`` workers: the one started, unless it failed or stopped; else a new one."""
+    def future(self, n: int, ahead: bool = False) -> concurrent.futures.Future:
+        """The cluster of ``n`` workers: the one started, unless it failed or stopped; else a new one. The first
+        stage to ask for one started ``ahead`` gets it as it is, a failed start too (its error is that stage's)."""
         with self.lock:
             f = self.clusters.get(n)
+            if ahead and f is not None:
+                return f
+            if not ahead and n in self.ahead:
+                self.ahead.discard(n)
+                if f is not None:
+                    return f
             if f is None or (f.done() and (f.exception() is not None or not _running(f.result()))):
                 if f is not None:
                     self._stop(f)
                 f = self.clusters[n] = self.pool.submit(self.start, n)
+                if ahead:
+                    self.ahead.add(n)
             return f
 
     def release(self) -> None:
         """Close every cluster, in the background (a stage after this one need not wait for their stop)."""
         with self.lock:
             started, self.clusters = list(self.clusters.values()), {}
+            self.ahead.clear()
         for f in started:
             self.pool.submit(self._stop, f)
 
@@ -71,6 +82,13 @@ def shared_clusters(start: Callable[[int], Any], stop: Callable[[Any], None]) ->
         _current.reset(token)
         shared.release()
         shared.pool.shutdown(wait=True)
+
+
+def start_ahead(n: int) -> concurrent.futures.Future | None:
+    """Start the run's cluster of ``n`` workers now, in the background, for the first stage that asks for it
+    (:func:`local_cluster`); None outside :func:`shared_clusters` (nothing to keep it for)."""
+    shared = _current.get()
+    return None if shared is None else shared.future(n, ahead=True)
 
 
 def sharing() -> bool:

@@ -39,6 +39,11 @@ def default_workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
+def local_workers(run) -> int:
+    """How many workers ``run``'s local cluster has."""
+    return run.workers or default_workers()
+
+
 # ---- what the workers run ------------------------------------------------------------------------------
 def encode_range(
     tokenizer_key: str, tokenizer_json: str, path: str, start: int, end: int, unk_policy: str, ends: tuple = ()
@@ -193,7 +198,7 @@ def dask_client(run, log, *, needs: Iterable[str] = ()) -> Iterator[Any]:
             finally:
                 client.close()
             return
-        n = run.workers or default_workers()
+        n = local_workers(run)
         with dask_shared.local_cluster(n, _local_cluster) as cluster, Client(cluster, set_as_default=False) as client:
             log.info(
                 "dask: local cluster of %d worker%s (%s%s)",
@@ -208,8 +213,14 @@ def dask_client(run, log, *, needs: Iterable[str] = ()) -> Iterator[Any]:
 @contextlib.contextmanager
 def shared_local_clusters() -> Iterator[Callable[[], None]]:
     """A flow run's stages share their local cluster within (``dask_shared``); yields ``release`` (close it now)."""
-    with dask_shared.shared_clusters(_local_cluster, _quiet_close) as release:
+    with dask_shared.shared_clusters(_quiet_start, _quiet_close) as release:
         yield release
+
+
+def _quiet_start(n: int) -> Any:
+    """Start a local cluster without its INFO lines (started ahead, no stage's ``dask_client`` quiets it)."""
+    with _quiet_distributed():
+        return _local_cluster(n)
 
 
 def _quiet_close(cluster: Any) -> None:
