@@ -1,19 +1,22 @@
 """Slow things started ahead of the stage that needs them: the run's local Dask cluster and torch's import.
 
-Within :func:`planned` (a flow run, with the stages it will run in order), the first stage that decides to build
-(:func:`building`, called by the stage runner once the store has no version to reuse) starts in the background what
-the later stages of the run declare they need (``Stage.ahead``: ``"dask"``, ``"torch"``), for each later stage built
-from it. Why then and only then: a stage that builds gives its output a new build id, so every stage built from it
-in this run builds too (its version id names that build id); a run whose stages are all reused starts nothing, and
-the corpus stage, which builds first, leaves a core idle. Where to start it: ``"dask"``, the run's shared local
-cluster (:mod:`tasks.core.dask_shared`; with ``run.dask_address``, nothing: the stage connects); ``"torch"``, an
-import of torch and the modules training imports on its first step, in a thread of this process (with ``nproc=1``
-training runs here; the stage declares it only then).
+Within :func:`planned` (a flow run, with the stages it will run in order), a stage that decides to build
+(:func:`building`, called by the stage runner once the store has no version to reuse) has what the later stages built
+from it declare they need (``Stage.ahead``: ``"dask"``, ``"torch"``) started in the background. Why a stage that
+builds: it gives its output a new build id, so every stage built from it in this run builds too (its version id names
+that build id); a run whose stages are all reused starts nothing, nor does ``only=`` (no later stage).
 
-A failure in the background is the needing stage's to report, as if it had started the thing itself: the cluster's
-start error is raised where the stage asks for the cluster, torch's import error by :func:`ready` before the stage
-builds; no other stage sees it. On exit the torch import is waited for (a half-imported torch must not outlive the
-run), and the cluster is closed by :func:`dask_shared.shared_clusters` as before.
+When: ``"dask"`` (the run's shared local cluster, :mod:`tasks.core.dask_shared`; with ``run.dask_address``, nothing:
+the stage connects) at once: the corpus stage, which builds first, leaves a core idle. ``"torch"`` (an import of torch
+and the modules training imports on its first step, in a thread of this process; the model stage declares it when it
+trains here, ``nproc=1``) once the last stage to build that needs Dask has built (:func:`built`): the run's cluster is
+closed then and its worker processes waited for before the import begins. Why not at once: torch's modules in this
+process while the workers encode the shards would raise the peak memory of the whole run by their size.
+
+A failure in the background is the needing stage's to report: the cluster's start error is raised where the stage
+asks for the cluster (as its own start's would be), torch's import error by :func:`ready` before the stage builds, or
+by the stage's own import (which waits for the one under way); no other stage sees it. On exit an import under way is
+waited for (a half-imported torch must not outlive the run); the cluster is closed as before.
 """
 
 from __future__ import annotations
@@ -53,30 +56,51 @@ def import_torch() -> None:
         importlib.import_module(name)
 
 
+def _torch_after(stops: list[concurrent.futures.Future]) -> Callable[[], None]:
+    """Torch's import, once the clusters being closed (``stops``) are closed: their workers' memory is given back."""
+
+    def run() -> None:
+        concurrent.futures.wait(stops)
+        import_torch()
+
+    return run
+
+
 class _Run:
     """One flow run's starts: by need, the future of what was started."""
 
     def __init__(self, stages: list[Planned], starters: dict[str, Callable[[], concurrent.futures.Future | None]]):
         self.stages, self.starters = stages, starters
+        self.needs = {stage.name: stage.needs for stage in stages}
         self.lock = threading.Lock()
         self.started: dict[str, concurrent.futures.Future | None] = {}
+        self.to_build: set[str] = set()  # the stages this run will build and has not finished building
+        self.ended: set[str] = set()
 
     def building(self, name: str) -> None:
-        later = _built_from(self.stages, name)
         with self.lock:
-            for stage in self.stages:
-                if stage.name in later:
-                    for need in stage.needs:
-                        if need not in self.started:
-                            self.started[need] = self.starters[need]()
+            self.to_build |= ({name} | _built_from(self.stages, name)) - self.ended
+            self._start()
+
+    def built(self, name: str) -> None:
+        with self.lock:
+            self.to_build.discard(name)
+            self.ended.add(name)
+            self._start()
+
+    def _start(self) -> None:
+        """Start each need of a stage still to build, but torch only once no stage still to build needs Dask."""
+        wanted = [need for stage in self.stages if stage.name in self.to_build for need in stage.needs]
+        dask_left = "dask" in wanted
+        for need in dict.fromkeys(wanted):
+            if need not in self.started and not (need == "torch" and dask_left):
+                self.started[need] = self.starters[need]()
 
     def ready(self, name: str) -> None:
-        needs = next((s.needs for s in self.stages if s.name == name), ())
         with self.lock:
-            waits = [self.started.get(need) for need in needs if need in _WAITED]
-        for f in waits:
-            if f is not None:
-                f.result()  # the background start's own error, raised by the stage that needs it
+            torch = self.started.get("torch") if "torch" in self.needs.get(name, ()) else None
+        if torch is not None and torch.done() and torch.exception() is not None:
+            raise torch.exception()  # type: ignore[misc]  # the background import's own error, the stage's to report
 
     def close(self) -> None:
         with self.lock:
@@ -84,11 +108,6 @@ class _Run:
         for f in started:
             if f is not None:
                 concurrent.futures.wait([f])
-
-
-#: The needs whose background start :func:`ready` waits for before the stage builds (a cluster is waited for where the
-#: stage asks for it).
-_WAITED = ("torch",)
 
 
 def _built_from(stages: list[Planned], name: str) -> set[str]:
@@ -126,7 +145,7 @@ def planned(stages: list[Planned], run: Any) -> Iterator[None]:
     with how many local workers. On exit, a torch import under way is waited for."""
     starters: dict[str, Callable[[], concurrent.futures.Future | None]] = {
         "dask": lambda: None if run.dask_address else dask_shared.start_ahead(dask_work.local_workers(run)),
-        "torch": lambda: _in_thread(import_torch, "import-torch"),
+        "torch": lambda: _in_thread(_torch_after(dask_shared.release_now()), "import-torch"),
     }
     state = _Run(stages, starters)
     token = _current.set(state)
@@ -145,9 +164,17 @@ def building(stage: str) -> None:
         state.building(stage)
 
 
+def built(stage: str) -> None:
+    """``stage``'s build has returned (its publication follows): start what waited for it. Outside :func:`planned`,
+    nothing."""
+    state = _current.get()
+    if state is not None:
+        state.built(stage)
+
+
 def ready(stage: str) -> None:
-    """Before ``stage`` builds: wait for the background starts it needs that it does not wait for itself (torch's
-    import), and raise the error one ended with. Outside :func:`planned`, nothing."""
+    """Before ``stage`` builds: raise the error torch's import ended with if the stage needs it (an import under way
+    is not waited for here: the stage's own import waits for it). Outside :func:`planned`, nothing."""
     state = _current.get()
     if state is not None:
         state.ready(stage)

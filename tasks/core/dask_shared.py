@@ -45,13 +45,13 @@ class _Shared:
                     self.ahead.add(n)
             return f
 
-    def release(self) -> None:
-        """Close every cluster, in the background (a stage after this one need not wait for their stop)."""
+    def release(self) -> list[concurrent.futures.Future]:
+        """Close every cluster, in the background (a stage after this one need not wait for their stop); the
+        futures of their stops."""
         with self.lock:
             started, self.clusters = list(self.clusters.values()), {}
             self.ahead.clear()
-        for f in started:
-            self.pool.submit(self._stop, f)
+        return [self.pool.submit(self._stop, f) for f in started]
 
     def _stop(self, f: concurrent.futures.Future) -> None:
         if f.exception() is None:
@@ -69,7 +69,7 @@ _current: contextvars.ContextVar[_Shared | None] = contextvars.ContextVar("dask_
 
 
 @contextlib.contextmanager
-def shared_clusters(start: Callable[[int], Any], stop: Callable[[Any], None]) -> Iterator[Callable[[], None]]:
+def shared_clusters(start: Callable[[int], Any], stop: Callable[[Any], None]) -> Iterator[Callable[[], object]]:
     """Within: :func:`local_cluster` hands out one cluster per worker count, started by ``start(n)`` once and
     stopped by ``stop(cluster)``; yields
     ``release``, which closes them in the background (a run calls it after its last stage that uses Dask: their
@@ -89,6 +89,13 @@ def start_ahead(n: int) -> concurrent.futures.Future | None:
     (:func:`local_cluster`); None outside :func:`shared_clusters` (nothing to keep it for)."""
     shared = _current.get()
     return None if shared is None else shared.future(n, ahead=True)
+
+
+def release_now() -> list[concurrent.futures.Future]:
+    """Close the run's clusters now, in the background: the futures of their stops (none outside
+    :func:`shared_clusters`)."""
+    shared = _current.get()
+    return [] if shared is None else shared.release()
 
 
 def sharing() -> bool:

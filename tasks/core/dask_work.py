@@ -211,7 +211,7 @@ def dask_client(run, log, *, needs: Iterable[str] = ()) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def shared_local_clusters() -> Iterator[Callable[[], None]]:
+def shared_local_clusters() -> Iterator[Callable[[], object]]:
     """A flow run's stages share their local cluster within (``dask_shared``); yields ``release`` (close it now)."""
     with dask_shared.shared_clusters(_quiet_start, _quiet_close) as release:
         yield release

@@ -302,6 +302,7 @@ class Stage:
             t0 = time.time()
             ahead.ready(self.name)
             metrics = self.build(ctx, settings, **input_dirs) or {}
+            ahead.built(self.name)  # what waited for this build starts while it is published
             seconds = round(time.time() - t0, 3)
             manifest = staging.publish(
                 settings=settings.version_params(),

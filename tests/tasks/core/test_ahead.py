@@ -4,6 +4,7 @@ that fails is raised by the stage that needs it, no other."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 
 import pytest
@@ -31,49 +32,62 @@ def imports(monkeypatch) -> list[str]:
     return done
 
 
-def _counting(started: list[int]):
+def _counting(started: list):
     def start(n: int):
-        started.append(n)
-        return dask_work._local_cluster(n)
+        started.append(dask_work._local_cluster(n))
+        return started[-1]
 
     return start
 
 
-def test_a_stage_that_builds_starts_the_cluster_and_torch_for_the_stages_built_from_it(imports):
-    started: list[int] = []
+def _wait_for(state: ahead._Run, need: str) -> None:
+    future = state.started[need]
+    assert future is not None
+    future.result()
+
+
+def test_a_stage_that_builds_starts_the_cluster_at_once_and_torch_once_the_cluster_is_closed(monkeypatch):
+    clusters: list = []
+    seen: list[str] = []  # the cluster's status when torch's import began
+    monkeypatch.setattr(ahead, "import_torch", lambda: seen.append(clusters[0].status.name))
     run = RunOptions(workers=1)
-    with dask_shared.shared_clusters(_counting(started), dask_work._quiet_close), ahead.planned(PLAN, run):
+    with dask_shared.shared_clusters(_counting(clusters), dask_work._quiet_close), ahead.planned(PLAN, run):
+        state = ahead._current.get()
+        assert state is not None
         ahead.building("corpus")
+        ahead.built("corpus")
         ahead.building("tokenizer")  # started once for the run, whoever builds next
-        ahead.ready("model")
-        assert imports == ["torch"]
         with dask_work.dask_client(run, LOG) as client:  # the stage gets the cluster started ahead
             assert client.submit(sum, [1, 2]).result() == 3
-        assert started == [1]
+        ahead.built("tokenizer")
+        ahead.building("shards")
+        assert "torch" not in state.started  # the shards still need the workers
+        ahead.built("shards")
+        _wait_for(state, "torch")
+        ahead.ready("model")
+    assert len(clusters) == 1 and seen == ["closed"]
 
 
 def test_nothing_is_started_for_stages_not_built_from_the_one_that_builds(imports):
-    started: list[int] = []
+    started: list = []
     with dask_shared.shared_clusters(_counting(started), dask_work._quiet_close):
         with ahead.planned(PLAN, RunOptions(workers=1)):
-            ahead.building("shards")  # the model is built from it: torch; no later stage needs Dask
-            ahead.ready("model")
-        assert imports == ["torch"] and started == []
-        with ahead.planned(PLAN, RunOptions(workers=1)):
-            ahead.building("model")  # samples need nothing started
-            ahead.building("samples")
+            ahead.building("samples")  # nothing is built from it
         with ahead.planned(PLAN[:3], RunOptions(workers=1)):  # a run that stops before the model
             ahead.building("tokenizer")
-        assert imports == ["torch"] and started == [1]
+            ahead.built("tokenizer")
+            ahead.built("shards")
+        assert imports == [] and len(started) == 1
 
 
 def test_with_a_scheduler_address_no_local_cluster_is_started_and_outside_a_run_nothing(imports):
-    started: list[int] = []
+    started: list = []
     address = RunOptions(dask_address="tcp://127.0.0.1:8786")
     with dask_shared.shared_clusters(_counting(started), dask_work._quiet_close), ahead.planned(PLAN, address):
         ahead.building("corpus")
     ahead.building("corpus")  # no run plan: nothing
-    assert started == [] and imports == ["torch"]
+    ahead.built("shards")
+    assert started == [] and imports == []
 
 
 def test_a_failed_start_is_raised_by_the_stage_that_needs_it_and_no_other(monkeypatch):
@@ -86,9 +100,14 @@ def test_a_failed_start_is_raised_by_the_stage_that_needs_it_and_no_other(monkey
     monkeypatch.setattr(ahead, "import_torch", no_torch)
     run = RunOptions(workers=1)
     with dask_shared.shared_clusters(broken, dask_work._quiet_close), ahead.planned(PLAN, run):
+        state = ahead._current.get()
+        assert state is not None
         ahead.building("corpus")
-        ahead.ready("tokenizer")  # torch's error is not the tokenizer's
         with pytest.raises(OSError, match="no ports left"), dask_work.dask_client(run, LOG):
-            pass
+            pass  # the tokenizer's
+        ahead.built("tokenizer")
+        ahead.built("shards")
+        concurrent.futures.wait([state.started["torch"]])
+        ahead.ready("samples")  # torch's error is not another stage's
         with pytest.raises(ModuleNotFoundError, match="torch"):
             ahead.ready("model")
