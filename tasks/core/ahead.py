@@ -1,10 +1,10 @@
 """Slow things started ahead of the stage that needs them: the run's local Dask cluster and torch's import.
 
 Within :func:`planned` (a flow run, with the stages it will run in order), a stage that decides to build
-(:func:`building`, called by the stage runner once the store has no version to reuse) has what the later stages built
-from it declare they need (``Stage.ahead``: ``"dask"``, ``"torch"``) started in the background. Why a stage that
-builds: it gives its output a new build id, so every stage built from it in this run builds too (its version id names
-that build id); a run whose stages are all reused starts nothing, nor does ``only=`` (no later stage).
+(:func:`building`, called by the stage runner once the store has no version to reuse) has what it and the later
+stages built from it declare they need (``Stage.ahead``: ``"dask"``, ``"torch"``) started in the background. Why a
+stage that builds: it gives its output a new build id, so every stage built from it in this run builds too (its
+version id names that build id); a run whose stages are all reused starts nothing, nor does ``only=`` (no plan).
 
 When: ``"dask"`` (the run's shared local cluster, :mod:`tasks.core.dask_shared`; with ``run.dask_address``, nothing:
 the stage connects) at once: the corpus stage, which builds first, leaves a core idle. ``"torch"`` (an import of torch
@@ -157,7 +157,7 @@ def planned(stages: list[Planned], run: Any) -> Iterator[None]:
 
 
 def building(stage: str) -> None:
-    """``stage`` builds (its version is not in the store): start what the stages built from it need. Outside
+    """``stage`` builds (its version is not in the store): start what it and the stages built from it need. Outside
     :func:`planned`, nothing."""
     state = _current.get()
     if state is not None:
