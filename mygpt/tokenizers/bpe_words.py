@@ -76,22 +76,13 @@ def _power_tables(n: int) -> tuple[np.ndarray, np.ndarray]:
     global _powers
     if _powers[0].size <= n:
         size = max(n + 1, 2 * _powers[0].size, 1 << 16)
-        _powers = (_powers_of(_BASE, size), _powers_of(_BASE_INV, size))
+        fwd = np.empty(size, np.uint64)
+        inv = np.empty(size, np.uint64)
+        fwd[0] = inv[0] = 1
+        np.cumprod(np.full(size - 1, _BASE, dtype=np.uint64), out=fwd[1:])  # wraps modulo 2**64
+        np.cumprod(np.full(size - 1, _BASE_INV, dtype=np.uint64), out=inv[1:])
+        _powers = (fwd, inv)
     return _powers
-
-
-def _powers_of(base: np.uint64, size: int, block: int = 1 << 10) -> np.ndarray:
-    """``base**i`` modulo 2**64 for ``i < size``, as ``base**(q*block) * base**r``: two short running products and
-    one outer product. Why not one running product over ``size``: it is a serial loop, the outer product is not."""
-
-    def running(b: np.uint64, count: int) -> np.ndarray:
-        out = np.ones(count, np.uint64)
-        np.cumprod(np.full(count - 1, b, dtype=np.uint64), out=out[1:])  # wraps modulo 2**64
-        return out
-
-    low = running(base, block)
-    high = running(_U64(pow(int(base), block, 1 << 64)), -(-size // block))  # the powers of base**block
-    return np.multiply.outer(high, low).ravel()[:size]
 
 
 def word_hashes(cps: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:

@@ -108,14 +108,3 @@ def test_hash_index_get_and_put(bits):
     assert len(index) == keys.size
     np.testing.assert_array_equal(index.get(keys), np.arange(keys.size))
     assert (index.get(np.array([1, 2, 3], dtype=np.uint64)) == -1).all() or not {1, 2, 3} & set(keys.tolist())
-
-
-def test_the_hash_tables_powers_are_the_base_to_each_power_modulo_2_64():
-    size = 3 * 1024 + 5  # over three blocks of the outer product and into a fourth
-    want, p = [], 1
-    for _ in range(size):
-        want.append(p)
-        p = p * int(bpe_words._BASE) % (1 << 64)
-    fwd, inv = bpe_words._powers_of(bpe_words._BASE, size), bpe_words._powers_of(bpe_words._BASE_INV, size)
-    assert fwd.tolist() == want
-    assert (fwd * inv == 1).all()  # the inverse table undoes it, power by power
