@@ -125,6 +125,12 @@ class Files(Protocol):
         """A local directory holding the published version ``key`` (checked by size, with ``full`` by sha256)."""
         ...
 
+    def cached(self, key: str, rel: str, build_id: str) -> Path | None:
+        """This machine's copy of the file ``rel`` of the version ``key`` as its build ``build_id`` published it,
+        read without a request (an object store's cache: the copy this machine published or downloaded), or
+        None (none here; a directory root: ``fetch`` reads the file itself). Unchecked, as :meth:`fetch`."""
+        ...
+
     def save_state(self, local: Path, key: str) -> None:
         """Keep the local file ``local`` of a build as resume state at ``key`` (gone: deleted there)."""
         ...

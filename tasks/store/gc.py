@@ -11,7 +11,7 @@ from pathlib import Path
 from tasks.store.files import MANIFEST, Files, files_prefix
 from tasks.store.layout import VERSION_RE
 from tasks.store.posix import PosixFiles
-from tasks.store.s3 import INCOMING
+from tasks.store.s3_cache import INCOMING
 from tasks.store.versions import VersionInfo, Versions
 
 #: A stage's own finder of leftovers in its local folder: ``(path, bytes, why)`` for each.

@@ -144,6 +144,9 @@ class PosixFiles:
     def local_copy(self, key: str, full: bool = False) -> Path:
         return self.root / key  # the version itself
 
+    def cached(self, key: str, rel: str, build_id: str) -> Path | None:
+        return None  # fetch reads the published file itself
+
     # ---- resume state: the staging area under the root already is it ----------------------------
     def save_state(self, local: Path, key: str) -> None:
         pass

@@ -26,13 +26,13 @@ from tasks.store.files import (
     safe_rel,
 )
 from tasks.store.manifest_schema import manifest_problem
+from tasks.store.s3_cache import INCOMING, cached_file, holds_build, install
 from tasks.store.s3_client import cache_root, filesystem, no_bucket, precondition_failed, read_at_most
 from tasks.store.s3_compose import abort_unfinished, checked_joined, upload_joined
 from tasks.store.s3_lease import Lease, lease_seconds
 from tasks.store.s3_urls import SCHEME, normal_url, scrub, split_url
 
 UPLOAD_PART_BYTES = 8 << 20
-INCOMING = ".incoming"  # downloads into the local cache in progress (a killed one is left there for gc)
 
 
 class ObjectFiles:
@@ -154,7 +154,7 @@ class ObjectFiles:
             raise UserError(f"{self.where(key)}: its {MANIFEST} is damaged ({problem}); rerun with force to rebuild it")
         final = self.local / key
         files: dict[str, dict] = manifest.get("files") or {}
-        if self._cached(final, manifest, full):
+        if holds_build(final, manifest, full):
             return final
         prefix = files_prefix(manifest)
         incoming = self.local / INCOMING / f"{key.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
@@ -177,47 +177,15 @@ class ObjectFiles:
                         "after publication); rerun with force for that stage to rebuild it"
                     )
             atomic_write_text(incoming / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-            if self._cached(final, manifest, full):  # another process here fetched it meanwhile: it may read it
+            if holds_build(final, manifest, full):  # another process here fetched it meanwhile: it may read it
                 return final
-            self._install(incoming, final)
+            install(self.local, incoming, final)
         finally:
             shutil.rmtree(incoming, ignore_errors=True)
         return final
 
-    def _install(self, source: Path, final: Path) -> None:
-        """Make the local directory ``source`` the cached copy ``final`` by one rename (the old one moved aside)."""
-        if final.exists():
-            aside = self.local / INCOMING / f"old-{uuid.uuid4().hex[:8]}"
-            aside.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(OSError):
-                os.rename(final, aside)
-            shutil.rmtree(aside, ignore_errors=True)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(source, final)
-        except OSError:
-            shutil.rmtree(source, ignore_errors=True)
-
-    @staticmethod
-    def _cached(final: Path, manifest: dict, full: bool = False) -> bool:
-        """Whether ``final`` holds this build of the version (its ``build_id``, each file's size; ``full``: sha256)."""
-        try:
-            cached = json.loads((final / MANIFEST).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return False
-        if not isinstance(cached, dict) or cached.get("build_id") != manifest.get("build_id"):
-            return False
-        files = manifest.get("files") or {}
-        try:
-            return all(
-                safe_rel(r)
-                and (final / r).is_file()
-                and (final / r).stat().st_size == m["size"]
-                and (not full or sha256_file(final / r) == m["sha256"])
-                for r, m in files.items()
-            )
-        except (OSError, TypeError, KeyError):
-            return False
+    def cached(self, key: str, rel: str, build_id: str) -> Path | None:
+        return cached_file(self.local / key, rel, build_id)
 
     # ---- resume state: uploaded beside the version, so a build on another machine resumes ----------
     def save_state(self, local: Path, key: str) -> None:
@@ -315,7 +283,7 @@ class ObjectFiles:
             with self._errors(f"deleting the files {key} held before"):
                 self._delete_keys(self._named(key, replaces.manifest))
         # an older build's copy (a forced rebuild) goes: no build of this machine reads it now
-        self._install(out, self.local / key)
+        install(self.local, out, self.local / key)
 
     def _is_ours(self, key: str, manifest: dict) -> bool:
         """Whether the version ``key`` holds ``manifest``'s build (its commit landed, its answer did not)."""

@@ -1,9 +1,11 @@
 """A file that is other files of its build one after another (``Build.joined``), made on S3 from the objects already
 uploaded: a multipart upload whose parts are server-side copies of them (``UploadPartCopy``), so its bytes are sent
 once, not twice. Why this way: a build's output that concatenates its other outputs (the corpus's wikipedia.txt)
-would otherwise double what a publish sends. Each copied part is checked against the local bytes it stands for
-(its ETag, the MD5 of the bytes copied) before the upload is completed: a part object changed since its upload
-(or an ETag that is no MD5, as with SSE-KMS) makes the caller upload the file as it is -- never a wrong object."""
+would otherwise double what a publish sends. Each copied part is checked against the joined file's own bytes at
+that place (its ETag, the MD5 of the bytes copied) before the upload is completed, and what is sent is read from
+the joined file: so the object is the file the manifest's sha256 was computed from, and the build's claim needs
+no hashing pass of its own. A part object changed since its upload, a claim that is false, or an ETag that is no
+MD5 (as with SSE-KMS) makes the caller upload the file as it is -- never a wrong object."""
 
 from __future__ import annotations
 
@@ -53,23 +55,13 @@ def plan_parts(sizes: list[tuple[str, int]], min_part: int = MIN_PART_BYTES, max
     return parts
 
 
-def joined_sha256(out: Path, names: list[str]) -> tuple[int, str]:
-    """The size and sha256 of the files ``names`` of ``out``, one after another."""
-    h, size = hashlib.sha256(), 0
-    for name in names:
-        with open(out / name, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-                size += len(block)
-    return size, h.hexdigest()
-
-
 class _PartChanged(Exception):
     """A copied part's bytes are not the local file's range they stand for."""
 
 
 def _range_md5(out: Path, name: str, start: int, end: int) -> str:
-    """The MD5 (hex) of bytes ``start:end`` of ``out/name``: what S3 answers as the ETag of a part copied from it."""
+    """The MD5 (hex) of bytes ``start:end`` of ``out/name``: what S3 answers as the ETag of a part copied from the
+    same bytes."""
     h = hashlib.md5(usedforsecurity=False)
     with open(out / name, "rb") as f:
         f.seek(start)
@@ -100,14 +92,18 @@ def compose(
 ) -> bool:
     """Make the object ``object_key(target)`` from the objects ``object_key(part)`` (uploaded from ``out``), each
     range as :func:`plan_parts` cuts them; ``call(method, **kwargs)`` is one S3 request on ``bucket``. False (nothing
-    done) when no range is long enough to be copied, or when a copied part is not the local range it stands for
-    (its ETag, the copied bytes' MD5, differs: the part's object changed since its upload): the caller uploads
-    the file as it is. Why checked before completing: the object would be committed beside a manifest whose
-    sha256 is the local file's. A failure aborts the multipart upload (nothing is left under the name) and
-    raises."""
-    plan = plan_parts([(name, (out / name).stat().st_size) for name in parts])
+    done) when no range is long enough to be copied, or when a copied part is not the bytes of ``out/target`` at
+    that place (its ETag, the copied bytes' MD5, differs: the part's object changed since its upload, or the
+    claim is false): the caller uploads the file as it is. What is sent is read from ``out/target``. Why checked
+    before completing: the object would be committed beside a manifest whose sha256 is the local file's. A
+    failure aborts the multipart upload (nothing is left under the name) and raises."""
+    sizes = [(str(i), (out / name).stat().st_size) for i, name in enumerate(parts)]  # a part named twice: two
+    plan = plan_parts(sizes)
     if not any(p[0] == "copy" for p in plan):
         return False
+    at, offset = {}, 0  # where each part's bytes lie in the joined file
+    for i, size in sizes:
+        at[i], offset = offset, offset + size
     dest = object_key(target)
     upload_id = call("create_multipart_upload", Key=dest)["UploadId"]
     try:
@@ -117,16 +113,16 @@ def compose(
                 still_held()  # a build that lost its lock sends nothing more
             common = dict(Key=dest, UploadId=upload_id, PartNumber=number)
             if part[0] == "copy":
-                _, name, start, end = part
-                source = {"Bucket": bucket, "Key": object_key(name)}
+                _, i, start, end = part
+                source = {"Bucket": bucket, "Key": object_key(parts[int(i)])}
                 answer = call(
                     "upload_part_copy", CopySource=source, CopySourceRange=f"bytes={start}-{end - 1}", **common
                 )
                 tag = answer["CopyPartResult"]["ETag"]
-                if tag.strip('"') != _range_md5(out, name, start, end):
+                if tag.strip('"') != _range_md5(out, target, at[i] + start, at[i] + end):
                     raise _PartChanged(f"{source['Key']} bytes {start:,}-{end - 1:,}")
             else:
-                body = b"".join(_read_range(out, *r) for r in part[1])
+                body = b"".join(_read_range(out, target, at[n] + a, at[n] + b) for n, a, b in part[1])
                 tag = call("upload_part", Body=body, **common)["ETag"]
             done.append({"ETag": tag, "PartNumber": number})
         call("complete_multipart_upload", Key=dest, UploadId=upload_id, MultipartUpload={"Parts": done})
@@ -136,8 +132,9 @@ def compose(
         if not isinstance(e, _PartChanged):
             raise
         log.warning(
-            "store: %s not made from its parts' objects: the copy of %s is not the local file's bytes (the object "
-            "changed since its upload, or its ETag is no MD5); uploading it as it is",
+            "store: %s not made from its parts' objects: the copy of %s is not the local file's bytes there (the "
+            "object changed since its upload, the file is not its parts one after another, or its ETag is no MD5); "
+            "uploading it as it is",
             dest,
             e,
         )
@@ -146,13 +143,15 @@ def compose(
 
 
 def checked_joined(manifest: dict, out: Path) -> dict[str, list[str]]:
-    """The manifest's ``joined`` files (``{file: [its parts]}``), each checked against its size and sha256 in the
-    manifest: a build's claim is taken only where it is true (``RuntimeError``, a stage's bug, otherwise)."""
+    """The manifest's ``joined`` files (``{file: [its parts]}``), each checked against its size in the manifest
+    (``RuntimeError``, a stage's bug, when its parts' sizes do not add up to it). Its bytes are not hashed again
+    here: :func:`compose` checks every copied range against the file itself, so a false claim of the right size
+    is never composed (the file is uploaded as it is)."""
     joined = manifest.get(JOINED) or {}
     files = manifest.get("files") or {}
     for target, parts in joined.items():
-        meta = files.get(target) or {}
-        if joined_sha256(out, parts) != (meta.get("size"), meta.get("sha256")):
+        size = (files.get(target) or {}).get("size")
+        if size != sum((out / part).stat().st_size for part in parts):
             raise RuntimeError(f"{out / target} is declared to be {parts!r} one after another, and it is not")
     return joined
 

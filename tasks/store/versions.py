@@ -207,9 +207,14 @@ class Versions:
         ``manifest``: the version's, where the caller has it (one read for many files). A reader that must be
         sure it reads the checked bytes (a directory root's file may change after the check) uses
         :meth:`fetch_bytes`."""
-        key, meta = self._file_key(stage, version, rel, manifest)
+        key, meta, manifest = self._file_key(stage, version, rel, manifest)
         folder.mkdir(parents=True, exist_ok=True)
-        local = self.files.fetch(key, folder / f".{Path(rel).name}.{uuid.uuid4().hex[:8]}.part")
+        dest = folder / f".{Path(rel).name}.{uuid.uuid4().hex[:8]}.part"
+        cached = self._from_cache(stage, version, rel, manifest, meta)
+        if cached is not None:
+            dest.write_bytes(cached)
+            return dest
+        local = self.files.fetch(key, dest)
         try:
             size = local.stat().st_size
             problem = self._mismatch(meta, size, lambda: sha256_file(local))
@@ -225,7 +230,10 @@ class Versions:
         size and sha256 in the manifest (see :meth:`fetch_file`): what the caller gets is exactly what was
         hashed, so a change to the file after the check cannot reach it. ``folder``: where an object store's
         download goes (deleted here)."""
-        key, meta = self._file_key(stage, version, rel, manifest)
+        key, meta, manifest = self._file_key(stage, version, rel, manifest)
+        cached = self._from_cache(stage, version, rel, manifest, meta)
+        if cached is not None:
+            return cached
         folder.mkdir(parents=True, exist_ok=True)
         local = self.files.fetch(key, folder / f".{Path(rel).name}.{uuid.uuid4().hex[:8]}.part")
         try:
@@ -239,12 +247,25 @@ class Versions:
         self._refuse(stage, version, key, problem)
         return data
 
-    def _file_key(self, stage: str, version: str, rel: str, manifest: dict | None) -> tuple[str, dict]:
+    def _file_key(self, stage: str, version: str, rel: str, manifest: dict | None) -> tuple[str, dict, dict]:
         manifest = manifest if manifest is not None else self.get(stage, version).manifest
         prefix, meta = files_prefix(manifest), manifest["files"].get(rel)
         if prefix is None or not safe_rel(rel) or not isinstance(meta, dict):
             raise UserError(f"{self.location(stage, version)}: its manifest does not list {rel!r}")
-        return f"{self._version_key(stage, version)}/{prefix}{rel}", meta
+        return f"{self._version_key(stage, version)}/{prefix}{rel}", meta, manifest
+
+    def _from_cache(self, stage: str, version: str, rel: str, manifest: dict, meta: dict) -> bytes | None:
+        """The bytes of ``rel`` from this machine's copy of the version's build (``Files.cached``) when they are
+        the manifest's (size and sha256), read once; else None (the caller downloads). Why: on an object store a
+        stage reads what the one before it published from this machine without downloading the bytes it sent."""
+        path = self.files.cached(self._version_key(stage, version), rel, str(manifest.get("build_id")))
+        if path is None:
+            return None
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        return None if self._mismatch(meta, len(data), lambda: hashlib.sha256(data).hexdigest()) else data
 
     @staticmethod
     def _mismatch(meta: dict, size: int, sha256) -> str | None:

@@ -199,3 +199,33 @@ def test_a_bucket_deleted_mid_run_is_one_error_naming_root_bucket_and_operation(
     out = capsys.readouterr().err
     assert out.startswith(f"error: the artifact store {s3_root} failed while looking for the bucket: the bucket")
     assert out.count("\n") == 1 and "Traceback" not in out
+
+
+def test_a_file_this_machine_published_is_read_from_its_checked_cache_not_downloaded(s3_root, tmp_path, monkeypatch):
+    store = open_store(s3_root)
+    manifest = publish_locked(store, "shards", "s1", {"train-00000.parquet": b"shard zero", "shards.json": b"{}"})
+    downloads: list[str] = []
+    fetch = type(store.files).fetch
+
+    def counted(self, key, dest):
+        downloads.append(key.rsplit("/", 1)[-1])
+        return fetch(self, key, dest)
+
+    monkeypatch.setattr(type(store.files), "fetch", counted)
+    # the publish left its out/ as the cache's copy of this build: read from there, checked, no request
+    assert store.fetch_bytes("shards", "s1", "train-00000.parquet", tmp_path / "in", manifest) == b"shard zero"
+    got = store.fetch_file("shards", "s1", "shards.json", tmp_path / "in")
+    assert got.read_bytes() == b"{}" and got.parent == tmp_path / "in" and downloads == []
+    got.unlink()  # the caller's to delete: the cached copy stays
+    copy = store.version_path("shards", "s1")
+    assert (copy / "shards.json").read_bytes() == b"{}"
+    # the cached file changed since (same size): its sha256 differs, so the published object is downloaded
+    (copy / "train-00000.parquet").write_bytes(b"SHARD ZERO")
+    assert store.fetch_bytes("shards", "s1", "train-00000.parquet", tmp_path / "in") == b"shard zero"
+    assert downloads == ["train-00000.parquet"]
+    # a cached copy of another build of the version is never read for this one
+    cached = json.loads((copy / MANIFEST).read_text())
+    (copy / MANIFEST).write_text(json.dumps({**cached, "build_id": "otherbuild00"}))
+    assert store.fetch_bytes("shards", "s1", "shards.json", tmp_path / "in") == b"{}"
+    assert downloads == ["train-00000.parquet", "shards.json"]
+    assert manifest["build_id"] != "otherbuild00" and list((tmp_path / "in").iterdir()) == []

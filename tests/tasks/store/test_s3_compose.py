@@ -1,6 +1,6 @@
 """A file declared joined from other files of its build (``Build.joined``) is made on S3 from their objects, not
-sent again: the object holds exactly the local file's bytes, a false claim is refused before anything is sent,
-and files too short to copy are uploaded as they are."""
+sent again: the object holds exactly the local file's bytes, a claim whose sizes do not add up is refused before
+anything is sent, a false one is never composed, and files too short to copy are uploaded as they are."""
 
 from __future__ import annotations
 
@@ -87,13 +87,34 @@ def test_a_joined_file_whose_parts_are_too_short_to_copy_is_uploaded_as_it_is(s3
     assert store.verify("corpus", "v1", full=True) == (True, "ok")
 
 
-def test_a_false_joined_claim_is_refused_before_anything_is_sent(s3_root):
+def test_a_joined_claim_whose_sizes_do_not_add_up_is_refused_before_anything_is_sent(s3_root):
     store = open_store(s3_root)
     big = b"x" * (6 * MIB)
     with pytest.raises(RuntimeError, match="is declared to be"):
-        _publish(store, {"a.txt": big, "b.txt": b"b", "ab.txt": big + b"c"}, {"ab.txt": ["a.txt", "b.txt"]})
+        _publish(store, {"a.txt": big, "b.txt": b"b", "ab.txt": big + b"bc"}, {"ab.txt": ["a.txt", "b.txt"]})
     assert not [k for k in store.files.files("corpus/v1") if k != MANIFEST]
     assert store.versions() == []
+
+
+def test_a_false_joined_claim_of_the_right_size_is_never_composed_the_file_is_uploaded(s3_root, caplog):
+    """The claim is not hashed on its own: every copied range is checked against the joined file's bytes there,
+    so a claim that is false where a range is copied makes the file be uploaded as it is."""
+    store = open_store(s3_root)
+    big = random.Random(10).randbytes(6 * MIB)
+    false = b"X" + big[1:] + b"b"  # a.txt then b.txt, but for its first byte
+    manifest = _publish(store, {"a.txt": big, "b.txt": b"b", "ab.txt": false}, {"ab.txt": ["a.txt", "b.txt"]})
+    assert store.files.fs.cat_file(f"{s3_root[5:]}/corpus/v1/{manifest['files_under']}/ab.txt") == false
+    assert store.verify("corpus", "v1", full=True) == (True, "ok")
+    assert "not made from its parts' objects" in caplog.text
+    assert store.files._call("list_multipart_uploads").get("Uploads", []) == []
+
+
+def test_a_part_named_twice_is_composed_from_the_joined_file_s_bytes(s3_root):
+    store = open_store(s3_root)
+    a = random.Random(11).randbytes(5 * MIB + 3)
+    manifest = _publish(store, {"a.txt": a, "aa.txt": a + a}, {"aa.txt": ["a.txt", "a.txt"]})
+    assert store.files.fs.cat_file(f"{s3_root[5:]}/corpus/v1/{manifest['files_under']}/aa.txt") == a + a
+    assert store.verify("corpus", "v1", full=True) == (True, "ok")
 
 
 def test_a_joined_claim_naming_no_file_of_the_build_is_a_bug(s3_root):
