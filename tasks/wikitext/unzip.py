@@ -14,7 +14,7 @@ import struct
 import threading
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -235,54 +235,51 @@ def _inflate(
             yield out
 
 
-# ---- decoding a member, in threads ----------------------------------------------------------------------
-def decode_member(
-    zf: zipfile.ZipFile, name: str, source: str, piece_bytes: int = PIECE_BYTES, counter: dict | None = None
-) -> Iterator[str]:
-    """Decode a zip member as strict UTF-8 with universal newlines (what ``open(path, encoding="utf-8")``
-    gives), in pieces. ``UserError`` naming the member and byte offset on invalid UTF-8."""
+# ---- a member's UTF-8, inflated in a thread ---------------------------------------------------------------
+def utf8_pieces(raw_pieces: Iterable[bytes], name: str, source: str) -> Iterator[tuple[bytes, int]]:
+    """The bytes of what reading ``raw_pieces`` (a member's bytes) as strict UTF-8 with universal newlines gives
+    (what ``open(path, encoding="utf-8")`` reads, encoded again: ``\r\n`` and a lone ``\r`` become ``\n``), in pieces
+    that each end at a character boundary, each with the raw bytes read so far. ``UserError`` naming the member
+    ``name`` and the byte offset on invalid UTF-8. The decoder checks every byte, but its text is dropped: the
+    bytes are what it decoded, and stripping them (:mod:`tasks.wikitext.header_strip`) spares decoding all the
+    text for good and encoding it back."""
     dec = codecs.getincrementaldecoder("utf-8")("strict")
     fed = 0
+    held = b""  # the start of a character that the previous piece cut in two (what the decoder holds)
     carry_cr = False
-    pieces = member_bytes(zf, name, source, piece_bytes)
+    pieces = iter(raw_pieces)
     while True:
         raw = next(pieces, b"")
         final = not raw
-        pending = len(dec.getstate()[0])
         try:
-            text = dec.decode(raw, final=final)
+            dec.decode(raw, final=final)
         except UnicodeDecodeError as e:
-            offset = fed - pending + e.start
+            offset = fed - len(held) + e.start
             raise UserError(
                 f"{name} in {source} is not valid UTF-8: byte {e.object[e.start]:#04x} at offset {offset:,} "
                 f"({e.reason}); the archive is not the wikitext-103-raw-v1 zip or is damaged: check "
                 "source_url and expected_sha256"
             ) from None
         fed += len(raw)
-        if counter is not None:
-            counter["raw_bytes"] = fed
+        data = held + raw if held else raw
+        cut = len(data) - len(dec.getstate()[0])
+        data, held = (data[:cut], data[cut:]) if cut < len(data) else (data, b"")
         if carry_cr:
-            text, carry_cr = "\r" + text, False
-        if not final and text.endswith("\r"):
-            text, carry_cr = text[:-1], True
-        if "\r" in text:
-            text = text.replace("\r\n", "\n").replace("\r", "\n")
-        if text:
-            yield text
+            data, carry_cr = b"\r" + data, False
+        if not final and data.endswith(b"\r"):
+            data, carry_cr = data[:-1], True
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if data:
+            yield data, fed
         if final:
             return
 
 
-def member_text(zf: zipfile.ZipFile, member: str, source: str) -> Iterator[tuple[str, int]]:
-    """:func:`decode_member`'s pieces of ``member``, each with the raw bytes read so far, inflated and decoded in a
-    reader thread up to a few pieces ahead of the consumer (:func:`read_ahead`)."""
-    counter: dict = {"raw_bytes": 0}
-
-    def unzipped():  # in the reader thread: inflating (zlib lets go of the GIL) runs beside the consumer
-        for piece in decode_member(zf, member, source, counter=counter):
-            yield piece, counter["raw_bytes"]
-
-    return read_ahead(unzipped())
+def member_utf8(zf: zipfile.ZipFile, member: str, source: str) -> Iterator[tuple[bytes, int]]:
+    """:func:`utf8_pieces` of ``member``, inflated in a reader thread up to a few pieces ahead
+    (:func:`read_ahead`; inflating lets go of the GIL, so it runs beside the checking and stripping here)."""
+    return utf8_pieces(read_ahead(member_bytes(zf, member, source)), member, source)
 
 
 def read_ahead(items: Iterator, depth: int = 4) -> Iterator:
@@ -344,7 +341,7 @@ class BlockWriter:
         self.pool.shutdown(wait=True)
         self.sync_pool.shutdown(wait=True)
 
-    def _write(self, data: bytes, files) -> None:
+    def _write(self, data: bytes, files, after) -> None:
         for f in files:
             f.write(data)
             fd = f.fileno()
@@ -354,10 +351,12 @@ class BlockWriter:
                 self.syncs.append(self.sync_pool.submit(os.fdatasync, fd))
                 written = 0
             self.unsynced[fd] = written
+        if after is not None:
+            after(data)
 
-    def write(self, data: bytes, *files) -> None:
-        """Write ``data`` to each of ``files``."""
-        self.pending.append(self.pool.submit(self._write, data, files))
+    def write(self, data: bytes, *files, after: Callable[[bytes], None] | None = None) -> None:
+        """Write ``data`` to each of ``files``, then call ``after(data)`` (in the writer thread too)."""
+        self.pending.append(self.pool.submit(self._write, data, files, after))
         while len(self.pending) > self.depth:
             self.pending.popleft().result()
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 import threading
 import zipfile
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flows.mirror import MEMBER, make_zip
 from mygpt.errors import UserError
 from tasks.corpus import extract_corpus
+from tasks.wikitext.unzip import utf8_pieces
 from tests.support.corpus_runs import CHAPTER_RE
 
 
@@ -93,3 +97,69 @@ def test_the_writer_starts_each_files_writeback_as_it_goes_and_a_failed_sync_fai
     with pytest.raises(OSError, match="Input/output error"):
         extract_corpus(zpath, again, source="test", block_chars=5000)
     assert list(again.iterdir()) == []  # nothing half-written left
+
+
+_RAW = st.sampled_from(
+    [
+        b"a",
+        b"\n",
+        b"\r",
+        b"\r\n",
+        b" = T = \n",
+        "é中\u3000\xa0\u2028".encode(),
+        b"\xe4",
+        b"\xb8",
+        b"\xad",
+        b"\xff",
+        b"\xc3",
+    ]
+)
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.lists(_RAW, max_size=20), st.lists(st.integers(0, 40), max_size=4))
+def test_utf8_pieces_are_the_text_read_in_text_mode_or_its_decode_error(bits, cuts):
+    """What ``utf8_pieces`` gives, however the member's bytes come cut: the UTF-8 of ``open(..., encoding="utf-8")``'s
+    text, each piece whole characters; or, for bytes that are not UTF-8, the error the stage has always given, with
+    the offset and reason of decoding the whole at once."""
+    raw = b"".join(bits)
+    at = sorted({min(c, len(raw)) for c in cuts} | {0, len(raw)})
+    pieces = [raw[a:b] for a, b in zip(at, at[1:]) if b > a]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        want = f"m in test is not valid UTF-8: byte {raw[e.start]:#04x} at offset {e.start:,} ({e.reason});"
+        with pytest.raises(UserError) as got:
+            list(utf8_pieces(pieces, "m", "test"))
+        assert str(got.value).startswith(want)
+        return
+    got = list(utf8_pieces(pieces, "m", "test"))
+    assert b"".join(p for p, _ in got) == text.replace("\r\n", "\n").replace("\r", "\n").encode()
+    assert all(p.decode("utf-8") for p, _ in got) and (not got or got[-1][1] == len(raw))
+
+
+def test_extract_over_wide_whitespace_and_crlf_writes_what_the_chapter_writes(tmp_path, wikitext2_text):
+    """Text in which ``\\s`` of a str pattern and of a bytes pattern differ around ``= Title =`` lines, with CRLF
+    and lone CR line ends and characters cut across the unzip's pieces: the files are the chapter's bytes and the
+    metrics count what the str text has."""
+    from tests.support.corpus_runs import chapter_wikipedia_txt
+
+    odd = " a\r\n\xa0= Tïtle =\xa0\r\n\u3000\n 中文 ,\r\x1c= B =\x1f\n\u2028\n = = S = = \n x\n"
+    train = (odd + wikitext2_text[:200_000]) * 3 + odd
+    zbytes = _zip(tmp_path, train).read_bytes()
+    out = tmp_path / "out"
+    out.mkdir()
+    m = extract_corpus(tmp_path / "w.zip", out, source="test", block_chars=5000, article_index=True)
+    assert (out / "wikipedia.txt").read_bytes() == chapter_wikipedia_txt(zbytes, tmp_path / "chapter")
+    text = train.replace("\r\n", "\n").replace("\r", "\n")
+    want, n = CHAPTER_RE.subn("", text)
+    st_ = m["splits"]["train"]
+    assert (out / "wiki.train.txt").read_bytes() == want.encode()
+    assert (st_["bytes"], st_["chars"], st_["headers_stripped"]) == (len(want.encode()), len(want), n)
+    assert (st_["lines"], st_["raw_lines"]) == (want.count("\n") + (not want.endswith("\n")), text.count("\n"))
+    titles, removed = [], 0
+    for mt in CHAPTER_RE.finditer(text):
+        if mt.group().lstrip().startswith("= "):
+            titles.append(len(want[: mt.start() - removed].encode()))
+        removed += len(mt.group())
+    assert np.load(out / "wiki.train.articles.npy").tolist() == titles and len(titles) > 4

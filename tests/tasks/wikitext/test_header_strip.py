@@ -190,3 +190,84 @@ def test_a_candidate_decided_in_the_piece_that_takes_it_past_the_bound_passes():
     held = ["x\n", "= " + "a" * (longest + 50), " =\nrest\n"]  # the same text, held undecided after a piece
     with pytest.raises(UserError, match=r"more than 100 characters"):
         list(strip_headers(held, max_pending=longest))
+
+
+# ---- the same strip over UTF-8 bytes ----------------------------------------------------------------------------
+def test_utf8_space_is_what_backslash_s_matches_in_a_str_pattern():
+    """``UTF8_SPACE`` matches the UTF-8 of exactly the characters ``\\s`` matches in a str pattern, all of Unicode
+    (the wide ones: U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000; and U+001C-U+001F,
+    which ``\\s`` of a bytes pattern does not match)."""
+    from tasks.wikitext.header_strip import UTF8_SPACE
+
+    space = re.compile(r"\s")
+    one = re.compile(UTF8_SPACE)
+    want = [c for c in range(0x110000) if space.match(chr(c))]
+    assert [c for c in range(0x110000) if not 0xD800 <= c < 0xE000 and one.fullmatch(chr(c).encode())] == want
+    assert {0x1C, 0x85, 0xA0, 0x2028, 0x3000} <= set(want) and re.match(rb"\s", b"\x1c") is None
+
+
+_WIDE = ["\x85", "\xa0", "\u2028", "\u2029", "\u3000", "\u2009", "\u1680", "\u205f", "\x1c", "\x1f", "\x0b", "\x0c"]
+_UTF8_BITS = st.one_of(
+    _BITS,
+    st.sampled_from(["é", "中", "\u2003=", "= \u3000", "\n\xa0= T =\u2028\n", " = T = \x85\n\u3000\n", *_WIDE]),
+)
+
+
+def _utf8_strip(pieces: list[str], block_chars: int, **kw) -> list[tuple[bytes, int]]:
+    return list(strip_headers([p.encode("utf-8") for p in pieces], block_chars, **kw))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(_UTF8_BITS, max_size=30), st.integers(1, 60), st.integers(1, 12))
+def test_the_strip_over_utf8_bytes_is_the_str_strip_encoded(bits, block_chars, piece):
+    """Pieces of UTF-8 bytes (each whole characters) strip to the UTF-8 of the str strip, with the same count of
+    matches and the article starts at the same places (in bytes), whatever whitespace surrounds the ``=`` lines:
+    the characters ``\\s`` matches in str but not in a bytes pattern are where a plain bytes regex would differ."""
+    whole = "".join(bits)
+    want, n = HEADER_RE.subn("", whole)
+    assert strip_block(whole.encode()) == (want.encode(), n)
+    pieces = [whole[i : i + piece] for i in range(0, len(whole), piece)]
+    got = _utf8_strip(pieces, block_chars)
+    assert (b"".join(t for t, _ in got), sum(k for _, k in got)) == (want.encode(), n)
+    found: list[int] = []
+    articles: list[int] = []
+    at = 0
+    for text, _ in strip_headers([p.encode() for p in pieces], block_chars, articles=articles):
+        found.extend(at + a for a in articles)
+        at += len(text)
+    assert found == [len(want[:x].encode()) for x in _title_offsets(whole)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        " x\n\xa0= Title =\xa0\n next\n",  # no-break spaces around a header: stripped, with them
+        " x\n\u3000\n= Title =\n\u2028\n\u3000\n next\n",  # wide blank lines before and after: the match takes them
+        " x\n\x1c= Title =\x1f\n next\n",  # U+001C..U+001F: \s in str, not in a bytes pattern
+        " x\n = A = \x85\n = B =\n",  # NEL ends no line for `$`: it is whitespace inside the trailing \s*
+        " x\n= open \u2029 =\n\n",  # the [^=]+ runs over a paragraph separator
+    ],
+)
+def test_wide_whitespace_around_headers_strips_as_in_str(text):
+    want, n = HEADER_RE.subn("", text)
+    assert n and strip_block(text.encode()) == (want.encode(), n)
+    for cut in range(1, len(text)):  # each cut is a piece boundary, the text as two pieces
+        got = _utf8_strip([text[:cut], text[cut:]], block_chars=1)
+        assert b"".join(t for t, _ in got) == want.encode(), cut
+
+
+def test_the_strip_over_utf8_bytes_on_real_text(wikitext2_text, shakespeare_text):
+    for text in (wikitext2_text, shakespeare_text, wikitext2_text.replace("\n", "\r\n")):
+        want, n = HEADER_RE.subn("", text)
+        raw = text.encode()
+        assert strip_block(raw) == (want.encode(), n)
+        pieces = [text[i : i + 7919] for i in range(0, len(text), 7919)]
+        got = _utf8_strip(pieces, 3000)
+        assert b"".join(t for t, _ in got) == want.encode() and sum(k for _, k in got) == n
+    assert HEADER_RE.subn("", wikitext2_text)[1] > 10
+
+
+def test_a_header_candidate_that_never_ends_is_refused_in_bytes():
+    pieces = ["= Title that never closes "] + ["wörd " * 1000] * 50
+    with pytest.raises(UserError, match=r"wiki.train.raw has a line .* more than 100,000 bytes without deciding"):
+        _utf8_strip(pieces, 1000, name="wiki.train.raw", max_pending=100_000)
