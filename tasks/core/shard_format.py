@@ -191,8 +191,8 @@ def _write_flat(path, dtype: np.dtype, f) -> int:
     written = 0
     source = path if isinstance(path, pq.ParquetFile) else pq.ParquetFile(path)
     for batch in source.iter_batches(batch_size=ROW_GROUP_TOKENS, columns=[COLUMN]):
-        arr = batch.column(0).to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-        f.write(arr.tobytes())
+        arr = np.ascontiguousarray(batch.column(0).to_numpy(zero_copy_only=False).astype(dtype, copy=False))
+        f.write(arr.data)  # the array's own buffer: no copy of it as bytes
         written += arr.size
     return written
 
@@ -201,8 +201,10 @@ def flatten_shard(
     shard: str | os.PathLike | bytes, dest: str | os.PathLike, dtype, tokens: int, name: str = ""
 ) -> None:
     """The shard ``shard`` (a path, or its bytes: what was checked is what is read) as one flat native-order token
-    file ``dest`` (atomically): how training reads a shard it streams. ``UserError`` naming ``name`` (default: the
-    path) when it holds another type or count than its index says."""
+    file ``dest`` (atomically, not durably: the training's scratch cache, whose files a killed run's successor
+    deletes unread, so an fsync would only make the first step wait for the disk): how training reads a shard it
+    streams. ``UserError`` naming ``name`` (default: the path) when it holds another type or count than its index
+    says."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -214,7 +216,7 @@ def flatten_shard(
     got = np.dtype(source.schema_arrow.field(COLUMN).type.to_pandas_dtype())
     if got != dtype:
         raise UserError(f"{name} has token type {got}, its index says {dtype}; rebuild the shards")
-    with atomic_open(dest, "wb") as f:
+    with atomic_open(dest, "wb", durable=False) as f:
         written = _write_flat(source, dtype, f)
         if written != tokens:
             raise UserError(f"{name} holds {written:,} tokens, its index says {tokens:,}; rebuild the shards")

@@ -199,3 +199,19 @@ def test_a_budget_below_a_byte_or_in_other_digits_is_named(value, message, monke
     monkeypatch.setenv(ENV_CACHE_MAX, value)
     with pytest.raises(UserError, match=rf"{ENV_CACHE_MAX}='{value}' {message}"):
         cache_budget()
+
+
+def test_a_flattened_shard_holds_exactly_its_ids_and_is_written_without_an_fsync(upstream, tmp_path, monkeypatch):
+    """The token files are the run's scratch cache (a killed run's are deleted unread), so the first step never
+    waits for the disk to sync them; their bytes are the shard's ids, in order, in its dtype."""
+    import mygpt.atomic
+    from tasks.core.shard_format import flatten_shard
+
+    synced: list[int] = []
+    monkeypatch.setattr(mygpt.atomic.os, "fsync", lambda fd: synced.append(fd))
+    for path in shard_paths(upstream[3]["path"], "train")[:2]:
+        ids = read_shard(path)
+        dest = tmp_path / path.with_suffix(".bin").name
+        flatten_shard(path.read_bytes(), dest, ids.dtype, ids.size, name=path.name)
+        assert dest.read_bytes() == ids.tobytes()
+    assert synced == []
