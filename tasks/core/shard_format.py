@@ -191,10 +191,19 @@ def _write_flat(path, dtype: np.dtype, f) -> int:
     written = 0
     source = path if isinstance(path, pq.ParquetFile) else pq.ParquetFile(path)
     for batch in source.iter_batches(batch_size=ROW_GROUP_TOKENS, columns=[COLUMN]):
-        arr = np.ascontiguousarray(batch.column(0).to_numpy(zero_copy_only=False).astype(dtype, copy=False))
+        arr = _ids(batch.column(0)).astype(dtype, copy=False)
         f.write(arr.data)  # the array's own buffer: no copy of it as bytes
         written += arr.size
     return written
+
+
+def _ids(column) -> np.ndarray:
+    """A null-free uint16/uint32 Arrow array's values as a numpy view of its buffer: ``Array.to_numpy`` would
+    import pandas (seconds and tens of MB in a process that has not) only to ask whether it needs it."""
+    if column.null_count:
+        raise ValueError(f"a token column holds no nulls, this one holds {column.null_count}")
+    dtype = np.dtype(column.type.to_pandas_dtype())
+    return np.frombuffer(column.buffers()[1], dtype=dtype, count=len(column), offset=column.offset * dtype.itemsize)
 
 
 def flatten_shard(

@@ -215,3 +215,22 @@ def test_a_flattened_shard_holds_exactly_its_ids_and_is_written_without_an_fsync
         flatten_shard(path.read_bytes(), dest, ids.dtype, ids.size, name=path.name)
         assert dest.read_bytes() == ids.tobytes()
     assert synced == []
+
+
+def test_flattening_a_shard_never_imports_pandas(upstream, tmp_path):
+    """The model stage's process flattens every shard it streams; pyarrow's ``to_numpy`` would import pandas there
+    (seconds before the first step, and its memory) only to convert a buffer numpy reads as it is."""
+    import subprocess
+    import sys
+
+    path = shard_paths(upstream[3]["path"], "train")[0]
+    code = (
+        "import sys, numpy as np\n"
+        "from tasks.core.shard_format import flatten_shard, shard_tokens_in\n"
+        f"p, dest = {str(path)!r}, {str(tmp_path / 'f.bin')!r}\n"
+        f"flatten_shard(open(p, 'rb').read(), dest, np.{read_shard(path).dtype}, shard_tokens_in(p))\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    assert (tmp_path / "f.bin").read_bytes() == read_shard(path).tobytes()
