@@ -124,14 +124,14 @@ def shard_dtype(path: str | os.PathLike) -> np.dtype:
 
 
 def read_shard(path: str | os.PathLike) -> np.ndarray:
-    """A shard's token ids as a 1-D numpy array (uint16 or uint32)."""
+    """A shard's token ids as a 1-D numpy array (uint16 or uint32), read batch by batch (``pq.read_table`` would
+    import pandas)."""
     import pyarrow.parquet as pq
 
-    col = pq.read_table(path, columns=[COLUMN]).column(COLUMN)
-    dtype = np.dtype(col.type.to_pandas_dtype())
-    if col.num_chunks == 0:
-        return np.zeros(0, dtype)
-    return col.combine_chunks().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    source = pq.ParquetFile(path)
+    dtype = np.dtype(source.schema_arrow.field(COLUMN).type.to_pandas_dtype())
+    parts = [_ids(b.column(0)) for b in source.iter_batches(batch_size=ROW_GROUP_TOKENS, columns=[COLUMN])]
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
 
 def shard_paths(shards_dir: str | os.PathLike, split: str) -> list[Path]:
