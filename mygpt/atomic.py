@@ -24,8 +24,13 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
-    """A temp file beside ``path``, renamed over it on a clean exit (removed, ``path`` untouched, on an error)."""
+def atomic_open(
+    path: str | os.PathLike, mode: str = "wb", encoding: str | None = None, *, durable: bool = True
+) -> Iterator[IO]:
+    """A temp file beside ``path``, renamed over it on a clean exit (removed, ``path`` untouched, on an error).
+    ``durable=False`` skips the fsyncs: the file still appears whole, by the rename, to every reader on this
+    machine, but a power cut may leave it torn; only for scratch files nobody trusts after a crash (why: an fsync
+    waits for the disk, far longer than writing a file of a few MB to the page cache)."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open supports modes 'w' and 'wb', not {mode!r}")
     path = os.fspath(path)
@@ -37,13 +42,15 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None 
         with os.fdopen(fd, mode, encoding=encoding if "b" not in mode else None) as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

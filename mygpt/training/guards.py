@@ -39,8 +39,12 @@ class FiniteLoss:
                 raise self._error(step, "the loss is not finite")
 
     def check_weights(self, model, step: int) -> None:
+        """``UserError`` when a weight is NaN or infinite after ``step``: one pass over all of them (their largest
+        magnitudes, which a NaN or an infinity makes non-finite and no finite weight can), not a reduction per
+        parameter (each of which, on a busy CPU, waits for its threads)."""
         self.check()
-        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        params = [p.detach() for p in model.parameters()]
+        if params and not bool(torch.isfinite(torch.stack(torch._foreach_norm(params, math.inf))).all()):
             raise self._error(step, "the weights are not finite after it")
 
     def _error(self, step: int, what: str) -> UserError:

@@ -103,7 +103,8 @@ def forward_backward(
     precision: str,
 ) -> torch.Tensor:
     """Forward and backward over this rank's rows (``model`` DDP-wrapped when ``world.size > 1``); returns this
-    rank's detached contribution to the global mean loss."""
+    rank's detached contribution to the global mean loss. The logits (batch x seq_len x vocab floats) are let go
+    before the backward pass: the loss's graph keeps only what its gradient needs."""
     rows = x.size(0)
     micro = micro_batch_size if 0 < micro_batch_size < rows else rows
     starts = list(range(0, rows, micro))
@@ -115,7 +116,7 @@ def forward_backward(
         no_sync = model.no_sync() if (not sync and hasattr(model, "no_sync")) else contextlib.nullcontext()
         with no_sync:
             with autocast(device, precision):
-                _, loss = model(xb, yb)
+                loss = model(xb, yb)[1]  # the logits are not kept: the backward pass never needs them
             scale = share * world.size
             (loss * scale if scale != 1.0 else loss).backward()
         part = loss.detach() * share if share != 1.0 else loss.detach()

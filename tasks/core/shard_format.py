@@ -124,14 +124,14 @@ def shard_dtype(path: str | os.PathLike) -> np.dtype:
 
 
 def read_shard(path: str | os.PathLike) -> np.ndarray:
-    """A shard's token ids as a 1-D numpy array (uint16 or uint32)."""
+    """A shard's token ids as a 1-D numpy array (uint16 or uint32), read batch by batch (``pq.read_table`` would
+    import pandas)."""
     import pyarrow.parquet as pq
 
-    col = pq.read_table(path, columns=[COLUMN]).column(COLUMN)
-    dtype = np.dtype(col.type.to_pandas_dtype())
-    if col.num_chunks == 0:
-        return np.zeros(0, dtype)
-    return col.combine_chunks().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    source = pq.ParquetFile(path)
+    dtype = np.dtype(source.schema_arrow.field(COLUMN).type.to_pandas_dtype())
+    parts = [_ids(b.column(0)) for b in source.iter_batches(batch_size=ROW_GROUP_TOKENS, columns=[COLUMN])]
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
 
 def shard_paths(shards_dir: str | os.PathLike, split: str) -> list[Path]:
@@ -191,18 +191,29 @@ def _write_flat(path, dtype: np.dtype, f) -> int:
     written = 0
     source = path if isinstance(path, pq.ParquetFile) else pq.ParquetFile(path)
     for batch in source.iter_batches(batch_size=ROW_GROUP_TOKENS, columns=[COLUMN]):
-        arr = batch.column(0).to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-        f.write(arr.tobytes())
+        arr = _ids(batch.column(0)).astype(dtype, copy=False)
+        f.write(arr.data)  # the array's own buffer: no copy of it as bytes
         written += arr.size
     return written
+
+
+def _ids(column) -> np.ndarray:
+    """A null-free uint16/uint32 Arrow array's values as a numpy view of its buffer: ``Array.to_numpy`` would
+    import pandas (seconds and tens of MB in a process that has not) only to ask whether it needs it."""
+    if column.null_count:
+        raise ValueError(f"a token column holds no nulls, this one holds {column.null_count}")
+    dtype = np.dtype(column.type.to_pandas_dtype())
+    return np.frombuffer(column.buffers()[1], dtype=dtype, count=len(column), offset=column.offset * dtype.itemsize)
 
 
 def flatten_shard(
     shard: str | os.PathLike | bytes, dest: str | os.PathLike, dtype, tokens: int, name: str = ""
 ) -> None:
     """The shard ``shard`` (a path, or its bytes: what was checked is what is read) as one flat native-order token
-    file ``dest`` (atomically): how training reads a shard it streams. ``UserError`` naming ``name`` (default: the
-    path) when it holds another type or count than its index says."""
+    file ``dest`` (atomically, not durably: the training's scratch cache, whose files a killed run's successor
+    deletes unread, so an fsync would only make the first step wait for the disk): how training reads a shard it
+    streams. ``UserError`` naming ``name`` (default: the path) when it holds another type or count than its index
+    says."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -214,7 +225,7 @@ def flatten_shard(
     got = np.dtype(source.schema_arrow.field(COLUMN).type.to_pandas_dtype())
     if got != dtype:
         raise UserError(f"{name} has token type {got}, its index says {dtype}; rebuild the shards")
-    with atomic_open(dest, "wb") as f:
+    with atomic_open(dest, "wb", durable=False) as f:
         written = _write_flat(source, dtype, f)
         if written != tokens:
             raise UserError(f"{name} holds {written:,} tokens, its index says {tokens:,}; rebuild the shards")

@@ -199,3 +199,44 @@ def test_a_budget_below_a_byte_or_in_other_digits_is_named(value, message, monke
     monkeypatch.setenv(ENV_CACHE_MAX, value)
     with pytest.raises(UserError, match=rf"{ENV_CACHE_MAX}='{value}' {message}"):
         cache_budget()
+
+
+def test_a_flattened_shard_holds_exactly_its_ids_and_is_written_without_an_fsync(upstream, tmp_path, monkeypatch):
+    """The token files are the run's scratch cache (a killed run's are deleted unread), so the first step never
+    waits for the disk to sync them; their bytes are the shard's ids, in order, in its dtype."""
+    import pyarrow.parquet as pq
+
+    import mygpt.atomic
+    from tasks.core.shard_format import flatten_shard
+
+    synced: list[int] = []
+    monkeypatch.setattr(mygpt.atomic.os, "fsync", lambda fd: synced.append(fd))
+    for path in shard_paths(upstream[3]["path"], "train")[:2]:
+        ids = read_shard(path)
+        plain = pq.read_table(path)["token_id"].to_numpy()  # pyarrow's own reading, as the schema's docs give it
+        assert ids.dtype == plain.dtype and np.array_equal(ids, plain)
+        dest = tmp_path / path.with_suffix(".bin").name
+        flatten_shard(path.read_bytes(), dest, ids.dtype, ids.size, name=path.name)
+        assert dest.read_bytes() == ids.tobytes()
+    assert synced == []
+
+
+def test_flattening_or_reading_a_shard_never_imports_pandas(upstream, tmp_path):
+    """The model stage's process flattens every shard it streams; pyarrow's ``to_numpy`` would import pandas there
+    (seconds before the first step, and its memory) only to convert a buffer numpy reads as it is."""
+    import subprocess
+    import sys
+
+    path = shard_paths(upstream[3]["path"], "train")[0]
+    code = (
+        "import sys, numpy as np\n"
+        "from tasks.core.shard_format import flatten_shard, shard_tokens_in\n"
+        f"p, dest = {str(path)!r}, {str(tmp_path / 'f.bin')!r}\n"
+        f"flatten_shard(open(p, 'rb').read(), dest, np.{read_shard(path).dtype}, shard_tokens_in(p))\n"
+        "from tasks.core.shard_format import read_shard\n"
+        "assert read_shard(p).size == shard_tokens_in(p)\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    assert (tmp_path / "f.bin").read_bytes() == read_shard(path).tobytes()

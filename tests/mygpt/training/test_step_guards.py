@@ -63,6 +63,29 @@ def test_weights_gone_infinite_are_caught_before_a_save(bad):
         watch.check_weights(model, 3)
 
 
+@pytest.mark.parametrize(
+    "where, value",
+    [(None, 0.0), ("weight", 3.0e38), ("weight", -3.4e38), ("bias", float("nan")), ("weight", float("-inf")),
+     ("bias", float("inf"))],
+)  # fmt: skip
+def test_the_one_pass_weight_check_agrees_with_checking_each_weight(where, value):
+    """Largest magnitudes of all parameters at once (NaN and infinities caught, the largest finite floats not)
+    give the answer of ``torch.isfinite`` on every parameter."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    if where is not None:
+        with torch.no_grad():
+            getattr(model[1], where).view(-1)[1] = value
+    plain = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    watch = FiniteLoss(TrainConfig(lr=1.0), torch.device("cpu"))
+    if plain:
+        watch.check_weights(model, 4)
+    else:
+        with pytest.raises(UserError, match="the weights are not finite after it"):
+            watch.check_weights(model, 4)
+    assert plain == (where is None or abs(value) < float("inf"))
+
+
 def test_a_run_whose_loss_turns_infinite_saves_nothing_from_that_step_on(data, monkeypatch, tmp_path):
     real = train_mod.forward_backward
     calls = []
