@@ -18,6 +18,7 @@ from mygpt.tokenizers.bpe_words import WS_LIMIT
 __all__ = [
     "ASCII_WS",
     "GROUP_WORDS",
+    "HOT_WORDS",
     "SLICE_BYTES",
     "WIDE_LEADS",
     "char_count",
@@ -29,6 +30,9 @@ __all__ = [
 
 #: Words handled at a time (bounds the temporaries of one chunk: about 40 bytes a word).
 GROUP_WORDS = 1 << 19
+#: Known words :meth:`~mygpt.tokenizers.bpe_word_encoder.WordEncoder.encode_bytes` puts ahead of each group's words
+#: (:func:`distinct_words`): the first ones seen, which are the frequent ones.
+HOT_WORDS = 1 << 15
 #: Bytes :func:`word_starts` looks at a time.
 SLICE_BYTES = 1 << 20
 
@@ -110,10 +114,19 @@ def char_count(u: np.ndarray) -> int:
     return int(u.size - np.count_nonzero(np.bitwise_and(u, 0xC0) == 0x80))
 
 
-def distinct_words(data: bytes, offsets: np.ndarray) -> tuple[list[bytes], np.ndarray]:
-    """``(distinct, index)``: the distinct words ``data[offsets[i]:offsets[i + 1]]`` in first-seen order, and for
-    each word the position of its distinct word (int32), from Arrow's hash table."""
-    if offsets.size < 2:
-        return [], np.zeros(0, dtype=np.int32)
-    encoded = _strings(data, offsets).dictionary_encode()
-    return encoded.dictionary.to_pylist(), encoded.indices.to_numpy()
+def distinct_words(data: bytes, offsets: np.ndarray, known=None) -> tuple:
+    """``(dictionary, index)``: the distinct words ``data[offsets[i]:offsets[i + 1]]`` (an Arrow binary array) and
+    for each word the position of its distinct word (int32), from Arrow's hash table. ``known`` (an Arrow binary
+    array of distinct words, or None): put ahead of the words, so ``dictionary[:len(known)]`` is ``known`` and a
+    word equal to ``known[i]`` gets ``i``; the other distinct words follow in first-seen order. Why: the hash table
+    that finds the distinct words then also finds the known ones, and only the others reach Python."""
+    words = _strings(data, offsets)
+    ahead = 0 if known is None else len(known)
+    if ahead:
+        import pyarrow as pa
+
+        words = pa.concat_arrays([known.cast(words.type) if known.type != words.type else known, words])
+    if len(words) == 0:
+        return words, np.zeros(0, dtype=np.int32)
+    encoded = words.dictionary_encode()
+    return encoded.dictionary, encoded.indices.to_numpy()[ahead:]

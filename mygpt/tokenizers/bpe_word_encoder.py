@@ -111,6 +111,8 @@ class WordEncoder:
         # encode_bytes's words (UTF-8) -> slot; the slots are either these or the table's (the other path empties
         # the cache first)
         self._slot_of_bytes: dict[bytes, int] = {}
+        # the words of slots 0 .. len - 1 (an Arrow binary array, at most HOT_WORDS): found by Arrow's hash table
+        self._hot = None
 
     # -- one word ---------------------------------------------------------------------------------
     def _symbol_ids(self, word: str) -> list[int]:
@@ -333,21 +335,29 @@ class WordEncoder:
     def _encode_group(self, data: bytes, offsets: np.ndarray, unk_policy: str, stats: EncodeStats) -> np.ndarray:
         """The ids of the words ``data[offsets[i]:offsets[i + 1]]``: each distinct word looked up once, the new
         ones encoded (:meth:`_add_words`) and remembered."""
-        from mygpt.tokenizers.bpe_bytes import distinct_words
+        from mygpt.tokenizers.bpe_bytes import HOT_WORDS, distinct_words
 
         known = self._slot_of_bytes
         if len(known) > self.cache_limit or len(self.table):  # full, or slots numbered by encode_text's table
             self._reset_cache()
             known = self._slot_of_bytes
-        distinct, index = distinct_words(data, offsets)
-        n = len(distinct)
-        dslots = np.fromiter(map(known.get, distinct, itertools.repeat(-1, n)), dtype=np.int64, count=n)
-        new = np.flatnonzero(dslots < 0).tolist()
+        hot = self._hot
+        ahead = 0 if hot is None else len(hot)
+        dictionary, index = distinct_words(data, offsets, hot)
+        rest = dictionary.slice(ahead).to_pylist()  # the group's words that are not hot, first seen first
+        n = len(rest)
+        dslots = np.empty(ahead + n, dtype=np.int64)
+        dslots[:ahead] = np.arange(ahead)
+        dslots[ahead:] = np.fromiter(map(known.get, rest, itertools.repeat(-1, n)), dtype=np.int64, count=n)
+        new = (np.flatnonzero(dslots[ahead:] < 0) + ahead).tolist()
         if new:  # slots numbered in order of arrival: the next is len(known)
             first = len(known)
-            self._add_words([distinct[i].decode("utf-8") for i in new], first)
+            words = [rest[i - ahead] for i in new]
+            self._add_words([w.decode("utf-8") for w in words], first)
             dslots[new] = np.arange(first, first + len(new))
-            known.update(zip([distinct[i] for i in new], range(first, first + len(new))))
+            known.update(zip(words, range(first, first + len(new))))
+            if first == ahead < HOT_WORDS:  # every known word is hot, so the new ones are the rest, in slot order
+                self._hot = dictionary.slice(0, min(HOT_WORDS, ahead + n))
         # a word has at most as many ids as bytes (a byte token per byte at most): int32 counts suffice below 2 GiB
         small = int(offsets[-1]) - int(offsets[0]) < 1 << 31
         return self._gather_distinct(dslots, index.astype(np.int32 if small else np.int64), unk_policy, stats)
@@ -363,7 +373,8 @@ class WordEncoder:
             unk = np.flatnonzero(self._has_unknown[dslots])
             if unk.size:
                 freq = np.bincount(index, minlength=dslots.size)[unk]
-                self._account_unknown(dslots[unk], freq, unk_policy, stats)
+                met = freq > 0  # a hot word need not occur in the group
+                self._account_unknown(dslots[unk[met]], freq[met], unk_policy, stats)
         lens = self._length[dslots].astype(index.dtype)
         ends = np.cumsum(lens)
         firsts = ends - lens

@@ -110,6 +110,29 @@ def test_groups_and_cache_resets_change_nothing(tok, wikitext2_text, monkeypatch
     assert len(enc._slot_of_bytes) <= 500 + 1000
 
 
+@pytest.mark.parametrize("hot", [1, 50, 5000])
+@pytest.mark.parametrize("unk_policy", ["skip", "error"])
+def test_words_found_among_the_hot_words_are_the_plain_encoders(tok, shakespeare_text, hot, unk_policy, monkeypatch):
+    """Known words put ahead of each group (any number of them, across groups, chunks and a cache reset) give the
+    plain encoder's ids and stats; the hot prefix holds the first words seen, in slot order."""
+    fb = BPETokenizer(tok.chars, tok.merges, byte_fallback=True)  # "error" meets unknown characters: byte tokens
+    t = fb if unk_policy == "error" else tok
+    # unknown characters only in the first chunk: the second one's groups have hot words with unknowns not in them
+    text = "\u2003x\u00a0y\u3000z 戦\u2028 " + shakespeare_text[:200_000] + shakespeare_text[:50_000]
+    monkeypatch.setattr(bpe_bytes, "GROUP_WORDS", 3000)
+    monkeypatch.setattr(bpe_bytes, "HOT_WORDS", hot)
+    enc = BPETokenizer.from_state(t.state())._fast_encoder()
+    enc.cache_limit = 4000
+    data = text.encode("utf-8")
+    cut = data.index(b" ", 20_000)  # a first chunk small enough to keep its words to the second one
+    got = [enc.encode_bytes(part, unk_policy) for part in (data[:cut], data[cut:])]  # two chunks, one encoder
+    want = [_plain(t, part.decode("utf-8"), unk_policy) for part in (data[:cut], data[cut:])]
+    for (ids, stats), (want_ids, want_stats) in zip(got, want):
+        assert np.array_equal(ids, want_ids) and stats == want_stats
+    assert 0 < len(enc._hot) <= hot
+    assert enc._hot.to_pylist() == list(enc._slot_of_bytes)[: len(enc._hot)]
+
+
 def test_unknown_characters_error_and_byte_fallback(tok, wikitext2_text):
     text = wikitext2_text[150_000:250_000]
     with pytest.raises(UserError) as plain:
