@@ -41,6 +41,23 @@ def served(prefect_server, mirror, tmp_path_factory):
         yield prefect_server.env, root, log_path, proc.pid
 
 
+#: The rerun's ``--param``: a partial model group (only these fields), so its model and every stage after it are
+#: built again while the data stages are reused, and its warmup is not shorter than its steps (a warning).
+PARTIAL_MODEL = {"steps": 20, "warmup": 20}
+
+
+@pytest.fixture(scope="module")
+def two_runs(served) -> tuple[str, subprocess.CompletedProcess, str, subprocess.CompletedProcess]:
+    """(first run id, its `wait`, rerun id, its `wait`): a bare `prefect deployment run` (the deployment's defaults),
+    then one with ``--param model='<PARTIAL_MODEL>'``. Two whole pipeline runs, built once for the tests that read
+    them (the built/Cached report and comparisons; the partial group's effective settings)."""
+    env, _, runner_log, _ = served
+    first = deployment_run(env, runner_log)
+    first_wait = wait_output(env, first)
+    second = deployment_run(env, runner_log, "--param", "model=" + json.dumps(PARTIAL_MODEL))
+    return first, first_wait, second, wait_output(env, second)
+
+
 def deployment_run(env: dict, runner_log: Path, *args: str, ok: bool = True) -> str:
     """`prefect deployment run wiki-pipeline/wiki-pipeline ARGS --watch`; returns the flow run id."""
     prefect = str(Path(sys.executable).with_name("prefect"))
@@ -94,16 +111,14 @@ def stage_lines(stdout: str) -> dict[str, tuple[str, str]]:
     return found
 
 
-def test_the_demo_deployment_runs_offline_and_reports_built_cached_and_comparisons(served):
-    env, _, runner_log, _ = served
+def test_the_demo_deployment_runs_offline_and_reports_built_cached_and_comparisons(two_runs):
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("wiki-pipeline/wiki-pipeline")
     assert deployment.parameters["model"]["steps"] == TINY["model"]["steps"], "the UI form's defaults: the tiny preset"
 
-    first = deployment_run(env, runner_log)  # bare: the deployment's defaults, the loopback mirror
-    done = wait_output(env, first)
+    first, done, second, done2 = two_runs  # first: bare, the deployment's defaults, the loopback mirror
     assert done.returncode == 0, done.stdout + done.stderr
     lines = stage_lines(done.stdout)
     assert list(lines) == list(STAGES) and {v for v, _ in lines.values()} == {"built"}, done.stdout
@@ -112,13 +127,12 @@ def test_the_demo_deployment_runs_offline_and_reports_built_cached_and_compariso
     link = re.search(rf"\[{lines['model'][1]}\]\(/artifacts/artifact/([0-9a-f-]{{36}})\)", summary.data)
     assert link, f"the model's version links no artifact:\n{summary.data}"
 
-    fewer = {**TINY["model"], "steps": 20}
-    second = deployment_run(env, runner_log, "--params", json.dumps({"model": fewer}))
-    done = wait_output(env, second)
-    lines2 = stage_lines(done.stdout)
+    # second: fewer steps (PARTIAL_MODEL)
+    assert done2.returncode == 0, done2.stdout + done2.stderr
+    lines2 = stage_lines(done2.stdout)
     before_model = STAGES[: STAGES.index("model")]  # corpus, tokenizer, shards: reused; the model and after: built
     assert {s: v for s, (v, _) in lines2.items()} == {s: "Cached" if s in before_model else "built" for s in STAGES}, (
-        done.stdout
+        done2.stdout
     )
     assert lines2["corpus"][1] == lines["corpus"][1]
     summary = artifact(second, "wiki-run-summary")
@@ -189,24 +203,25 @@ def test_only_runs_get_their_summary_too(served):
     assert "| stage |" not in summary and "Built: made by this run" not in summary, summary
 
 
-def test_a_partial_group_at_run_time_changes_only_the_fields_it_names(served):
+def test_a_partial_group_at_run_time_changes_only_the_fields_it_names(served, two_runs):
     """``--param model='{...}'`` on top of the deployment's model group, field by field (Prefect alone replaces the
     whole group: the run trained the chapter's model); a warmup not shorter than the steps is a warning in the
     log and the run summary; the log shows every group's effective settings."""
-    env, root, runner_log, _ = served
-    run_id = deployment_run(env, runner_log, "--param", 'model={"steps": 12, "warmup": 12}')
+    _, root, runner_log, _ = served
+    run_id = two_runs[2]  # the rerun with --param model='<PARTIAL_MODEL>'
+    steps, warmup = PARTIAL_MODEL["steps"], PARTIAL_MODEL["warmup"]
     summary = artifact(run_id, "wiki-run-summary").data
     model_row = next(r for r in summary.splitlines() if r.startswith("| model |"))
     version = re.search(r"[0-9a-f]{12}", model_row).group(0)
     settings = open_store(root).get("model", version).manifest["settings"]
-    assert (settings["steps"], settings["warmup"]) == (12, 12), settings
+    assert (settings["steps"], settings["warmup"]) == (steps, warmup), settings
     tiny = {k: v for k, v in TINY["model"].items() if k not in ("steps", "warmup")}
     assert {k: settings[k] for k in tiny} == tiny, "the deployment's other model fields (the tiny model) kept"
-    warning = "model.warmup (12) is not shorter than steps (12): the learning rate rises for the whole run"
+    warning = f"model.warmup ({warmup}) is not shorter than steps ({steps}): the learning rate rises for the whole run"
     assert f"**Warning**: {warning}" in summary, summary
     log = runner_log.read_text().partition(run_id)[2]
     assert warning in log and "settings as this run uses them (every field of every group" in log, log[-3000:]
-    assert re.search(r"  model: .*embed_dim=32, .*steps=12, ", log) and re.search(r"  run: artifacts_dir=", log)
+    assert re.search(rf"  model: .*embed_dim=32, .*steps={steps}, ", log) and re.search(r"  run: artifacts_dir=", log)
 
 
 def flow_run_state(flow_run_id: str) -> str:

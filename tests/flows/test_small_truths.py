@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from mygpt.cli import main
 from tests.support import REPO
 
@@ -71,45 +73,6 @@ def test_the_demo_names_a_busy_mirror_port_and_how_to_pick_another(tmp_path):
     assert done.returncode == 0, "--stop runs whatever the ports say"
 
 
-def test_stop_ends_the_runner_and_a_run_in_flight(prefect_server, tmp_path):
-    """`--stop` while a demo run trains: the runner, its fork server and the run's process all end."""
-    import psutil
-
-    from flows.server import free_port
-    from tests.support.wait import wait_for
-
-    home = tmp_path / "home"
-    env = {
-        **os.environ,
-        **prefect_server.env,
-        "PREFECT_HOME": str(home),
-        "WIKI_PIPELINE_MIRROR_PORT": str(free_port()),
-        "WIKI_PIPELINE_ARTIFACTS": str(tmp_path / "art"),
-    }
-    script = str(REPO / "scripts" / "pipeline")
-    started = subprocess.run(
-        [script, "--demo", "--no-wait", "--param", "steps=100000"], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert started.returncode == 0, started.stdout + started.stderr
-    runner = psutil.Process(int((home / "runner.pid").read_text().split()[0]))
-    mirror = psutil.Process(int((home / "mirror.pid").read_text().split()[0]))
-    log = home / "runner.log"
-    wait_for(lambda: "step 10: loss" in log.read_text(), "the demo run's training", timeout=180, every=0.5)
-    group = [p for p in psutil.process_iter() if _pgid(p.pid) == runner.pid]
-    assert len(group) >= 3, "the runner, its fork server and the run's process"
-
-    try:
-        stopped = subprocess.run([script, "--stop"], env=env, capture_output=True, text=True, timeout=120)
-        assert stopped.returncode == 0 and "stopped the runner" in stopped.stdout, stopped.stdout + stopped.stderr
-        _, alive = psutil.wait_procs([*group, mirror], timeout=30)
-        assert not alive, [p.cmdline() for p in alive]
-        assert not (home / "runner.pid").exists() and not (home / "mirror.pid").exists()
-    finally:  # nothing of it outlives the test, whatever happened
-        for p in [*group, mirror]:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-
-
 def _pgid(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
@@ -141,16 +104,20 @@ def test_stop_leaves_a_process_that_only_reuses_a_recorded_pid(tmp_path):
         stranger.wait()
 
 
-def test_the_demo_prints_this_runs_samples_and_restarts_a_runner_with_another_environment(prefect_server, tmp_path):
-    """scripts/pipeline shows the samples version its own run named (not the newest folder), prints the
-    PREFECT_API_URL line only for a server it runs itself, and restarts a runner started under another artifact
-    root rather than let it serve this call, without writing the environment's values anywhere."""
+@pytest.fixture(scope="module")
+def demo(prefect_server, tmp_path_factory):
+    """`scripts/pipeline --demo` three times on one PREFECT_HOME: a whole run that waits (artifact root art1, which
+    holds a decoy samples folder), then two `--no-wait` calls that restart the runner, for another artifact root
+    (art2) and then for MYGPT_DETERMINISTIC; the third call's run trains 100,000 steps, so it is still in flight
+    for `--stop`. One runner, mirror and pipeline run shared by the tests below, as a user calls the script;
+    stopped at the end, whatever happened."""
     import time
 
     from flows.server import free_port
 
-    home = tmp_path / "home"
-    decoy = tmp_path / "art1" / "samples" / "decoy"
+    tmp = tmp_path_factory.mktemp("demo")
+    home = tmp / "home"
+    decoy = tmp / "art1" / "samples" / "decoy"
     decoy.mkdir(parents=True)
     (decoy / "samples.md").write_text("DECOY SAMPLES\n")
     future = time.time() + 3600
@@ -160,32 +127,82 @@ def test_the_demo_prints_this_runs_samples_and_restarts_a_runner_with_another_en
         **prefect_server.env,
         "PREFECT_HOME": str(home),
         "WIKI_PIPELINE_MIRROR_PORT": str(free_port()),
-        "WIKI_PIPELINE_ARTIFACTS": str(tmp_path / "art1"),
+        "WIKI_PIPELINE_ARTIFACTS": str(tmp / "art1"),
     }
     script = str(REPO / "scripts" / "pipeline")
+    calls: dict = {"home": home, "tmp": tmp, "env": env, "script": script}
     try:
-        first = subprocess.run([script, "--demo"], env=env, capture_output=True, text=True, timeout=480)
-        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-        named = [w for line in first.stdout.splitlines() if line.startswith("  samples ") for w in line.split()[2:3]]
-        assert named and named[-1].startswith("samples/"), first.stdout
-        assert f"this run's samples ({named[-1]}):" in first.stdout and "DECOY" not in first.stdout, first.stdout
-        assert "export PREFECT_API_URL" not in first.stdout, "the URL the user set is theirs: not echoed"
-
-        env["WIKI_PIPELINE_ARTIFACTS"] = str(tmp_path / "art2")
+        calls["first"] = subprocess.run([script, "--demo"], env=env, capture_output=True, text=True, timeout=480)
+        env = {**env, "WIKI_PIPELINE_ARTIFACTS": str(tmp / "art2")}
         second = subprocess.run([script, "--demo", "--no-wait"], env=env, capture_output=True, text=True, timeout=300)
-        assert second.returncode == 0, second.stdout + second.stderr
-        assert "restarting the deployment runner: its environment differs in WIKI_PIPELINE_ARTIFACTS" in second.stdout
-        assert "reusing the deployment runner" not in second.stdout, second.stdout
-        recorded = (home / "runner.env").read_text()
-        assert "WIKI_PIPELINE_ARTIFACTS=" in recorded and str(tmp_path / "art2") not in recorded, recorded
-        assert (home / "runner.env").stat().st_mode & 0o077 == 0
-
-        env["MYGPT_DETERMINISTIC"] = "1"  # the library's own switches reach a run through the runner too
-        third = subprocess.run([script, "--demo", "--no-wait"], env=env, capture_output=True, text=True, timeout=300)
-        assert third.returncode == 0, third.stdout + third.stderr
-        assert "restarting the deployment runner: its environment differs in MYGPT_DETERMINISTIC" in third.stdout
+        calls["second"] = second
+        if (home / "runner.env").exists():  # what the second call recorded, before the third records again
+            calls["runner.env"] = ((home / "runner.env").read_text(), (home / "runner.env").stat().st_mode)
+        env = {**env, "MYGPT_DETERMINISTIC": "1"}  # the library's own switches reach a run through the runner too
+        calls["third"] = subprocess.run(
+            [script, "--demo", "--no-wait", "--param", "steps=100000"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        calls["env"] = env
+        yield calls
     finally:
         subprocess.run([script, "--stop"], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_demo_prints_this_runs_samples_and_restarts_a_runner_with_another_environment(demo):
+    """scripts/pipeline shows the samples version its own run named (not the newest folder), prints the
+    PREFECT_API_URL line only for a server it runs itself, and restarts a runner started under another artifact
+    root rather than let it serve this call, without writing the environment's values anywhere."""
+    first = demo["first"]
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    named = [w for line in first.stdout.splitlines() if line.startswith("  samples ") for w in line.split()[2:3]]
+    assert named and named[-1].startswith("samples/"), first.stdout
+    assert f"this run's samples ({named[-1]}):" in first.stdout and "DECOY" not in first.stdout, first.stdout
+    assert "export PREFECT_API_URL" not in first.stdout, "the URL the user set is theirs: not echoed"
+
+    second = demo["second"]
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "restarting the deployment runner: its environment differs in WIKI_PIPELINE_ARTIFACTS" in second.stdout
+    assert "reusing the deployment runner" not in second.stdout, second.stdout
+    assert "runner.env" in demo, "the second call recorded no runner.env"
+    recorded, mode = demo["runner.env"]
+    assert "WIKI_PIPELINE_ARTIFACTS=" in recorded and str(demo["tmp"] / "art2") not in recorded, recorded
+    assert mode & 0o077 == 0
+
+    third = demo["third"]
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "restarting the deployment runner: its environment differs in MYGPT_DETERMINISTIC" in third.stdout
+
+
+def test_stop_ends_the_runner_and_a_run_in_flight(demo):
+    """`--stop` while a demo run trains: the runner, its fork server and the run's process all end."""
+    import psutil
+
+    from tests.support.wait import wait_for
+
+    home, env, script = demo["home"], demo["env"], demo["script"]
+    assert demo["third"].returncode == 0, demo["third"].stdout + demo["third"].stderr
+    runner = psutil.Process(int((home / "runner.pid").read_text().split()[0]))
+    mirror = psutil.Process(int((home / "mirror.pid").read_text().split()[0]))
+    log = home / "runner.log"  # appended to by each runner: the last one's part is the run in flight's
+    in_flight = lambda: log.read_text().rpartition("---- wiki-pipeline serve")[2]  # noqa: E731
+    wait_for(lambda: "step 10: loss" in in_flight(), "the demo run's training", timeout=180, every=0.5)
+    group = [p for p in psutil.process_iter() if _pgid(p.pid) == runner.pid]
+    assert len(group) >= 3, "the runner, its fork server and the run's process"
+
+    try:
+        stopped = subprocess.run([script, "--stop"], env=env, capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 0 and "stopped the runner" in stopped.stdout, stopped.stdout + stopped.stderr
+        _, alive = psutil.wait_procs([*group, mirror], timeout=30)
+        assert not alive, [p.cmdline() for p in alive]
+        assert not (home / "runner.pid").exists() and not (home / "mirror.pid").exists()
+    finally:  # nothing of it outlives the test, whatever happened
+        for p in [*group, mirror]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
 
 
 def test_run_mirror_serves_on_the_port_the_environment_names(monkeypatch):

@@ -96,21 +96,39 @@ def test_a_caller_cannot_set_the_workers_environment_command_or_directory(confin
         ("command", f"sh -c 'id > {pwned}'"),
         ("working_dir", str(outside)),
     ]
-    for name, value in attacks:
-        refused = _prefect(
-            env,
-            "deployment",
-            "run",
-            f"wiki-pipeline/{pool}",
-            "--param",
-            "run=" + json.dumps({"artifacts_dir": str(outside)}),
-            "--job-variable",
-            f"{name}={value}",
+    # one `prefect deployment run` per attack, all at once (each is its own CLI process, refused by the server)
+    calls = {
+        name: subprocess.Popen(
+            [
+                PREFECT,
+                "deployment",
+                "run",
+                f"wiki-pipeline/{pool}",
+                "--param",
+                "run=" + json.dumps({"artifacts_dir": str(outside)}),
+                "--job-variable",
+                f"{name}={value}",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-        said = " ".join((refused.stdout + refused.stderr).split())  # the CLI wraps its lines
-        assert refused.returncode != 0, f"a run with job variable {name} was created: {said[-3000:]}"
-        refusal = f"Failure reason: Additional properties are not allowed ('{name}' was unexpected)"
-        assert f"Error creating flow run: Validation failed. {refusal}" in said, said[-3000:]
+        for name, value in attacks
+    }
+    try:
+        for name, call in calls.items():
+            out, err = call.communicate(timeout=300)
+            said = " ".join((out + err).split())  # the CLI wraps its lines
+            assert call.returncode != 0, f"a run with job variable {name} was created: {said[-3000:]}"
+            refusal = f"Failure reason: Additional properties are not allowed ('{name}' was unexpected)"
+            assert f"Error creating flow run: Validation failed. {refusal}" in said, said[-3000:]
+    finally:
+        for call in calls.values():
+            if call.poll() is None:
+                call.kill()
+            call.wait()
 
     async def through_the_api(client):  # what the CLI sends, straight to the API: the same refusal
         return await client.create_flow_run_from_deployment(deployment_id, job_variables={"env": {ENV_ROOTS: "/"}})

@@ -43,11 +43,13 @@ def _weights(ref) -> dict:
     return torch.load(Path(ref["path"]) / "model.ckpt", map_location="cpu", weights_only=True)["model_state_dict"]
 
 
-def test_sigkill_mid_training_then_rerun_resumes_bit_identical(prefect_server, tmp_path, monkeypatch, caplog):
+def test_sigkill_mid_training_then_rerun_resumes_bit_identical(prefect_server, trained, tmp_path, monkeypatch, caplog):
+    """``trained`` (tests/conftest.py) is the uninterrupted run: the tiny preset's model on the same zip's corpus,
+    tokenizer and shards, built once per session."""
     from flows.wiki_pipeline import wiki_pipeline
 
     url = tiny_zip_url(tmp_path)
-    killed_root, clean_root = tmp_path / "killed", tmp_path / "clean"
+    killed_root = tmp_path / "killed"
     cmd = tiny_run_command(url, killed_root)
     env = {**prefect_server.env, PIPELINE_STALL_ENV: "1"}
     ckpt = _kill_after_first_checkpoint(cmd, env, killed_root, tmp_path / "killed.log")
@@ -67,10 +69,9 @@ def test_sigkill_mid_training_then_rerun_resumes_bit_identical(prefect_server, t
     assert manifest["metrics"]["resumed_from"] == 10 and manifest["metrics"]["steps"] == SETTINGS.model.steps
     assert not ckpt.exists(), "the resume state is deleted on publish"
 
-    clean = wiki_pipeline(**tiny_flow_parameters(url, clean_root), return_state=True).result()
-    clean_manifest = json.loads((Path(clean["model"]["path"]) / "manifest.json").read_text())
+    clean_manifest = json.loads((Path(trained["path"]) / "manifest.json").read_text())
     assert clean_manifest["settings"] == manifest["settings"] and clean_manifest["metrics"]["resumed_from"] == 0
-    a, b = _weights(resumed["model"]), _weights(clean["model"])
+    a, b = _weights(resumed["model"]), _weights(trained)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
     assert manifest["metrics"]["loss_curve"] == clean_manifest["metrics"]["loss_curve"], "history survives too"

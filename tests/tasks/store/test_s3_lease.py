@@ -124,19 +124,56 @@ def test_a_dead_readers_pin_does_not_keep_gc_away(s3_root):
 # ---- a builder that lost its lease: its late writes change nothing another published -------------------------
 _OTHER_RUN = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys, traceback
     from tasks.registry import open_store
     from tests.tasks.store.builds import publish_locked
-    store = open_store(sys.argv[1])
-    folder = publish_locked(store, "corpus", "v1", {"a.txt": b"the other run's"}).get("files_under", "")
-    assert store.verify("corpus", "v1", full=True) == (True, "ok")
-    print(json.dumps({
-        rel: store.files.fs.cat_file(store.files._path(f"corpus/v1/{rel}")).hex()
-        for rel in store.files.files("corpus/v1")
-        if rel == "manifest.json" or not folder or rel.startswith(folder + "/")
-    }))
+    for line in sys.stdin:  # one publish per line: [root, this machine's cache]
+        try:
+            root, os.environ["WIKI_PIPELINE_CACHE"] = json.loads(line)
+            store = open_store(root)
+            folder = publish_locked(store, "corpus", "v1", {"a.txt": b"the other run's"}).get("files_under", "")
+            assert store.verify("corpus", "v1", full=True) == (True, "ok")
+            print(json.dumps({
+                rel: store.files.fs.cat_file(store.files._path(f"corpus/v1/{rel}")).hex()
+                for rel in store.files.files("corpus/v1")
+                if rel == "manifest.json" or not folder or rel.startswith(folder + "/")
+            }), flush=True)
+        except Exception:
+            print(json.dumps({"error": traceback.format_exc()}), flush=True)
     """
 )
+
+
+@pytest.fixture(scope="module")
+def other_run(s3_endpoint):
+    """``other_run(root, cache)``: another run, in a process of its own (started once, its imports done), takes
+    the lock of corpus/v1 under ``root`` and publishes it; returns what it published, {file: bytes}."""
+    import select
+
+    from tests.support.s3 import environ_with
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _OTHER_RUN],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=environ_with(s3_endpoint),
+    )
+
+    def publish(root: str, cache: str) -> dict[str, bytes]:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps([root, cache]) + "\n")
+        proc.stdin.flush()
+        assert select.select([proc.stdout], [], [], 120)[0], "the other run did not answer within 120 s"
+        answer = json.loads(proc.stdout.readline() or '{"error": "the other run exited"}')
+        assert "error" not in answer, answer["error"]
+        return {rel: bytes.fromhex(h) for rel, h in answer.items()}
+
+    try:
+        yield publish
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _objects(store, key: str) -> dict[str, bytes]:
@@ -145,18 +182,15 @@ def _objects(store, key: str) -> dict[str, bytes]:
 
 
 @contextlib.contextmanager
-def _one_request_held(
-    store, operations: tuple[str, ...], which, other: list[str], env: dict, published: dict[str, bytes]
-) -> Iterator[None]:
+def _one_request_held(store, operations: tuple[str, ...], which, other, published: dict[str, bytes]) -> Iterator[None]:
     """Hold this process's first request of ``operations`` whose URL ``which`` accepts, its event loop (every
-    request of this process: its lease renewals too) frozen meanwhile, while the process ``other`` takes the
-    lock over and publishes corpus/v1 (its objects into ``published``); then send it as it was."""
+    request of this process: its lease renewals too) frozen meanwhile, while ``other()`` (another process) takes
+    the lock over and publishes corpus/v1 (its objects into ``published``); then send it as it was."""
 
     def hold(request, **_) -> None:
         if published or not which(request.url):
             return
-        done = subprocess.run(other, capture_output=True, text=True, timeout=120, check=True, env=env)
-        published.update({rel: bytes.fromhex(h) for rel, h in json.loads(done.stdout).items()})
+        published.update(other())
 
     events = store.files.fs.s3.meta.events
     for op in operations:
@@ -170,14 +204,11 @@ def _one_request_held(
 
 @pytest.mark.parametrize("existing", [False, True], ids=["new version", "forced rebuild"])
 @pytest.mark.parametrize("held", ["manifest", "data"])
-def test_a_late_write_changes_nothing_another_run_published(s3_root, s3_endpoint, tmp_path, existing, held):
-    from tests.support.s3 import environ_with
-
+def test_a_late_write_changes_nothing_another_run_published(s3_root, other_run, tmp_path, existing, held):
     store = open_store(s3_root)
     if existing:
         publish_locked(store, "corpus", "v1", {"a.txt": b"the first build"})
-    other = [sys.executable, "-c", _OTHER_RUN, s3_root]
-    env = environ_with(s3_endpoint, WIKI_PIPELINE_CACHE=str(tmp_path / "other"))
+    other = lambda: other_run(s3_root, str(tmp_path / "other"))  # noqa: E731
     published: dict[str, bytes] = {}
 
     def which(url: str) -> bool:
@@ -185,23 +216,20 @@ def test_a_late_write_changes_nothing_another_run_published(s3_root, s3_endpoint
 
     # a held data upload lands in its own folder, and the lock check before the next upload stops the run
     error = "was published by another run while this one was stopped" if held == "manifest" else "lost the build lock"
-    held_put = _one_request_held(store, ("PutObject",), which, other, env, published)
+    held_put = _one_request_held(store, ("PutObject",), which, other, published)
     with held_put, pytest.raises(UserError, match=error):
         publish_locked(store, "corpus", "v1", {"a.txt": b"the late run's", "b.txt": b"more"})
     assert published and _objects(store, "corpus/v1") == published  # byte for byte; the late run's files gone
     assert (store.local_copy("corpus", "v1", full=True) / "a.txt").read_bytes() == b"the other run's"
 
 
-def test_a_late_discard_deletes_nothing_another_run_published(s3_root, s3_endpoint, tmp_path):
-    from tests.support.s3 import environ_with
-
+def test_a_late_discard_deletes_nothing_another_run_published(s3_root, other_run, tmp_path):
     store = open_store(s3_root)
     publish_locked(store, "corpus", "v1", {"a.txt": b"the first build"})
-    other = [sys.executable, "-c", _OTHER_RUN, s3_root]
-    env = environ_with(s3_endpoint, WIKI_PIPELINE_CACHE=str(tmp_path / "other"))
+    other = lambda: other_run(s3_root, str(tmp_path / "other"))  # noqa: E731
     published: dict[str, bytes] = {}
     deletes = ("DeleteObject", "DeleteObjects")
-    held_delete = _one_request_held(store, deletes, lambda url: True, other, env, published)
+    held_delete = _one_request_held(store, deletes, lambda url: True, other, published)
     with held_delete, store.lock("corpus", "v1"):
         store.discard("corpus", "v1", "judged damaged")  # its deletion is held while another run publishes
     assert published and _objects(store, "corpus/v1") == published
