@@ -117,7 +117,12 @@ def same_inputs_under(inputs, root: Path) -> tuple:
     return root, corpus, tokenizer
 
 
-def test_two_workers_give_identical_bytes(inputs, baseline, tmp_path):
+def test_two_workers_give_identical_bytes(inputs, baseline, tmp_path, monkeypatch):
+    from tasks.store import build as build_module
+
+    read_back: list[str] = []
+    real = build_module.sha256_file
+    monkeypatch.setattr(build_module, "sha256_file", lambda path: read_back.append(path.name) or real(path))
     _, corpus, tokenizer = same_inputs_under(inputs, tmp_path / "art")
     ref = stages.shards(
         tmp_path / "art", corpus, tokenizer, shard_tokens=SHARD, run={"workers": 2, "chunk_bytes": CHUNK}
@@ -126,6 +131,7 @@ def test_two_workers_give_identical_bytes(inputs, baseline, tmp_path):
     m2 = manifest(ref)
     assert m2["metrics"]["workers"] == 2 and m2["metrics"]["splits"]["train"]["shards"] > 5
     assert m2["files"] == manifest(baseline)["files"]  # every file's size and sha256
+    assert read_back and not [n for n in read_back if n.endswith(".parquet")], "shards are hashed as written"
 
 
 def test_kill_and_resume_keeps_finished_shards(inputs, baseline, tmp_path, monkeypatch):
