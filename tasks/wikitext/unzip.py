@@ -284,25 +284,32 @@ def member_utf8(zf: zipfile.ZipFile, member: str, source: str) -> Iterator[tuple
 
 
 def read_ahead(items: Iterator, depth: int = 4) -> Iterator:
-    """The items of ``items``, produced by a thread up to ``depth`` ahead of the consumer (errors re-raised here)."""
+    """The items of ``items``, produced by a thread up to ``depth`` ahead of the consumer (errors re-raised here).
+    A consumer that stops early (its own error, or it drops this generator) lets the thread end: every put the
+    thread makes, its end and its error included, gives up once the consumer has gone."""
     q: queue.Queue = queue.Queue(depth)
     stop = threading.Event()
     done = object()
 
+    def put(entry: tuple) -> bool:
+        """Queue ``entry`` unless the consumer has gone (it then never takes another: a plain ``put`` into the
+        full queue would wait for good, and so would whoever joins this thread); whether it was queued."""
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
     def produce() -> None:
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        q.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        pass
-                if stop.is_set():
+                if not put((item, None)):
                     return
-            q.put((done, None))
+            put((done, None))
         except BaseException as e:
-            q.put((done, e))
+            put((done, e))
 
     thread = threading.Thread(target=produce, name="corpus-reader", daemon=True)
     thread.start()
