@@ -133,7 +133,6 @@ def test_words_found_among_the_hot_words_are_the_plain_encoders(tok, shakespeare
     assert enc._hot.to_pylist() == list(enc._slot_of_bytes)[: len(enc._hot)]
 
 
-@pytest.mark.xfail(strict=True, reason="a hot word with unknown characters that the group lacks raises an empty error")
 @pytest.mark.parametrize("first_policy", ["skip", "error"])
 def test_clean_text_after_a_word_with_unknown_characters_encodes_as_the_plain_encoder(tok, first_policy):
     """One encoder: a chunk holding a character outside the alphabet (skipped, or refused), then a chunk without
