@@ -279,6 +279,32 @@ def test_write_read_uint32_shard(tmp_path):
     assert SF.dtype_for_vocab(65536) == np.uint16 and SF.dtype_for_vocab(65537) == np.uint32
 
 
+@pytest.mark.parametrize(
+    "values, kind, wrong",
+    [
+        ([1, None, 3], "uint16", "its token_id column holds 1 null(s), a shard's holds none"),
+        ([True, False, True], "bool", "its token_id column is of type bool, a shard's is uint16 or uint32"),
+        (["1", "2", "3"], "string", "its token_id column is of type string, a shard's is uint16 or uint32"),
+    ],
+)
+def test_a_shard_with_nulls_or_of_another_type_is_refused_naming_it(tmp_path, values, kind, wrong):
+    """A damaged or foreign file where a shard should be: each reader names it, what is wrong and what to do,
+    and leaves no token file behind."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "train-00000.parquet"
+    pq.write_table(pa.table({SF.COLUMN: pa.array(values, type=pa.type_for_alias(kind))}), path)
+    want = f"{path} is not a token shard as the shards stage writes it ({wrong}); rebuild the shards "
+    want += "(run with --force shards)"
+    with pytest.raises(UserError) as read:
+        SF.read_shard(path)
+    with pytest.raises(UserError) as flat:
+        SF.materialize_tokens(tmp_path, "train", tmp_path / "train.bin")
+    assert str(read.value) == str(flat.value) == want
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train-00000.parquet"]
+
+
 def test_write_shard_bytes_and_digest_match_plain_pyarrow(tmp_path):
     """The shard built from the ids' buffer is the file pyarrow writes from ``pa.array`` with the documented
     options, and the size and sha256 it reports are the file's."""
