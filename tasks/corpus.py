@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import Field, field_validator, model_serializer
@@ -178,9 +179,10 @@ def extract_corpus(
     progress=None,
     block_chars: int = BLOCK_CHARS,
     article_index: bool = False,
+    hashed: Callable[[Path, int, str], None] | None = None,
 ) -> dict:
     """Unzip the three splits, strip headers, write the split files and wikipedia.txt (and with ``article_index``
-    the article starts). Returns per-split metrics."""
+    the article starts). Returns per-split metrics. ``hashed``: see :func:`extract_text`."""
     members = {split: (MEMBERS[split], SPLIT_FILES[split]) for split in SPLITS}
     m = extract_text(
         zip_path,
@@ -192,6 +194,7 @@ def extract_corpus(
         block_chars=block_chars,
         layout_hint="source_url must point at the wikitext-103-raw-v1 zip",
         article_files=ARTICLE_FILES if article_index else None,
+        hashed=hashed,
     )
     return {"splits": m["members"], "wikipedia": m["joined"]}
 
@@ -228,6 +231,7 @@ def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
             source=shown,
             progress=lambda d, t, m: ctx.progress(d, t, m),
             article_index=bool(settings.article_index),
+            hashed=ctx.build.hashed,  # publish need not read the text back to hash it
         )
     except UserError:
         if ours:

@@ -238,6 +238,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                     nonlocal index, offset
                     spath = ctx.out / shard_format.shard_name(split, index)  # noqa: B023 (called in this split's loop)
                     written = shard_format.write_shard(spath, ids)
+                    ctx.build.hashed(spath, written.size, written.sha256)  # publish need not read it back
                     srec["shards"].append(  # noqa: B023
                         {
                             "index": index,

@@ -373,8 +373,9 @@ class WordEncoder:
             unk = np.flatnonzero(self._has_unknown[dslots])
             if unk.size:
                 freq = np.bincount(index, minlength=dslots.size)[unk]
-                met = freq > 0  # a hot word need not occur in the group
-                self._account_unknown(dslots[unk[met]], freq[met], unk_policy, stats)
+                met = freq > 0  # a hot word need not occur in the group: one that does not is not counted
+                if met.any():
+                    self._account_unknown(dslots[unk[met]], freq[met], unk_policy, stats)
         lens = self._length[dslots].astype(index.dtype)
         ends = np.cumsum(lens)
         firsts = ends - lens

@@ -130,7 +130,8 @@ def read_shard(path: str | os.PathLike) -> np.ndarray:
 
     source = pq.ParquetFile(path)
     dtype = np.dtype(source.schema_arrow.field(COLUMN).type.to_pandas_dtype())
-    parts = [_ids(b.column(0)) for b in source.iter_batches(batch_size=ROW_GROUP_TOKENS, columns=[COLUMN])]
+    batches = source.iter_batches(batch_size=ROW_GROUP_TOKENS, columns=[COLUMN])
+    parts = [_ids(b.column(0), os.fspath(path)) for b in batches]
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
 
@@ -183,27 +184,39 @@ def materialize_tokens(shards_dir: str | os.PathLike, split: str, dest: str | os
     return np.memmap(dest, dtype=dtype, mode="r", shape=(total,))
 
 
-def _write_flat(path, dtype: np.dtype, f) -> int:
+def _write_flat(path, dtype: np.dtype, f, name: object = None) -> int:
     """Append the shard ``path`` (a path or an open Parquet file)'s ids to the open file ``f`` as flat ``dtype``
-    (native order); how many."""
+    (native order); how many. ``name``: what errors call it (default: ``path``)."""
     import pyarrow.parquet as pq
 
     written = 0
     source = path if isinstance(path, pq.ParquetFile) else pq.ParquetFile(path)
     for batch in source.iter_batches(batch_size=ROW_GROUP_TOKENS, columns=[COLUMN]):
-        arr = _ids(batch.column(0)).astype(dtype, copy=False)
+        arr = _ids(batch.column(0), name or path).astype(dtype, copy=False)
         f.write(arr.data)  # the array's own buffer: no copy of it as bytes
         written += arr.size
     return written
 
 
-def _ids(column) -> np.ndarray:
+def _ids(column, name: object) -> np.ndarray:
     """A null-free uint16/uint32 Arrow array's values as a numpy view of its buffer: ``Array.to_numpy`` would
-    import pandas (seconds and tens of MB in a process that has not) only to ask whether it needs it."""
+    import pandas (seconds and tens of MB in a process that has not) only to ask whether it needs it.
+    ``UserError`` naming the shard ``name`` when the column is of another type or holds nulls (not what
+    :data:`SCHEMA` writes: a damaged or foreign file, whose buffer would be misread)."""
+    kind = str(column.type)
+    if kind not in ("uint16", "uint32"):
+        raise _not_a_shard(name, f"its {COLUMN} column is of type {kind}, a shard's is uint16 or uint32")
     if column.null_count:
-        raise ValueError(f"a token column holds no nulls, this one holds {column.null_count}")
+        raise _not_a_shard(name, f"its {COLUMN} column holds {column.null_count:,} null(s), a shard's holds none")
     dtype = np.dtype(column.type.to_pandas_dtype())
     return np.frombuffer(column.buffers()[1], dtype=dtype, count=len(column), offset=column.offset * dtype.itemsize)
+
+
+def _not_a_shard(name: object, what: str) -> UserError:
+    return UserError(
+        f"{name} is not a token shard as the shards stage writes it ({what}); rebuild the shards "
+        "(run with --force shards)"
+    )
 
 
 def flatten_shard(
@@ -226,6 +239,6 @@ def flatten_shard(
     if got != dtype:
         raise UserError(f"{name} has token type {got}, its index says {dtype}; rebuild the shards")
     with atomic_open(dest, "wb", durable=False) as f:
-        written = _write_flat(source, dtype, f)
+        written = _write_flat(source, dtype, f, name)
         if written != tokens:
             raise UserError(f"{name} holds {written:,} tokens, its index says {tokens:,}; rebuild the shards")

@@ -138,14 +138,17 @@ class ShardFetcher:
 
     # ---- the thread ----------------------------------------------------------------------------------
     def start(self) -> ShardFetcher:
-        """Clear what an earlier run left (its markers and token files: a file is read only once this fetcher
-        has checked it) and start fetching."""
+        """Clear what an earlier run left (its markers, its token files, and those it was writing when killed: a
+        file is read only once this fetcher has checked it) and start fetching."""
         self.folder.mkdir(parents=True, exist_ok=True)
         for stale in [failed_file(self.folder), *(position_file(self.folder, r) for r in range(self.readers))]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)  # a killed run's: the readers of this run report afresh
         for leftover in self.folder.glob("*.bin"):
             leftover.unlink(missing_ok=True)
+        for partial in self.folder.glob(".*.bin.*.tmp"):  # a token file a killed run was writing (atomic_open's)
+            if not partial.is_dir():
+                partial.unlink(missing_ok=True)
         self._thread.start()
         self._beating.start()
         return self

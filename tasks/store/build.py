@@ -38,6 +38,7 @@ class Build:
         self.work = self.dir / "work"
         self._kept_key = store._staging_key(stage, version)
         self._joined: dict[str, list[str]] = {}
+        self._hashed: dict[str, tuple[tuple[int, int, int, int], str]] = {}  # rel -> (identity, sha256)
         self._lock_key = store._lock_key(stage, version)
         # what this build may replace, read under its lock: publish's last lock check comes after this read
         self._found = store.files.found(store._version_key(stage, version))
@@ -79,6 +80,32 @@ class Build:
         bytes twice."""
         self._joined[target] = list(parts)
 
+    def hashed(self, path: Path, size: int, sha256: str) -> None:
+        """Declare the ``size`` and ``sha256`` of the file ``path`` of ``out/``, computed from exactly the bytes
+        its writer wrote; call it right after that writer closed (and renamed) the file. :meth:`publish` then
+        takes the sum instead of reading the file again, but only while the file is still the one declared: the
+        same size, device, inode and ``st_mtime_ns`` as now; any other file (changed, replaced, or never
+        declared) is hashed from disk. Why: the writers had every byte in hand, and reading a corpus back
+        costs a pass over the disk and a core while nothing else runs. A ``size`` that is not the file's size
+        now is no declaration at all."""
+        path = Path(path)
+        rel = path.absolute().relative_to(self.out.absolute()).as_posix()
+        st = path.stat()
+        if st.st_size == size:
+            self._hashed[rel] = ((st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns), sha256)
+        else:
+            self._hashed.pop(rel, None)
+
+    def _sha256(self, path: Path) -> str:
+        """``path``'s sha256: the declared one while the file is still the one declared (:meth:`hashed`),
+        otherwise read from disk."""
+        known = self._hashed.get(path.relative_to(self.out).as_posix())
+        if known is not None:
+            st = path.stat()
+            if (st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns) == known[0]:
+                return known[1]
+        return sha256_file(path)
+
     def reset(self) -> None:
         """Throw away everything an earlier attempt left (for stages that cannot resume)."""
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -86,6 +113,7 @@ class Build:
         self.store.files.delete(self._kept_key)
         for d in (self.out, self.work):
             d.mkdir(parents=True, exist_ok=True)
+        self._hashed.clear()
         self.resumed = False
 
     def publish(
@@ -99,16 +127,18 @@ class Build:
         extra: dict | None = None,
         fault=None,
     ) -> dict:
-        """Write the manifest of ``out/``, publish ``out/`` as the version (the manifest last), drop the staging
-        area; the manifest. ``fault`` (a test hook) is called with ``"publish"`` before the manifest is visible
-        and ``"published"`` after."""
+        """Write the manifest of ``out/`` (each file's size and sha256: declared by its writer, :meth:`hashed`, or
+        read from disk), publish ``out/`` as the version (the manifest last), drop the staging area; the manifest.
+        ``fault`` (a test hook) is called with ``"publish"`` before the manifest is visible and ``"published"``
+        after."""
         self._sweep_temp_files()
         paths = [p for p in sorted(self.out.rglob("*")) if not p.is_dir()]
         if any(p.relative_to(self.out).as_posix() == MANIFEST for p in paths):
             raise RuntimeError(f"stage {self.stage} must not write its own {MANIFEST}")
-        # hashed in threads (sha256 lets go of the GIL): the large files of a version at once, not one after another
+        # what no writer declared (:meth:`hashed`) is hashed in threads (sha256 lets go of the GIL): the large
+        # files of a version at once, not one after another
         with concurrent.futures.ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="publish-hash") as pool:
-            sums = list(pool.map(sha256_file, paths))
+            sums = list(pool.map(self._sha256, paths))
         files = {
             p.relative_to(self.out).as_posix(): {"size": p.stat().st_size, "sha256": sha}
             for p, sha in zip(paths, sums, strict=True)

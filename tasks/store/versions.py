@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -257,14 +258,24 @@ class Versions:
     def _from_cache(self, stage: str, version: str, rel: str, manifest: dict, meta: dict) -> bytes | None:
         """The bytes of ``rel`` from this machine's copy of the version's build (``Files.cached``) when they are
         the manifest's (size and sha256), read once; else None (the caller downloads). Why: on an object store a
-        stage reads what the one before it published from this machine without downloading the bytes it sent."""
+        stage reads what the one before it published from this machine without downloading the bytes it sent.
+        What is opened is checked before a byte is read: a file of another size, or not a regular file (a link,
+        a pipe, a device), is never read (it could be huge, or never end)."""
         path = self.files.cached(self._version_key(stage, version), rel, str(manifest.get("build_id")))
         if path is None:
             return None
         try:
-            data = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))  # a pipe: no wait
         except OSError:
             return None
+        with open(fd, "rb") as f:
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_size != meta.get("size"):
+                    return None
+                data = f.read(st.st_size + 1)  # a file grown since is refused by its length below
+            except OSError:
+                return None
         return None if self._mismatch(meta, len(data), lambda: hashlib.sha256(data).hexdigest()) else data
 
     @staticmethod

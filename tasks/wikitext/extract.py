@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import zipfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,14 @@ def extract_text(
     block_chars: int = BLOCK_CHARS,
     layout_hint: str = "",
     article_files: dict[str, str] | None = None,
+    hashed: Callable[[Path, int, str], None] | None = None,
 ) -> dict:
     """``members``: ``{key: (member in the zip, file name)}``, in order. Writes each member, stripped, to
     ``out_dir/<file name>`` and all of them to ``out_dir/<joined>``; returns ``{"members": {key: metrics},
-    "joined": {bytes, chars, lines}}``. No sha256: the store's publish hashes every file from disk for the manifest
-    (what it verifies is what was written), so a hash here would read the same bytes twice.
+    "joined": {bytes, chars, lines}}``. ``hashed(path, size, sha256)`` (the store's ``Build.hashed``) is called
+    for each text file right after it appears, with the size and sha256 of the bytes written to it, hashed in the
+    writer thread as they were written: publishing then need not read the files back (the metrics hold no sha256:
+    the manifest lists them).
     ``progress(done, total, message)`` follows the unzipping. ``article_files`` (``{key: file name}``): also write,
     per member, the byte offsets in its stripped file where each article starts (where a ``= Title =`` line was
     removed) as a 1-D ``uint64`` ``.npy``."""
@@ -57,9 +61,12 @@ def extract_text(
                     block_chars=block_chars,
                     unzipped=unzipped,
                     articles_path=out_dir / article_files[key] if article_files else None,
+                    hashed=hashed,
                 )
                 raw_done += out[key]["raw_bytes"]
             writer.drain()
+        if hashed:
+            hashed(out_dir / joined, *writer.written(all_f))
     totals = {key: sum(st[key] for st in out.values()) for key in ("bytes", "chars", "lines")}
     return {"members": out, "joined": totals}
 
@@ -84,9 +91,11 @@ def _extract_member(
     block_chars: int,
     unzipped,
     articles_path: Path | None = None,
+    hashed: Callable[[Path, int, str], None] | None = None,
 ) -> dict:
     """``member`` unzipped, stripped and written to ``path`` and to the joined file ``corpus``; returns its metrics.
-    ``articles_path``: where the article starts go (see :func:`extract_text`)."""
+    ``articles_path``: where the article starts go; ``hashed``: told ``path``'s size and sha256 (see
+    :func:`extract_text`)."""
     st: dict[str, Any] = {
         "member": member,
         "raw_bytes": zf.getinfo(member).file_size,
@@ -128,6 +137,8 @@ def _extract_member(
             finally:
                 writer.settle()  # nothing touches f once it is synced and renamed (or dropped)
             writer.drain()
+        if hashed:
+            hashed(path, *writer.written(f))
     except (zipfile.BadZipFile, zlib.error, EOFError) as e:
         raise UserError(
             f"{member} in {source} is damaged ({e or type(e).__name__}); rerun to download it again, or check "

@@ -7,6 +7,7 @@ import bz2
 import codecs
 import collections
 import concurrent.futures
+import hashlib
 import lzma
 import os
 import queue
@@ -283,25 +284,32 @@ def member_utf8(zf: zipfile.ZipFile, member: str, source: str) -> Iterator[tuple
 
 
 def read_ahead(items: Iterator, depth: int = 4) -> Iterator:
-    """The items of ``items``, produced by a thread up to ``depth`` ahead of the consumer (errors re-raised here)."""
+    """The items of ``items``, produced by a thread up to ``depth`` ahead of the consumer (errors re-raised here).
+    A consumer that stops early (its own error, or it drops this generator) lets the thread end: every put the
+    thread makes, its end and its error included, gives up once the consumer has gone."""
     q: queue.Queue = queue.Queue(depth)
     stop = threading.Event()
     done = object()
 
+    def put(entry: tuple) -> bool:
+        """Queue ``entry`` unless the consumer has gone (it then never takes another: a plain ``put`` into the
+        full queue would wait for good, and so would whoever joins this thread); whether it was queued."""
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
     def produce() -> None:
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        q.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        pass
-                if stop.is_set():
+                if not put((item, None)):
                     return
-            q.put((done, None))
+            put((done, None))
         except BaseException as e:
-            q.put((done, e))
+            put((done, e))
 
     thread = threading.Thread(target=produce, name="corpus-reader", daemon=True)
     thread.start()
@@ -322,7 +330,9 @@ class BlockWriter:
     """Writes blocks in one background thread, in order (file writes let go of the GIL), at
     most a few blocks behind; :meth:`drain` waits for it and re-raises its errors. Every ``sync_every`` bytes of a
     file it starts that file's ``fdatasync`` in a third thread, so the disk writes while the text is still being
-    made and the ``fsync`` that ends the file has little left to wait for (it waited for all of it)."""
+    made and the ``fsync`` that ends the file has little left to wait for (it waited for all of it). It also
+    hashes what it writes to each file, in its thread (sha256 lets go of the GIL on such blocks): :meth:`written`
+    gives a file's size and sha256 from the very bytes written, so nobody has to read the file back for them."""
 
     def __init__(self, depth: int = 4, sync_every: int | None = None) -> None:
         self.depth = depth
@@ -330,6 +340,7 @@ class BlockWriter:
         self.pending: collections.deque = collections.deque()
         self.syncs: collections.deque = collections.deque()
         self.unsynced: dict[int, int] = {}  # a file's descriptor -> bytes written since its last sync started
+        self.sums: dict[object, list] = {}  # a file object -> [bytes written to it, its sha256 so far]
 
     def __enter__(self) -> BlockWriter:
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="corpus-writer")
@@ -344,6 +355,9 @@ class BlockWriter:
     def _write(self, data: bytes, files, after) -> None:
         for f in files:
             f.write(data)
+            total = self.sums.setdefault(f, [0, hashlib.sha256()])
+            total[0] += len(data)
+            total[1].update(data)
             fd = f.fileno()
             written = self.unsynced.get(fd, 0) + len(data)
             if written >= self.sync_every:
@@ -359,6 +373,12 @@ class BlockWriter:
         self.pending.append(self.pool.submit(self._write, data, files, after))
         while len(self.pending) > self.depth:
             self.pending.popleft().result()
+
+    def written(self, f) -> tuple[int, str]:
+        """``(size, sha256)`` of all that was written to ``f`` (after :meth:`drain`: every block written); ``f``
+        is forgotten."""
+        size, sha = self.sums.pop(f, (0, hashlib.sha256()))
+        return size, sha.hexdigest()
 
     def settle(self) -> None:
         """Wait until every block is written and every sync started is done (errors are kept for :meth:`drain`):

@@ -47,12 +47,35 @@ def test_http_download_is_byte_identical_to_the_chapter(tmp_path, mirror, wiki_z
     manifest = json.loads((out / "manifest.json").read_text())
     report = D.STAGE.report(manifest)
     assert "| wiki.train.txt |" in report and m["zip_sha256"] in report
-    # each text file hashed once, by the publish that verifies it: the report shows the manifest's sha256 (of the
-    # bytes on disk) and the metrics hold no second one computed while writing
+    # the report shows the manifest's sha256 (that of the bytes on disk) and the metrics hold no second one
     for name in ("wiki.train.txt", "wiki.valid.txt", "wiki.test.txt", "wikipedia.txt"):
         sha = hashlib.sha256((out / name).read_bytes()).hexdigest()
         assert manifest["files"][name]["sha256"] == sha and f"`{sha[:16]}`…" in report, name
     assert not [k for st in [*m["splits"].values(), m["wikipedia"]] for k in st if "sha256" in k], m
+
+
+def test_the_text_files_are_hashed_as_written_and_not_read_back_to_publish(tmp_path, wiki_zip, monkeypatch):
+    from tasks.store import build as build_module
+
+    read_back: list[str] = []
+    real = build_module.sha256_file
+
+    def recorded(path):
+        read_back.append(Path(path).name)
+        return real(path)
+
+    monkeypatch.setattr(build_module, "sha256_file", recorded)
+    zpath = tmp_path / "w.zip"
+    zpath.write_bytes(wiki_zip)
+    ref = download(tmp_path / "art", source_url=zpath.as_uri(), article_index=True)
+    out = Path(ref["path"])
+    files = json.loads((out / "manifest.json").read_text())["files"]
+    assert files == {
+        p.name: {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in out.iterdir()
+        if p.name != "manifest.json"
+    }
+    assert sorted(read_back) == sorted(D.ARTICLE_FILES.values()), "only the article starts are read back"
 
 
 def test_newlines_and_odd_headers_match_the_chapter(tmp_path):

@@ -240,3 +240,31 @@ def test_flattening_or_reading_a_shard_never_imports_pandas(upstream, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
     assert (tmp_path / "f.bin").read_bytes() == read_shard(path).tobytes()
+
+
+def test_a_token_file_a_killed_run_was_writing_is_deleted_when_the_next_run_starts(upstream, tmp_path):
+    """A process killed (SIGKILL) while writing a token file leaves atomic_open's temp file: the next fetcher
+    deletes it on start-up, and nothing in the folder that is not such a file."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    killed = subprocess.run(
+        [sys.executable, "-c", "import os, signal, sys\nfrom mygpt.atomic import atomic_open\n"
+         "with atomic_open(sys.argv[1], 'wb', durable=False) as f:\n"
+         "    f.write(b'half'); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n", str(folder / "train-00000.bin")],
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert killed.returncode == -9
+    partial = [p.name for p in folder.iterdir()]
+    assert len(partial) == 1 and re.fullmatch(r"\.train-00000\.bin\..+\.tmp", partial[0])
+    kept = ["notes.tmp", "train-00000.bin.x.tmp", ".train-00000.bin.x.tmp.keep", ".valid-00000.bin.x.tmp"]
+    for name in kept[:3]:
+        (folder / name).write_bytes(b"not ours")
+    (folder / kept[3]).mkdir()
+    fetcher, *_ = _open(upstream, folder)
+    fetcher.start()
+    fetcher.close()
+    left = {p.name for p in folder.iterdir()}
+    assert partial[0] not in left and set(kept) <= left

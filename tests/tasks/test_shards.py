@@ -117,7 +117,12 @@ def same_inputs_under(inputs, root: Path) -> tuple:
     return root, corpus, tokenizer
 
 
-def test_two_workers_give_identical_bytes(inputs, baseline, tmp_path):
+def test_two_workers_give_identical_bytes(inputs, baseline, tmp_path, monkeypatch):
+    from tasks.store import build as build_module
+
+    read_back: list[str] = []
+    real = build_module.sha256_file
+    monkeypatch.setattr(build_module, "sha256_file", lambda path: read_back.append(path.name) or real(path))
     _, corpus, tokenizer = same_inputs_under(inputs, tmp_path / "art")
     ref = stages.shards(
         tmp_path / "art", corpus, tokenizer, shard_tokens=SHARD, run={"workers": 2, "chunk_bytes": CHUNK}
@@ -126,6 +131,7 @@ def test_two_workers_give_identical_bytes(inputs, baseline, tmp_path):
     m2 = manifest(ref)
     assert m2["metrics"]["workers"] == 2 and m2["metrics"]["splits"]["train"]["shards"] > 5
     assert m2["files"] == manifest(baseline)["files"]  # every file's size and sha256
+    assert read_back and not [n for n in read_back if n.endswith(".parquet")], "shards are hashed as written"
 
 
 def test_kill_and_resume_keeps_finished_shards(inputs, baseline, tmp_path, monkeypatch):
@@ -271,6 +277,32 @@ def test_write_read_uint32_shard(tmp_path):
     back = SF.read_shard(tmp_path / "train-00000.parquet")
     assert back.dtype == np.uint32 and np.array_equal(back, ids)
     assert SF.dtype_for_vocab(65536) == np.uint16 and SF.dtype_for_vocab(65537) == np.uint32
+
+
+@pytest.mark.parametrize(
+    "values, kind, wrong",
+    [
+        ([1, None, 3], "uint16", "its token_id column holds 1 null(s), a shard's holds none"),
+        ([True, False, True], "bool", "its token_id column is of type bool, a shard's is uint16 or uint32"),
+        (["1", "2", "3"], "string", "its token_id column is of type string, a shard's is uint16 or uint32"),
+    ],
+)
+def test_a_shard_with_nulls_or_of_another_type_is_refused_naming_it(tmp_path, values, kind, wrong):
+    """A damaged or foreign file where a shard should be: each reader names it, what is wrong and what to do,
+    and leaves no token file behind."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "train-00000.parquet"
+    pq.write_table(pa.table({SF.COLUMN: pa.array(values, type=pa.type_for_alias(kind))}), path)
+    want = f"{path} is not a token shard as the shards stage writes it ({wrong}); rebuild the shards "
+    want += "(run with --force shards)"
+    with pytest.raises(UserError) as read:
+        SF.read_shard(path)
+    with pytest.raises(UserError) as flat:
+        SF.materialize_tokens(tmp_path, "train", tmp_path / "train.bin")
+    assert str(read.value) == str(flat.value) == want
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train-00000.parquet"]
 
 
 def test_write_shard_bytes_and_digest_match_plain_pyarrow(tmp_path):

@@ -133,6 +133,21 @@ def test_words_found_among_the_hot_words_are_the_plain_encoders(tok, shakespeare
     assert enc._hot.to_pylist() == list(enc._slot_of_bytes)[: len(enc._hot)]
 
 
+@pytest.mark.parametrize("first_policy", ["skip", "error"])
+def test_clean_text_after_a_word_with_unknown_characters_encodes_as_the_plain_encoder(tok, first_policy):
+    """One encoder: a chunk holding a character outside the alphabet (skipped, or refused), then a chunk without
+    any under unk_policy="error": the second gives the plain encoder's ids, as it would alone (the word with the
+    unknown character is a hot word now, but the second chunk does not hold it)."""
+    enc = BPETokenizer.from_state(tok.state())._fast_encoder()
+    try:
+        enc.encode_bytes("the \u6226 cat sat".encode(), first_policy)
+    except UserError:
+        assert first_policy == "error"
+    ids, stats = enc.encode_bytes(b"the cat sat", "error")
+    want, want_stats = _plain(tok, "the cat sat", "error")
+    assert np.array_equal(ids, want) and stats == want_stats
+
+
 def test_unknown_characters_error_and_byte_fallback(tok, wikitext2_text):
     text = wikitext2_text[150_000:250_000]
     with pytest.raises(UserError) as plain:

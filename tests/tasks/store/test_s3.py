@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 
 import pytest
 
@@ -229,3 +230,44 @@ def test_a_file_this_machine_published_is_read_from_its_checked_cache_not_downlo
     assert store.fetch_bytes("shards", "s1", "shards.json", tmp_path / "in") == b"{}"
     assert downloads == ["train-00000.parquet", "shards.json"]
     assert manifest["build_id"] != "otherbuild00" and list((tmp_path / "in").iterdir()) == []
+
+
+def _bytes_read() -> int:
+    """What this process has read so far, by any read call (``rchar`` of /proc/self/io)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def test_a_cached_copy_of_another_size_is_downloaded_again_without_being_read(s3_root, tmp_path):
+    store = open_store(s3_root)
+    manifest = publish_locked(store, "shards", "s1", {"train-00000.parquet": b"shard zero"})
+    cached = store.version_path("shards", "s1") / "train-00000.parquet"
+    cached.unlink()
+    with open(cached, "wb") as f:
+        f.truncate(64 << 20)  # sparse: nothing on disk, 64 MiB to whoever reads it
+    before = _bytes_read()
+    assert store.fetch_bytes("shards", "s1", "train-00000.parquet", tmp_path / "in", manifest) == b"shard zero"
+    assert _bytes_read() - before < 1 << 20  # the download and the manifest: not the cached file's 64 MiB
+
+
+def test_a_cached_path_that_is_not_a_regular_file_is_downloaded_again_without_being_read(
+    s3_root, tmp_path, monkeypatch
+):
+    """A pipe where the cached file was (swapped in after the cache looked): refused as it is opened, not read
+    (reading it would wait for a writer for good)."""
+    store = open_store(s3_root)
+    manifest = publish_locked(store, "shards", "s1", {"train-00000.parquet": b"shard zero"})
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    monkeypatch.setattr(type(store.files), "cached", lambda self, key, rel, build_id: pipe)
+    got: list = []
+    reader = threading.Thread(
+        target=lambda: got.append(store.fetch_bytes("shards", "s1", "train-00000.parquet", tmp_path / "in", manifest)),
+        daemon=True,
+    )
+    reader.start()
+    reader.join(5)  # a liveness bound, not a timing: it returns at once
+    try:
+        assert got == [b"shard zero"]
+    finally:  # let a reader that waits on the pipe go
+        os.close(os.open(pipe, os.O_RDWR))

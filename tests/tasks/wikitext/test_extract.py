@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 import zipfile
 
 import numpy as np
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 from flows.mirror import MEMBER, make_zip
 from mygpt.errors import UserError
 from tasks.corpus import extract_corpus
-from tasks.wikitext.unzip import utf8_pieces
+from tasks.wikitext.unzip import read_ahead, utf8_pieces
 from tests.support.corpus_runs import CHAPTER_RE
 
 
@@ -163,3 +165,77 @@ def test_extract_over_wide_whitespace_and_crlf_writes_what_the_chapter_writes(tm
             titles.append(len(want[: mt.start() - removed].encode()))
         removed += len(mt.group())
     assert np.load(out / "wiki.train.articles.npy").tolist() == titles and len(titles) > 4
+
+
+def _queue_filled(reader: threading.Thread) -> None:
+    """Wait until ``reader`` (a :func:`read_ahead` thread) has filled its queue: it has nothing left to do but put
+    its next entry (a liveness bound, not a timing: it fills it at once)."""
+    found = [reader._target]  # type: ignore[attr-defined]
+    for f in found:  # the functions it closes over, and theirs
+        found.extend(c.cell_contents for c in getattr(f, "__closure__", None) or ())
+    q = next(x for x in found if isinstance(x, queue.Queue))
+    for _ in range(500):
+        if q.full():
+            return
+        time.sleep(0.01)
+    raise AssertionError("the reader never filled its queue")
+
+
+def test_a_member_refused_as_not_utf8_lets_its_reader_thread_end(tmp_path):
+    """A stored member whose first MiB holds a byte that is not UTF-8, with exactly as many pieces after it as the
+    reader queues: the stage's error, and once its caller lets go of the error (as Prefect does after keeping a
+    task's exception), the reader thread ends and the caller goes on (it used to wait for it for good)."""
+    import gc
+
+    body = bytearray(b"word " * ((5 << 20) // 5))
+    body[100] = 0xFF
+    zpath = tmp_path / "w.zip"
+    with zipfile.ZipFile(zpath, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr(MEMBER.format(split="train"), bytes(body))  # five pieces of 1 MiB: the error in the first
+        zf.writestr(MEMBER.format(split="valid"), b" v\n")
+        zf.writestr(MEMBER.format(split="test"), b" t\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    seen: list = []
+    kept: list = []
+
+    def run() -> None:
+        try:
+            extract_corpus(zpath, out, source="test")
+        except UserError as e:
+            seen.append(str(e))
+            kept.append(e)  # held while the reader, which runs on, fills its queue and puts its end
+
+    caller = threading.Thread(target=run, daemon=True)
+    caller.start()
+    caller.join(30)
+    reader = [t for t in threading.enumerate() if t.name == "corpus-reader"]
+    for t in reader:
+        _queue_filled(t)  # it has queued every piece and waits to put its end
+    letting_go = threading.Thread(target=lambda: (kept.clear(), gc.collect(), seen.append("went on")), daemon=True)
+    letting_go.start()
+    letting_go.join(3)  # a liveness bound, not a timing: the fixed code goes on at once
+    assert seen[:1] and "is not valid UTF-8: byte 0xff at offset 100" in seen[0]
+    assert seen[1:] == ["went on"]
+    assert not any(t.name == "corpus-reader" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("ends_with", ["end", "error"])
+def test_a_consumer_that_stops_early_lets_read_ahead_end_whatever_the_reader_puts_last(ends_with):
+    """The consumer takes one item and drops the generator while the reader, its queue full, waits to put its end
+    (or the error its items raised): dropping returns and the thread ends (a stripping error or a failed write
+    drops it so)."""
+
+    def items():
+        yield from range(5)  # one taken, four fill the queue
+        if ends_with == "error":
+            raise OSError("the disk went away")
+
+    ahead = read_ahead(items(), depth=4)
+    assert next(ahead) == 0
+    reader = next(t for t in threading.enumerate() if t.name == "corpus-reader")
+    _queue_filled(reader)
+    closing = threading.Thread(target=ahead.close, daemon=True)
+    closing.start()
+    closing.join(3)  # a liveness bound, not a timing: it returns at once
+    assert not closing.is_alive() and not reader.is_alive()
