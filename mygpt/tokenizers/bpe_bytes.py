@@ -110,8 +110,9 @@ def is_utf8(data: bytes) -> bool:
 
 
 def char_count(u: np.ndarray) -> int:
-    """Characters in the valid UTF-8 text ``u``: the bytes that do not continue a character."""
-    return int(u.size - np.count_nonzero(np.bitwise_and(u, 0xC0) == 0x80))
+    """Characters in the valid UTF-8 text ``u`` (uint8): the bytes that do not continue a character. A continuation
+    byte (0x80-0xBF) is one compare as int8 (-128..-65): one pass, and numpy lets go of the GIL."""
+    return int(u.size - np.count_nonzero(u.view(np.int8) < -64))
 
 
 def distinct_words(data: bytes, offsets: np.ndarray, known=None) -> tuple:
