@@ -61,6 +61,23 @@ def test_utf8_check_and_char_count_are_pythons(data):
         assert bpe_bytes.char_count(np.frombuffer(data, dtype=np.uint8)) == len(text)
 
 
+@pytest.mark.parametrize("known", [None, [], [b" the", b"zz"], [b" the", b" of", b"\n", b" ,"]])
+def test_distinct_words_put_the_known_words_first(shakespeare_text, known):
+    """The distinct words of a text, the known ones ahead (in their order, met in the text or not) and the others in
+    first-seen order, and each word's place among them: the text's words again, in order."""
+    import pyarrow as pa
+
+    data = shakespeare_text[:20_000].encode("utf-8")
+    offsets = bpe_bytes.word_starts(np.frombuffer(data, dtype=np.uint8))
+    words = [data[a:b] for a, b in zip(offsets.tolist(), offsets[1:].tolist())]
+    ahead = pa.array(known, pa.binary()) if known is not None else None
+    dictionary, index = bpe_bytes.distinct_words(data, offsets, ahead)
+    first = list(known or [])
+    want = first + [w for w in dict.fromkeys(words) if w not in first]
+    assert dictionary.to_pylist() == want
+    assert [want[i] for i in index.tolist()] == words
+
+
 @pytest.fixture(scope="module")
 def tok(wikitext2_text) -> BPETokenizer:
     """Trained on a slice, so the rest of the text has characters outside its alphabet."""
