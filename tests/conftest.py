@@ -14,6 +14,45 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
+#: The test files that take longest (real runs, servers, processes killed: tens of seconds each), longest first.
+#: Under pytest-xdist's ``--dist loadfile`` (scripts/test) they are handed out before every other file, so that
+#: the two workers end together rather than one running a long file alone at the end. A stale list costs time only.
+LONGEST_FILES = (
+    "tests/flows/test_control_room.py",
+    "tests/reliability/test_reliability.py",
+    "tests/flows/test_team_server.py",
+    "tests/flows/test_small_truths.py",
+    "tests/tasks/store/test_s3_lease.py",
+    "tests/tasks/test_s3_pipeline.py",
+    "tests/flows/test_warm_start.py",
+    "tests/reliability/test_model_nproc.py",
+    "tests/tasks/test_dask_encode.py",
+    "tests/flows/test_worker_job_variables.py",
+    "tests/flows/test_deployment.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with :data:`LONGEST_FILES` first (the others in xdist's own order after them)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFirst(LoadFileScheduling):
+        ordered = False
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the queue is complete before the first file is handed out
+                self.ordered = True
+                rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+                for scope in sorted(self.workqueue, key=lambda scope: rank.get(scope, len(rank))):
+                    self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
+
+
 def _shared_file(name: str) -> Path:
     path = SHARED_DATA / name
     if not path.is_file():

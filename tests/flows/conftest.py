@@ -9,16 +9,21 @@ from tasks.registry import open_store
 
 @pytest.fixture(scope="module")
 def manifests(upstream, trained):
-    """A real manifest of every stage (export's: its fields by hand, as building it needs transformers)."""
+    """A real manifest of every stage, one chain: the session's upstream versions, its trained model, and the
+    samples and evaluate versions of that model (built here, or reused where built before); export's fields by
+    hand, as building it needs transformers. Why pick by version: other tests publish more versions into the same
+    root (another model, say), and the newest of a stage need not be the one the others were built from."""
     from tests.support import stages
     from tests.support.tiny import TINY
 
-    root, corpus, _, shards = upstream
+    root, corpus, tokenizer, shards = upstream
     store = open_store(root)
+    chain = {"corpus": corpus, "tokenizer": tokenizer, "shards": shards, "model": trained}
     for name, inputs in (("samples", (trained,)), ("evaluate", (corpus, shards, trained))):
-        if not store.versions(name):
-            getattr(stages, name)(root, *inputs, run=TINY["run"], **TINY[name])
-    found = {v.stage: {**v.manifest, "path": v.path} for v in store.versions()}
+        chain[name] = getattr(stages, name)(root, *inputs, run=TINY["run"], **TINY[name])
+    ours = {(name, ref["version"]) for name, ref in chain.items()}
+    found = {v.stage: {**v.manifest, "path": v.path} for v in store.versions() if (v.stage, v.version) in ours}
+    assert found.keys() == chain.keys(), (sorted(found), sorted(chain))
     found["export"] = {
         "version": "0123456789ab",
         "created_at": "2026-01-01T00:00:00Z",
