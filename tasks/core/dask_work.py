@@ -223,10 +223,50 @@ def _quiet_start(n: int) -> Any:
         return _local_cluster(n)
 
 
+#: How long a closing worker process is given to stop on its own before it is terminated (its nanny's ``close``
+#: timeout): the run's cluster is closed once no stage needs it, so its workers hold nothing worth a graceful exit.
+WORKER_STOP_S = 0.1
+
+
 def _quiet_close(cluster: Any) -> None:
-    """Close a local cluster without its INFO lines (in the background: after the stages that used it)."""
+    """Close a local cluster without its INFO lines (in the background: after the stages that used it); returns
+    once its worker processes have ended. The nannies are closed first with a short timeout (:data:`WORKER_STOP_S`),
+    so each worker process is terminated instead of shutting down gracefully (which waits for what it still runs,
+    and is slow for a process holding a few hundred MB). Why: torch's import started ahead (:mod:`tasks.core.ahead`)
+    waits for the workers' memory to be given back before it begins, and the model stage waits for that import."""
+    from distributed import Nanny
+
+    nannies = [w for w in getattr(cluster, "workers", {}).values() if isinstance(w, Nanny)]
+    procs = _processes(w.pid for w in nannies)
     with _quiet_distributed():
+        nanny_log = logging.getLogger("distributed.nanny")
+        level = nanny_log.level
+        nanny_log.setLevel(max(logging.ERROR, level))  # its "still alive ..., killing" warning: meant here
+        try:
+            with contextlib.suppress(Exception):  # e.g. a process not joined in time: cluster.close() and the wait
+                cluster.sync(_close_nannies, nannies, WORKER_STOP_S)
+        finally:
+            nanny_log.setLevel(level)
         cluster.close()
+    import psutil
+
+    psutil.wait_procs(procs, timeout=10)
+
+
+async def _close_nannies(nannies: list, timeout: float) -> None:
+    await asyncio.gather(*(n.close(timeout=timeout, reason="cluster-release") for n in nannies))
+
+
+def _processes(pids: Iterable[int | None]) -> list:
+    """``psutil.Process`` handles of ``pids`` still running (a handle knows its process, whatever reuses its pid)."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        if pid:
+            with contextlib.suppress(psutil.Error):
+                procs.append(psutil.Process(pid))
+    return procs
 
 
 def _local_cluster(n: int) -> Any:

@@ -5,8 +5,11 @@ and closes its own, as before."""
 from __future__ import annotations
 
 import logging
+import time
+from pathlib import Path
 
 import psutil
+from distributed import Client
 
 from tasks.core import dask_shared, dask_work
 from tasks.core.settings import RunOptions
@@ -77,3 +80,23 @@ def test_a_shared_cluster_closes_in_the_background_without_dask_info_lines(caplo
         release()
         wait_for(lambda: cluster.status.name == "closed", "the cluster to close", timeout=60)
     assert dask_info() == []
+
+
+def _write_after(started: str, done: str, seconds: float) -> None:
+    Path(started).write_text("started")
+    time.sleep(seconds)
+    Path(done).write_text("done")
+
+
+def test_closing_the_runs_cluster_ends_its_workers_without_waiting_for_what_they_run(tmp_path):
+    cluster = dask_work._quiet_start(2)
+    started, done = tmp_path / "started", tmp_path / "done"
+    with Client(cluster, set_as_default=False) as client:
+        workers = _worker_pids()
+        task = client.submit(_write_after, str(started), str(done), 2.0)
+        wait_for(started.exists, "the task to start on a worker", timeout=60)
+        dask_work._quiet_close(cluster)
+        assert len(workers) == 2 and _gone(workers)  # ended by the time the close returns
+        del task
+    time.sleep(2.5)  # past the task's end, had its worker been left to finish it
+    assert not done.exists()
