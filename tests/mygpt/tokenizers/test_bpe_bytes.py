@@ -78,6 +78,16 @@ def test_distinct_words_put_the_known_words_first(shakespeare_text, known):
     assert [want[i] for i in index.tolist()] == words
 
 
+def test_distinct_words_of_an_empty_group_are_the_known_words():
+    """No words and known words ahead: the dictionary is the known words, and no word has a place among them."""
+    import pyarrow as pa
+
+    known = pa.array([b" the", b"zz"], pa.binary())
+    dictionary, index = bpe_bytes.distinct_words(b"", np.zeros(1, dtype=np.int32), known)
+    assert dictionary.to_pylist() == [b" the", b"zz"]
+    assert index.size == 0
+
+
 @pytest.fixture(scope="module")
 def tok(wikitext2_text) -> BPETokenizer:
     """Trained on a slice, so the rest of the text has characters outside its alphabet."""
