@@ -5,6 +5,7 @@ and closes its own, as before."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -100,3 +101,21 @@ def test_closing_the_runs_cluster_ends_its_workers_without_waiting_for_what_they
         del task
     time.sleep(2.5)  # past the task's end, had its worker been left to finish it
     assert not done.exists()
+
+
+def test_two_runs_closing_their_clusters_at_once_leave_the_nannys_warnings_on():
+    """Two flow runs in one process (each in its thread) close their clusters at the same time: afterwards
+    ``distributed.nanny`` logs its warnings again (a worker killed, a worker restarted for memory) as before."""
+    nanny = logging.getLogger("distributed.nanny")
+    before = nanny.level
+    try:
+        for _ in range(3):
+            first, second = dask_work._quiet_start(2), dask_work._quiet_start(2)
+            closing = threading.Thread(target=dask_work._quiet_close, args=(first,))
+            closing.start()
+            wait_for(lambda t=closing: nanny.level != before or not t.is_alive(), "a close to begin", every=0.0005)
+            dask_work._quiet_close(second)  # the other run's close, begun while the first one's is under way
+            closing.join(60)
+            assert nanny.level == before, logging.getLevelName(nanny.level)
+    finally:
+        nanny.setLevel(before)
