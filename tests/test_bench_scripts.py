@@ -1,0 +1,25 @@
+"""The bench scripts run by hand: bad arguments are one `error:` line and exit code 2, as the project's CLIs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import REPO
+
+
+@pytest.mark.parametrize("args", [["--workers", "0"], ["--workers", "-1"], ["--shard-tokens", "0"]])
+def test_encode_profile_refuses_counts_it_cannot_use(args, upstream):
+    """On a root that holds a corpus and a chapter tokenizer: a worker count or shard size below 1 names the option;
+    none is taken as it stands (``--workers -1`` would profile every chunk, in reverse, as "a worker's share")."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.encode_profile", str(upstream[0]), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert args[0] in done.stderr and "Traceback" not in done.stderr, done.stderr
