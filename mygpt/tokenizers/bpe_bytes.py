@@ -122,15 +122,12 @@ def distinct_words(data: bytes, offsets: np.ndarray, known=None) -> tuple:
     word equal to ``known[i]`` gets ``i``; the other distinct words follow in first-seen order. Why: the hash table
     that finds the distinct words then also finds the known ones, and only the others reach Python."""
     words = _strings(data, offsets)
-    if known is not None and len(known):
+    ahead = 0 if known is None else len(known)
+    if ahead:
         import pyarrow as pa
 
-        # one hash table over both, the known words first: a chunked array's chunks share the table, and the words
-        # are not copied after the known ones as a concatenation would
-        both = pa.chunked_array([known.cast(words.type) if known.type != words.type else known, words])
-        encoded = both.dictionary_encode().chunk(1)
-    elif len(words) == 0:
+        words = pa.concat_arrays([known.cast(words.type) if known.type != words.type else known, words])
+    if len(words) == 0:
         return words, np.zeros(0, dtype=np.int32)
-    else:
-        encoded = words.dictionary_encode()
-    return encoded.dictionary, encoded.indices.to_numpy()
+    encoded = words.dictionary_encode()
+    return encoded.dictionary, encoded.indices.to_numpy()[ahead:]
