@@ -14,6 +14,7 @@ import itertools
 import logging
 import os
 import pickle
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -169,13 +170,33 @@ def _security() -> Any:
 def _quiet_distributed() -> Iterator[None]:
     """``distributed``'s INFO lines (cluster start and stop, every connection: a few dozen a stage) out of the log;
     its warnings and errors still show."""
-    logger = logging.getLogger("distributed")
-    level = logger.level
-    logger.setLevel(max(logging.WARNING, level))
+    with _raised_level("distributed", logging.WARNING):
+        yield
+
+
+_LEVELS_LOCK = threading.Lock()
+_RAISED: dict[str, list[int]] = {}  # logger name -> [blocks holding it raised, the level to restore]
+
+
+@contextlib.contextmanager
+def _raised_level(name: str, level: int) -> Iterator[None]:
+    """Logger ``name`` at ``level`` or above for the block; the level it had before the first of several such
+    blocks is restored when the last one ends. Why: two flow runs in one process (each in its thread) start and
+    close clusters at the same time, and a block that saved and restored on its own could restore another's
+    raised level for good, hiding the warnings from then on."""
+    logger = logging.getLogger(name)
+    with _LEVELS_LOCK:
+        held = _RAISED.setdefault(name, [0, logger.level])
+        held[0] += 1
+        logger.setLevel(max(level, logger.level))
     try:
         yield
     finally:
-        logger.setLevel(level)
+        with _LEVELS_LOCK:
+            held[0] -= 1
+            if held[0] == 0:
+                del _RAISED[name]
+                logger.setLevel(held[1])
 
 
 @contextlib.contextmanager
@@ -239,14 +260,9 @@ def _quiet_close(cluster: Any) -> None:
     nannies = [w for w in getattr(cluster, "workers", {}).values() if isinstance(w, Nanny)]
     procs = _processes(w.pid for w in nannies)
     with _quiet_distributed():
-        nanny_log = logging.getLogger("distributed.nanny")
-        level = nanny_log.level
-        nanny_log.setLevel(max(logging.ERROR, level))  # its "still alive ..., killing" warning: meant here
-        try:
-            with contextlib.suppress(Exception):  # e.g. a process not joined in time: cluster.close() and the wait
-                cluster.sync(_close_nannies, nannies, WORKER_STOP_S)
-        finally:
-            nanny_log.setLevel(level)
+        # the nanny's "still alive ..., killing" warning: meant here
+        with _raised_level("distributed.nanny", logging.ERROR), contextlib.suppress(Exception):
+            cluster.sync(_close_nannies, nannies, WORKER_STOP_S)  # e.g. a process not joined in time: close() waits
         cluster.close()
     import psutil
 
