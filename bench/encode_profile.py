@@ -24,15 +24,33 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
+
+
+def fail(message: str) -> NoReturn:
+    """One ``error:`` line and exit code 2, as the project's CLIs."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
 
 
 def version_dir(root: Path, stage: str) -> Path:
     """The newest published version of ``stage`` under ``root``."""
     found = [p for p in (root / stage).glob("*") if p.is_dir() and not p.name.startswith(".")]
     if not found:
-        sys.exit(f"error: no published {stage} version in {root}; run bench.full_scale --keep and pass its root")
+        fail(f"no published {stage} version in {root}; run bench.full_scale --keep and pass its root")
     return max(found, key=lambda p: p.stat().st_mtime)
 
 
@@ -50,15 +68,15 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("root", type=Path)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--shards", type=int, default=3)
-    ap.add_argument("--shard-tokens", type=int, default=10_000_000)
-    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--workers", type=positive, default=2)
+    ap.add_argument("--shards", type=positive, default=3)
+    ap.add_argument("--shard-tokens", type=positive, default=10_000_000)
+    ap.add_argument("--top", type=positive, default=20)
     args = ap.parse_args(argv)
     corpus = version_dir(args.root, "corpus") / "wiki.train.txt"
     tok = load_tokenizer(version_dir(args.root, "tokenizer"))
     if tok.kind == "byte":
-        sys.exit("error: the tokenizer version is byte-level; this profiles the chapter's word-level tokenizer")
+        fail("the tokenizer version is byte-level; this profiles the chapter's word-level tokenizer")
     print(f"load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
 
     share = list(chunk_bounds(corpus, DEFAULT_CHUNK_BYTES))[:: args.workers]
