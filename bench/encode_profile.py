@@ -47,11 +47,14 @@ def positive(text: str) -> int:
 
 
 def version_dir(root: Path, stage: str) -> Path:
-    """The newest published version of ``stage`` under ``root``."""
-    found = [p for p in (root / stage).glob("*") if p.is_dir() and not p.name.startswith(".")]
+    """The newest published version of ``stage`` under ``root``, as the store lists them (a manifest it accepts:
+    a build still under way or left half-written is not one)."""
+    from tasks.registry import open_store
+
+    found = open_store(root).versions(stage)
     if not found:
         fail(f"no published {stage} version in {root}; run bench.full_scale --keep and pass its root")
-    return max(found, key=lambda p: p.stat().st_mtime)
+    return Path(found[-1].path)
 
 
 def top(profile: cProfile.Profile, n: int) -> str:

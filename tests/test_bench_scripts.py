@@ -23,3 +23,18 @@ def test_encode_profile_refuses_counts_it_cannot_use(args, upstream):
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert args[0] in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_encode_profile_profiles_the_published_corpus_and_tokenizer(upstream):
+    """On a root that holds a corpus and a chapter tokenizer: both parts run on the versions the store lists, and
+    each reports what it profiled."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.encode_profile", str(upstream[0]), "--shards", "1", "--shard-tokens", "1000"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1. a worker's share: " in done.stdout and " chunks, " in done.stdout
+    assert "2. the flow process's write: 1 shard(s) of up to 1,000 tokens" in done.stdout
