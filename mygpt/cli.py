@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from mygpt.errors import UserError
 from mygpt.gpt_config import GPTConfig
 from mygpt.options import options
+from mygpt.regular_files import write_target
 from mygpt.text_files import read_text as _read_text
 from mygpt.text_files import utf8_prefix as _utf8_prefix
 from mygpt.tokenizers.cli import add_tokenizer_parser
@@ -179,6 +180,7 @@ def _train_command(args) -> int:
         raise UserError(f"--num-merges must be >= 0, got {args.num_merges}")
     if args.bpe_train_bytes < 0:
         raise UserError(f"--bpe-train-bytes must be >= 0 (0 = whole corpus), got {args.bpe_train_bytes}")
+    write_target(args.output, "--output")  # a device or a FIFO is refused before it is read (--resume) or replaced
     device = resolve_device(args.device)
     precision = resolve_precision(device, args.precision)
     nproc = resolve_nproc(args.nproc, args.device)
