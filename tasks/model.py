@@ -165,13 +165,22 @@ class ModelSettingsBase(DeviceSettings):
         return params
 
     def warnings(self) -> list[str]:
+        from mygpt.limits import cpu_lacks_bf16, resolves_to_cpu
+
+        notes = []
         if self.warmup and self.warmup >= self.steps:
-            return [
+            notes.append(
                 f"model.warmup ({self.warmup}) is not shorter than steps ({self.steps}): the learning rate rises for "
                 f"the whole run, peaks at {100 * self.steps / self.warmup:.0f}% of lr ({self.lr:g}) and never "
                 f"reaches the {self.schedule} schedule; set warmup below steps (the chapter warms up for 5% of them)"
-            ]
-        return []
+            )
+        if self.precision == "bf16" and resolves_to_cpu(self.device) and cpu_lacks_bf16():
+            notes.append(
+                "model.precision=bf16 on a CPU without native bf16 (no AVX512-BF16/AMX in /proc/cpuinfo): autocast "
+                "emulates it, about 10x slower than fp32 (the chapter's model: ~11 s a step, not ~1 s); set "
+                "model.precision to fp32 (or auto, which picks fp32 on a CPU)"
+            )
+        return notes
 
     def gpt_config(self, vocab_size: int) -> GPTConfig:
         """The model these settings describe; ``vocab_size`` comes from the tokenizer."""
