@@ -323,7 +323,11 @@ def _train(ctx: BuildContext, s: ModelSettings, tokenizer: Path, stream: dict, d
         ctx.log.info("model: resuming from step %d (checkpoint %s)", resumed_from, ckpt)
     ctx.progress(resumed_from, s.steps, f"step {resumed_from}/{s.steps}", force=True)
 
+    estimate: list[str] = []  # the library's estimate of the run's wall time, once it has logged one
+
     def log(message: str) -> None:  # the library's lines; its warnings (bf16 on a slow CPU, compile) as warnings
+        if message.startswith("estimate: "):  # "estimate: the run's N steps take about T (...)": T goes on the
+            estimate[:] = [message.removeprefix("estimate: ").split(" (", 1)[0]]  # progress (the rest goes stale)
         if message.startswith("warning: "):
             ctx.log.warning("model: %s", message.removeprefix("warning: "))
         else:
@@ -332,6 +336,7 @@ def _train(ctx: BuildContext, s: ModelSettings, tokenizer: Path, stream: dict, d
     def on_progress(point: dict) -> None:
         val = f" val_loss {point['val_loss']:.4f}" if "val_loss" in point else ""
         val += f" val_bpb {point['val_bpb']:.4f}" if "val_bpb" in point else ""
+        val += f" · {estimate[0]}" if estimate else ""
         ctx.progress(point["step"], s.steps, f"step {point['step']}/{s.steps} loss {point['loss']:.4f}{val}")
 
     stall = bool(os.environ.get(PIPELINE_STALL_ENV))

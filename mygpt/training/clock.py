@@ -80,8 +80,8 @@ class StepClock:
         total = self.last - self.first + 1
         whole = (self.warmup_seconds if self.warmup_seconds is not None else per_step) + per_step * (total - 1)
         return (
-            f"estimate: {per_step:.3g} s per step over {self.steps:,} timed step(s), so the run's {total:,} steps "
-            f"take about {_duration(whole)} ({_duration(per_step * (self.last - step))} from now)"
+            f"estimate: the run's {total:,} steps take about {_duration(whole)} ({per_step:.3g} s per step over "
+            f"{self.steps:,} timed step(s); {_duration(per_step * (self.last - step))} from now)"
         )
 
 

@@ -34,8 +34,9 @@ def test_the_run_is_estimated_once_after_its_first_timed_steps(capsys, text, tmp
     estimates = [i for i, line in enumerate(lines) if line.startswith("estimate: ")]
     assert len(estimates) == 1, lines
     line = lines[estimates[0]]
-    assert re.fullmatch(r"estimate: \S+ s per step over 4 timed step\(s\), so the run's 20 steps take about "
-                        r"\d+(\.\d)? (s|min|h) \(\d+(\.\d)? (s|min|h) from now\)", line), line  # fmt: skip
+    duration = r"\d+(\.\d)? (s|min|h)"
+    assert re.fullmatch(rf"estimate: the run's 20 steps take about {duration} \(\S+ s per step over 4 timed "
+                        rf"step\(s\); {duration} from now\)", line), line  # fmt: skip
     assert lines[estimates[0] + 1] == next(x for x in lines if x.startswith("step 5: loss = "))
 
 
