@@ -7,7 +7,8 @@ import os
 import subprocess
 
 from tests.support import REPO
-from tests.support.tiny import tiny_run_command
+from tests.support.small_disk import small_disk
+from tests.support.tiny import tiny_run_command, tiny_zip_url
 
 
 def run_cli(prefect_server, *argv: str) -> subprocess.CompletedProcess:
@@ -29,6 +30,16 @@ def test_a_user_error_inside_the_run_is_the_error_line_alone(prefect_server, tmp
     assert "Traceback" not in done.stderr and "Traceback" not in done.stdout, done.stderr[-3000:]
     assert done.stderr.count(message) == 1, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == f"error: source_url {missing.as_uri()!r}: {message}"
+
+
+def test_a_full_disk_is_one_error_line_naming_the_stage_and_the_path(prefect_server, tmp_path):
+    with small_disk(tmp_path / "disk") as disk:
+        done = run_cli(prefect_server, *tiny_run_command(tiny_zip_url(tmp_path), disk))
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Errno 28" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: corpus: no space left on the device writing {disk}"), last
+    assert "(a filesystem of 1.0 MB, " in last and "wiki-pipeline gc --yes" in last, last
 
 
 def test_an_error_that_is_not_the_users_keeps_its_traceback():

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import shutil
-import subprocess
 
 import pytest
 
@@ -15,33 +14,27 @@ from mygpt.errors import UserError
 from tasks.core.disk_full import disk_full_named
 from tasks.core.report import human_bytes
 from tasks.registry import BY_NAME
+from tests.support.small_disk import small_disk
 from tests.support.tiny import run_in, tiny_zip_url
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    """A 1 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
+def disk(tmp_path):
+    """A 1 MiB tmpfs at ``tmp_path/disk``."""
+    with small_disk(tmp_path / "disk") as where:
+        yield where
 
 
-def test_a_full_disk_names_the_stage_the_path_and_the_space_left(small_disk, tmp_path):
+def test_a_full_disk_names_the_stage_the_path_and_the_space_left(disk, tmp_path):
     settings = Pipeline.parse(**{**TINY, "corpus": {"source_url": tiny_zip_url(tmp_path)}}).resolved("corpus")
     with pytest.raises(UserError) as full:  # the zip's 1.1 MB of text, unzipped and joined, do not fit 1 MiB
-        BY_NAME["corpus"].task.fn(settings, run_in(small_disk))
+        BY_NAME["corpus"].task.fn(settings, run_in(disk))
     message = str(full.value)
-    assert message.startswith(f"corpus: no space left on the device writing {small_disk}"), message
-    assert f"(a filesystem of {human_bytes(shutil.disk_usage(small_disk).total)}, " in message, message
+    assert message.startswith(f"corpus: no space left on the device writing {disk}"), message
+    assert f"(a filesystem of {human_bytes(shutil.disk_usage(disk).total)}, " in message, message
     assert " free now)" in message, message
     assert "wiki-pipeline gc --yes" in message and "--artifacts-dir" in message
-    assert list(small_disk.glob("corpus/*/manifest.json")) == []  # nothing published
+    assert list(disk.glob("corpus/*/manifest.json")) == []  # nothing published
 
 
 def test_only_a_no_space_error_becomes_a_user_error(tmp_path):
