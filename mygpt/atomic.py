@@ -31,8 +31,8 @@ def atomic_open(
     path: str | os.PathLike, mode: str = "wb", encoding: str | None = None, *, durable: bool = True
 ) -> Iterator[IO]:
     """A temp file beside ``path``, renamed over it on a clean exit (removed, ``path`` untouched, on an error).
-    ``path`` a symbolic link: the file it names is replaced, the link kept. ``UserError`` (before anything is
-    written, and again before the rename) when ``path`` is a device, a FIFO, a socket or a directory.
+    ``UserError`` (before anything is written, and again before the rename) when ``path`` is a device, a FIFO, a
+    socket, a directory or a symbolic link (:func:`~mygpt.regular_files.write_target`).
     ``durable=False`` skips the fsyncs: the file still appears whole, by the rename, to every reader on this
     machine, but a power cut may leave it torn; only for scratch files nobody trusts after a crash (why: an fsync
     waits for the disk, far longer than writing a file of a few MB to the page cache)."""

@@ -1,6 +1,7 @@
 """Only regular files are read as input or replaced as output: :func:`open_regular` opens a file to read without
-waiting on a FIFO or reading a device (``/dev/zero`` has no end), :func:`write_target` says which file a write
-replaces. Why: as root, renaming a temp file over ``/dev/null`` makes the machine's ``/dev/null`` a regular file."""
+waiting on a FIFO or reading a device (``/dev/zero`` has no end), :func:`write_target` checks that a write replaces
+a regular file or makes a new one. Why: as root, renaming a temp file over ``/dev/null`` makes the machine's
+``/dev/null`` a regular file."""
 
 from __future__ import annotations
 
@@ -46,18 +47,27 @@ def open_regular(path: str | os.PathLike, label: str, fix: str) -> BinaryIO:
 
 
 def write_target(path: str | os.PathLike, label: str = "output") -> str:
-    """The file a write to ``path`` replaces: ``path``, or for a symbolic link the file it names (the link is
-    kept, not replaced by a file). ``UserError`` naming ``label`` when something that is not a regular file is
-    there (a device, a FIFO, a socket, a directory, ``/dev/stdout``): only a regular file or a new name is
-    written."""
+    """``path``, checked as a file a write may replace: a regular file or a new name. ``UserError`` naming
+    ``label`` for anything else: a device, a FIFO, a socket, a directory, or a symbolic link (``/dev/stdout``
+    among them), which would be replaced by a file or, followed, write where the link points (a link planted in
+    a folder would aim a write anywhere)."""
     path = os.fspath(path)
     try:
-        mode = os.stat(path).st_mode
+        mode = os.lstat(path).st_mode
     except FileNotFoundError:
-        mode = None  # a new name (or a link to one)
-    if mode is not None and not stat.S_ISREG(mode):
+        return path  # a new name
+    if stat.S_ISLNK(mode):
+        try:
+            kind = f"a symbolic link to {file_kind(os.stat(path).st_mode)}"
+        except OSError:
+            kind = "a symbolic link to nothing"
+        raise UserError(
+            f"{label} {path} is {kind}, not a regular file; only a regular file or a new name is written (the "
+            f"link would be replaced, or followed to {os.path.realpath(path)}): give the file's own path"
+        )
+    if not stat.S_ISREG(mode):
         raise UserError(
             f"{label} {path} is {file_kind(mode)}, not a regular file; only a regular file or a new name is "
             "written (replacing it would destroy it): give a file path"
         )
-    return os.path.realpath(path) if os.path.islink(path) else path
+    return path

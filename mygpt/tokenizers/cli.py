@@ -116,8 +116,8 @@ def _check_train_out(out: str, text: str) -> tuple[str, str]:
     path = os.path.join(out, "tokenizer.json")
     if os.path.isdir(path):
         raise UserError(f"--out {out}: {path} is a directory; move it away or give another --out")
-    write_target(path, "--out")
     _refuse_overwrite(path, "--out", {"text file": text})
+    write_target(path, "--out")
     existing = os.path.abspath(out)
     while not os.path.exists(existing):  # the directories to be made: the nearest that exists must take them
         existing = os.path.dirname(existing)
@@ -205,8 +205,8 @@ def _encode_command(args: argparse.Namespace) -> int:
 
     if os.path.isdir(args.out):
         raise UserError(f"--out {args.out} is a directory; give a .npy file name")
-    write_target(args.out, "--out")
     _refuse_overwrite(args.out, "--out", {"text file": args.text, "tokenizer file": args.tokenizer})
+    write_target(args.out, "--out")
     _check_writable_dir(os.path.dirname(os.path.abspath(args.out)), "--out", args.out)
     hf, specials, pattern = load_byte_level_bpe(args.tokenizer)
     text, raw = read_text(args.text, empty_ok=True)

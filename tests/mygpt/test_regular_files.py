@@ -1,6 +1,6 @@
 """The CLIs' files that are not regular files: ``--out``/``--output`` of ``mygpt tokenizer encode|train`` and
-``mygpt train`` never replace a FIFO, a link to one or ``/dev/stdout`` (one ``error:`` line, exit 2, the node
-kept); a device or a FIFO as TEXT is refused, not read without end; a link to a regular file is written through."""
+``mygpt train`` never replace a FIFO, a symbolic link (to a FIFO or a regular file) or ``/dev/stdout`` (one
+``error:`` line, exit 2, the node kept); a device or a FIFO as TEXT is refused, not read without end."""
 
 from __future__ import annotations
 
@@ -57,11 +57,12 @@ def _still(nodes: dict[Path, str]) -> None:
 
 def test_an_out_that_is_a_fifo_or_a_link_to_one_is_refused_and_kept(capsys, made, tmp_path):
     nodes = _nodes(tmp_path)
+    kinds = {"fifo": "a FIFO (named pipe)", "link": "a symbolic link to a FIFO (named pipe)"}
     for out in nodes:
         _one_error(capsys, ["tokenizer", "encode", "--tokenizer", made / "tok" / "tokenizer.json", made / "text.txt",
-                            "--out", out], f"--out {out} is a FIFO (named pipe), not a regular file")  # fmt: skip
+                            "--out", out], f"--out {out} is {kinds[out.name]}, not a regular file")  # fmt: skip
         _one_error(capsys, ["train", made / "text.txt", *TRAIN, "--output", out],
-                   f"--output {out} is a FIFO (named pipe), not a regular file")  # fmt: skip
+                   f"--output {out} is {kinds[out.name]}, not a regular file")  # fmt: skip
     (tmp_path / "dir").mkdir()
     os.mkfifo(tmp_path / "dir" / "tokenizer.json")
     nodes[tmp_path / "dir" / "tokenizer.json"] = "fifo"
@@ -70,14 +71,15 @@ def test_an_out_that_is_a_fifo_or_a_link_to_one_is_refused_and_kept(capsys, made
     _still(nodes)
 
 
-def test_an_out_that_links_to_a_regular_file_is_written_through_the_link(capsys, made, tmp_path):
+def test_an_out_that_is_a_link_to_a_regular_file_is_refused_and_neither_is_touched(capsys, made, tmp_path):
+    """Replacing the link would lose it, following it would write where it points (anywhere a planted link aims)."""
     target = tmp_path / "ids.npy"
     target.write_bytes(b"old")
     os.symlink(target, tmp_path / "link.npy")
     tok = made / "tok" / "tokenizer.json"
-    argv = ["tokenizer", "encode", "--tokenizer", tok, made / "text.txt", "--out", tmp_path / "link.npy"]
-    assert main([str(a) for a in argv]) == 0
-    assert os.path.islink(tmp_path / "link.npy") and target.read_bytes()[:6] == b"\x93NUMPY"
+    _one_error(capsys, ["tokenizer", "encode", "--tokenizer", tok, made / "text.txt", "--out", tmp_path / "link.npy"],
+               f"--out {tmp_path / 'link.npy'} is a symbolic link to a regular file, not a regular file")  # fmt: skip
+    assert os.path.islink(tmp_path / "link.npy") and target.read_bytes() == b"old"
 
 
 def test_a_write_target_made_a_fifo_while_written_is_not_replaced(tmp_path):
@@ -119,5 +121,5 @@ def test_a_device_or_a_fifo_as_text_is_refused_and_dev_stdout_as_out_too(made, t
               f"text file {tmp_path / 'fifo.txt'} is a FIFO (named pipe)")  # fmt: skip
     # the child's stdout is the pipe capture_output made: /dev/stdout names it
     _one_line(_cli("tokenizer", "encode", "--tokenizer", tok, made / "text.txt", "--out", "/dev/stdout"),
-              "--out /dev/stdout is a FIFO (named pipe), not a regular file")  # fmt: skip
+              "--out /dev/stdout is a symbolic link to a FIFO (named pipe), not a regular file")  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.txt"]
