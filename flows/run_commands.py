@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, cast
 
 from flows.choices import checked, chosen_groups
+from flows.console_errors import user_errors_told_once
 from flows.prefect_api import check_prefect_server, prefect_api_url
 from mygpt.errors import UserError
 
@@ -78,6 +79,7 @@ def cmd_run(args) -> int:
             settings = settings.model_copy(update={"corpus": settings.corpus.model_copy(update={"source_url": url})})
         from flows.wiki_pipeline import wiki_pipeline
 
+        stack.enter_context(user_errors_told_once())  # after the import: Prefect's console handler is there now
         # Prefect's Flow.__call__ overloads take return_state=True as one of the flow's **parameters: the state.
         state = cast("State[dict[str, StageRef]]", wiki_pipeline(**dict(settings), return_state=True))
         if not state.is_completed():

@@ -1,5 +1,6 @@
 """Atomic file writes (temp file beside the target, fsync, ``os.replace``, fsync of the directory: a crash leaves
-the old file or the new one, never a torn one) and ``sha256_file``, the one file checksum."""
+the old file or the new one, never a torn one; only a regular file or a new name is replaced,
+:func:`mygpt.regular_files.write_target`) and ``sha256_file``, the one file checksum."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import tempfile
 from collections.abc import Iterator
 from typing import IO
+
+from mygpt.regular_files import write_target
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
@@ -28,12 +31,14 @@ def atomic_open(
     path: str | os.PathLike, mode: str = "wb", encoding: str | None = None, *, durable: bool = True
 ) -> Iterator[IO]:
     """A temp file beside ``path``, renamed over it on a clean exit (removed, ``path`` untouched, on an error).
+    ``UserError`` (before anything is written, and again before the rename) when ``path`` is a device, a FIFO, a
+    socket, a directory or a symbolic link (:func:`~mygpt.regular_files.write_target`).
     ``durable=False`` skips the fsyncs: the file still appears whole, by the rename, to every reader on this
     machine, but a power cut may leave it torn; only for scratch files nobody trusts after a crash (why: an fsync
     waits for the disk, far longer than writing a file of a few MB to the page cache)."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open supports modes 'w' and 'wb', not {mode!r}")
-    path = os.fspath(path)
+    path = write_target(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
@@ -44,6 +49,7 @@ def atomic_open(
             f.flush()
             if durable:
                 os.fsync(f.fileno())
+        write_target(path)  # made a FIFO (or a device) while this was written: still not replaced
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

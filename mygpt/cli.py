@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from mygpt.errors import UserError
 from mygpt.gpt_config import GPTConfig
 from mygpt.options import options
+from mygpt.regular_files import write_target
 from mygpt.text_files import read_text as _read_text
 from mygpt.text_files import utf8_prefix as _utf8_prefix
 from mygpt.tokenizers.cli import add_tokenizer_parser
@@ -163,7 +164,7 @@ def _train_command(args) -> int:
 
     import torch
 
-    from mygpt.device import resolve_device, resolve_precision
+    from mygpt.device import bf16_cpu_warning, resolve_device, resolve_precision
     from mygpt.limits import check_memory, check_nproc, check_seq_len
     from mygpt.model import GPT
     from mygpt.training.launcher import resolve_nproc
@@ -179,8 +180,12 @@ def _train_command(args) -> int:
         raise UserError(f"--num-merges must be >= 0, got {args.num_merges}")
     if args.bpe_train_bytes < 0:
         raise UserError(f"--bpe-train-bytes must be >= 0 (0 = whole corpus), got {args.bpe_train_bytes}")
+    write_target(args.output, "--output")  # a device or a FIFO is refused before it is read (--resume) or replaced
     device = resolve_device(args.device)
     precision = resolve_precision(device, args.precision)
+    slow = bf16_cpu_warning(device, args.precision)
+    if slow:  # said before the text is read and a tokenizer trained, not only once training starts
+        print(f"warning: {slow}", file=sys.stderr, flush=True)
     nproc = resolve_nproc(args.nproc, args.device)
     check_nproc(config.batch_size, nproc, names=("--batch-size", "--nproc"))
     check_memory(  # the vocabulary is not known yet: 1 keeps this a lower bound; train() checks it again

@@ -87,6 +87,21 @@ def cpu_precision(precision: str) -> str:
     return "fp32" if name == "auto" else name
 
 
+def cpu_lacks_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether ``cpuinfo`` says this CPU has no native bf16 (none of the x86 flags ``avx512_bf16``/``amx_bf16``,
+    no arm64 ``bf16`` feature), torch-free; ``False`` where it cannot tell. Why: bf16 autocast on such a CPU is
+    emulated, about 10x slower than fp32, and a run should say so before it starts, not after the tokenizer."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            lines = [line for line in f if line.startswith(("flags", "Features"))]
+    except OSError:
+        return False
+    if not lines:
+        return False
+    words = set(lines[0].split(":", 1)[-1].split())
+    return not words & {"avx512_bf16", "amx_bf16", "bf16"}
+
+
 def check_seq_len(
     seq_len: int, max_seq_len: int, *, names: tuple[str, str] = ("seq_len", "max_seq_len"), hint: str = ""
 ) -> None:

@@ -5,20 +5,22 @@ from __future__ import annotations
 import os
 
 from mygpt.errors import UserError
+from mygpt.regular_files import open_regular
 
 __all__ = ["read_text", "utf8_prefix"]
 
 
 def read_text(path: str, empty_ok: bool = False) -> tuple[str, bytes]:
     """The text of the UTF-8 file ``path`` and its bytes; ``UserError`` (which file, what is wrong, what to do)
-    when it is missing, a directory, unreadable, not UTF-8, or empty unless ``empty_ok`` (encoding nothing is
-    fine; training on nothing is not)."""
+    when it is missing, a directory, not a regular file (a device such as ``/dev/zero`` has no end; a FIFO is
+    never waited on), unreadable, not UTF-8, or empty unless ``empty_ok`` (encoding nothing is fine; training on
+    nothing is not)."""
     if not os.path.exists(path):
         raise UserError(f"text file {path} does not exist")
     if os.path.isdir(path):
         raise UserError(f"text file {path} is a directory; give a UTF-8 text file")
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "text file", "give a UTF-8 text file") as f:
             raw = f.read()
     except OSError as e:
         raise UserError(f"cannot read text file {path}: {e.strerror or e}") from e

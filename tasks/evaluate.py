@@ -21,7 +21,7 @@ from mygpt.errors import UserError
 from tasks.core import shard_format
 from tasks.core.report import md_code, md_text, number, summary_table
 from tasks.core.settings import DeviceSettings
-from tasks.core.stage import BuildContext, Stage, stage_task
+from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
 from tasks.corpus import SPLIT_FILES
 from tasks.store import MANIFEST
 
@@ -37,7 +37,7 @@ class EvaluateSettings(DeviceSettings):
     )
     max_bytes: int | None = Field(
         None,
-        ge=1,
+        ge=2,  # two tokens (one prediction) of at least a byte each; the shards tell the exact least (check_bytes)
         description="evaluate the tokens wholly within the first N bytes of wiki.test.txt: the same text "
         "whatever the tokenizer, up to a token at either end; null = the whole split",
     )
@@ -117,6 +117,46 @@ def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, 
     return metrics
 
 
+def check_bytes(settings: EvaluateSettings, shards: StageRef) -> list[str]:
+    """The evaluate stage's early check (:attr:`Stage.early_check`), once the shards are built and before the model
+    trains: ``max_bytes`` must keep the two test tokens evaluating needs; ``UserError`` naming ``evaluate.max_bytes``
+    and the least value that keeps them (the bytes of the test split's first two tokens). Why here: the
+    tokenizer's tokens are known from here on, and the model is the stage that costs."""
+    if not settings.max_bytes:
+        return []
+    from tasks.core.stage import ref_dir
+    from tasks.tokenizer import load_tokenizer
+
+    shards_dir = ref_dir(shards)
+    ids = np.zeros(0, dtype=np.int64)
+    for path in shard_format.shard_paths(shards_dir, "test"):
+        ids = np.concatenate([ids, shard_format.read_shard(path)[:2]])[:2]
+        if len(ids) == 2:
+            break
+    if len(ids) < 2:
+        return []  # fewer than two test tokens whatever the bound: the stage's own error says what to check
+    made_by = json.loads((shards_dir / MANIFEST).read_text(encoding="utf-8"))["inputs"]["tokenizer"]
+    root = shards["path"].removesuffix(f"/{shards['stage']}/{shards['version']}")
+    version = made_by["version"]
+    tokenizer: StageRef = {
+        "stage": "tokenizer",
+        "version": version,
+        "build_id": made_by["build_id"],
+        "path": f"{root}/tokenizer/{version}",
+    }
+    sizes = text_bytes_per_token(load_tokenizer(ref_dir(tokenizer)))
+    least = int(sizes[ids].sum())
+    if settings.max_bytes < least:
+        kept = len(first_tokens(ids, sizes, settings))
+        raise UserError(
+            f"evaluate.max_bytes={settings.max_bytes:,} keeps {kept} token(s) of the test split (those wholly "
+            f"within its first {settings.max_bytes:,} bytes of {SPLIT_FILES['test']}); evaluating needs 2, and this "
+            f"tokenizer's first two test tokens take {least:,} bytes: set evaluate.max_bytes to {least:,} or more "
+            "(or null for the whole split)"
+        )
+    return []
+
+
 def first_tokens(ids: np.ndarray, sizes: np.ndarray, settings: EvaluateSettings) -> np.ndarray:
     """The test ids to evaluate: the first ``max_tokens``, or those wholly within the first ``max_bytes`` bytes of
     text (``sizes``: each id's text bytes), or all."""
@@ -187,6 +227,7 @@ STAGE = Stage(
     code_version="2",
     build=build_evaluate,
     report=report,
+    early_check=("shards", check_bytes),
     headline=lambda m: (
         f"test {number(m.get('test_bpb'))} bits/byte{_seen(m)}, {number(m.get('tokens_per_byte'), '.3f')} tok/B"
     ),

@@ -165,13 +165,22 @@ class ModelSettingsBase(DeviceSettings):
         return params
 
     def warnings(self) -> list[str]:
+        from mygpt.limits import cpu_lacks_bf16, resolves_to_cpu
+
+        notes = []
         if self.warmup and self.warmup >= self.steps:
-            return [
+            notes.append(
                 f"model.warmup ({self.warmup}) is not shorter than steps ({self.steps}): the learning rate rises for "
                 f"the whole run, peaks at {100 * self.steps / self.warmup:.0f}% of lr ({self.lr:g}) and never "
                 f"reaches the {self.schedule} schedule; set warmup below steps (the chapter warms up for 5% of them)"
-            ]
-        return []
+            )
+        if self.precision == "bf16" and resolves_to_cpu(self.device) and cpu_lacks_bf16():
+            notes.append(
+                "model.precision=bf16 on a CPU without native bf16 (no AVX512-BF16/AMX in /proc/cpuinfo): autocast "
+                "emulates it, about 10x slower than fp32 (the chapter's model: ~11 s a step, not ~1 s); set "
+                "model.precision to fp32 (or auto, which picks fp32 on a CPU)"
+            )
+        return notes
 
     def gpt_config(self, vocab_size: int) -> GPTConfig:
         """The model these settings describe; ``vocab_size`` comes from the tokenizer."""
@@ -314,7 +323,11 @@ def _train(ctx: BuildContext, s: ModelSettings, tokenizer: Path, stream: dict, d
         ctx.log.info("model: resuming from step %d (checkpoint %s)", resumed_from, ckpt)
     ctx.progress(resumed_from, s.steps, f"step {resumed_from}/{s.steps}", force=True)
 
+    estimate: list[str] = []  # the library's estimate of the run's wall time, once it has logged one
+
     def log(message: str) -> None:  # the library's lines; its warnings (bf16 on a slow CPU, compile) as warnings
+        if message.startswith("estimate: "):  # "estimate: the run's N steps take about T (...)": T goes on the
+            estimate[:] = [message.removeprefix("estimate: ").split(" (", 1)[0]]  # progress (the rest goes stale)
         if message.startswith("warning: "):
             ctx.log.warning("model: %s", message.removeprefix("warning: "))
         else:
@@ -323,6 +336,7 @@ def _train(ctx: BuildContext, s: ModelSettings, tokenizer: Path, stream: dict, d
     def on_progress(point: dict) -> None:
         val = f" val_loss {point['val_loss']:.4f}" if "val_loss" in point else ""
         val += f" val_bpb {point['val_bpb']:.4f}" if "val_bpb" in point else ""
+        val += f" · {estimate[0]}" if estimate else ""
         ctx.progress(point["step"], s.steps, f"step {point['step']}/{s.steps} loss {point['loss']:.4f}{val}")
 
     stall = bool(os.environ.get(PIPELINE_STALL_ENV))

@@ -1,4 +1,5 @@
-"""Shared fixtures: real text from ../shared/data (skipped with a reason where it is absent)."""
+"""Shared fixtures: real text from ../shared/data (where it is absent: a failure under CI, else a skip that says
+where to put it, tests/support/shared_data.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from flows.mirror import SHARED_DATA
+from tests.support.shared_data import absent
 
 # The suite shares 2 cores with the servers and runners it starts: one torch thread per process.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -56,7 +58,7 @@ def pytest_xdist_make_scheduler(config, log):
 def _shared_file(name: str) -> Path:
     path = SHARED_DATA / name
     if not path.is_file():
-        pytest.skip(f"real test text {path} is absent (set WIKI_PIPELINE_SHARED_DATA to the folder holding {name})")
+        absent(str(path))
     return path
 
 

@@ -14,6 +14,7 @@ import tempfile
 import time
 
 from mygpt.errors import UserError, check_int
+from mygpt.regular_files import write_target
 from mygpt.text_files import read_text
 
 __all__ = ["add_tokenizer_parser"]
@@ -116,6 +117,7 @@ def _check_train_out(out: str, text: str) -> tuple[str, str]:
     if os.path.isdir(path):
         raise UserError(f"--out {out}: {path} is a directory; move it away or give another --out")
     _refuse_overwrite(path, "--out", {"text file": text})
+    write_target(path, "--out")
     existing = os.path.abspath(out)
     while not os.path.exists(existing):  # the directories to be made: the nearest that exists must take them
         existing = os.path.dirname(existing)
@@ -204,6 +206,7 @@ def _encode_command(args: argparse.Namespace) -> int:
     if os.path.isdir(args.out):
         raise UserError(f"--out {args.out} is a directory; give a .npy file name")
     _refuse_overwrite(args.out, "--out", {"text file": args.text, "tokenizer file": args.tokenizer})
+    write_target(args.out, "--out")
     _check_writable_dir(os.path.dirname(os.path.abspath(args.out)), "--out", args.out)
     hf, specials, pattern = load_byte_level_bpe(args.tokenizer)
     text, raw = read_text(args.text, empty_ok=True)

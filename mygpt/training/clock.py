@@ -24,6 +24,7 @@ class StepClock:
         self._start = perf_counter()
         self._interval_steps = 0
         self._warmup_inside = False  # whether the current interval holds the warm-up step
+        self._estimated = False
 
     def step_done(self, step: int) -> bool:
         """Count ``step``; ``True`` when it is the warm-up step, to be timed on its own after a synchronisation."""
@@ -67,3 +68,27 @@ class StepClock:
             f"warm-up: step {self.first} took {self.warmup_seconds:.2f} s ({what} and first allocations), "
             f"left out of the throughput below"
         )
+
+    def estimate_line(self, step: int) -> str | None:
+        """Once, at the first synchronisation point with counted steps (``step`` just done): the whole run's wall
+        time at their pace, the chapter's "time 50 steps and extrapolate" done by the tool (validation and
+        checkpoints left out, so a lower bound where they are frequent); ``None`` before and after."""
+        if self._estimated or self.steps == 0 or step >= self.last:
+            return None
+        self._estimated = True
+        per_step = self.seconds / self.steps
+        total = self.last - self.first + 1
+        whole = (self.warmup_seconds if self.warmup_seconds is not None else per_step) + per_step * (total - 1)
+        return (
+            f"estimate: the run's {total:,} steps take about {_duration(whole)} ({per_step:.3g} s per step over "
+            f"{self.steps:,} timed step(s); {_duration(per_step * (self.last - step))} from now)"
+        )
+
+
+def _duration(seconds: float) -> str:
+    """``"42 s"``, ``"7.5 min"``, ``"3.2 h"``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -352,6 +352,9 @@ def train(
                 # .item() synchronises the device, so the interval timing below is honest
                 final_loss = world.all_reduce_sum(loss.clone() if world.size > 1 else loss).item()
                 tps = clock.interval(tokens_per_step)
+                estimate = clock.estimate_line(step)
+                if estimate is not None:
+                    log(estimate)
                 point = {"step": step, "loss": final_loss, "lr": lr, "tokens_per_sec": tps}
                 if is_eval:
                     final_val_loss, final_val_bpb = validate(step)

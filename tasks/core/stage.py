@@ -18,6 +18,7 @@ from uuid import UUID
 
 from mygpt.errors import UserError
 from tasks.core import ahead
+from tasks.core.disk_full import disk_full_named
 from tasks.core.faults import fault_point
 from tasks.core.progress import Pace
 from tasks.core.report import human_bytes, settings_table
@@ -215,7 +216,7 @@ class Stage:
         settings = settings.resolved_once()  # a no-op for settings the flow resolved (Pipeline.parse)
         store = ArtifactStore(run.root())
         logger = stage_logger(self.name)
-        with contextlib.ExitStack() as pins:
+        with disk_full_named(self.name, store.root), contextlib.ExitStack() as pins:
             for name, ref in sorted(inputs.items()):  # read-pinned while this stage runs: gc keeps them
                 pins.enter_context(store.pin(name, ref["version"], on_wait=self._pin_wait(logger, name, ref)))
             return self._reuse_or_build_pinned(settings, run, store, logger, inputs)

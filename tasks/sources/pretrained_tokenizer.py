@@ -19,6 +19,7 @@ import urllib.parse
 from pathlib import Path
 
 from mygpt.errors import UserError
+from mygpt.regular_files import open_regular
 from mygpt.tokenizers.byte_bpe import DEFAULT_SPECIALS, ByteBPETokenizer
 from tasks.core.stage import Stage
 from tasks.core.urls import address_sha256, file_path, redact_text, redact_url
@@ -90,9 +91,11 @@ def read_source(source: str, log=None) -> bytes:
                 f"tokenizer.source {shown}: {path} {what}; give the path of a byte-level BPE tokenizer.json "
                 f"(mygpt tokenizer train --out DIR makes DIR/tokenizer.json)"
             )
-        if path.stat().st_size > MAX_TOKENIZER_BYTES:
+        with open_regular(path, "tokenizer.source", "give the path of a byte-level BPE tokenizer.json") as f:
+            content = f.read(MAX_TOKENIZER_BYTES + 1)  # what is read is capped: procfs says size 0, a file grows
+        if len(content) > MAX_TOKENIZER_BYTES:
             raise _too_big(shown)
-        return path.read_bytes()
+        return content
     from tasks.wikitext.download import fetch
 
     with tempfile.TemporaryDirectory(prefix="wiki-tokenizer-") as tmp:

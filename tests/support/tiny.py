@@ -5,10 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
 from flows.settings import TINY, Pipeline
 from tasks.core.settings import RunOptions
+from tests.support.shared_data import absent
 
 SETTINGS = Pipeline.parse(**TINY)  # the tiny preset, checked: SETTINGS.model, SETTINGS.samples, ...
 
@@ -25,7 +24,7 @@ def tiny_zip_url(tmp: Path) -> str:
     try:
         build_wikitext_zip(tmp / "wikitext-103-raw-v1.zip")
     except FileNotFoundError as e:
-        pytest.skip(f"real test text is absent: {e}")
+        absent(str(e))
     return (tmp / "wikitext-103-raw-v1.zip").as_uri()
 
 

@@ -166,3 +166,62 @@ def test_one_bound_of_the_text_at_a_time():
     with pytest.raises(UserError, match=r"^evaluate: max_tokens=10 and max_bytes=20 both bound the text evaluated"):
         evaluate_stage.EvaluateSettings.parse({"max_tokens": 10, "max_bytes": 20}, "evaluate")
     assert "max_bytes" not in evaluate_stage.EvaluateSettings().version_params()
+
+
+def test_a_max_bytes_too_small_for_two_tokens_is_refused_once_the_shards_are_built(upstream, trained, tmp_path):
+    """The early check (run by the flow after the shards stage, before the model trains) names the least
+    ``evaluate.max_bytes`` that works: that value evaluates, one byte less is what evaluate itself refuses. The
+    test split here starts with the tokenizer's two longest tokens (a copy of the shards, the tokenizer beside)."""
+    import logging
+    import shutil
+
+    import pytest
+
+    from mygpt.errors import UserError
+    from tasks.tokenizer import load_tokenizer
+
+    root, corpus, tokenizer, shards = upstream
+    sizes = np.array(load_tokenizer(tokenizer["path"]).token_bytes())
+    longest = np.argsort(sizes, kind="stable")[-2:]
+    least = int(sizes[longest].sum())
+    copy = tmp_path / "shards" / shards["version"]
+    shutil.copytree(shards["path"], copy)
+    (tmp_path / "tokenizer").symlink_to(Path(tokenizer["path"]).parent)
+    paths = shard_format.shard_paths(copy, "test")
+    ids = shard_format.read_shard(paths[0])
+    for path in paths:
+        path.unlink()
+    shard_format.write_shard(paths[0], np.concatenate([longest, ids]).astype(ids.dtype))
+    ref = {**shards, "path": str(copy)}
+
+    def bounded(n: int):
+        return SETTINGS.evaluate.model_copy(update={"max_bytes": n}).resolved()
+
+    with pytest.raises(UserError) as refused:
+        evaluate_stage.check_bytes(bounded(least - 1), ref)
+    assert str(refused.value).startswith(f"evaluate.max_bytes={least - 1:,} keeps 1 token(s) of the test split")
+    assert f"set evaluate.max_bytes to {least:,} or more" in str(refused.value)
+    assert evaluate_stage.check_bytes(bounded(least), ref) == []
+
+    class Ctx:
+        out, run, log = tmp_path / "out", run_in(root), logging.getLogger("test")
+
+        def progress(self, *args, **kwargs):
+            pass
+
+    Ctx.out.mkdir()
+    metrics = evaluate_stage.build_evaluate(Ctx(), bounded(least), Path(corpus["path"]), copy, Path(trained["path"]))
+    assert metrics["tokens_evaluated"] == 1
+    with pytest.raises(UserError, match="evaluating needs at least 2"):
+        evaluate_stage.build_evaluate(Ctx(), bounded(least - 1), Path(corpus["path"]), copy, Path(trained["path"]))
+    assert BY_NAME["evaluate"].early_check == ("shards", evaluate_stage.check_bytes)
+
+
+def test_a_max_bytes_below_two_is_refused_before_any_stage():
+    import pytest
+
+    from flows.settings import TINY, Pipeline
+    from mygpt.errors import UserError
+
+    with pytest.raises(UserError, match=r"^evaluate\.max_bytes must be an integer >= 2 \(or null\), got 1"):
+        Pipeline.parse(**{**TINY, "evaluate": {"max_bytes": 1}})

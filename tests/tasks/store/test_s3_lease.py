@@ -293,3 +293,30 @@ def test_a_builder_whose_lease_was_taken_stops_and_writes_nothing_more(s3_root, 
     finally:
         trainer.kill()
         trainer.wait()
+
+
+def test_a_live_holder_with_a_longer_lease_does_not_look_dead_to_a_waiter_with_a_shorter_one(s3_root, monkeypatch):
+    """The holder's lease is 6 s (renewed every 2 s), the waiter's 1 s: the waiter judges the lease by the longer of
+    the two, so the gaps between the holder's renewals (longer than the waiter's own lease) never look like death;
+    it gets the lock when the holder lets go."""
+    from tasks.store.s3_lease import ENV_LEASE
+
+    monkeypatch.setenv(ENV_LEASE, "6")
+    holder = open_store(s3_root)
+    monkeypatch.setenv(ENV_LEASE, "1")
+    waiter = open_store(s3_root)
+    waiting, entered, done = threading.Event(), threading.Event(), threading.Event()
+
+    def wait_for_it() -> None:
+        with waiter.lock("model", "m1", on_wait=waiting.set):
+            entered.set()
+        done.set()
+
+    with holder.lock("model", "m1"):
+        thread = threading.Thread(target=wait_for_it, daemon=True)
+        thread.start()
+        assert waiting.wait(60)
+        assert not entered.wait(5)  # more than two of the holder's renewal gaps, five of the waiter's lease times
+        holder.files.check_held(holder._lock_key("model", "m1"))  # renewed all along: not taken over
+    thread.join(60)
+    assert entered.is_set() and done.is_set()
