@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bytes", type=int, default=DEFAULT_BYTES, help="the generated corpus's size")
     ap.add_argument("--root", type=Path, default=OUT / "chapter-run-art", help="the artifact root (kept)")
     ap.add_argument("--out", type=Path, default=None, help="the table (default bench/out/chapter_run-STEPS.md)")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (run.threads; 0: torch's default)")
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error("--steps must be at least 1")
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Pipeline.parse(
         corpus={"source_url": zpath.resolve().as_uri()},
         model={"steps": args.steps},
-        run={"artifacts_dir": str(args.root.resolve())},
+        run={"artifacts_dir": str(args.root.resolve()), "threads": args.threads},
     )
     model = settings.resolved("model")
     table = Table(
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": f"embed {model.embed_dim}, {model.num_layers} layers, {model.num_heads} heads "
             f"({model.num_kv_heads} kv), seq_len {model.seq_len}, batch {model.batch_size}, {model.norm}, "
             f"{model.position}, lr {model.lr} {model.schedule} (warmup {model.warmup})",
-            "device": f"{model.device} / {model.precision}, {os.cpu_count()} CPUs",
+            "device": f"{model.device} / {model.precision}, {os.cpu_count()} CPUs, threads {args.threads or 'default'}",
             "root": str(args.root),
             "load average before (1 min)": f"{load_before[0]:.2f}",
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
