@@ -1,11 +1,12 @@
 """Stage ``model`` (task ``train_model``): the shards + the tokenizer -> ``model/<version>/model.ckpt``.
 
-The token shards are streamed (:mod:`tasks.core.shard_stream`): fetched one by one, in the order training reads them,
-into flat token files in the build's work directory and memory-mapped; training starts once its first block of
-shards is there. Training (:func:`mygpt.training.launcher.run_training`, ``nproc`` processes) checkpoints to
-``work/train.ckpt``, which survives a crash, so a rerun of the same version resumes from it. Published:
-``model.ckpt`` (the chapter's format, no optimizer state), ``loss_history.json`` and ``loss_history.csv``. The
-resolved device, precision, ``nproc`` and ``compile`` enter the version: each changes the weights' last bits.
+The token shards are fetched (:mod:`tasks.core.shard_fetch`) into flat token files in the build's work directory,
+each checked against the manifest, and memory-mapped; every step draws its windows uniformly from the whole
+training split, as the chapter's ``get_batch`` does. Training (:func:`mygpt.training.launcher.run_training`,
+``nproc`` processes) checkpoints to ``work/train.ckpt``, which survives a crash, so a rerun of the same version
+resumes from it. Published: ``model.ckpt`` (the chapter's format, no optimizer state), ``loss_history.json`` and
+``loss_history.csv``. The resolved device, precision, ``nproc`` and ``compile`` enter the version: each changes
+the weights' last bits.
 
 The settings are ``GPTConfig``'s and ``TrainConfig``'s fields (names, bounds, descriptions), with the chapter's
 run (:data:`CHAPTER_RUN`) as defaults.
@@ -32,7 +33,7 @@ from mygpt.options import Option, options
 from mygpt.training.config import TrainConfig
 from tasks.core.report import Markdown, line_chart, md_code, md_row, md_text, number, summary_table
 from tasks.core.settings import DeviceSettings, Seed
-from tasks.core.shard_stream import cache_budget, open_stream
+from tasks.core.shard_fetch import FetchedShards, cache_budget, fetch_shards
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.tokenizer import load_tokenizer
 
@@ -232,8 +233,8 @@ def _checkpoint_step(path: Path, log) -> int:
 
 
 def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokenizer: Path) -> dict:
-    """Train mygpt on the shards, streamed (:mod:`tasks.core.shard_stream`; ``shards`` is never copied whole), with
-    ``nproc`` processes (resuming from the work directory's checkpoint) and publish it."""
+    """Train mygpt on the shards (fetched file by file, :mod:`tasks.core.shard_fetch`; ``shards`` is never copied
+    whole) with ``nproc`` processes (resuming from the work directory's checkpoint) and publish it."""
     # torch's TorchInductor cache goes to the user's cache folder, not TMPDIR (where torch would leave a
     # torchinductor_<user> folder behind on every build); this process's training ranks inherit it
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wiki-pipeline" / "torchinductor"
@@ -243,31 +244,19 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
     splits = TRAIN_SPLITS[s.train_splits]
     ckpt = ctx.work / CHECKPOINT
     resumed_from = _checkpoint_step(ckpt, ctx.log)
-    nproc = s.nproc
-    assert isinstance(nproc, int)  # the stage builds with resolved() settings: "auto" is a number by now
     version = ctx.inputs["shards"]["version"]
-    fetcher, stream, dtype, n_train, n_val = open_stream(
-        ctx.store, version, ctx.work / "tokens", splits, (s.seed, s.batch_size, s.seq_len), resumed_from, s.steps, nproc
-    )
+    data = fetch_shards(ctx.store, version, ctx.work / "tokens", splits)
+    n_train, n_val = data.train_tokens, data.valid_tokens
     ctx.log.info(
-        "model: %s training tokens (%s), %s validation tokens, streamed from %s",
+        "model: %s training tokens (%s), %s validation tokens, %d shards fetched from %s in %.1f s",
         f"{n_train:,}",
         "+".join(splits),
         f"{n_val:,}",
+        len(data.train) + len(data.valid),
         ctx.store.location("shards", version),
+        data.seconds,
     )
-    fetcher.start()  # the first block arrives while torch loads and the model is built
-    try:
-        result, vocab_size = _train(ctx, s, tokenizer, stream, dtype, resumed_from)
-    except Exception as exc:
-        fetcher.close()
-        if fetcher.error is None or exc is fetcher.error:
-            raise
-        raise UserError(fetcher.why()) from fetcher.error  # training ended waiting for it: this is the cause
-    finally:
-        fetcher.close()
-    if fetcher.error is not None:  # a shard that was never read (training ended first) fails nothing
-        ctx.log.warning("model: fetching the shards stopped early: %s", fetcher.error)
+    result, vocab_size = _train(ctx, s, tokenizer, data, resumed_from)
     write_history(ctx.out, result.history)  # the log already has the throughput line and val_bpb at each eval
     return {
         "device": result.device,
@@ -297,9 +286,8 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
     }
 
 
-def _train(ctx: BuildContext, s: ModelSettings, tokenizer: Path, stream: dict, dtype: str, resumed_from: int):
-    """Run the training job on the streamed shards (``stream``, :class:`mygpt.training.job.TrainJob`'s): its
-    ``TrainResult`` and the vocabulary size."""
+def _train(ctx: BuildContext, s: ModelSettings, tokenizer: Path, data: FetchedShards, resumed_from: int):
+    """Run the training job on the fetched token files: its ``TrainResult`` and the vocabulary size."""
     from mygpt.training.job import TrainJob
     from mygpt.training.launcher import run_training
     from mygpt.training.worker import WORKER_STALL_ENV
@@ -308,9 +296,9 @@ def _train(ctx: BuildContext, s: ModelSettings, tokenizer: Path, stream: dict, d
     ckpt = ctx.work / CHECKPOINT
     job = TrainJob(
         tokenizer=str(Path(tokenizer) / "tokenizer.json"),
-        train_tokens=[],
-        stream=stream,
-        token_dtype=dtype,
+        train_tokens=data.train,
+        val_tokens=data.valid,
+        token_dtype=data.dtype,
         model=s.gpt_config(vocab_size),
         train=s.train_config(),
         device=s.device,
@@ -471,7 +459,7 @@ def curves_chart(versions: list) -> str:
 STAGE = Stage(
     name="model",
     settings=ModelSettings,
-    code_version="3",
+    code_version="4",
     build=build_model,
     streamed=("shards",),
     check_environment=cache_budget,

@@ -20,31 +20,30 @@ __all__ = ["TrainJob", "train_job"]
 @dataclass
 class TrainJob:
     """A training run: ``tokenizer`` is a tokenizer file (:mod:`mygpt.tokenizers.files`); ``train_tokens`` flat
-    token files (``token_dtype``, read as one sequence); ``checkpoint`` the resume checkpoint (resumed from when
+    token files (``token_dtype``, read as one sequence: each step's windows are drawn uniformly from all of it),
+    ``val_tokens`` one such file or several; ``checkpoint`` the resume checkpoint (resumed from when
     ``resume``); ``output`` the final model without optimizer state; ``meta`` goes into both; ``threads``: torch
-    threads per process (0 = torch's default). ``model.vocab_size`` must be the tokenizer's. ``stream``, instead
-    of ``train_tokens``/``val_tokens``: ``{"dir": folder, "train": [[file, tokens], ...], "valid": [...]}``,
-    one flat token file per shard, in index order, that may appear while training runs
-    (:mod:`mygpt.training.stream`)."""
+    threads per process (0 = torch's default). ``model.vocab_size`` must be the tokenizer's."""
 
     tokenizer: str
     train_tokens: list
     model: GPTConfig
     train: TrainConfig
     checkpoint: str | None = None
-    val_tokens: str | None = None
+    val_tokens: str | list | None = None
     token_dtype: str = "uint16"
     device: str = "auto"
     resume: bool = True
     output: str | None = None
     meta: dict | None = None
     threads: int = 0
-    stream: dict | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.train_tokens, (str, os.PathLike)):
             self.train_tokens = [self.train_tokens]
         self.train_tokens = [os.fspath(p) for p in self.train_tokens]
+        if isinstance(self.val_tokens, list):
+            self.val_tokens = [os.fspath(p) for p in self.val_tokens]
         for name in ("tokenizer", "checkpoint", "val_tokens", "output"):
             value = getattr(self, name)
             if isinstance(value, os.PathLike):
@@ -92,14 +91,8 @@ class TrainJob:
                 f"job 'model' has vocab_size {self.model.vocab_size}, but the tokenizer {self.tokenizer} has "
                 f"{tokenizer.vocab_size}; build the model's config with the tokenizer's vocab_size"
             )
-        if self.stream is not None:
-            from mygpt.training.stream import ShardStream
-
-            folder, valid = self.stream["dir"], self.stream.get("valid")
-            train_tokens = ShardStream(self.stream["train"], self.token_dtype, folder)
-            return tokenizer, train_tokens, ShardStream(valid, self.token_dtype, folder) if valid else None
         train_tokens = open_token_files(self.train_tokens, self.token_dtype)
-        val_tokens = open_token_files([self.val_tokens], self.token_dtype) if self.val_tokens else None
+        val_tokens = open_token_files(self.val_tokens, self.token_dtype) if self.val_tokens else None
         return tokenizer, train_tokens, val_tokens
 
     def check(self, nproc: int = 1) -> None:

@@ -38,7 +38,6 @@ from mygpt.training.data import get_batch, num_tokens
 from mygpt.training.guards import FiniteLoss, out_of_memory_error
 from mygpt.training.parallel import World, evaluate, forward_backward, wrap_ddp
 from mygpt.training.rng import capture_rng, rank_rng, restore_rng
-from mygpt.training.stream import ShardStream
 
 __all__ = ["TrainResult", "train"]
 
@@ -276,16 +275,9 @@ def train(
     t_start = time.perf_counter()
     clock = StepClock(start_step + 1, last=config.steps)
 
-    streamed = isinstance(train_tokens, ShardStream)  # windows from each step's block of shards
-    if streamed:
-        train_tokens.schedule_for(config.seed, config.batch_size, config.seq_len)
-
     def timed_step(step: int) -> torch.Tensor:
         try:
-            if streamed:
-                x, y = train_tokens.batch(step, config.batch_size, config.seq_len, gen, dev, rows, world.rank)
-            else:
-                x, y = get_batch(train_tokens, config.batch_size, config.seq_len, gen, dev, rows=rows)
+            x, y = get_batch(train_tokens, config.batch_size, config.seq_len, gen, dev, rows=rows)
             optimizer.zero_grad(set_to_none=True)
             loss = forward_backward(
                 step_model,

@@ -225,7 +225,7 @@ def flatten_shard(
     """The shard ``shard`` (a path, or its bytes: what was checked is what is read) as one flat native-order token
     file ``dest`` (atomically, not durably: the training's scratch cache, whose files a killed run's successor
     deletes unread, so an fsync would only make the first step wait for the disk): how training reads a shard it
-    streams. ``UserError`` naming ``name`` (default: the path) when it holds another type or count than its index
+    fetched. ``UserError`` naming ``name`` (default: the path) when it holds another type or count than its index
     says."""
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -274,7 +274,7 @@ def test_a_bad_cache_budget_stops_the_run_before_any_stage(prefect_server, monke
     and the flow's first line) with the stage's own message, not when the model stage starts after the corpus,
     tokenizer and shards; a run that does not run the model stage is not stopped by it."""
     from flows.wiki_pipeline import wiki_pipeline
-    from tasks.core.shard_stream import ENV_CACHE_MAX, cache_budget
+    from tasks.core.shard_fetch import ENV_CACHE_MAX, cache_budget
 
     monkeypatch.setenv(ENV_CACHE_MAX, "lots")
     with pytest.raises(UserError) as e:

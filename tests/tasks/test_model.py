@@ -16,7 +16,7 @@ import pytest
 from mygpt.errors import UserError
 from tasks import model as train_stage
 from tasks.registry import NAMES, open_store
-from tests.support.tiny import SETTINGS, run_in
+from tests.support.tiny import SETTINGS, TINY, run_in
 
 TINY_MODEL = SETTINGS.model
 
@@ -98,35 +98,47 @@ def test_report_has_a_readable_loss_curve_and_summary(upstream, trained):
         assert needle in md
 
 
-def test_train_streams_memory_mapped_shards_of_all_splits(upstream, tmp_path):
-    from mygpt.training.stream import ShardStream
+def test_train_reads_memory_mapped_shards_of_all_splits(upstream, tmp_path):
+    from tasks.core.shard_fetch import fetch_shards
     from tasks.core.shard_format import read_shard, shard_paths
-    from tasks.core.shard_stream import open_stream
 
     root, _, _, shards = upstream
     store, folder = open_store(root), Path(shards["path"])
-    fetcher, stream, dtype, n_all, n_val = open_stream(
-        store, shards["version"], tmp_path / "t", train_stage.TRAIN_SPLITS["all"], (1, 8, 32), 0, 100, 1
-    )
-    names = [Path(p).name for p, _ in stream["train"]]
+    data = fetch_shards(store, shards["version"], tmp_path / "t", train_stage.TRAIN_SPLITS["all"])
+    names = [Path(p).name for p in data.train]
     assert names == [
         p.name.replace(".parquet", ".bin") for s in ("train", "valid", "test") for p in shard_paths(folder, s)
     ]
-    assert (
-        dtype == "uint16"
-        and n_all == sum(n for _, n in stream["train"])
-        and n_val == len(read_shard(folder / "valid-00000.parquet"))
-    )
-    fetcher.start()
-    try:
-        valid = ShardStream(stream["valid"], dtype, stream["dir"])
-        assert np.array_equal(valid[0:n_val], np.concatenate([read_shard(p) for p in shard_paths(folder, "valid")]))
-        assert all(isinstance(p.open(), np.memmap) for p in valid.parts), "no copies of the corpus"
-    finally:
-        fetcher.close()
-    assert fetcher.error is None and fetcher.fetched[: len(fetcher.blocks[0].shards)] == [
-        names[i].replace(".bin", ".parquet") for i in fetcher.blocks[0].shards
-    ], "the first block first"
+    assert data.dtype == "uint16" and data.valid_tokens == len(read_shard(folder / "valid-00000.parquet"))
+    every = np.concatenate([read_shard(p) for s in ("train", "valid", "test") for p in shard_paths(folder, s)])
+    assert data.train_tokens == len(every)
+    from mygpt.training.data import open_token_files
+
+    train = open_token_files(data.train, data.dtype)
+    assert np.array_equal(train[0 : len(train)], every), "the splits as one sequence, in index order"
+    assert all(isinstance(p, np.memmap) for p in train.parts), "no copies of the corpus"
+
+
+def test_what_a_step_reads_does_not_depend_on_how_the_split_is_cut_into_shards(upstream, tmp_path):
+    """Each step's windows are drawn uniformly from the whole training split: the same settings on the same
+    tokens cut into one shard or into many give the same loss history, bit for bit on the CPU."""
+    import shutil
+
+    from tests.support import stages
+
+    root, corpus, tokenizer, _ = upstream
+    art = tmp_path / "art"
+    shutil.copytree(root, art, ignore=shutil.ignore_patterns("shards", "model", "samples", "export", "evaluate"))
+    settings = {**SETTINGS.model.model_dump(), "steps": 30, "print_every": 1, "eval_every": 15, "checkpoint_every": 0}
+    histories, cuts = [], []
+    for shard_tokens in (10_000_000, 20_000):
+        shards = stages.shards(art, corpus, tokenizer, run=TINY["run"], shard_tokens=shard_tokens)
+        cuts.append(len(list(Path(shards["path"]).glob("train-*.parquet"))))
+        model = stages.model(art, shards, tokenizer, run=TINY["run"], **settings)
+        history = json.loads((Path(model["path"]) / "loss_history.json").read_text())
+        histories.append([(h["step"], h["loss"], h.get("val_loss"), h.get("val_bpb")) for h in history])
+    assert cuts[0] == 1 and cuts[1] > 20, cuts
+    assert len(histories[0]) == 30 and histories[0] == histories[1]
 
 
 def test_train_splits_all_is_another_version(upstream, trained):

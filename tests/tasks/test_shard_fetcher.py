@@ -1,174 +1,69 @@
-"""The shard fetcher on a real directory root (the tiny upstream versions): a token file deleted while training
-runs is brought again, a fetcher that dies unheard ends its readers with an error naming the file, a resumed run
-never trusts a leftover token file, what is flattened is what was hashed, and the budget's advice is a value that
-is accepted."""
+"""Fetching the model stage's shards on a real directory root (the tiny upstream versions): a resumed run never
+trusts a leftover token file, what is flattened is what was hashed, and the budget's advice is a value that is
+accepted."""
 
 from __future__ import annotations
 
 import re
 import shutil
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mygpt.errors import UserError
-from mygpt.training import stream as stream_mod
-from mygpt.training.stream import ShardStream
+from mygpt.training.data import open_token_files
 from tasks import model as train_stage
+from tasks.core.shard_fetch import ENV_CACHE_MAX, cache_budget, fetch_shards, size_at_least
 from tasks.core.shard_format import read_shard, shard_paths, write_shard
-from tasks.core.shard_stream import ENV_CACHE_MAX, ShardFetcher, cache_budget, open_stream, size_at_least
 from tasks.registry import open_store
 
-HANG = 120  # a guard only: a read that has not ended by then never will (the old code waited for ever)
 
-
-def _break(folder: Path) -> None:
-    """``folder`` becomes a file: nothing can be written in it, nor it made again (moved aside, not deleted file by
-    file: the fetcher's heartbeat may write in it meanwhile)."""
-    for attempt in range(50):
-        folder.rename(folder.with_name(f"aside-{attempt}"))
-        try:
-            folder.write_text("not a folder")
-            return
-        except IsADirectoryError:
-            continue
-    raise AssertionError(f"{folder} kept coming back")
-
-
-def _ended(fn):
-    """``fn()``'s result (or its exception), run in a thread: a test of a hang must not hang itself."""
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # handed to the test
-            out["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(HANG)
-    assert not t.is_alive(), "the reader waits for ever"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
-def _open(upstream, folder: Path, steps: int = 100):
+def _fetch(upstream, folder: Path):
     root, _, _, shards = upstream
-    return open_stream(open_store(root), shards["version"], folder, train_stage.TRAIN_SPLITS["train"], (1, 8, 32), 0,
-                       steps, 1)  # fmt: skip
+    return fetch_shards(open_store(root), shards["version"], folder, train_stage.TRAIN_SPLITS["train"])
 
 
 def _valid(upstream) -> np.ndarray:
     return np.concatenate([read_shard(p) for p in shard_paths(upstream[3]["path"], "valid")])
 
 
-def test_token_files_deleted_while_training_runs_are_brought_again(upstream, tmp_path):
-    fetcher, stream, dtype, _, n_val = _open(upstream, tmp_path / "t")
-    fetcher.start()
-    try:
-        assert np.array_equal(
-            _ended(lambda: ShardStream(stream["valid"], dtype, stream["dir"])[0:n_val]), _valid(upstream)
-        )
-        shutil.rmtree(tmp_path / "t", ignore_errors=True)  # rm -rf work/tokens, while training runs (and the
-        assert not list((tmp_path / "t").glob("*.bin"))  # heartbeat: the folder itself may be written again)
-        again = _ended(lambda: np.array(ShardStream(stream["valid"], dtype, stream["dir"])[0:n_val]))
-        assert np.array_equal(again, _valid(upstream))
-    finally:
-        fetcher.close()
-    assert fetcher.error is None
-
-
-def test_a_fetcher_that_died_unable_to_say_so_ends_its_readers_with_an_error_naming_the_file(
-    upstream, tmp_path, monkeypatch
-):
-    monkeypatch.setattr(stream_mod, "FETCHER_SILENT_SECONDS", 0.5)
-    folder = tmp_path / "t"
-
-    def broken(self, shard) -> None:  # the folder becomes a file: neither the shard nor `failed` can be written
-        _break(folder)
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(ShardFetcher, "_fetch", broken)
-    fetcher, stream, dtype, _, n_val = _open(upstream, folder)
-    fetcher.start()
-    try:
-        first = Path(stream["valid"][0][0]).name
-        with pytest.raises(UserError, match=rf"token file .*{first} is not there and the shard fetcher .* no sign"):
-            _ended(lambda: ShardStream(stream["valid"], dtype, stream["dir"])[0:n_val])
-    finally:
-        fetcher.close()
-    assert isinstance(fetcher.error, OSError)
-
-
-def test_a_dead_fetcher_s_error_reaches_the_stage(upstream, tmp_path, monkeypatch):
-    """The model stage raises what stopped the fetcher, not only the reader's "no sign of life"."""
-    from tests.support.tiny import SETTINGS, run_in
-
-    monkeypatch.setattr(stream_mod, "FETCHER_SILENT_SECONDS", 0.5)
-    root, _, tokenizer, shards = upstream
-    art = tmp_path / "art"
-    shutil.copytree(root, art, ignore=shutil.ignore_patterns("model", "samples", "export", "evaluate"))
-
-    def broken(self, shard) -> None:
-        _break(self.folder)
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(ShardFetcher, "_fetch", broken)
-    settings = SETTINGS.model.model_copy(update={"steps": 3, "eval_every": 3, "checkpoint_every": 0})
-    with pytest.raises(UserError, match=r"^fetching the shards failed: OSError: \[Errno 28\] No space left on device$"):
-        _ended(lambda: train_stage.train_model.fn(shards, tokenizer, settings, run_in(art)))
+def _read(paths: list[str], dtype: str) -> np.ndarray:
+    tokens = open_token_files(paths, dtype)
+    return np.array(tokens[0 : len(tokens)])
 
 
 def test_a_resumed_run_brings_its_token_files_again_instead_of_trusting_what_was_left(upstream, tmp_path):
     folder = tmp_path / "t"
-    fetcher, stream, dtype, _, n_val = _open(upstream, folder)
-    fetcher.start()
-    try:
-        _ended(lambda: ShardStream(stream["valid"], dtype, stream["dir"])[0:n_val])
-    finally:
-        fetcher.close()
+    data = _fetch(upstream, folder)
     for p in folder.glob("*.bin"):  # killed; the files overwritten with zeros of the same size
         p.write_bytes(bytes(p.stat().st_size))
-    fetcher, stream, dtype, _, n_val = _open(upstream, folder)  # the rerun resumes in the same folder
-    fetcher.start()
-    try:
-        got = _ended(lambda: np.array(ShardStream(stream["valid"], dtype, stream["dir"])[0:n_val]))
-    finally:
-        fetcher.close()
-    assert np.array_equal(got, _valid(upstream))
+    again = _fetch(upstream, folder)  # the rerun resumes in the same folder
+    assert again.valid == data.valid and np.array_equal(_read(again.valid, again.dtype), _valid(upstream))
+    train = np.concatenate([read_shard(p) for p in shard_paths(upstream[3]["path"], "train")])
+    assert np.array_equal(_read(again.train, again.dtype), train)
 
 
 def test_a_shard_changed_after_its_check_on_a_directory_root_is_not_read(upstream, tmp_path, monkeypatch):
     """What is flattened is the bytes that were hashed: a change to the published file between the check and
     the read (a directory root hands out the file itself) cannot reach training."""
-    import tasks.core.shard_stream as shard_stream
+    import tasks.core.shard_fetch as shard_fetch
 
     root, _, _, shards = upstream
     art = tmp_path / "art"
     shutil.copytree(root, art, ignore=shutil.ignore_patterns("model", "samples", "export", "evaluate"))
     published = Path(str(shards["path"]).replace(str(root), str(art))) / "valid-00000.parquet"
     good = read_shard(published)
-    real = shard_stream.flatten_shard
+    real = shard_fetch.flatten_shard
 
     def changed_in_between(shard, dest, *args, **kwargs):
         if Path(dest).name == "valid-00000.bin":
             write_shard(published, good[::-1].copy())  # same token count, other tokens
         return real(shard, dest, *args, **kwargs)
 
-    monkeypatch.setattr(shard_stream, "flatten_shard", changed_in_between)
-    fetcher, stream, dtype, _, _ = open_stream(
-        open_store(art), shards["version"], tmp_path / "t", train_stage.TRAIN_SPLITS["train"], (1, 8, 32), 0, 100, 1
-    )
-    fetcher.start()
-    try:
-        first = ShardStream(stream["valid"][:1], dtype, stream["dir"])
-        got = _ended(lambda: np.array(first[0 : len(good)]))
-    finally:
-        fetcher.close()
+    monkeypatch.setattr(shard_fetch, "flatten_shard", changed_in_between)
+    data = fetch_shards(open_store(art), shards["version"], tmp_path / "t", train_stage.TRAIN_SPLITS["train"])
+    got = _read(data.valid[:1], data.dtype)
     assert not np.array_equal(read_shard(published), good), "the published file did change"
     assert np.array_equal(got, good)
 
@@ -176,12 +71,12 @@ def test_a_shard_changed_after_its_check_on_a_directory_root_is_not_read(upstrea
 def test_the_budget_s_advice_is_a_value_that_is_accepted(upstream, tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_CACHE_MAX, "1")
     with pytest.raises(UserError, match=r"raise it to at least \S+ \([0-9,]+ bytes\)") as err:
-        _open(upstream, tmp_path / "t")
+        _fetch(upstream, tmp_path / "t")
     advice, exact = re.search(r"at least (\S+) \(([0-9,]+) bytes\)", str(err.value)).groups()
     monkeypatch.setenv(ENV_CACHE_MAX, advice)
-    _open(upstream, tmp_path / "t")  # accepted
+    _fetch(upstream, tmp_path / "t")  # accepted
     monkeypatch.setenv(ENV_CACHE_MAX, exact.replace(",", ""))
-    _open(upstream, tmp_path / "t")
+    _fetch(upstream, tmp_path / "t")
     for n in [1, 1023, 1024, 1025, 93_950, 94_003, 10**9 + 1, 5 * 2**40 - 3]:
         monkeypatch.setenv(ENV_CACHE_MAX, size_at_least(n))
         assert cache_budget() >= n, size_at_least(n)
@@ -222,7 +117,7 @@ def test_a_flattened_shard_holds_exactly_its_ids_and_is_written_without_an_fsync
 
 
 def test_flattening_or_reading_a_shard_never_imports_pandas(upstream, tmp_path):
-    """The model stage's process flattens every shard it streams; pyarrow's ``to_numpy`` would import pandas there
+    """The model stage's process flattens every shard it fetches; pyarrow's ``to_numpy`` would import pandas there
     (seconds before the first step, and its memory) only to convert a buffer numpy reads as it is."""
     import subprocess
     import sys
@@ -243,8 +138,8 @@ def test_flattening_or_reading_a_shard_never_imports_pandas(upstream, tmp_path):
 
 
 def test_a_token_file_a_killed_run_was_writing_is_deleted_when_the_next_run_starts(upstream, tmp_path):
-    """A process killed (SIGKILL) while writing a token file leaves atomic_open's temp file: the next fetcher
-    deletes it on start-up, and nothing in the folder that is not such a file."""
+    """A process killed (SIGKILL) while writing a token file leaves atomic_open's temp file: the next fetch
+    deletes it before it starts, and nothing in the folder that is not such a file."""
     import subprocess
     import sys
 
@@ -263,8 +158,6 @@ def test_a_token_file_a_killed_run_was_writing_is_deleted_when_the_next_run_star
     for name in kept[:3]:
         (folder / name).write_bytes(b"not ours")
     (folder / kept[3]).mkdir()
-    fetcher, *_ = _open(upstream, folder)
-    fetcher.start()
-    fetcher.close()
+    _fetch(upstream, folder)
     left = {p.name for p in folder.iterdir()}
     assert partial[0] not in left and set(kept) <= left

@@ -1,18 +1,16 @@
-"""The model stage streams its shards on an s3:// root (a real S3 API server on 127.0.0.1): its first step comes
-while most shards are still in the bucket, the cache stays within ``WIKI_PIPELINE_CACHE_MAX``, a shard changed
+"""The model stage fetches its shards on an s3:// root (a real S3 API server on 127.0.0.1): every shard is local
+before the first step (each step draws from the whole split), the version is never copied whole, the cache fits in
+a ``WIKI_PIPELINE_CACHE_MAX`` of exactly what it needs and a byte less is refused before training, a shard changed
 after publication is refused, and a bad budget is named."""
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from pathlib import Path
 
 import pytest
 
 from mygpt.errors import UserError
-from mygpt.training.stream import BLOCK_SHARDS, BlockSchedule
-from tasks.core.shard_stream import ENV_CACHE_MAX, LOOKAHEAD_BLOCKS, cache_budget
+from tasks.core.shard_fetch import ENV_CACHE_MAX, cache_budget
 from tasks.core.stage import BuildContext
 from tasks.registry import open_store
 from tasks.store.files import files_prefix
@@ -20,7 +18,7 @@ from tests.support import stages
 from tests.support.tiny import TINY, tiny_zip_url
 
 SHARD_TOKENS = 4500  # the tiny corpus in 130+ train shards
-MODEL = {**TINY["model"], "steps": 150, "print_every": 50, "eval_every": 150, "checkpoint_every": 0}
+MODEL = {**TINY["model"], "steps": 20, "print_every": 10, "eval_every": 20, "checkpoint_every": 0}
 
 
 @pytest.fixture(scope="module")
@@ -65,79 +63,47 @@ def _watch_first_step(monkeypatch) -> dict:
     return seen
 
 
-def _train_shards(store, shards) -> list[dict]:
+def _index(store, shards) -> dict:
     import json
 
     manifest = store.get("shards", shards["version"]).manifest
     local = store.fetch_file("shards", shards["version"], "shards.json", Path(store.files.local) / "t", manifest)
-    return json.loads(local.read_text())["splits"]["train"]["shards"]
+    return json.loads(local.read_text())
 
 
-def test_the_first_step_comes_while_most_shards_are_still_in_the_bucket(many_shards, monkeypatch):
+def _train_shards(store, shards) -> list[dict]:
+    return _index(store, shards)["splits"]["train"]["shards"]
+
+
+def _need(store, shards) -> int:
+    """The budget that holds exactly the token files (uint16) of train and valid and the largest download."""
+    splits = _index(store, shards)["splits"]
+    files = store.get("shards", shards["version"]).manifest["files"]
+    every = splits["train"]["shards"] + splits["valid"]["shards"]
+    return 2 * sum(s["tokens"] for s in every) + max(files[s["file"]]["size"] for s in every)
+
+
+def test_every_shard_is_local_before_the_first_step_within_a_budget_of_exactly_that(many_shards, monkeypatch):
     root, tokenizer, shards = many_shards
     store = open_store(root)
     train = _train_shards(store, shards)
     assert len(train) >= 130
+    monkeypatch.setenv(ENV_CACHE_MAX, str(_need(store, shards)))
     seen = _watch_first_step(monkeypatch)
     model = stages.model(root, shards, tokenizer, run=TINY["run"], **MODEL, seed=1)
 
-    local_at_first_step = [n for n in seen["first"] if n.startswith("train-")]
-    schedule = BlockSchedule([s["tokens"] for s in train], 1, 8 * 32, 33)
-    first_block = {train[i]["file"].replace(".parquet", ".bin") for i in schedule.at(1).shards}
-    assert first_block <= set(local_at_first_step), "step 1 read its block"
-    assert len(local_at_first_step) < len(train) // 4, f"most shards are still remote: {local_at_first_step}"
-    assert len(local_at_first_step) <= (1 + LOOKAHEAD_BLOCKS) * BLOCK_SHARDS, "a few blocks ahead at most"
+    local_at_first_step = {n for n in seen["first"] if n.startswith("train-")}
+    assert local_at_first_step == {s["file"].replace(".parquet", ".bin") for s in train}
     assert not store.version_path("shards", shards["version"]).exists(), "the shards were never copied whole"
     metrics = store.get("model", model["version"]).manifest["metrics"]
     assert metrics["train_tokens"] == sum(s["tokens"] for s in train) and metrics["final_val_loss"] is not None
-
-
-def test_the_cache_stays_within_its_budget_deleting_what_training_has_read(many_shards, monkeypatch):
-    root, tokenizer, shards = many_shards
-    # the validation split (43k uint16 tokens) and one block of shards and a download: less than three blocks
-    budget = 140_000
-    monkeypatch.setenv(ENV_CACHE_MAX, str(budget))
-    biggest, done = [0], threading.Event()
-    folder = {}
-
-    def size_on_disk(tokens) -> int:
-        total = 0
-        for p in tokens.rglob("*"):
-            with contextlib.suppress(FileNotFoundError):  # renamed or deleted since the listing: not on disk now
-                if p.is_file():
-                    total += p.stat().st_size
-        return total
-
-    def watch() -> None:
-        while not done.is_set():
-            tokens = folder.get("tokens")
-            if tokens is not None and tokens.exists():
-                with contextlib.suppress(FileNotFoundError):  # a folder removed while it was walked
-                    biggest[0] = max(biggest[0], size_on_disk(tokens))
-            done.wait(0.002)
-
-    report = BuildContext.progress
-
-    def progress(self, done_, total, message="", force=False):
-        folder.setdefault("tokens", self.work / "tokens")
-        return report(self, done_, total, message, force)
-
-    monkeypatch.setattr(BuildContext, "progress", progress)
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        stages.model(root, shards, tokenizer, run=TINY["run"], **MODEL, seed=2)
-    finally:
-        done.set()
-        watcher.join()
-    assert BLOCK_SHARDS * SHARD_TOKENS * 2 < biggest[0] <= budget, biggest[0]
 
 
 def test_a_shard_changed_after_publication_is_refused(many_shards):
     root, tokenizer, shards = many_shards
     store = open_store(root)
     train = _train_shards(store, shards)
-    first = train[BlockSchedule([s["tokens"] for s in train], 3, 8 * 32, 33).at(1).shards[0]]
+    first = train[len(train) // 2]
     manifest = store.get("shards", shards["version"]).manifest
     key = f"shards/{shards['version']}/{files_prefix(manifest)}{first['file']}"
     body, _ = store.files.get_object(key)
@@ -156,8 +122,12 @@ def test_a_bad_cache_budget_is_named(value, monkeypatch):
         cache_budget()
 
 
-def test_a_budget_too_small_for_one_block_is_refused_before_training(many_shards, monkeypatch):
+def test_a_budget_a_byte_too_small_for_the_split_is_refused_before_training(many_shards, monkeypatch):
     root, tokenizer, shards = many_shards
-    monkeypatch.setenv(ENV_CACHE_MAX, "20K")
-    with pytest.raises(UserError, match=r"WIKI_PIPELINE_CACHE_MAX=20K .* cannot hold what training reads at once"):
+    need = _need(open_store(root), shards)
+    monkeypatch.setenv(ENV_CACHE_MAX, str(need - 1))
+    seen = _watch_first_step(monkeypatch)
+    with pytest.raises(UserError, match=rf"WIKI_PIPELINE_CACHE_MAX={need - 1} .* cannot hold what training reads.*"
+                                        rf"at least \S+ \({need:,} bytes\)"):  # fmt: skip
         stages.model(root, shards, tokenizer, run=TINY["run"], **MODEL, seed=5)
+    assert "first" not in seen, "refused before training"
