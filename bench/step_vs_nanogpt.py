@@ -167,7 +167,7 @@ def profile(player: Contender, model: GPTConfig, steps: int) -> dict[str, float]
     finally:
         torch.nn.utils.clip_grad_norm_ = original
     events = [e for e in prof.events() if e.device_type.name == "CPU"]
-    spans = {"optimizer": [], "clip": []}
+    spans: dict[str, list] = {"optimizer": [], "clip": []}
     for e in events:
         if e.name.startswith("Optimizer.step#"):
             spans["optimizer"].append(e.time_range)

@@ -173,7 +173,7 @@ def main(argv=None) -> int:
                 if getattr(args, name) < 1:
                     raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
 
-            ch28 = CONFIGS["ch28"]
+            ch28: dict = CONFIGS["ch28"]
             return step_vs_nanogpt.main(
                 args.vs_nanogpt,
                 ch28["model"],
