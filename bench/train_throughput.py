@@ -16,6 +16,13 @@ compile was asked for but is unavailable here (the row trained eagerly; the warn
     .venv/bin/python -m bench.train_throughput                       # the default above
     .venv/bin/python -m bench.train_throughput --device cuda --configs ch28 --precisions fp32,bf16 \\
         --nproc 1,auto --compile off,on --steps 50
+
+``--vs-nanogpt PATH`` (a checkout of karpathy/nanoGPT) instead races one step of the ``ch28`` model against
+nanoGPT's for the same shapes on the CPU, interleaved in one process (``bench.step_vs_nanogpt``): best of
+``--rounds`` rounds of ``--steps`` steps each, tokens/s and the ratio, the CPU's measured fp32 matmul peak and each
+step's MFU against it, and (``--profile-steps``) where a step's time goes:
+
+    .venv/bin/python -m bench.train_throughput --vs-nanogpt /tmp/nanogpt --threads 2 --rounds 5 --steps 3
 """
 
 from __future__ import annotations
@@ -152,8 +159,32 @@ def main(argv=None) -> int:
         "--threads", type=int, default=0, help="torch threads per process (0 = the CPU's cores divided by nproc)"
     )
     p.add_argument("--json", action="store_true", help="also print the rows as JSON")
+    p.add_argument("--vs-nanogpt", metavar="PATH", help="race the ch28 step against nanoGPT's model.py at PATH")
+    p.add_argument("--rounds", type=int, default=5, help="--vs-nanogpt: interleaved rounds, best kept (default 5)")
+    p.add_argument(
+        "--profile-steps", type=int, default=2, help="--vs-nanogpt: steps profiled per model, 0 = none (default 2)"
+    )
     args = p.parse_args(argv)
     try:
+        if args.vs_nanogpt:
+            from bench import step_vs_nanogpt
+
+            for name in ("rounds", "steps"):
+                if getattr(args, name) < 1:
+                    raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
+
+            ch28: dict = CONFIGS["ch28"]
+            return step_vs_nanogpt.main(
+                args.vs_nanogpt,
+                ch28["model"],
+                ch28["batch_size"],
+                ch28["seq_len"],
+                rounds=args.rounds,
+                steps=args.steps,
+                threads=args.threads or (os.cpu_count() or 1),
+                compile_=args.compile != "off",
+                profile_steps=args.profile_steps,
+            )
         device = resolve_device(args.device)
         nproc_list = args.nproc or ("1,2" if device.type == "cpu" else "1,auto")
         nprocs = list(dict.fromkeys(resolve_nproc(n, args.device) for n in nproc_list.split(",")))

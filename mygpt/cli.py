@@ -55,8 +55,9 @@ def _config_flags(p: argparse.ArgumentParser, config: type) -> None:
             continue
         flag = {"default": o.default, "help": o.help.replace("%", "%%") + " (default: %(default)s)"}
         flag.update(FLAG_OVERRIDES.get(o.field, {}))
-        if o.kind is bool:
-            p.add_argument("--" + o.name.replace("_", "-"), dest=o.field, action="store_true", **flag)
+        if o.kind is bool:  # on by default: --no-NAME turns it off
+            action = argparse.BooleanOptionalAction if o.default else "store_true"
+            p.add_argument("--" + o.name.replace("_", "-"), dest=o.field, action=action, **flag)
         elif o.choices:
             p.add_argument("--" + o.name.replace("_", "-"), dest=o.field, choices=list(o.choices), **flag)
         else:

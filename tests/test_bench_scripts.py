@@ -38,3 +38,21 @@ def test_encode_profile_profiles_the_published_corpus_and_tokenizer(upstream):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1. a worker's share: " in done.stdout and " chunks, " in done.stdout
     assert "2. the flow process's write: 1 shard(s) of up to 1,000 tokens" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [(["--vs-nanogpt", "/nonexistent/nanoGPT"], "no nanoGPT model.py"), (["--rounds", "0"], "--rounds")],
+)
+def test_train_throughput_vs_nanogpt_refuses_what_it_cannot_race(args, names, tmp_path):
+    """A nanoGPT path without its model.py, or no rounds to keep the best of, is one error line and exit code 2."""
+    argv = ["--vs-nanogpt", str(tmp_path), *args] if args[0] != "--vs-nanogpt" else args
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.train_throughput", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert names in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -74,6 +74,11 @@ class TrainConfig:
         le=MAX_ROWS,
     )
     compile: bool = option(False, "torch.compile the model (a warning and eager training where it is unavailable)")
+    fused: bool = option(
+        True,
+        "fused AdamW step and one foreach gradient clip (equal to the per-parameter loop within float rounding); "
+        "off = the loop",
+    )
     tf32: bool = option(True, "TF32 matmuls on CUDA (ignored elsewhere)")
 
     def __post_init__(self) -> None:
