@@ -456,6 +456,8 @@ def curves_chart(versions: list) -> str:
     return f"![validation loss of the latest {len(latest)} model versions](data:image/svg+xml;base64,{image})\n\n"
 
 
+#: code version 4: each step's windows drawn uniformly from the whole train split (no block sampler), and fused
+#: AdamW with a foreach clip (TrainConfig.fused), which moves the weights' last bits.
 STAGE = Stage(
     name="model",
     settings=ModelSettings,
