@@ -175,3 +175,37 @@ def test_urls_the_parsers_read_differently_are_refused(allowed, url, why):
     with pytest.raises(UserError, match=rf"^corpus\.source_url .* {why}"):
         parse(allowed / "ok", url)
     assert not _url_under(url, "http://127.0.0.1:8765/")
+
+
+def test_a_mirror_run_is_checked_against_the_url_it_fetches(wikitext2_path, tmp_path):
+    """`wiki-pipeline run --mirror` fetches the loopback mirror's zip, never the default URL: an allow-list that
+    lacks the default but holds the mirror lets it past the settings' check (here it then stops at the Prefect
+    server, which does not answer), and one that lacks the mirror refuses it naming the mirror's URL."""
+    import subprocess
+    import sys
+
+    from flows.server import free_port
+    from tests.support import REPO
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "WIKI_PIPELINE_MIRROR_PORT": str(port),
+        "WIKI_PIPELINE_SHARED_DATA": str(wikitext2_path.parent),
+        "PREFECT_API_URL": "http://127.0.0.1:9/api",  # closed: what comes after the settings' check stops here
+    }
+    argv = [sys.executable, "-m", "flows.cli", "run", "--mirror", "--tiny", "--artifacts-dir", str(tmp_path)]
+
+    def run(sources: str) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, env={**env, ENV_SOURCES: sources}, cwd=REPO, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+
+    passed = run(f"http://127.0.0.1:{port}/")
+    assert passed.returncode == 2 and "PREFECT_API_URL=" in passed.stderr, passed.stderr
+    assert "outside the sources" not in passed.stderr, passed.stderr
+    refused = run("https://example.org/")
+    assert refused.returncode == 2, refused.stderr
+    assert f"corpus.source_url http://127.0.0.1:{port}/wikitext-103-raw-v1.zip is outside the sources" in (
+        refused.stderr
+    ), refused.stderr
+    assert DEFAULT_URL not in refused.stderr
