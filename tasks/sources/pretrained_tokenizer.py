@@ -272,6 +272,45 @@ def _special_refused(special: str, why: str) -> str:
     )
 
 
+def check_specials_absent(specials: tuple[str, ...], splits: dict[str, Path], tokenizer: Path, version: str) -> None:
+    """``UserError`` when the text of a split (``{split: path}``, every file the shards encode) holds one of the
+    ``specials`` of the byte-level tokenizer ``version`` (its files at ``tokenizer``), naming the special, the split
+    and how often (and a pretrained kind's source). Why every split, not the tokenizer's slice: a special first
+    seen past the slice (``( S`` is in wiki.train.txt, not in the tiny preset's 200 KB) would be cut out as one id
+    by the export's tokenizer where the shards hold its bytes."""
+    import json
+    import mmap
+
+    try:
+        stats = json.loads((tokenizer / "stats.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stats = {}
+    named = f"tokenizer/{version}"
+    if stats.get("kind") == "pretrained" and stats.get("source"):
+        named = f"tokenizer.source {stats['source']} ({named})"
+
+    for split, path in splits.items():
+        if path.stat().st_size == 0:
+            continue
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
+            for special in specials:
+                needle = special.encode("utf-8")
+                at, count = text.find(needle), 0
+                first = at
+                while at >= 0 and count < 1000:
+                    count += 1
+                    at = text.find(needle, at + 1)
+                if count:
+                    times = f"{count:,} times" if count < 1000 else "1,000 times or more"
+                    raise UserError(
+                        f"{named} "
+                        + _special_refused(
+                            special,
+                            f"the corpus's {split} split, {path.name}, holds it {times}, first at byte {first:,}",
+                        )
+                    )
+
+
 def _check_extras(whole: dict, refuse) -> None:
     """Refuse a file whose post-processor adds tokens or that sets truncation or padding. Why refuse, not warn:
     the stage keeps only the tokens and merges, so those settings would be dropped from the export silently and
