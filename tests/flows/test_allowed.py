@@ -209,3 +209,22 @@ def test_a_mirror_run_is_checked_against_the_url_it_fetches(wikitext2_path, tmp_
         refused.stderr
     ), refused.stderr
     assert DEFAULT_URL not in refused.stderr
+
+
+def test_a_deployment_runs_refused_tokenizer_source_says_what_to_set(tmp_path, monkeypatch):
+    """The README's pretrained-tokenizer example under scripts/pipeline (a deployment run, the lists unset): the
+    refusal names the variable and the value that admits the file's folder, and that the user runs the worker;
+    that value, set, admits it."""
+    monkeypatch.delenv(ENV_ROOTS, raising=False)
+    monkeypatch.delenv(ENV_SOURCES, raising=False)
+    monkeypatch.setenv("WIKI_PIPELINE_ARTIFACTS", str(tmp_path / "art"))
+    monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", "2b3c1f8e-0000-4000-8000-000000000000")
+    tok = tmp_path / "tok" / "tokenizer.json"
+    groups = {"tokenizer": {"kind": "pretrained", "source": str(tok)}, "run": {"artifacts_dir": str(tmp_path / "art")}}
+    with pytest.raises(UserError) as e:
+        Pipeline.parse(**groups)
+    folder = (tmp_path / "tok").as_uri() + "/"
+    said = f"{ENV_SOURCES}='default {folder}' scripts/pipeline ..."
+    assert said in str(e.value) and "with scripts/pipeline on your own machine that is you" in str(e.value), e.value
+    monkeypatch.setenv(ENV_SOURCES, f"default {folder}")
+    assert Pipeline.parse(**groups).tokenizer.source == str(tok)
