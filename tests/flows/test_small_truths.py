@@ -127,7 +127,7 @@ def demo(prefect_server, tmp_path_factory):
         **os.environ,
         **prefect_server.env,
         "PREFECT_HOME": str(home),
-        "WIKI_PIPELINE_MIRROR_PORT": str(free_port()),
+        "WIKI_PIPELINE_MIRROR_PORT": str(mirror_port := free_port()),
         "WIKI_PIPELINE_ARTIFACTS": str(tmp / "art1"),
     }
     script = str(REPO / "scripts" / "pipeline")
@@ -155,7 +155,7 @@ def demo(prefect_server, tmp_path_factory):
                  timeout=180, every=0.5)  # fmt: skip
         calls["fourth"] = subprocess.run(
             [script, "--demo", "--no-wait"],
-            env={**env, "WIKI_PIPELINE_ALLOWED_SOURCES": "default file:///srv/tokenizers/"},
+            env={**env, "WIKI_PIPELINE_ALLOWED_SOURCES": f"http://127.0.0.1:{mirror_port}/ file:///srv/tokenizers/"},
             capture_output=True,
             text=True,
             timeout=300,
