@@ -332,7 +332,7 @@ def _comparison_table(
         lines.append(md_row(*cells))
         below = newest_first[i + 1] if i + 1 < len(newest_first) else None
         said = changes(below, v, lookup) if below is not None else []
-        built = str(v.manifest.get("created_at") or "").replace("T", " ").removesuffix("Z")[:16]
+        built = str(v.manifest.get("created_at") or "").replace("T", " ").removesuffix("Z")
         words = "; ".join(said) if said else ("the first" if below is None else "nothing (rebuilt)")
         said_lines.append(f"- {linked} (built {md_text(built)}): {md_text(words)}")
     return "\n".join([*lines, "", *said_lines])

@@ -190,7 +190,8 @@ def test_the_ui_shows_the_artifacts_summary_chart_comparison_and_run_form(ui_run
     hostile = render(f"{ui}/artifacts/artifact/{hostile_comparison(tmp / HOSTILE_ROOT)}", expect="injected")
     no_live_markup(hostile, "a comparison from hostile manifest values")
     shown = html.unescape(re.sub(r"<[^>]+>", "", hostile))  # tags dropped, not spaced: a code cell may be spans
-    assert shown.count("| a |\\n| injected | row | rms\\| 9.99") == 2, "built (text) and norm (code), whole"
+    assert shown.count("| a |\\n| injected | row | rms\\| 9.99") == 1, "built, whole (text, below the table)"
+    assert f"norm rms → {HOSTILE_VALUE[:39]}…" in shown, "the changed setting, cut short, as text"
     assert len(re.findall(r"<tr", hostile)) == 3, "a header and one row per version: no row from a value"
 
     quote = render(f"{ui}/artifacts/artifact/{hostile_samples(tmp / HOSTILE_ROOT)}", expect="INJECTEDLIST")
