@@ -177,7 +177,8 @@ def test_the_ui_shows_the_artifacts_summary_chart_comparison_and_run_form(ui_run
     no_live_markup(comparison, "wiki-model-comparison")
     words = text_of(comparison)
     assert "Model versions compared (2)" in words, words[:3000]
-    assert re.search(r"[0-9a-f]{12} [\d-]+ [\d:]+ 20 ", words) and re.search(r"[0-9a-f]{12} [\d-]+ [\d:]+ 40 ", words)
+    assert re.search(r"[0-9a-f]{12} 20 ", words) and re.search(r"[0-9a-f]{12} 40 ", words), words[:3000]
+    assert re.search(r"[0-9a-f]{12} \(built [\d-]+ [\d:]+\): steps 40 → 20", words), words[:3000]
     curves = re.search(r'<img[^>]+src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"', comparison)
     assert curves and base64.b64decode(curves.group(1)).decode().count("<polyline") == 2, "two val-loss curves"
     cached = NAMES.index("model")  # the stages before the model are reused; the model and after are built
