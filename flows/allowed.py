@@ -143,13 +143,22 @@ def check_allowed(root: str, source_urls: Mapping[str, str], dask_address: str |
     sources = allowed_sources(deployment)
     for field, source_url in source_urls.items():
         if sources is not None and not any(_url_under(source_url, allowed) for allowed in sources):
+            listed = os.environ.get(ENV_SOURCES, "").strip() or DEFAULT
             raise UserError(
                 f"{field} {redact_url(source_url)} is outside the sources this machine allows "
-                f"({_shown(ENV_SOURCES, ' '.join(sources))}); use one of them, or ask whoever runs this worker to "
-                f"add yours to {ENV_SOURCES}"
+                f"({_shown(ENV_SOURCES, ' '.join(sources))}); use one of them, or have whoever runs this worker "
+                f"add yours to {ENV_SOURCES} where the worker starts -- with scripts/pipeline on your own machine "
+                f"that is you: {ENV_SOURCES}='{listed} {_folder_of(source_url)}' scripts/pipeline ... (it restarts "
+                "its runner with the new list, refusing while the runner serves a run)"
             )
     if dask_address:
         _check_scheduler(dask_address, allowed_schedulers(deployment))
+
+
+def _folder_of(url: str) -> str:
+    """The allow-list entry that admits ``url``'s folder: ``url`` without credentials, query or file name."""
+    plain = _plain(url)
+    return plain.rsplit("/", 1)[0] + "/" if plain.count("/") > 2 else plain
 
 
 def check_redirect(field: str, from_url: str, to_url: str) -> None:

@@ -40,13 +40,45 @@ def chosen_groups(args) -> dict[str, dict]:
         add(extra)
     add(dict(parse_param(p) for p in args.param))
     flags = {flag: getattr(args, flag, None) for flag in ("artifacts_dir", "source_url", "only", "force")}
-    add({k: v for k, v in flags.items() if v})
+    flagged = Pipeline.group_flat({k: v for k, v in flags.items() if v})
+    _refuse_overruled(groups, flagged)
+    for group, values in flagged.items():
+        groups.setdefault(group, {}).update(values)
     if getattr(args, "full_check", False):
         add({"full_check": True})
     if not args.tiny:
         return groups
     preset = preset_for(TINY, groups.get("run", {}).get("only"))
     return {name: {**preset.get(name, {}), **groups.get(name, {})} for name in {**preset, **groups}}
+
+
+def _refuse_overruled(given: dict[str, dict], flagged: dict[str, dict]) -> None:
+    """``UserError`` when a flag (``--source-url``, ``--artifacts-dir``, ...) sets a field that ``--param`` or
+    ``--params`` set to another value. Why refuse: the flag would win and the other value be dropped without a
+    word (``scripts/pipeline --demo`` passes ``--source-url`` for its mirror, so ``--demo --param
+    corpus.source_url=...`` trained on the demo text); a setting the user gave is used or refused, never dropped."""
+    for group, values in flagged.items():
+        for field, value in values.items():
+            other = given.get(group, {}).get(field, value)
+            if other != value:
+                flag = "--" + field.replace("_", "-")
+                raise UserError(
+                    f"{group}.{field} is given twice: {_shown(other)} by --param/--params and {_shown(value)} by "
+                    f"{flag}"
+                    + (
+                        " (scripts/pipeline --demo passes --source-url for its loopback mirror: run without --demo "
+                        "to use your own source)"
+                        if field == "source_url"
+                        else ""
+                    )
+                    + "; give it once"
+                )
+
+
+def _shown(value: object) -> str:
+    from tasks.core.urls import redact_url
+
+    return repr(redact_url(value)) if isinstance(value, str) else repr(value)
 
 
 def preset_for(preset: dict[str, dict], only: object) -> dict[str, dict]:

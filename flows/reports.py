@@ -18,10 +18,9 @@ from tasks.registry import BY_NAME, STAGES, open_store
 from tasks.store import ArtifactStore, VersionInfo
 
 SUMMARY_KEY = "wiki-run-summary"
-HOW_TO_READ = (
-    "Newest first; the settings columns are the ones that differ between versions, and so are the input columns "
-    "(the upstream versions a version was built from).\n\n"
-)
+HOW_TO_READ = "Newest first; below the table, what each version changed from the one before it, in words.\n\n"
+#: ``(stage, version) -> manifest or None``: how a comparison reads an input version's manifest (its words).
+Lookup = Callable[[str, str], "dict | None"]
 
 
 @dataclass(frozen=True)
@@ -250,34 +249,93 @@ def joined_columns(store: ArtifactStore | None, stage: str) -> list[tuple[Column
     return joined
 
 
+def described(stage: str, manifest: dict | None) -> str:
+    """A version in a few words, where its stage has words for it (the tokenizer: "chapter 1024 merges",
+    "pretrained gpt2/tokenizer.json"); empty otherwise. Why words: a comparison across tokenizers is read by what
+    the tokenizer was, which its version id does not say."""
+    if manifest is None or stage != "tokenizer":
+        return ""
+    settings, metrics = manifest.get("settings", {}), manifest.get("metrics", {})
+    kind = settings.get("kind", "chapter")
+    merges = metrics.get("num_merges", settings.get("num_merges"))
+    if kind == "pretrained":
+        source = redact_url(str(metrics.get("source") or settings.get("source") or ""))
+        tail = "/".join(source.split("?")[0].rstrip("/").split("/")[-2:])
+        return f"pretrained {tail}" + (f" ({merges:,} merges)" if isinstance(merges, int) else "")
+    name = "chapter" if kind == "chapter" else f"byte-level ({settings.get('pattern', 'gpt2')} split)"
+    return f"{name} {merges:,} merges" if isinstance(merges, int) else name
+
+
+def _value(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def changes(older: VersionInfo, newer: VersionInfo, lookup: Lookup | None) -> list[str]:
+    """What ``newer`` changed from ``older``, in words: each setting ("steps 40 → 80"), then each input built
+    otherwise ("tokenizer: chapter 1024 merges → pretrained gpt2/tokenizer.json", its settings where it has no
+    words; an input rebuilt only because another one changed is left out)."""
+    said = [
+        f"{k} {_value(a)} → {_value(b)}"
+        for k in differing_settings([older, newer])
+        for a, b in [(older.manifest.get("settings", {}).get(k), newer.manifest.get("settings", {}).get(k))]
+    ]
+    rebuilt = []
+    old_in, new_in = older.manifest.get("inputs", {}), newer.manifest.get("inputs", {})
+    for name in differing_inputs([older, newer]):
+        a, b = ((old_in.get(name) or {}).get("version"), (new_in.get(name) or {}).get("version"))
+        ma = lookup(name, a) if lookup and a else None
+        mb = lookup(name, b) if lookup and b else None
+        wa, wb = described(name, ma), described(name, mb)
+        if wa and wb and wa != wb:
+            said.append(f"{name}: {wa} → {wb}")
+            continue
+        if ma is not None and mb is not None:
+            inner = [
+                f"{k} {_value(ma.get('settings', {}).get(k))} → {_value(mb.get('settings', {}).get(k))}"
+                for k in _differing([ma.get("settings", {}), mb.get("settings", {})])
+            ]
+            if inner:
+                said.append(f"{name}: " + ", ".join(inner))
+                continue
+        rebuilt.append(name)
+    if rebuilt and not said:
+        said.append(", ".join(rebuilt) + " rebuilt (same settings)")
+    return said
+
+
 def _comparison_table(
     versions: list[VersionInfo],
     columns: tuple[Column, ...],
     links: dict[tuple[str, str], str],
     joined: list[tuple[Column, dict[str, dict]]] = (),  # type: ignore[assignment]
+    lookup: Lookup | None = None,
 ) -> str:
-    shown = {name for name, _ in columns}
-    differ = [k for k in differing_settings(versions) if k not in shown]  # steps: a column already
-    inputs = differing_inputs(versions)
-    head = ["version", "built", *(name for name, _ in columns), *(name for (name, _), _ in joined)]
-    head += [md_code(k) for k in differ] + [f"{name} (input)" for name in inputs]
+    """The versions' metrics, one row each (newest first), then what each changed, one line each: the words sit
+    below the table, not in a column of it, so the table stays readable at a laptop's width (1,366 px, where the
+    UI's page leaves the table about 800)."""
+    head = ["version", *(name for name, _ in columns), *(name for (name, _), _ in joined)]
     lines = [md_row(*head), "|" + "---|" * len(head)]
-    for v in reversed(versions):  # newest first
-        m, p = v.manifest.get("metrics", {}), v.manifest.get("settings", {})
-        used = v.manifest.get("inputs", {})
+    newest_first = list(reversed(versions))
+    said_lines = []
+    for i, v in enumerate(newest_first):
+        m = v.manifest.get("metrics", {})
+        linked = _linked(v.version, links.get((v.stage, v.version)))
         cells = [
-            _linked(v.version, links.get((v.stage, v.version))),
-            str(v.manifest.get("created_at") or "").replace("T", " ").removesuffix("Z"),
+            linked,
             *(cell(value, m, f"{v.stage}/{v.version} column {name!r}") for name, value in columns),
             *(
                 cell(value, by[v.version], f"{v.stage}/{v.version} column {name!r}") if v.version in by else "–"
                 for (name, value), by in joined
             ),
-            *(md_code(p.get(k)) for k in differ),
-            *(md_code((used.get(name) or {}).get("version", "–")) for name in inputs),
         ]
         lines.append(md_row(*cells))
-    return "\n".join(lines)
+        below = newest_first[i + 1] if i + 1 < len(newest_first) else None
+        said = changes(below, v, lookup) if below is not None else []
+        built = str(v.manifest.get("created_at") or "").replace("T", " ").removesuffix("Z")
+        words = "; ".join(said) if said else ("the first" if below is None else "nothing (rebuilt)")
+        said_lines.append(f"- {linked} (built {md_text(built)}): {md_text(words)}")
+    return "\n".join([*lines, "", *said_lines])
 
 
 def comparison(
@@ -286,15 +344,17 @@ def comparison(
     links: dict[tuple[str, str], str],
     joined: list[tuple[Column, dict[str, dict]]] = (),  # type: ignore[assignment]
     root: str | Path | None = None,
+    lookup: Lookup | None = None,
 ) -> str:
-    """Every version of ``stage`` under ``root`` side by side: its chart (``Stage.chart``), then the table."""
+    """Every version of ``stage`` under ``root`` side by side: its chart (``Stage.chart``), then the table, which
+    says what each version changed in words (``lookup`` reads the input versions it names)."""
     drawn = chart(stage, versions)
     where = f"Every published version under the artifact root {md_code(shown_root(root))}. " if root else ""
     return (
         f"# {stage.name.capitalize()} versions compared ({len(versions)})\n\n{drawn}"
         + where
         + HOW_TO_READ
-        + _comparison_table(versions, stage.columns, links, joined)
+        + _comparison_table(versions, stage.columns, links, joined, lookup)
         + "\n"
     )
 
@@ -335,6 +395,8 @@ def publish(
         if versions and store is not None:
             create_markdown_artifact(
                 key=comparison_key(name, store.root),
-                markdown=comparison(BY_NAME[name], versions, links, joined_columns(store, name), store.root),
+                markdown=comparison(
+                    BY_NAME[name], versions, links, joined_columns(store, name), store.root, store.read_manifest
+                ),
                 description=f"{len(versions)} {name} version(s) side by side",
             )

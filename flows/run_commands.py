@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import sys
@@ -60,6 +61,11 @@ def cmd_run(args) -> int:
     from tasks.wikitext.download import DownloadKnobs
 
     with contextlib.ExitStack() as stack:
+        if args.mirror:  # first: the allow-lists must see the URL this run fetches, the mirror's
+            if "source_url" in chosen_groups(args).get("corpus", {}):
+                raise UserError("--mirror and source_url both choose the source; give one of them")
+            url = stack.enter_context(loopback_mirror())
+            args = argparse.Namespace(**{**vars(args), "source_url": url})
         settings = checked(args)
         DownloadKnobs.from_env()  # a bad WIKI_PIPELINE_* knob stops the run here, not inside the corpus stage
         check_prefect_server()
@@ -72,11 +78,6 @@ def cmd_run(args) -> int:
         from flows.server import watched_runs
 
         stack.enter_context(watched_runs())  # a killed run shows Crashed, not Running forever
-        if args.mirror:
-            if "source_url" in chosen_groups(args).get("corpus", {}):
-                raise UserError("--mirror and source_url both choose the source; give one of them")
-            url = stack.enter_context(loopback_mirror())
-            settings = settings.model_copy(update={"corpus": settings.corpus.model_copy(update={"source_url": url})})
         from flows.wiki_pipeline import wiki_pipeline
 
         stack.enter_context(user_errors_told_once())  # after the import: Prefect's console handler is there now

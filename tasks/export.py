@@ -45,8 +45,13 @@ class ExportSettings(Settings):
             ) from None
 
 
-def build_export(ctx: BuildContext, settings: ExportSettings, model: Path) -> dict:
-    """Export the model version's checkpoint into ``ctx.out`` (written, loaded back and checked by hf_export)."""
+#: The most of the test split the export's corpus check reads (whole articles): wikitext-103's is 1.3 MB.
+CHECK_TEXT_BYTES = 16 << 20
+
+
+def build_export(ctx: BuildContext, settings: ExportSettings, corpus: Path, shards: Path, model: Path) -> dict:
+    """Export the model version's checkpoint into ``ctx.out`` (written, loaded back and checked by hf_export), then
+    prove the exported tokenizer gives the shards' ids on the corpus's test split (:func:`corpus_check`)."""
     from mygpt.export.publish import export_checkpoint
 
     for leftover in ctx.out.iterdir():  # a crashed attempt's partial files: the export is cheap, start over
@@ -56,11 +61,37 @@ def build_export(ctx: BuildContext, settings: ExportSettings, model: Path) -> di
     facts["meta"].pop("checkpoint", None)  # a staging path; the manifest's inputs name the model version
     facts.pop("out_dir", None)
     facts.pop("load", None)  # staging paths: the report writes the load lines for where it is published
+    facts["check"]["corpus_tokens"] = corpus_check(ctx.out, corpus, shards)
     ctx.log.info(
         "export: %s, max |logit diff| %.2e against mygpt", facts["architecture"], facts["check"]["max_abs_logit_diff"]
     )
     ctx.progress(1, 1, "done", force=True)
     return facts
+
+
+def corpus_check(out: Path, corpus: Path, shards: Path) -> int | None:
+    """For a byte-level export, the tokens of the test split (its first :data:`CHECK_TEXT_BYTES`, whole articles)
+    on which the exported tokenizer gave exactly the shards' ids, ``<|endoftext|>`` after each article
+    (``RuntimeError`` where it did not: :func:`mygpt.export.verify.check_documents`); None for the chapter's
+    word-level kind, which has no special token to cut out of text (the probe covers its vocabulary)."""
+    import numpy as np
+
+    from mygpt.export.publish import TIKTOKEN_FILE
+    from mygpt.export.verify import check_documents
+    from tasks.core import shard_format
+    from tasks.corpus import SPLIT_FILES
+    from tasks.shards import document_ends
+
+    if not (out / TIKTOKEN_FILE).is_file():  # only a byte-level export has one
+        return None
+    text = (corpus / SPLIT_FILES["test"]).read_bytes()
+    ends = document_ends(
+        corpus, "test", len(text), {"tokenizer": {"version": "of the model"}, "corpus": {"version": corpus.name}}
+    )
+    kept = [int(e) for e in ends if e <= CHECK_TEXT_BYTES] or [int(e) for e in ends[:1]]
+    documents = [text[a:b].decode("utf-8") for a, b in zip([0, *kept[:-1]], kept, strict=True)]
+    want = np.concatenate([shard_format.read_shard(p) for p in shard_format.shard_paths(shards, "test")])
+    return check_documents(str(out), documents, want, "<|endoftext|>", whole=len(kept) == len(ends))
 
 
 def report(manifest: dict) -> str:
@@ -102,7 +133,7 @@ Load it with transformers (no custom code):
 STAGE = Stage(
     name="export",
     settings=ExportSettings,
-    code_version="1",
+    code_version="2",
     build=build_export,
     report=report,
     headline=lambda m: f"max logit diff {number((m.get('check') or {}).get('max_abs_logit_diff'), '.1e')}",

@@ -10,6 +10,7 @@ from mygpt.errors import UserError
 from tasks import corpus, evaluate, export, model, samples, shards, tokenizer
 from tasks.core.settings import RunOptions
 from tasks.core.stage import Stage
+from tasks.sources.pretrained_tokenizer import stopped_downloads
 from tasks.store import ArtifactStore
 from tasks.wikitext.downloads_gc import untaken_downloads
 
@@ -57,4 +58,8 @@ def code_versions() -> dict[str, str]:
 
 def open_store(root: Any = None) -> ArtifactStore:
     """The artifact store at ``root`` (default: the configured one), knowing the stages it holds, in order."""
-    return ArtifactStore(root, stages=NAMES, leftovers={corpus.STAGE.name: untaken_downloads})
+    return ArtifactStore(
+        root,
+        stages=NAMES,
+        leftovers={corpus.STAGE.name: untaken_downloads, tokenizer.STAGE.name: stopped_downloads},
+    )

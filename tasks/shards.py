@@ -21,11 +21,13 @@ from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe_chunks import chunk_bounds, safe_cut_re
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
+from mygpt.tokenizers.byte_bpe import ByteBPETokenizer
 from tasks.core import dask_work, shard_format
 from tasks.core.report import md_code, md_row, md_text
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.corpus import ARTICLE_FILES, SPLIT_FILES, SPLITS
+from tasks.sources.pretrained_tokenizer import check_specials_absent
 from tasks.tokenizer import load_tokenizer
 
 DEFAULT_CHUNK_BYTES = 8 << 20
@@ -190,6 +192,8 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
     files = {s: corpus / SPLIT_FILES[s] for s in SPLITS}  # this process cuts the chunks from these
     urls = {s: ctx.worker_path("corpus", SPLIT_FILES[s]) for s in SPLITS}  # the workers read their ranges here
     total_bytes = sum(p.stat().st_size for p in files.values()) or 1
+    if isinstance(tok, ByteBPETokenizer):  # a special in the text: the export would cut it, the shards would not
+        check_specials_absent(tok.specials, files, tokenizer, tok_ref["version"])
 
     rec_path = ctx.work / PROGRESS_FILE
     rec = _load_record(

@@ -73,3 +73,35 @@ def _compare(directory: str, model, tokenizer, sample_text: str | None) -> dict:
             "(a weight or config mapping error)"
         )
     return {"tokenizer_tokens": len(want), "logit_tokens": int(ids.size(1)), "max_abs_logit_diff": diff}
+
+
+def check_documents(directory: str, documents: list[str], want, end: str, whole: bool) -> int:
+    """The tokenizer of the export at ``directory`` (as ``AutoTokenizer`` loads it) encodes each of ``documents``
+    as plain text, the special ``end`` after each, to exactly the start of ``want`` (the ids the training data
+    holds for that text; all of it when ``whole``); ``RuntimeError`` naming the first document and token that
+    differ. Returns the tokens compared. Why beside :func:`verify`'s probe: the probe holds each vocabulary string
+    once, not the text the model learned from, so a disagreement only real text has (a special inside an article)
+    would pass it."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    hf_tok = AutoTokenizer.from_pretrained(directory)
+    end_id = hf_tok.convert_tokens_to_ids(end)
+    want = np.asarray(want, dtype=np.int64)
+    done = 0
+    for n, ids in enumerate(hf_tok(documents, add_special_tokens=False)["input_ids"] if documents else []):
+        got = np.asarray([*ids, end_id], dtype=np.int64)
+        part = want[done : done + got.size]
+        if part.size != got.size or not np.array_equal(part, got):
+            at = int(np.argmax(part[: got.size] != got[: part.size])) if min(part.size, got.size) else 0
+            raise RuntimeError(
+                f"export check failed: the HF tokenizer's ids for document {n} of the corpus text differ from the "
+                f"training data's at token {done + at} (it gives {got[at : at + 3].tolist()}, the shards hold "
+                f"{part[at : at + 3].tolist()}): the export would not tokenize text as the model learned it"
+            )
+        done += got.size
+    if whole and done != want.size:
+        raise RuntimeError(
+            f"export check failed: the corpus text gives {done} ids, the training data holds {want.size}"
+        )
+    return done

@@ -12,10 +12,13 @@ layout, and a model trained here learns its own embedding for each id, so only t
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import os
-import tempfile
+import re
+import time
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 from mygpt.errors import UserError
@@ -24,7 +27,15 @@ from mygpt.tokenizers.byte_bpe import DEFAULT_SPECIALS, ByteBPETokenizer
 from tasks.core.stage import Stage
 from tasks.core.urls import address_sha256, file_path, redact_text, redact_url
 from tasks.store import ArtifactStore
-from tasks.wikitext.download import DownloadKnobs, RedirectRefused, SourceMissing, SourceUnreachable, probe
+from tasks.wikitext.download import (
+    DeadlinePassed,
+    DownloadKnobs,
+    RedirectRefused,
+    SourceMissing,
+    SourceUnreachable,
+    TooBig,
+    probe,
+)
 from tasks.wikitext.fallback import FALLBACK_PROBE_ATTEMPTS, last_served_version
 from tasks.wikitext.source_zip import stage_sources
 
@@ -32,6 +43,10 @@ from tasks.wikitext.source_zip import stage_sources
 FIRST_MERGES = 30
 #: The most a tokenizer.json may hold (the largest public ones, with 200k merges, are ~10 MB).
 MAX_TOKENIZER_BYTES = 256 << 20
+#: The most a tokenizer.json's download may take, its retries included (lower with
+#: ``WIKI_PIPELINE_DOWNLOAD_DEADLINE``): GPT-2's 1.4 MB comes in seconds, and a source that drips holds the stage's
+#: build lock while it waits.
+TOKENIZER_DEADLINE = 600.0
 EOS = DEFAULT_SPECIALS[0]
 FIELD = "tokenizer.source"
 #: BPE model options a file may set only to these values: anything else changes which tokens come out.
@@ -72,10 +87,12 @@ def source_url(source: str) -> str:
     return Path(os.path.expanduser(source)).as_uri()
 
 
-def read_source(source: str, log=None) -> bytes:
+def read_source(source: str, staging: Path, log=None) -> bytes:
     """The bytes at ``source`` (at most :data:`MAX_TOKENIZER_BYTES`); ``UserError`` naming ``tokenizer.source``
     (redacted) and what to do for a missing file, one that is not a regular file (a FIFO, a device), or an
-    unreachable or refusing server."""
+    unreachable, refusing or too slow server (:data:`TOKENIZER_DEADLINE`). An http(s) source is downloaded into
+    ``staging`` (a folder of the artifact store: a stopped download resumes there, gc collects what is left), and
+    the copy deleted once read."""
     url = source_url(source)
     shown = redact_url(url)
     if url.lower().startswith("file:"):
@@ -98,15 +115,63 @@ def read_source(source: str, log=None) -> bytes:
         return content
     from tasks.wikitext.download import fetch
 
-    with tempfile.TemporaryDirectory(prefix="wiki-tokenizer-") as tmp:
-        dest = Path(tmp) / "tokenizer.json"
+    staging.mkdir(parents=True, exist_ok=True)
+    dest = staging / download_name(url)
+    knobs = DownloadKnobs.from_env()
+    deadline = min(knobs.deadline, TOKENIZER_DEADLINE)
+    try:
+        with open(dest.with_name(dest.name + ".lock"), "a") as lock:  # two runs of one address: one at a time
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            fetch(url, dest, knobs=knobs, max_bytes=MAX_TOKENIZER_BYTES, log=log, field=FIELD, deadline=deadline)
+            return dest.read_bytes()
+    except RedirectRefused:
+        raise
+    except TooBig:
+        dest.with_name(dest.name + ".json").unlink(missing_ok=True)  # what the server said of a body not kept
+        raise _too_big(shown) from None
+    except DeadlinePassed as e:
+        raise UserError(
+            f"tokenizer.source {shown} did not arrive within {deadline:g} seconds, the most a tokenizer.json's "
+            f"download may take ({e.have:,} bytes came: the server sends too slowly, or a byte now and then); check "
+            f"the source or the network, or give a local copy's path; a rerun resumes from the bytes that came"
+        ) from None
+    except UserError as e:
+        raise UserError(f"tokenizer.source: {_told(e, url)}") from None
+    finally:
+        dest.unlink(missing_ok=True)
+
+
+def download_name(url: str) -> str:
+    """The file a download of ``url`` is staged as (named by the address's sha256: no secret in a file name)."""
+    return f"{address_sha256(url)[:32]}.tokenizer.json"
+
+
+def staging_dir(store: ArtifactStore, stage: Stage) -> Path:
+    """Where the tokenizer stage stages its downloads before a build: ``<root>/tokenizer/.sources/downloads/``."""
+    return stage_sources(store, stage.name).dir / "downloads"
+
+
+_DOWNLOAD_RE = re.compile(r"[0-9a-f]{32}\.tokenizer\.json(?:\.part|\.json|\.lock)?")
+#: A staged download untouched this long is no running download's (its reads touch it far more often).
+UNTOUCHED_SECONDS = 2 * TOKENIZER_DEADLINE
+
+
+def stopped_downloads(stage_dir: Path) -> Iterator[tuple[Path, int, str]]:
+    """gc's leftovers of the tokenizer stage (``stage_dir``): each file of a download a stopped run left in
+    :func:`staging_dir`, untouched for :data:`UNTOUCHED_SECONDS` (a rerun of that source would resume it; a run
+    deletes its copy once read)."""
+    folder = stage_dir / ".sources" / "downloads"
+    if folder.is_symlink() or folder.parent.is_symlink() or not folder.is_dir():
+        return  # not a folder the stage made: not ours to judge or delete
+    for path in sorted(folder.iterdir()):
+        if not _DOWNLOAD_RE.fullmatch(path.name) or path.is_symlink() or not path.is_file():
+            continue  # a name the stage never writes: not ours
         try:
-            fetch(url, dest, knobs=DownloadKnobs.from_env(), max_bytes=MAX_TOKENIZER_BYTES, log=log, field=FIELD)
-        except RedirectRefused:
-            raise
-        except UserError as e:
-            raise UserError(f"tokenizer.source: {_told(e, url)}") from None
-        return dest.read_bytes()
+            info = path.stat()
+        except FileNotFoundError:
+            continue
+        if time.time() - info.st_mtime > UNTOUCHED_SECONDS:
+            yield path, info.st_size, "a tokenizer.source download a stopped run left (a rerun would resume it)"
 
 
 def _told(e: UserError, url: str) -> str:
@@ -210,6 +275,45 @@ def _special_refused(special: str, why: str) -> str:
     )
 
 
+def check_specials_absent(specials: tuple[str, ...], splits: dict[str, Path], tokenizer: Path, version: str) -> None:
+    """``UserError`` when the text of a split (``{split: path}``, every file the shards encode) holds one of the
+    ``specials`` of the byte-level tokenizer ``version`` (its files at ``tokenizer``), naming the special, the split
+    and how often (and a pretrained kind's source). Why every split, not the tokenizer's slice: a special first
+    seen past the slice (``( S`` is in wiki.train.txt, not in the tiny preset's 200 KB) would be cut out as one id
+    by the export's tokenizer where the shards hold its bytes."""
+    import json
+    import mmap
+
+    try:
+        stats = json.loads((tokenizer / "stats.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stats = {}
+    named = f"tokenizer/{version}"
+    if stats.get("kind") == "pretrained" and stats.get("source"):
+        named = f"tokenizer.source {stats['source']} ({named})"
+
+    for split, path in splits.items():
+        if path.stat().st_size == 0:
+            continue
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
+            for special in specials:
+                needle = special.encode("utf-8")
+                at, count = text.find(needle), 0
+                first = at
+                while at >= 0 and count < 1000:
+                    count += 1
+                    at = text.find(needle, at + 1)
+                if count:
+                    times = f"{count:,} times" if count < 1000 else "1,000 times or more"
+                    raise UserError(
+                        f"{named} "
+                        + _special_refused(
+                            special,
+                            f"the corpus's {split} split, {path.name}, holds it {times}, first at byte {first:,}",
+                        )
+                    )
+
+
 def _check_extras(whole: dict, refuse) -> None:
     """Refuse a file whose post-processor adds tokens or that sets truncation or padding. Why refuse, not warn:
     the stage keeps only the tokens and merges, so those settings would be dropped from the export silently and
@@ -241,12 +345,16 @@ def pretrained_source(settings, store: ArtifactStore | None, log, stage: Stage) 
     served last as far as ``store`` knows, with a warning, as the corpus's zip does (docs/CORPUS.md, the offline
     fallback): a finished pipeline reruns offline. Why ask with a probe first: it tells an unreachable server from
     one that answered (the download's errors do not), in two tries, not a download's back-off. Each file read is
-    noted as served by its address (the fallback ranks by it); ``store`` None: no fallback."""
+    noted as served by its address (the fallback ranks by it); ``store`` None (a lineage check that knows no root):
+    no fallback, and a download staged in a folder of its own, deleted after."""
     if settings.kind != "pretrained":
         return None
     url = source_url(settings.source)
     if url.lower().startswith("file:") or store is None:
-        return identity(read_source(settings.source, log))
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="wiki-tokenizer-") as own:
+            return identity(read_source(settings.source, staging_dir(store, stage) if store else Path(own), log))
     address = address_sha256(url)
     fallback = last_served_version(store, stage, address)
     if fallback is not None:  # something to fall back to: ask twice whether the server answers
@@ -268,7 +376,7 @@ def pretrained_source(settings, store: ArtifactStore | None, log, stage: Stage) 
             return found
         except SourceMissing as e:
             raise UserError(f"tokenizer.source: {_told(e, url)}") from None
-    got = identity(read_source(settings.source, log))
+    got = identity(read_source(settings.source, staging_dir(store, stage), log))
     stage_sources(store, stage.name).mark_served(address, got["sha256"])
     return got
 
@@ -278,7 +386,7 @@ def build_pretrained(ctx, settings, train_path: Path, used: int) -> dict:
     write it as the stage's ``tokenizer.json`` (mygpt's layout) and ``stats.json`` with its tokens per character
     on the corpus slice."""
     shown = redact_url(source_url(settings.source))
-    content = read_source(settings.source, ctx.log)
+    content = read_source(settings.source, ctx.work / "download", ctx.log)
     got = identity(content)
     if ctx.source and got["sha256"] != ctx.source.get("sha256"):
         raise UserError(

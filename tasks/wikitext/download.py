@@ -29,6 +29,7 @@ _TRANSIENT_STATUS = (408, 429)  # and every 5xx
 ENV_ATTEMPTS = "WIKI_PIPELINE_DOWNLOAD_ATTEMPTS"
 ENV_BASE_DELAY = "WIKI_PIPELINE_RETRY_BASE_DELAY"
 ENV_READ_TIMEOUT = "WIKI_PIPELINE_READ_TIMEOUT"
+ENV_DEADLINE = "WIKI_PIPELINE_DOWNLOAD_DEADLINE"
 
 
 # ---- download knobs (environment) ------------------------------------------------------------------------
@@ -39,6 +40,9 @@ class DownloadKnobs:
     attempts: int = 6
     base_delay: float = 2.0
     read_timeout: float = 60.0
+    #: The most one download may take, its tries and waits included. Why, besides the read timeout: a server that
+    #: sends a byte now and then never trips that, and would hold the run (and its stage's lock) for ever.
+    deadline: float = 6 * 3600.0
 
     @classmethod
     def from_env(cls) -> DownloadKnobs:
@@ -68,6 +72,14 @@ class DownloadKnobs:
                 lambda v: v > 0,
                 "seconds without data before a try fails",
                 most=(86400, " seconds (a day)"),
+            ),
+            deadline=_env_number(
+                ENV_DEADLINE,
+                d.deadline,
+                "a number of seconds > 0",
+                lambda v: v > 0,
+                "the most seconds one download may take in all, its retries included",
+                most=(7 * 86400, " seconds (a week)"),
             ),
         )
 
@@ -113,6 +125,23 @@ def _failed(tries: int) -> str:
 class SourceUnreachable(UserError):
     """The source would not say what it holds: network down or server failing (retried, then given up), or
     refusing (a 4xx other than 404/410: e.g. 401, or 403 for an expired signed URL)."""
+
+
+class DeadlinePassed(UserError):
+    """A download that did not finish within its deadline (:attr:`DownloadKnobs.deadline`): ``have`` bytes came,
+    kept in the ``.part`` for a rerun to resume."""
+
+    def __init__(self, message: str, have: int) -> None:
+        super().__init__(message)
+        self.have = have
+
+
+class TooBig(UserError):
+    """A body larger than the download's ``max_bytes`` (``limit``); nothing of it is kept."""
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 class SourceMissing(UserError):
@@ -272,9 +301,16 @@ def _raise_for_status(url: str, r) -> None:
 
 
 def _back_off(
-    knobs: DownloadKnobs, failures: int, what: str, exc: BaseException, url: str, log, have: int | None = None
+    knobs: DownloadKnobs,
+    failures: int,
+    what: str,
+    exc: BaseException,
+    url: str,
+    log,
+    have: int | None = None,
+    within: float = math.inf,
 ) -> None:
-    delay = min(60.0, knobs.base_delay * 2 ** (failures - 1))
+    delay = max(0.0, min(60.0, knobs.base_delay * 2 ** (failures - 1), within))
     if log:
         kept = f" with {human_bytes(have)} downloaded" if have is not None else ""
         log.warning("download: %s failed (%s)%s; retrying in %.1fs", what, _describe(exc, url), kept, delay)
@@ -292,12 +328,17 @@ def fetch(
     log=None,
     progress=None,
     field: str = "corpus.source_url",
+    deadline: float | None = None,
 ) -> dict:
     """Download ``url`` to ``dest`` (via ``dest.part``, resumed with ``Range``); return download facts for the metrics.
 
     ``dest`` appears only when the whole body arrived. ``identity`` (from :func:`probe`) gives the size to expect
-    and the ETag that must not change. ``UserError`` past ``max_bytes``, on 4xx, after ``knobs.attempts``
-    failed tries in a row, and for a redirect that ``field`` (the setting that names ``url``) may not follow."""
+    and the ETag that must not change. ``UserError`` past ``max_bytes`` (:class:`TooBig`), on 4xx, after
+    ``knobs.attempts`` failed tries in a row, for a redirect that ``field`` (the setting that names ``url``) may
+    not follow, and :class:`DeadlinePassed` when the whole took longer than ``deadline`` seconds (default
+    ``knobs.deadline``): checked whenever bytes arrive and between tries (a read waits at most the read timeout)."""
+    import dataclasses
+
     import requests
 
     identity = identity or {}
@@ -318,10 +359,26 @@ def fetch(
     failures = tries = 0
     range_requests = 0
     t0 = time.monotonic()
+    limit = knobs.deadline if deadline is None else deadline
+    ends = t0 + limit
+
+    def check_deadline(have: int) -> float:
+        """The seconds left before the deadline; :class:`DeadlinePassed` when none are."""
+        left = ends - time.monotonic()
+        if left <= 0:
+            raise DeadlinePassed(
+                f"downloading {shown} did not finish within {limit:g} seconds, the most one download may take "
+                f"({have:,} bytes came: the server sends too slowly, or a byte now and then); check the source or "
+                f"the network, or raise {ENV_DEADLINE}; a rerun resumes from the bytes already downloaded",
+                have,
+            )
+        return left
+
     session = requests.Session()
     while True:
         tries += 1
         have = part.stat().st_size if part.exists() else 0
+        left = check_deadline(have)
         start_have = have
         headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
         if have:
@@ -335,7 +392,8 @@ def fetch(
                 headers["If-Range"] = validator
             range_requests += 1
         try:
-            with _get(session, url, headers, knobs, field) as r:
+            bounded = dataclasses.replace(knobs, read_timeout=min(knobs.read_timeout, left))
+            with _get(session, url, headers, bounded, field) as r:
                 status = r.status_code
                 if status == 416 and have:
                     m = re.match(r"^bytes\s+\*/(\d+)$", r.headers.get("Content-Range", ""))
@@ -379,6 +437,7 @@ def fetch(
                                 raise _too_big(shown, max_bytes, f"it sent more; stopped at {have:,} bytes")
                             f.write(chunk)
                             have += len(chunk)
+                            check_deadline(have)
                             if progress:
                                 progress(have, total or have, f"{human_bytes(have)} / {human_bytes(total or have)}")
                     finally:
@@ -401,7 +460,8 @@ def fetch(
                     f"network or the mirror, or pass another source_url; a rerun resumes from the "
                     f"{now_have:,} bytes already downloaded"
                 ) from None
-            _back_off(knobs, failures, f"try {tries}", exc, url, log, have=now_have)
+            check_deadline(now_have)
+            _back_off(knobs, failures, f"try {tries}", exc, url, log, have=now_have, within=ends - time.monotonic())
     os.replace(part, dest)
     meta_path.unlink(missing_ok=True)
     return {
@@ -438,9 +498,10 @@ def _too_big(shown: str, limit: int, what: str) -> UserError:
         )
     else:
         bound = f"expected_bytes ({limit:,})"
-    return UserError(
+    return TooBig(
         f"{shown} is larger than {bound}: {what}, so nothing was kept; check source_url, or pass the "
-        "right expected_bytes"
+        "right expected_bytes",
+        limit,
     )
 
 

@@ -175,3 +175,56 @@ def test_urls_the_parsers_read_differently_are_refused(allowed, url, why):
     with pytest.raises(UserError, match=rf"^corpus\.source_url .* {why}"):
         parse(allowed / "ok", url)
     assert not _url_under(url, "http://127.0.0.1:8765/")
+
+
+def test_a_mirror_run_is_checked_against_the_url_it_fetches(wikitext2_path, tmp_path):
+    """`wiki-pipeline run --mirror` fetches the loopback mirror's zip, never the default URL: an allow-list that
+    lacks the default but holds the mirror lets it past the settings' check (here it then stops at the Prefect
+    server, which does not answer), and one that lacks the mirror refuses it naming the mirror's URL."""
+    import subprocess
+    import sys
+
+    from flows.server import free_port
+    from tests.support import REPO
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "WIKI_PIPELINE_MIRROR_PORT": str(port),
+        "WIKI_PIPELINE_SHARED_DATA": str(wikitext2_path.parent),
+        "PREFECT_API_URL": "http://127.0.0.1:9/api",  # closed: what comes after the settings' check stops here
+    }
+    argv = [sys.executable, "-m", "flows.cli", "run", "--mirror", "--tiny", "--artifacts-dir", str(tmp_path)]
+
+    def run(sources: str) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, env={**env, ENV_SOURCES: sources}, cwd=REPO, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+
+    passed = run(f"http://127.0.0.1:{port}/")
+    assert passed.returncode == 2 and "PREFECT_API_URL=" in passed.stderr, passed.stderr
+    assert "outside the sources" not in passed.stderr, passed.stderr
+    refused = run("https://example.org/")
+    assert refused.returncode == 2, refused.stderr
+    assert f"corpus.source_url http://127.0.0.1:{port}/wikitext-103-raw-v1.zip is outside the sources" in (
+        refused.stderr
+    ), refused.stderr
+    assert DEFAULT_URL not in refused.stderr
+
+
+def test_a_deployment_runs_refused_tokenizer_source_says_what_to_set(tmp_path, monkeypatch):
+    """The README's pretrained-tokenizer example under scripts/pipeline (a deployment run, the lists unset): the
+    refusal names the variable and the value that admits the file's folder, and that the user runs the worker;
+    that value, set, admits it."""
+    monkeypatch.delenv(ENV_ROOTS, raising=False)
+    monkeypatch.delenv(ENV_SOURCES, raising=False)
+    monkeypatch.setenv("WIKI_PIPELINE_ARTIFACTS", str(tmp_path / "art"))
+    monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", "2b3c1f8e-0000-4000-8000-000000000000")
+    tok = tmp_path / "tok" / "tokenizer.json"
+    groups = {"tokenizer": {"kind": "pretrained", "source": str(tok)}, "run": {"artifacts_dir": str(tmp_path / "art")}}
+    with pytest.raises(UserError) as e:
+        Pipeline.parse(**groups)
+    folder = (tmp_path / "tok").as_uri() + "/"
+    said = f"{ENV_SOURCES}='default {folder}' scripts/pipeline ..."
+    assert said in str(e.value) and "with scripts/pipeline on your own machine that is you" in str(e.value), e.value
+    monkeypatch.setenv(ENV_SOURCES, f"default {folder}")
+    assert Pipeline.parse(**groups).tokenizer.source == str(tok)

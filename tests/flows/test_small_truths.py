@@ -106,9 +106,10 @@ def test_stop_leaves_a_process_that_only_reuses_a_recorded_pid(tmp_path):
 
 @pytest.fixture(scope="module")
 def demo(prefect_server, tmp_path_factory):
-    """`scripts/pipeline --demo` three times on one PREFECT_HOME: a whole run that waits (artifact root art1, which
-    holds a decoy samples folder), then two `--no-wait` calls that restart the runner, for another artifact root
-    (art2) and then for MYGPT_DETERMINISTIC; the third call's run trains 100,000 steps, so it is still in flight
+    """`scripts/pipeline --demo` four times on one PREFECT_HOME: a whole run that waits (artifact root art1, which
+    holds a decoy samples folder), then two calls that restart the runner, for another artifact root (art2, a run
+    that waits) and then for MYGPT_DETERMINISTIC (`--no-wait`); the third call's run trains 100,000 steps, so it is
+    still in flight for a fourth call, under another allow-list, which must not restart the runner under it, and
     for `--stop`. One runner, mirror and pipeline run shared by the tests below, as a user calls the script;
     stopped at the end, whatever happened."""
     import time
@@ -126,7 +127,7 @@ def demo(prefect_server, tmp_path_factory):
         **os.environ,
         **prefect_server.env,
         "PREFECT_HOME": str(home),
-        "WIKI_PIPELINE_MIRROR_PORT": str(free_port()),
+        "WIKI_PIPELINE_MIRROR_PORT": str(mirror_port := free_port()),
         "WIKI_PIPELINE_ARTIFACTS": str(tmp / "art1"),
     }
     script = str(REPO / "scripts" / "pipeline")
@@ -134,7 +135,7 @@ def demo(prefect_server, tmp_path_factory):
     try:
         calls["first"] = subprocess.run([script, "--demo"], env=env, capture_output=True, text=True, timeout=480)
         env = {**env, "WIKI_PIPELINE_ARTIFACTS": str(tmp / "art2")}
-        second = subprocess.run([script, "--demo", "--no-wait"], env=env, capture_output=True, text=True, timeout=300)
+        second = subprocess.run([script, "--demo"], env=env, capture_output=True, text=True, timeout=480)
         calls["second"] = second
         if (home / "runner.env").exists():  # what the second call recorded, before the third records again
             calls["runner.env"] = ((home / "runner.env").read_text(), (home / "runner.env").stat().st_mode)
@@ -147,6 +148,18 @@ def demo(prefect_server, tmp_path_factory):
             timeout=300,
         )
         calls["env"] = env
+        from tests.support.wait import wait_for
+
+        log = home / "runner.log"
+        wait_for(lambda: "step 10: loss" in log.read_text().rpartition("---- wiki-pipeline serve")[2], "training",
+                 timeout=180, every=0.5)  # fmt: skip
+        calls["fourth"] = subprocess.run(
+            [script, "--demo", "--no-wait"],
+            env={**env, "WIKI_PIPELINE_ALLOWED_SOURCES": f"http://127.0.0.1:{mirror_port}/ file:///srv/tokenizers/"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         yield calls
     finally:
         subprocess.run([script, "--stop"], env=env, capture_output=True, text=True, timeout=120)
@@ -175,6 +188,17 @@ def test_the_demo_prints_this_runs_samples_and_restarts_a_runner_with_another_en
     third = demo["third"]
     assert third.returncode == 0, third.stdout + third.stderr
     assert "restarting the deployment runner: its environment differs in MYGPT_DETERMINISTIC" in third.stdout
+
+
+def test_a_runner_serving_a_run_is_not_restarted_under_it(demo):
+    """Another allow-list while the runner trains a run: the call is refused, naming the run and the ways out; the
+    runner and its run go on (test_stop_ends_the_runner_and_a_run_in_flight finds them)."""
+    fourth = demo["fourth"]
+    assert fourth.returncode == 2, fourth.stdout + fourth.stderr
+    assert "error: the deployment runner must restart (its environment differs in WIKI_PIPELINE_ALLOWED_SOURCES)" in (
+        fourth.stderr
+    ), fourth.stderr
+    assert "scripts/pipeline --stop" in fourth.stderr and "restarting the deployment runner" not in fourth.stdout
 
 
 def test_stop_ends_the_runner_and_a_run_in_flight(demo):

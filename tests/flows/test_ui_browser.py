@@ -177,7 +177,8 @@ def test_the_ui_shows_the_artifacts_summary_chart_comparison_and_run_form(ui_run
     no_live_markup(comparison, "wiki-model-comparison")
     words = text_of(comparison)
     assert "Model versions compared (2)" in words, words[:3000]
-    assert re.search(r"[0-9a-f]{12} [\d-]+ [\d:]+ 20 ", words) and re.search(r"[0-9a-f]{12} [\d-]+ [\d:]+ 40 ", words)
+    assert re.search(r"[0-9a-f]{12} 20 ", words) and re.search(r"[0-9a-f]{12} 40 ", words), words[:3000]
+    assert re.search(r"[0-9a-f]{12} \(built [\d-]+ [\d:]+\): steps 40 → 20", words), words[:3000]
     curves = re.search(r'<img[^>]+src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"', comparison)
     assert curves and base64.b64decode(curves.group(1)).decode().count("<polyline") == 2, "two val-loss curves"
     cached = NAMES.index("model")  # the stages before the model are reused; the model and after are built
@@ -190,7 +191,8 @@ def test_the_ui_shows_the_artifacts_summary_chart_comparison_and_run_form(ui_run
     hostile = render(f"{ui}/artifacts/artifact/{hostile_comparison(tmp / HOSTILE_ROOT)}", expect="injected")
     no_live_markup(hostile, "a comparison from hostile manifest values")
     shown = html.unescape(re.sub(r"<[^>]+>", "", hostile))  # tags dropped, not spaced: a code cell may be spans
-    assert shown.count("| a |\\n| injected | row | rms\\| 9.99") == 2, "built (text) and norm (code), whole"
+    assert shown.count("| a |\\n| injected | row | rms\\| 9.99") == 1, "built, whole (text, below the table)"
+    assert f"norm rms → {HOSTILE_VALUE[:39]}…" in shown, "the changed setting, cut short, as text"
     assert len(re.findall(r"<tr", hostile)) == 3, "a header and one row per version: no row from a value"
 
     quote = render(f"{ui}/artifacts/artifact/{hostile_samples(tmp / HOSTILE_ROOT)}", expect="INJECTEDLIST")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import socketserver
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -62,6 +63,38 @@ def no_length_server(size: int) -> Loopback:
             try:
                 for _ in range(size // 65536):
                     self.wfile.write(b"x" * 65536)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    return Loopback(server)
+
+
+def dripping_server(size: int, every: float) -> Loopback:
+    """A server that announces ``size`` bytes and sends them one at a time, a byte every ``every`` seconds: never
+    silent long enough for a read timeout, never done. Each GET's ``Range`` start is honoured (206), so a resumed
+    download gets the rest."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            start = 0
+            asked = self.headers.get("Range", "")
+            if asked.startswith("bytes=") and asked[6:].split("-")[0].isdigit():
+                start = int(asked[6:].split("-")[0])
+            self.send_response(206 if start else 200)
+            self.send_header("Content-Length", str(size - start))
+            if start:
+                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            self.end_headers()
+            try:
+                for _ in range(size - start):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(every)
             except (BrokenPipeError, ConnectionResetError):
                 pass
 

@@ -136,3 +136,24 @@ def test_the_tiny_preset_evaluates_the_same_text_for_both_kinds(pipeline, upstre
     ):
         covered, longest = covered_bytes(ref, shards_ref, tok)
         assert bound - longest < covered <= bound  # the first max_bytes of wiki.test.txt, to a token's length
+
+
+def test_the_export_proves_its_tokenizer_gives_the_shards_ids_on_the_test_split(pipeline):
+    """The export compares its Hugging Face tokenizer with the shards on real corpus text, every article of the test
+    split, not only on a probe of the vocabulary: the metrics name how many of the shards' ids it matched, and a
+    training datum that differs by one id fails the check naming where."""
+    from mygpt.export.verify import check_documents
+    from tasks.shards import document_ends
+
+    want = np.concatenate([SF.read_shard(p) for p in SF.shard_paths(pipeline["shards"]["path"], "test")])
+    assert manifest(pipeline["export"])["metrics"]["check"]["corpus_tokens"] == want.size > 0
+    corpus = Path(pipeline["corpus"]["path"])
+    text = (corpus / "wiki.test.txt").read_bytes()
+    ends = document_ends(corpus, "test", len(text), {})
+    documents = [text[a:b].decode("utf-8") for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    out = str(pipeline["export"]["path"])
+    assert check_documents(out, documents, want, "<|endoftext|>", whole=True) == want.size
+    changed = want.copy()
+    changed[want.size // 2] = (changed[want.size // 2] + 1) % 256
+    with pytest.raises(RuntimeError, match=rf"differ from the training data's at token {want.size // 2} "):
+        check_documents(out, documents, changed, "<|endoftext|>", whole=True)

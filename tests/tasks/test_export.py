@@ -16,8 +16,8 @@ from tests.support.tiny import run_in
 
 @pytest.fixture(scope="module")
 def exported(upstream, trained):
-    root = upstream[0]
-    return root, export_stage.export_model.fn(trained, export_stage.ExportSettings(), run_in(root))
+    root, corpus, _, shards = upstream
+    return root, export_stage.export_model.fn(corpus, shards, trained, export_stage.ExportSettings(), run_in(root))
 
 
 def test_export_publishes_a_directory_transformers_loads(exported, trained, wikitext2_text):
@@ -55,9 +55,10 @@ def test_export_publishes_a_directory_transformers_loads(exported, trained, wiki
     assert f"AutoModelForCausalLM.from_pretrained({str(info.path)!r})" in md and "ArceeForCausalLM" in md
 
 
-def test_export_is_reused(exported, trained):
+def test_export_is_reused(exported, upstream, trained):
     root, ref = exported
-    again = export_stage.export_model.fn(trained, export_stage.ExportSettings(), run_in(root))
+    _, corpus, _, shards = upstream
+    again = export_stage.export_model.fn(corpus, shards, trained, export_stage.ExportSettings(), run_in(root))
     assert again["build_id"] == ref["build_id"]
 
 

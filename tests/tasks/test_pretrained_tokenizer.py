@@ -340,3 +340,29 @@ def test_credentials_in_the_source_are_never_shown():
     s = Pipeline.parse(tokenizer={"kind": "pretrained", "source": "https://alice:secret@h.example/tokenizer.json"})
     assert "secret" not in json.dumps(s.resolved("tokenizer").model_dump(mode="json"))
     assert "secret" not in json.dumps(s.resolved("tokenizer").version_params())
+
+
+def test_a_special_that_only_a_later_split_holds_is_refused_by_the_shards(pipeline, served, tmp_path):
+    """The tokenizer stage sees only its slice; ``( S`` is not in it but later in the corpus: the tokenizer is taken,
+    and the shards stage, which reads every split, refuses it naming the special and the split, before any shard
+    (the export's Hugging Face tokenizer would cut it out as one id where the shards hold its bytes)."""
+    from tasks.corpus import SPLIT_FILES
+
+    d, _ = served
+    s, run, refs = pipeline
+    special = "( S"
+    settings_ = s.resolved("tokenizer").model_copy(update={"source": with_changes(d, tmp_path / "ps.json", special)})
+    tok_ref = train_tokenizer.fn(refs["corpus"], settings_, run)  # not in the slice: taken
+    used = json.loads((Path(tok_ref["path"]) / "stats.json").read_text(encoding="utf-8"))["train_bytes"]
+    corpus_dir = Path(refs["corpus"]["path"])
+    holding = [split for split, name in SPLIT_FILES.items() if special.encode() in (corpus_dir / name).read_bytes()]
+    assert special.encode() not in (corpus_dir / SPLIT_FILES["train"]).read_bytes()[:used] and holding, holding
+    from tests.support import stages
+
+    with pytest.raises(UserError) as e:
+        stages.shards(run.artifacts_dir, refs["corpus"], tok_ref, **s.resolved("shards").model_dump())
+    message = str(e.value)
+    assert f"has the special token {special!r}, which ordinary text contains (the corpus's {holding[0]} split" in (
+        message
+    ), message
+    assert message.startswith(f"tokenizer.source {Path(settings_.source).as_uri()} (tokenizer/"), message

@@ -94,7 +94,7 @@ def test_tiny_pipeline_on_s3_publishes_local_bytes_and_resumes_elsewhere(
     local_root, l_corpus, l_tokenizer, l_shards = upstream
     local = open_store(local_root)
     l_samples = stages.samples(local_root, trained, run=TINY["run"], **TINY["samples"])
-    l_export = stages.export(local_root, trained, run=TINY["run"])
+    l_export = stages.export(local_root, l_corpus, l_shards, trained, run=TINY["run"])
     l_evaluate = stages.evaluate(local_root, l_corpus, l_shards, trained, run=TINY["run"], **TINY["evaluate"])
 
     corpus = stages.corpus(s3_root, run=TINY["run"], source_url=tiny_zip_url(tmp_path))
@@ -129,7 +129,7 @@ def test_tiny_pipeline_on_s3_publishes_local_bytes_and_resumes_elsewhere(
     model = stages.model(s3_root, shards, tokenizer, run=TINY["run"], **TINY["model"])
     assert "resuming from step" in caplog.text
     samples = stages.samples(s3_root, model, run=TINY["run"], **TINY["samples"])
-    export = stages.export(s3_root, model, run=TINY["run"])
+    export = stages.export(s3_root, corpus, shards, model, run=TINY["run"])
     evaluate = stages.evaluate(s3_root, corpus, shards, model, run=TINY["run"], **TINY["evaluate"])
 
     # the same bytes as the local root's
