@@ -22,7 +22,7 @@ from tasks.core.faults import fault_point
 from tasks.core.progress import Pace
 from tasks.core.report import human_bytes, settings_table
 from tasks.core.settings import RunOptions, Settings
-from tasks.store import ArtifactStore, Build, version_id
+from tasks.store import ArtifactStore, Build, content_digest, version_id
 
 log = logging.getLogger("wiki_pipeline")
 
@@ -69,14 +69,10 @@ def ref_dir(ref: StageRef) -> Path:
     return ArtifactStore(where.removesuffix(suffix)).local_copy(ref["stage"], ref["version"])
 
 
-def lineage(name: str, ref: StageRef) -> dict:
-    """What a manifest records of an input: stage, version and build id, never a path (a root can be moved)."""
-    return {"stage": ref.get("stage", name), "version": ref["version"], "build_id": ref["build_id"]}
-
-
-def input_ids(inputs: dict[str, StageRef]) -> dict[str, str]:
-    """How inputs enter a version id: upstream version plus its build id."""
-    return {name: f"{ref['version']}.{ref['build_id']}" for name, ref in sorted(inputs.items())}
+def lineage(name: str, ref: StageRef, digest: str) -> dict:
+    """What a manifest records of an input: stage, version, build id and content digest, never a path (a root can
+    be moved)."""
+    return {"stage": ref.get("stage", name), "version": ref["version"], "build_id": ref["build_id"], "digest": digest}
 
 
 class BuildContext(Generic[S]):
@@ -202,9 +198,13 @@ class Stage:
     def artifact_key(self) -> str:
         return f"wiki-{self.name}"
 
-    def version(self, settings: Settings, inputs: dict[str, StageRef], source: dict | None = None) -> str:
-        """The version id for resolved ``settings``, ``inputs`` and (with :attr:`source`) what it reads."""
-        return version_id(self.name, settings.version_params(), input_ids(inputs), self.code_version, source)
+    def version(self, settings: Settings, digests: dict[str, str], source: dict | None = None) -> str:
+        """The version id for resolved ``settings``, the inputs' content digests (``content_digest`` of each input's
+        manifest, by input name) and (with :attr:`source`) what it reads. Why digests, not build ids: equal bytes
+        give equal ids on any root, and an input rebuilt with equal bytes leaves its users current."""
+        return version_id(
+            self.name, settings.version_params(), dict(sorted(digests.items())), self.code_version, source
+        )
 
     def reuse_or_build(self, settings: S, run: RunOptions, inputs: dict[str, StageRef]) -> Any:
         """This stage's version for ``settings`` and ``inputs``: reused if published and verified, else built.
@@ -237,14 +237,17 @@ class Stage:
         inputs: dict[str, StageRef],
     ) -> Any:
         input_dirs = {}
+        digests = {}
         for name, up in inputs.items():
-            if store.read_manifest(name, up["version"]) is None:
+            manifest = store.read_manifest(name, up["version"])
+            if manifest is None:
                 raise UserError(
                     f"{self.name} needs {name}/{up['version']}, which is not published under "
                     f"{store.root}; run the stages before it first"
                 )
+            digests[name] = content_digest(manifest)
         source = self.source(settings, store, logger) if self.source else None
-        version = self.version(settings, inputs, source)
+        version = self.version(settings, digests, source)
         force = self.name in run.force
 
         def ref(manifest: dict) -> StageRef:
@@ -306,7 +309,7 @@ class Stage:
             seconds = round(time.time() - t0, 3)
             manifest = staging.publish(
                 settings=settings.version_params(),
-                inputs={k: lineage(k, v) for k, v in inputs.items()},
+                inputs={k: lineage(k, v, digests[k]) for k, v in inputs.items()},
                 code_version=self.code_version,
                 metrics=metrics,
                 timings={"build_seconds": seconds},
