@@ -464,7 +464,6 @@ STAGE = Stage(
     build=build_model,
     streamed=("shards",),
     check_environment=cache_budget,
-    ahead=lambda s: ("torch",) if s.nproc == 1 else (),  # nproc=1 trains in the flow's process
     report=report,
     alias="train",
     headline=lambda m: f"val loss {number(m.get('final_val_loss'))}, {number(m.get('final_val_bpb'))} bits/byte",

@@ -21,11 +21,12 @@ from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe_chunks import chunk_bounds, safe_cut_re
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
-from tasks.core import dask_work, shard_format
+from tasks.core import shard_format
 from tasks.core.report import md_code, md_row, md_text
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.corpus import ARTICLE_FILES, SPLIT_FILES, SPLITS
+from tasks.dask import work as dask_work
 from tasks.tokenizer import load_tokenizer
 
 DEFAULT_CHUNK_BYTES = 8 << 20
@@ -463,7 +464,6 @@ STAGE = Stage(
     alias="encode",
     headline=lambda m: f"{m.get('tokens', 0):,} tokens",
     tiny={"shard_tokens": 50_000},
-    ahead=lambda s: ("dask",),
 )
 encode_shards = stage_task(
     STAGE, "encode_shards", "Encode every split of a corpus version into Parquet token shards (or reuse them)."

@@ -336,7 +336,6 @@ STAGE = Stage(
         ("chars/token", lambda m: number(m.get("chars_per_token"), ".3f")),
     ),
     tiny={"num_merges": 48, "bpe_train_bytes": 200_000},
-    ahead=lambda s: ("dask",) if s.kind == "chapter" else (),  # the chapter's words are counted on Dask
 )
 train_tokenizer = stage_task(
     STAGE, "train_tokenizer", "Train the BPE (chapter or byte kind) on a corpus version (or reuse it)."

@@ -17,7 +17,6 @@ from typing import Any, Generic, TypedDict, TypeVar, cast
 from uuid import UUID
 
 from mygpt.errors import UserError
-from tasks.core import ahead
 from tasks.core.faults import fault_point
 from tasks.core.progress import Pace
 from tasks.core.report import human_bytes, settings_table
@@ -183,9 +182,6 @@ class Stage:
     tiny: dict = field(default_factory=dict, compare=False)  # this stage's part of the tiny preset
     #: Inputs the build reads file by file as it needs them (``ctx.store.fetch_file``), never copied whole first.
     streamed: tuple[str, ...] = ()
-    #: What the build needs that a run may start before this stage (:mod:`tasks.core.ahead`: ``"dask"``,
-    #: ``"torch"``), for its resolved settings: ``settings -> names``.
-    ahead: Callable[[Any], tuple[str, ...]] | None = None
     #: The stage's Prefect task, bound by :func:`stage_task`: ``task(*inputs, settings, run) -> StageRef``.
     task: Any = field(default=None, init=False, compare=False, repr=False)
 
@@ -267,7 +263,6 @@ class Stage:
                 logger.info("%s: reusing %s/%s", self.name, self.name, version)
                 store.drop_staging(self.name, version)  # left by a run killed between publish and clean-up
                 return self._final(ref(published), published, reused=True)
-            ahead.building(self.name)  # so the stages built from this one find what they need started
             if published is not None:
                 logger.info("%s: rebuilding %s/%s (forced)", self.name, self.name, version)
             elif reason != "missing":
@@ -303,9 +298,7 @@ class Stage:
             )
             fault_point(f"{self.name}.start")
             t0 = time.time()
-            ahead.ready(self.name)
             metrics = self.build(ctx, settings, **input_dirs) or {}
-            ahead.built(self.name)  # what waited for this build starts while it is published
             seconds = round(time.time() - t0, 3)
             manifest = staging.publish(
                 settings=settings.version_params(),
