@@ -56,10 +56,17 @@ def loopback_mirror():
 
 
 def cmd_run(args) -> int:
+    from flows.settings import Pipeline
     from tasks.wikitext.download import DownloadKnobs
 
     with contextlib.ExitStack() as stack:
-        settings = checked(args)
+        groups = chosen_groups(args)
+        if args.mirror:
+            if "source_url" in groups.get("corpus", {}):
+                raise UserError("--mirror and source_url both choose the source; give one of them")
+            url = stack.enter_context(loopback_mirror())
+            groups = {**groups, "corpus": {**groups.get("corpus", {}), "source_url": url}}
+        settings = Pipeline.parse(**groups)  # the run's one parse: the flow takes these settings as they are
         DownloadKnobs.from_env()  # a bad WIKI_PIPELINE_* knob stops the run here, not inside the corpus stage
         check_prefect_server()
         if not prefect_api_url():
@@ -71,15 +78,13 @@ def cmd_run(args) -> int:
         from flows.server import watched_runs
 
         stack.enter_context(watched_runs())  # a killed run shows Crashed, not Running forever
-        if args.mirror:
-            if "source_url" in chosen_groups(args).get("corpus", {}):
-                raise UserError("--mirror and source_url both choose the source; give one of them")
-            url = stack.enter_context(loopback_mirror())
-            settings = settings.model_copy(update={"corpus": settings.corpus.model_copy(update={"source_url": url})})
+        from flows.settings import carrying
         from flows.wiki_pipeline import wiki_pipeline
 
-        # Prefect's Flow.__call__ overloads take return_state=True as one of the flow's **parameters: the state.
-        state = cast("State[dict[str, StageRef]]", wiki_pipeline(**dict(settings), return_state=True))
+        # Prefect's Flow.__call__ overloads take return_state=True as one of the flow's **parameters: the state;
+        # the flow takes the settings parsed here as they are (parsed and resolved once per run)
+        with carrying(settings):
+            state = cast("State[dict[str, StageRef]]", wiki_pipeline(**dict(settings), return_state=True))
         if not state.is_completed():
             try:
                 state.result()  # re-raises the flow's exception (a UserError becomes exit code 2)

@@ -16,7 +16,7 @@ from prefect.context import TagsContext
 from flows import reports
 from flows.only import asked_of_upstream, latest_upstream
 from flows.reports import Outcome
-from flows.settings import Pipeline, PipelineBase
+from flows.settings import Pipeline, PipelineBase, run_settings
 from tasks.core.stage import Stage, StageRef
 from tasks.registry import BY_NAME, NAMES, STAGES, open_store
 
@@ -30,7 +30,7 @@ def wiki_pipeline(**parameters) -> dict[str, StageRef]:
     root = None
     notes: list[str] = []
     try:
-        s = Pipeline.parse(**over_the_deployments_groups(parameters))
+        s = run_settings(over_the_deployments_groups(parameters))
         root = s.run.root()
         notes = log_settings(s)
         watch_for_crashes()
