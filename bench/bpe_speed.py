@@ -14,7 +14,7 @@ Part 2, generated corpus (bench/make_corpus.py, seed 0, git-ignored bench/out/):
   * train 1024 merges on the first 50 MB;
   * encode a 20 MB slice in memory: chapter ``encode_corpus`` vs ours;
   * encode the whole file in 8 MB chunks with workers=1 (``iter_encode_file``, in process) and workers=2 (the
-    chunks on a local Dask cluster, ``tasks.core.dask_work``, as the shards stage runs them), each in a
+    chunks on a local Dask cluster, ``tasks.dask.work``, as the shards stage runs them), each in a
     fresh child process: MB/s, peak RSS (sum over the process tree, sampled every 50 ms with psutil, and
     the largest single process from ``getrusage``), and a checksum showing both runs give the same ids.
 Timings are wall-clock, best of ``--repeat`` where repeated; the machine's other load shows up in them.
@@ -189,8 +189,8 @@ def encode_child(path: str, tok_path: str, workers: int, chunk_bytes: int) -> No
             import logging
 
             from mygpt.tokenizers.bpe_chunks import chunk_bounds
-            from tasks.core import dask_work
             from tasks.core.settings import RunOptions
+            from tasks.dask import work as dask_work
 
             client = stack.enter_context(dask_work.dask_client(RunOptions(workers=workers), logging.getLogger("bench")))
             tok_json = json.dumps({"kind": tok.kind, "state": tok.state()})

@@ -8,7 +8,7 @@ generated when missing), cut back to a character boundary. Each trainer runs in 
 after the other, and reads the text from the file itself:
 
 * ``ours``: the tokenizer stage's two phases -- the words counted chunk by chunk (8 MB chunks cut where a word
-  ends) on a local Dask cluster of 2 worker processes (``tasks.core.dask_work``, started and stopped inside the
+  ends) on a local Dask cluster of 2 worker processes (``tasks.dask.work``, started and stopped inside the
   timing), the tables added up in file order, then ``train_and_count_tokens`` (merges + the token count);
 * ``ours-1``: the same with the chunks counted one after the other in the process (no cluster);
 * ``hf``: ``tokenizers.trainers.BpeTrainer`` with the same pre-tokeniser (``Split(\\s*\\S+|\\s+, isolated)``), the
@@ -64,8 +64,8 @@ def child(trainer: str, path: str, end: int, merges: int) -> dict:
         if trainer == "ours":
             import logging
 
-            from tasks.core import dask_work
             from tasks.core.settings import RunOptions
+            from tasks.dask import work as dask_work
 
             with dask_work.dask_client(RunOptions(workers=2), logging.getLogger("bench")) as client:
                 t_up = time.perf_counter()

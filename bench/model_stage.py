@@ -5,9 +5,9 @@ published ``model.ckpt`` (compare it across code versions: training is bit-exact
 
     flock /tmp/wiki-bench.lock .venv/bin/python -m bench.model_stage bench/out/full-scale-art-XXXX [--repeats 3]
 
-``--no-preimport`` leaves torch to the stage (by default torch and what AdamW imports are imported first, as a run
-that starts them ahead does). Each repeat rebuilds the version (``force``); a fresh process per measurement is the
-fair comparison (later repeats reuse the memory the first one left).
+``--no-preimport`` leaves torch to the stage (by default torch and what AdamW imports are imported first, so
+the stage is timed without torch's import). Each repeat rebuilds the version (``force``); a fresh process per
+measurement is the fair comparison (later repeats reuse the memory the first one left).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def allowed_sources(deployment: bool = False) -> list[str] | None:
 def allowed_schedulers(deployment: bool = False) -> list[tuple[str, str, int]] | None:
     """The Dask schedulers a run may name, as ``(scheme, host, port)``, or None when every one is allowed; unset,
     none for a deployment run (a scheduler runs code in the flow run: Dask ships pickles)."""
-    from tasks.core.dask_work import address_parts
+    from tasks.dask.work import address_parts
 
     value = os.environ.get(ENV_SCHEDULERS, "").strip()
     if not value:
@@ -212,7 +212,7 @@ def check_work_pool() -> None:
 
 
 def _check_scheduler(address: str, schedulers: list[tuple[str, str, int]] | None) -> None:
-    from tasks.core.dask_work import address_parts
+    from tasks.dask.work import address_parts
 
     if schedulers is None or address_parts(address) in schedulers:
         return

@@ -66,7 +66,7 @@ def cmd_run(args) -> int:
                 raise UserError("--mirror and source_url both choose the source; give one of them")
             url = stack.enter_context(loopback_mirror())
             args = argparse.Namespace(**{**vars(args), "source_url": url})
-        settings = checked(args)
+        settings = checked(args)  # the run's one parse: the flow takes these settings as they are
         DownloadKnobs.from_env()  # a bad WIKI_PIPELINE_* knob stops the run here, not inside the corpus stage
         check_prefect_server()
         if not prefect_api_url():
@@ -78,11 +78,14 @@ def cmd_run(args) -> int:
         from flows.server import watched_runs
 
         stack.enter_context(watched_runs())  # a killed run shows Crashed, not Running forever
+        from flows.settings import carrying
         from flows.wiki_pipeline import wiki_pipeline
 
         stack.enter_context(user_errors_told_once())  # after the import: Prefect's console handler is there now
-        # Prefect's Flow.__call__ overloads take return_state=True as one of the flow's **parameters: the state.
-        state = cast("State[dict[str, StageRef]]", wiki_pipeline(**dict(settings), return_state=True))
+        # Prefect's Flow.__call__ overloads take return_state=True as one of the flow's **parameters: the state;
+        # the flow takes the settings parsed here as they are (parsed and resolved once per run)
+        with carrying(settings):
+            state = cast("State[dict[str, StageRef]]", wiki_pipeline(**dict(settings), return_state=True))
         if not state.is_completed():
             try:
                 state.result()  # re-raises the flow's exception (a UserError becomes exit code 2)

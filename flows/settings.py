@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, create_model
@@ -210,6 +212,31 @@ Pipeline: type[PipelineBase] = create_model(  # type: ignore[call-overload]
     **{stage.name: (stage.settings, stage.settings()) for stage in STAGES},
     run=(RunOptions, RunOptions()),
 )
+
+
+#: The run's settings as ``wiki-pipeline run`` parsed them, for the flow it calls in this process (:func:`carrying`).
+_CARRIED: contextvars.ContextVar[PipelineBase | None] = contextvars.ContextVar("carried_settings", default=None)
+
+
+@contextlib.contextmanager
+def carrying(settings: PipelineBase) -> Iterator[None]:
+    """Within: a flow called with ``settings``' groups takes ``settings`` as they are (:func:`run_settings`)."""
+    token = _CARRIED.set(settings)
+    try:
+        yield
+    finally:
+        _CARRIED.reset(token)
+
+
+def run_settings(parameters: Mapping[str, Any]) -> PipelineBase:
+    """The flow's settings for its ``parameters``: the ones :func:`carrying` holds when ``parameters`` are exactly
+    their groups, else :meth:`PipelineBase.parse` of them. Why: ``wiki-pipeline run`` has parsed, checked and
+    resolved them already (before Prefect starts, so a bad value costs no server); parsed once per run, they are
+    carried to the stages instead of checked and resolved again (a deployment's run has nothing carried)."""
+    held = _CARRIED.get()
+    if held is not None and dict(parameters) == dict(held):
+        return held
+    return Pipeline.parse(**parameters)
 
 
 #: The tiny preset (``--tiny``, ``scripts/pipeline --demo``): every stage small enough for a quick run against

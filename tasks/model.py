@@ -349,10 +349,13 @@ def _train(ctx: BuildContext, s: ModelSettings, tokenizer: Path, data: FetchedSh
 
 
 def write_history(out: Path, history: list[dict]) -> None:
+    """The loss history as published: each point less its wall-clock throughput (the metrics keep the run's). Why:
+    downstream versions name the model by its files' digest, and equal training must give equal files."""
     from mygpt.atomic import atomic_write_text
 
+    history = [{k: v for k, v in point.items() if k != "tokens_per_sec"} for point in history]
     atomic_write_text(out / "loss_history.json", json.dumps(history, indent=1) + "\n")
-    cols = ["step", "loss", "val_loss", "val_bpb", "lr", "tokens_per_sec"]
+    cols = ["step", "loss", "val_loss", "val_bpb", "lr"]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -478,7 +481,6 @@ STAGE = Stage(
     build=build_model,
     streamed=("shards",),
     check_environment=cache_budget,
-    ahead=lambda s: ("torch",) if s.nproc == 1 else (),  # nproc=1 trains in the flow's process
     report=report,
     alias="train",
     headline=lambda m: f"val loss {number(m.get('final_val_loss'))}, {number(m.get('final_val_bpb'))} bits/byte",

@@ -22,11 +22,12 @@ from mygpt.errors import UserError
 from mygpt.tokenizers.bpe_chunks import chunk_bounds, safe_cut_re
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 from mygpt.tokenizers.byte_bpe import ByteBPETokenizer
-from tasks.core import dask_work, shard_format
+from tasks.core import shard_format
 from tasks.core.report import md_code, md_row, md_text
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.corpus import ARTICLE_FILES, SPLIT_FILES, SPLITS
+from tasks.dask import work as dask_work
 from tasks.sources.pretrained_tokenizer import check_specials_absent
 from tasks.tokenizer import load_tokenizer
 
@@ -467,7 +468,6 @@ STAGE = Stage(
     alias="encode",
     headline=lambda m: f"{m.get('tokens', 0):,} tokens",
     tiny={"shard_tokens": 50_000},
-    ahead=lambda s: ("dask",),
 )
 encode_shards = stage_task(
     STAGE, "encode_shards", "Encode every split of a corpus version into Parquet token shards (or reuse them)."

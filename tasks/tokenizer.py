@@ -12,7 +12,6 @@ Publishes ``tokenizer.json`` (:func:`load_tokenizer` reads any kind) and ``stats
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
-from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
 from mygpt.tokenizers.bpe_chunks import chunk_bounds
@@ -28,18 +26,19 @@ from mygpt.tokenizers.bpe_train import add_counts, gc_paused, train_and_count_to
 from mygpt.tokenizers.byte_bpe import DEFAULT_SPECIALS, ByteBPETokenizer
 from mygpt.tokenizers.char_tokenizer import CharTokenizer
 from mygpt.tokenizers.files import load_tokenizer_file
-from tasks.core import dask_work
 from tasks.core.report import Markdown, md_code, md_text, number, summary_table
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.core.urls import stored_url
 from tasks.corpus import ARTICLE_FILES, SPLIT_FILES
+from tasks.dask import work as dask_work
 from tasks.sources.pretrained_tokenizer import (
     FIRST_MERGES,
     build_pretrained,
     check_source,
     pretrained_source,
     write_byte_level,
+    write_stats,
 )
 
 DEFAULT_CHUNK_BYTES = 8 << 20
@@ -250,7 +249,7 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
         "count_seconds": round(count_seconds, 3),
         "train_seconds": round(train_seconds, 3),
     }
-    atomic_write_text(ctx.out / "stats.json", json.dumps(stats, indent=1, ensure_ascii=False) + "\n")
+    write_stats(ctx.out, stats)
     ctx.progress(2, 2, "done", force=True)
     return stats
 
@@ -337,7 +336,6 @@ STAGE = Stage(
         ("chars/token", lambda m: number(m.get("chars_per_token"), ".3f")),
     ),
     tiny={"num_merges": 48, "bpe_train_bytes": 200_000},
-    ahead=lambda s: ("dask",) if s.kind == "chapter" else (),  # the chapter's words are counted on Dask
 )
 train_tokenizer = stage_task(
     STAGE, "train_tokenizer", "Train the BPE (chapter or byte kind) on a corpus version (or reuse it)."

@@ -293,7 +293,7 @@ class RunOptions(Settings):
     def _dask_address(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        from tasks.core.dask_work import check_address  # the check's home: with the code that connects
+        from tasks.dask.work import check_address  # the check's home: with the code that connects
 
         return check_address(value)
 

@@ -17,13 +17,12 @@ from typing import Any, Generic, TypedDict, TypeVar, cast
 from uuid import UUID
 
 from mygpt.errors import UserError
-from tasks.core import ahead
 from tasks.core.disk_full import disk_full_named
 from tasks.core.faults import fault_point
 from tasks.core.progress import Pace
 from tasks.core.report import human_bytes, settings_table
 from tasks.core.settings import RunOptions, Settings
-from tasks.store import ArtifactStore, Build, version_id
+from tasks.store import ArtifactStore, Build, content_digest, version_id
 
 log = logging.getLogger("wiki_pipeline")
 
@@ -70,14 +69,10 @@ def ref_dir(ref: StageRef) -> Path:
     return ArtifactStore(where.removesuffix(suffix)).local_copy(ref["stage"], ref["version"])
 
 
-def lineage(name: str, ref: StageRef) -> dict:
-    """What a manifest records of an input: stage, version and build id, never a path (a root can be moved)."""
-    return {"stage": ref.get("stage", name), "version": ref["version"], "build_id": ref["build_id"]}
-
-
-def input_ids(inputs: dict[str, StageRef]) -> dict[str, str]:
-    """How inputs enter a version id: upstream version plus its build id."""
-    return {name: f"{ref['version']}.{ref['build_id']}" for name, ref in sorted(inputs.items())}
+def lineage(name: str, ref: StageRef, digest: str) -> dict:
+    """What a manifest records of an input: stage, version, build id and content digest, never a path (a root can
+    be moved)."""
+    return {"stage": ref.get("stage", name), "version": ref["version"], "build_id": ref["build_id"], "digest": digest}
 
 
 class BuildContext(Generic[S]):
@@ -188,9 +183,6 @@ class Stage:
     tiny: dict = field(default_factory=dict, compare=False)  # this stage's part of the tiny preset
     #: Inputs the build reads file by file as it needs them (``ctx.store.fetch_file``), never copied whole first.
     streamed: tuple[str, ...] = ()
-    #: What the build needs that a run may start before this stage (:mod:`tasks.core.ahead`: ``"dask"``,
-    #: ``"torch"``), for its resolved settings: ``settings -> names``.
-    ahead: Callable[[Any], tuple[str, ...]] | None = None
     #: The stage's Prefect task, bound by :func:`stage_task`: ``task(*inputs, settings, run) -> StageRef``.
     task: Any = field(default=None, init=False, compare=False, repr=False)
 
@@ -203,9 +195,13 @@ class Stage:
     def artifact_key(self) -> str:
         return f"wiki-{self.name}"
 
-    def version(self, settings: Settings, inputs: dict[str, StageRef], source: dict | None = None) -> str:
-        """The version id for resolved ``settings``, ``inputs`` and (with :attr:`source`) what it reads."""
-        return version_id(self.name, settings.version_params(), input_ids(inputs), self.code_version, source)
+    def version(self, settings: Settings, digests: dict[str, str], source: dict | None = None) -> str:
+        """The version id for resolved ``settings``, the inputs' content digests (``content_digest`` of each input's
+        manifest, by input name) and (with :attr:`source`) what it reads. Why digests, not build ids: equal bytes
+        give equal ids on any root, and an input rebuilt with equal bytes leaves its users current."""
+        return version_id(
+            self.name, settings.version_params(), dict(sorted(digests.items())), self.code_version, source
+        )
 
     def reuse_or_build(self, settings: S, run: RunOptions, inputs: dict[str, StageRef]) -> Any:
         """This stage's version for ``settings`` and ``inputs``: reused if published and verified, else built.
@@ -238,14 +234,17 @@ class Stage:
         inputs: dict[str, StageRef],
     ) -> Any:
         input_dirs = {}
+        digests = {}
         for name, up in inputs.items():
-            if store.read_manifest(name, up["version"]) is None:
+            manifest = store.read_manifest(name, up["version"])
+            if manifest is None:
                 raise UserError(
                     f"{self.name} needs {name}/{up['version']}, which is not published under "
                     f"{store.root}; run the stages before it first"
                 )
+            digests[name] = content_digest(manifest)
         source = self.source(settings, store, logger) if self.source else None
-        version = self.version(settings, inputs, source)
+        version = self.version(settings, digests, source)
         force = self.name in run.force
 
         def ref(manifest: dict) -> StageRef:
@@ -265,7 +264,6 @@ class Stage:
                 logger.info("%s: reusing %s/%s", self.name, self.name, version)
                 store.drop_staging(self.name, version)  # left by a run killed between publish and clean-up
                 return self._final(ref(published), published, reused=True)
-            ahead.building(self.name)  # so the stages built from this one find what they need started
             if published is not None:
                 logger.info("%s: rebuilding %s/%s (forced)", self.name, self.name, version)
             elif reason != "missing":
@@ -301,13 +299,11 @@ class Stage:
             )
             fault_point(f"{self.name}.start")
             t0 = time.time()
-            ahead.ready(self.name)
             metrics = self.build(ctx, settings, **input_dirs) or {}
-            ahead.built(self.name)  # what waited for this build starts while it is published
             seconds = round(time.time() - t0, 3)
             manifest = staging.publish(
                 settings=settings.version_params(),
-                inputs={k: lineage(k, v) for k, v in inputs.items()},
+                inputs={k: lineage(k, v, digests[k]) for k, v in inputs.items()},
                 code_version=self.code_version,
                 metrics=metrics,
                 timings={"build_seconds": seconds},

@@ -422,10 +422,8 @@ def write_byte_level(ctx, tok: ByteBPETokenizer, text: str, used: int, head: dic
     """Write a byte-level tokenizer (trained or pretrained) as the stage's ``tokenizer.json`` and ``stats.json``:
     ``head`` (what only its kind knows), then what both kinds report of it over the slice ``text`` (``used``
     bytes) -- one home, so the report reads the same fields whichever kind made it. Returns the stats."""
-    import json
     import time
 
-    from mygpt.atomic import atomic_write_text
     from mygpt.tokenizers.files import save_tokenizer_file
 
     t0 = time.monotonic()
@@ -450,6 +448,18 @@ def write_byte_level(ctx, tok: ByteBPETokenizer, text: str, used: int, head: dic
         "encode_seconds": round(time.monotonic() - t0, 3),
         "train_seconds": round(train_seconds, 3),
     }
-    atomic_write_text(ctx.out / "stats.json", json.dumps(stats, indent=1, ensure_ascii=False) + "\n")
+    write_stats(ctx.out, stats)
     ctx.progress(2, 2, "done", force=True)
     return stats
+
+
+def write_stats(out: Path, stats: dict) -> None:
+    """The tokenizer's ``stats.json``: ``stats`` less its timings (``*_seconds``, the metrics keep them). Why: a
+    version's files are what it is, and downstream versions name it by their digest; a timing in them would give
+    equal tokenizers different digests."""
+    import json
+
+    from mygpt.atomic import atomic_write_text
+
+    kept = {k: v for k, v in stats.items() if not k.endswith("_seconds")}
+    atomic_write_text(out / "stats.json", json.dumps(kept, indent=1, ensure_ascii=False) + "\n")

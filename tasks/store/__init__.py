@@ -7,7 +7,7 @@ from tasks.store.gc import Garbage
 from tasks.store.roots import absolute_root, default_root
 from tasks.store.s3_client import filesystem
 from tasks.store.s3_urls import normal_url
-from tasks.store.versions import VersionInfo, canonical_json, version_id
+from tasks.store.versions import VersionInfo, canonical_json, content_digest, version_id
 
 __all__ = [
     "MANIFEST",
@@ -17,6 +17,7 @@ __all__ = [
     "VersionInfo",
     "absolute_root",
     "canonical_json",
+    "content_digest",
     "default_root",
     "filesystem",
     "normal_url",

@@ -12,7 +12,7 @@ from tasks.store.files import MANIFEST, Files, files_prefix
 from tasks.store.layout import VERSION_RE
 from tasks.store.posix import PosixFiles
 from tasks.store.s3_cache import INCOMING
-from tasks.store.versions import VersionInfo, Versions
+from tasks.store.versions import VersionInfo, Versions, content_digest
 
 #: A stage's own finder of leftovers in its local folder: ``(path, bytes, why)`` for each.
 Leftovers = Callable[[Path], Iterable[tuple[Path, int, str]]]
@@ -39,7 +39,10 @@ def _input_problem(name: str, ref: dict, manifests: dict, stale: dict) -> str | 
     key = (name, ref.get("version", ""))
     if key not in manifests:
         return f"its input {name}/{key[1]} is no longer published"
-    if manifests[key].get("build_id") != ref.get("build_id"):
+    if "digest" in ref:  # named by its content: rebuilt with the same bytes, it is the same input
+        if content_digest(manifests[key]) != ref["digest"]:
+            return f"its input {name}/{key[1]} was rebuilt with other bytes since"
+    elif manifests[key].get("build_id") != ref.get("build_id"):  # recorded before inputs carried their digest
         return f"its input {name}/{key[1]} was rebuilt since"
     if key in stale:
         return f"its input {name}/{key[1]} is stale"

@@ -63,6 +63,8 @@ def _input_problem(name: Any, ref: Any) -> str | None:
         return f"inputs.{name}.version is {version!r}, not a version id"
     if not isinstance(build_id, str) or not _PLAIN.fullmatch(build_id):
         return f"inputs.{name}.build_id is {build_id!r}, not a build id"
+    if "digest" in ref and not (isinstance(ref["digest"], str) and SHA256_RE.fullmatch(ref["digest"])):
+        return f"inputs.{name}.digest is {ref['digest']!r}, not 64 hex digits"
     if not isinstance(ref.get("stage", name), str):
         return f"inputs.{name}.stage is of type {_type_name(ref.get('stage'))}, not a stage name"
     return None

@@ -41,6 +41,14 @@ def version_id(
     return hashlib.sha256(canonical_json(ingredients).encode("utf-8")).hexdigest()[:12]
 
 
+def content_digest(manifest: dict) -> str:
+    """What a published version's bytes are: sha256 over each file's name and sha256 as its manifest records them.
+    Why: a downstream version names its input by this, so equal bytes give equal version ids on any root, whatever
+    build id (random, one per build) published them."""
+    files = {rel: meta["sha256"] for rel, meta in manifest.get("files", {}).items()}
+    return hashlib.sha256(canonical_json(files).encode("utf-8")).hexdigest()
+
+
 @dataclass(frozen=True)
 class VersionInfo:
     stage: str

@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
+from flows.only import asked_of_upstream, latest_upstream
 from flows.settings import Pipeline
-from flows.wiki_pipeline import asked_of_upstream, latest_upstream
 from mygpt.errors import UserError
 from tasks.registry import BY_NAME, code_versions, open_store
 from tasks.store import ArtifactStore

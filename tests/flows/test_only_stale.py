@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.wiki_pipeline import latest_upstream
+from flows.only import latest_upstream
 from mygpt.errors import UserError
 from tasks.registry import code_versions, open_store
 from tasks.store import ArtifactStore

@@ -439,3 +439,21 @@ def test_every_integer_of_the_model_and_samples_has_an_upper_bound():
         if field.annotation in (int, int | None) and not any(isinstance(m, annotated_types.Le) for m in field.metadata)
     ]
     assert not unbounded, unbounded
+
+
+def test_the_flow_takes_the_settings_the_run_command_parsed_and_parses_anything_else(monkeypatch):
+    """Parsed and resolved once per run: within ``carrying``, the flow's parameters equal to the carried settings'
+    groups give those very settings (no second parse); other parameters are parsed, as a deployment's run is."""
+    from flows.settings import TINY, Pipeline, carrying, run_settings
+
+    settings = Pipeline.parse(**TINY)
+    parses = []
+    real = Pipeline.parse.__func__
+
+    monkeypatch.setattr(Pipeline, "parse", classmethod(lambda cls, **g: (parses.append(g), real(cls, **g))[1]))
+    with carrying(settings):
+        assert run_settings(dict(settings)) is settings and parses == []
+        other = {**dict(settings), "model": {**TINY["model"], "steps": 3}}
+        assert run_settings(other).model.steps == 3 and len(parses) == 1
+    assert run_settings(dict(settings)) == settings and len(parses) == 2, "nothing carried: parsed"
+    assert run_settings(dict(settings)).resolved("model") == settings.resolved("model")

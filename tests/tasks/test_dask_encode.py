@@ -20,8 +20,8 @@ from flows.mirror import build_wikitext_zip
 from flows.server import free_port
 from mygpt.errors import UserError
 from tasks import shards
-from tasks.core import dask_work
 from tasks.core.settings import RunOptions
+from tasks.dask import work as dask_work
 from tests.support import REPO, stages
 from tests.support.processes import stop_processes
 from tests.support.wait import wait_for

@@ -132,7 +132,7 @@ def test_an_unreachable_source_is_taken_to_hold_what_it_served_last(served, tmp_
     import re
     import shutil
 
-    from flows.wiki_pipeline import asked_of_upstream, latest_upstream
+    from flows.only import asked_of_upstream, latest_upstream
     from tasks.registry import BY_NAME, open_store
     from tests.support import stages
 

@@ -15,9 +15,9 @@ from flows.mirror import MEMBER, build_wikitext_zip, make_zip
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
 from tasks import shards as E
-from tasks.core import dask_work
 from tasks.core import shard_format as SF
 from tasks.core.settings import RunOptions
+from tasks.dask import work as dask_work
 from tests.support import stages
 
 SHARD = 20_000

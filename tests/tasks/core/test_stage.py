@@ -72,11 +72,12 @@ def test_reuse_is_cached_and_force_damage_rebuild(prefect_server, tmp_path, two_
     assert states == {"corpus": "Cached", "tokenizer": "Cached"} and builds == []
     assert (c2, u2) == (c1, u1)
 
-    # Forcing the first stage rebuilds it in place and gives the second stage a new version (lineage).
+    # Forcing the first stage rebuilds it in place; its bytes are the same, so the second stage, which names it
+    # by its content digest, keeps its version and is reused.
     c3, u3, states, builds = _run(two_stage_flow, root, force=["corpus"])
-    assert states == {"corpus": "Completed", "tokenizer": "Completed"} and builds == ["source", "upper"]
+    assert states == {"corpus": "Completed", "tokenizer": "Cached"} and builds == ["source"]
     assert c3["version"] == c1["version"] and c3["build_id"] != c1["build_id"]
-    assert u3["version"] != u1["version"] and Path(u1["path"]).is_dir(), "old downstream version is kept"
+    assert u3 == u1
 
     # A damaged file is detected before anything is reused, logged and rebuilt.
     (Path(u3["path"]) / "b.txt").write_text("X")
@@ -116,16 +117,19 @@ def test_failed_build_publishes_nothing(tmp_path):
 
 
 def test_a_manifest_records_its_inputs_lineage_but_no_path(tmp_path):
-    """An input's path belongs to the root it was read from; the manifest keeps stage, version and build id
-    only, so a moved or copied root holds nothing of where it came from."""
+    """An input's path belongs to the root it was read from; the manifest keeps stage, version, build id and
+    content digest only, so a moved or copied root holds nothing of where it came from."""
     import json
+
+    from tasks.store import content_digest
 
     run = RunOptions(artifacts_dir=str(tmp_path))
     corpus = make_source.fn(WordSettings(word="lineage"), run)
     upper = make_upper.fn(corpus, NoSettings(), run)
     manifest = json.loads((Path(upper["path"]) / "manifest.json").read_text())
+    digest = content_digest(json.loads((Path(corpus["path"]) / "manifest.json").read_text()))
     assert manifest["inputs"] == {
-        "corpus": {"stage": "corpus", "version": corpus["version"], "build_id": corpus["build_id"]}
+        "corpus": {"stage": "corpus", "version": corpus["version"], "build_id": corpus["build_id"], "digest": digest}
     }
     assert str(tmp_path) not in json.dumps(manifest)
 
@@ -199,3 +203,35 @@ def test_settings_are_resolved_once(tmp_path, monkeypatch):
     stage.reuse_or_build(settled, run, {})
     assert calls == ["a", "b"], "resolved settings are not resolved again"
     assert settled.model_copy(update={"word": "c"}).resolved_once().word == "C" and calls[-1] == "c"
+
+
+def test_an_input_is_named_by_its_bytes(tmp_path):
+    """Equal input bytes on two roots give equal downstream versions; an input rebuilt with other bytes gives a
+    new one and leaves the version built from the old bytes stale."""
+    from tasks.store import ArtifactStore
+
+    ups = []
+    for root in (tmp_path / "a", tmp_path / "b"):
+        run = RunOptions(artifacts_dir=str(root))
+        corpus = make_source.fn(WordSettings(word="same"), run)
+        ups.append((corpus, make_upper.fn(corpus, NoSettings(), run)))
+    (ca, ua), (cb, ub) = ups
+    assert ca["build_id"] != cb["build_id"] and ua["version"] == ub["version"]
+
+    # the corpus of root b rebuilt in place with other bytes (same version id: its settings did not change)
+    def other_bytes(ctx, settings: WordSettings) -> dict:
+        (ctx.out / "a.txt").write_text("other bytes")
+        return {}
+
+    run_b = RunOptions(artifacts_dir=str(tmp_path / "b"), force=("corpus",))
+    rebuilt = Stage("corpus", WordSettings, "1", other_bytes, lambda m: "").reuse_or_build(
+        WordSettings(word="same"), run_b, {}
+    )
+    assert rebuilt["version"] == cb["version"]
+    stale = ArtifactStore(tmp_path / "b", ("corpus", "tokenizer")).stale_versions({"corpus": "1", "tokenizer": "1"})
+    assert stale == {
+        ("tokenizer", ub["version"]): f"its input corpus/{cb['version']} was rebuilt with other "
+        "bytes since, so no run reuses it"
+    }
+    again = make_upper.fn(rebuilt, NoSettings(), RunOptions(artifacts_dir=str(tmp_path / "b")))
+    assert again["version"] != ub["version"] and (Path(again["path"]) / "b.txt").read_text() == "OTHER BYTES"

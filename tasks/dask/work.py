@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from mygpt.errors import UserError
-from tasks.core import dask_shared
 
 CONNECT_TIMEOUT_S = 10  # how long to try to reach run.dask_address before giving up
 SCHEMES = ("tcp", "tls")  # the Dask protocols dask_address may name (none = tcp)
@@ -220,69 +219,14 @@ def dask_client(run, log, *, needs: Iterable[str] = ()) -> Iterator[Any]:
                 client.close()
             return
         n = local_workers(run)
-        with dask_shared.local_cluster(n, _local_cluster) as cluster, Client(cluster, set_as_default=False) as client:
+        with _local_cluster(n) as cluster, Client(cluster, set_as_default=False) as client:
             log.info(
-                "dask: local cluster of %d worker%s (%s%s)",
+                "dask: local cluster of %d worker%s (%s)",
                 n,
                 "s" if n > 1 else "",
                 "processes on 127.0.0.1" if n > 1 else "threads in this process",
-                "; shared by this run's stages" if dask_shared.sharing() else "",
             )
             yield client
-
-
-@contextlib.contextmanager
-def shared_local_clusters() -> Iterator[Callable[[], object]]:
-    """A flow run's stages share their local cluster within (``dask_shared``); yields ``release`` (close it now)."""
-    with dask_shared.shared_clusters(_quiet_start, _quiet_close) as release:
-        yield release
-
-
-def _quiet_start(n: int) -> Any:
-    """Start a local cluster without its INFO lines (started ahead, no stage's ``dask_client`` quiets it)."""
-    with _quiet_distributed():
-        return _local_cluster(n)
-
-
-#: How long a closing worker process is given to stop on its own before it is terminated (its nanny's ``close``
-#: timeout): the run's cluster is closed once no stage needs it, so its workers hold nothing worth a graceful exit.
-WORKER_STOP_S = 0.1
-
-
-def _quiet_close(cluster: Any) -> None:
-    """Close a local cluster without its INFO lines (in the background: after the stages that used it); returns
-    once its worker processes have ended. The nannies are closed first with a short timeout (:data:`WORKER_STOP_S`),
-    so each worker process is terminated instead of shutting down gracefully (which waits for what it still runs,
-    and is slow for a process holding a few hundred MB). Why: torch's import started ahead (:mod:`tasks.core.ahead`)
-    waits for the workers' memory to be given back before it begins, and the model stage waits for that import."""
-    from distributed import Nanny
-
-    nannies = [w for w in getattr(cluster, "workers", {}).values() if isinstance(w, Nanny)]
-    procs = _processes(w.pid for w in nannies)
-    with _quiet_distributed():
-        # the nanny's "still alive ..., killing" warning: meant here
-        with _raised_level("distributed.nanny", logging.ERROR), contextlib.suppress(Exception):
-            cluster.sync(_close_nannies, nannies, WORKER_STOP_S)  # e.g. a process not joined in time: close() waits
-        cluster.close()
-    import psutil
-
-    psutil.wait_procs(procs, timeout=10)
-
-
-async def _close_nannies(nannies: list, timeout: float) -> None:
-    await asyncio.gather(*(n.close(timeout=timeout, reason="cluster-release") for n in nannies))
-
-
-def _processes(pids: Iterable[int | None]) -> list:
-    """``psutil.Process`` handles of ``pids`` still running (a handle knows its process, whatever reuses its pid)."""
-    import psutil
-
-    procs = []
-    for pid in pids:
-        if pid:
-            with contextlib.suppress(psutil.Error):
-                procs.append(psutil.Process(pid))
-    return procs
 
 
 def _local_cluster(n: int) -> Any:
