@@ -19,6 +19,7 @@ from tasks.core import dask_work
 from tasks.core import shard_format as SF
 from tasks.core.settings import RunOptions
 from tests.support import stages
+from tests.support.corpus_runs import joined_splits
 
 SHARD = 20_000
 CHUNK = 100_000  # several chunks for train (~930 KB), one each for valid and test
@@ -211,7 +212,7 @@ def test_missing_characters_are_the_chapters_analysis(inputs, baseline):
     """The encode pass's count of characters outside the alphabet = the chapter's analysis of wikipedia.txt."""
     _, corpus, tokenizer = inputs
     alphabet = set(BPETokenizer.load(Path(tokenizer["path"]) / "tokenizer.json").chars)
-    full = (Path(corpus["path"]) / "wikipedia.txt").read_text(encoding="utf-8")
+    full = joined_splits(Path(corpus["path"])).decode("utf-8")
     missing = {}
     for c in full:
         if c not in alphabet:
