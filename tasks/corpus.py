@@ -19,7 +19,7 @@ from tasks.core.report import Markdown, md_code, md_row, md_text, summary_table
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.core.urls import address_sha256, redact_url, stored_url
-from tasks.corpora import wikitext
+from tasks.corpora import text, wikitext
 from tasks.corpora.source import SourceContext
 from tasks.corpora.splits import split_files
 from tasks.corpora.writer import write_corpus
@@ -28,7 +28,7 @@ from tasks.sources.fetched import source_line
 from tasks.store import ArtifactStore
 
 #: the corpus kinds, by ``corpus.kind``: one adapter module each
-KINDS = {source.kind: source for source in (wikitext.SOURCE,)}
+KINDS = {source.kind: source for source in (wikitext.SOURCE, text.SOURCE)}
 DEFAULT_URL = wikitext.DEFAULT_URL
 PINNED_BYTES = wikitext.PINNED_BYTES
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
