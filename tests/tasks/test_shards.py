@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.mirror import MEMBER, build_wikitext_zip, make_zip
+from flows.mirror import build_wikitext_zip
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
 from tasks import shards as E
@@ -19,6 +19,7 @@ from tasks.core import dask_work
 from tasks.core import shard_format as SF
 from tasks.core.settings import RunOptions
 from tests.support import stages
+from tests.support.corpora import corpus_from_text
 from tests.support.corpus_runs import joined_splits
 
 SHARD = 20_000
@@ -251,18 +252,9 @@ def test_unk_policy_error_names_the_characters(inputs, tmp_path):
 
 
 def test_empty_split_gets_one_empty_shard_and_vocab_dtype(tmp_path):
-    zpath = tmp_path / "w.zip"
-    zpath.write_bytes(
-        make_zip(
-            {
-                MEMBER.format(split="train"): " a b a b c\n" * 50,
-                MEMBER.format(split="valid"): " = Only a header = \n",
-                MEMBER.format(split="test"): " c a\n",
-            }
-        )
-    )
     root = tmp_path / "art"
-    corpus = stages.corpus(root, source_url=zpath.as_uri())
+    splits = {"train": " a b a b c\n" * 50, "valid": " = Only a header = \n", "test": " c a\n"}
+    corpus = corpus_from_text(root, tmp_path / "src", splits)
     tokenizer = stages.tokenizer(root, corpus, num_merges=4, run={"workers": 1})
     ref = stages.shards(root, corpus, tokenizer, shard_tokens=40, run={"workers": 1})
     paths = SF.shard_paths(ref["path"], "valid")
