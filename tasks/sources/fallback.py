@@ -16,7 +16,7 @@ FALLBACK_PROBE_ATTEMPTS = 2
 
 
 def last_known_version(settings: FetchedSource, store: ArtifactStore, stage: Stage) -> VersionInfo | None:
-    """The corpus's: the version (same settings and code version) whose zip ``source_url`` served last; None when
+    """The corpus's: the version (same settings and code version) whose file ``source_url`` served last; None when
     there is none. A version from before addresses were recorded matches by its redacted ``source_url`` only when
     the URL has no query (``?f=***`` would match any file)."""
     legacy = None if urllib.parse.urlsplit(settings.source_url).query else settings.shown_url

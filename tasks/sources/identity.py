@@ -1,4 +1,5 @@
-"""The content identity of the zip at a source URL (``{"sha256", "bytes"}``): what its stage's version names."""
+"""The content identity (``{"sha256", "bytes"}``) of the file at a source URL (the corpus's zip or text): what its
+stage's version names."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from tasks.store import ArtifactStore
 
 
 def fetched_identity(settings: FetchedSource, store: ArtifactStore, log, stage: Stage) -> dict:
-    """The sha256 and size of the zip at ``source_url``, whatever URL served it (docs/CORPUS.md).
+    """The sha256 and size of the file at ``source_url``, whatever URL served it (docs/CORPUS.md).
 
     From the source index when the server's answer now was recorded before (one probe, no download); else
     downloaded and hashed now, and recorded when the server's validators name one content. Unreachable
@@ -92,7 +93,7 @@ def _served(settings: FetchedSource, index: SourceIndex, identity: dict) -> dict
 def _download_and_hash(
     settings: FetchedSource, store: ArtifactStore, stage: Stage, key: dict, validators: dict, dest: Path, log
 ) -> dict:
-    """Download the zip to ``dest`` and hash it; record the answer when the validators name one content."""
+    """Download the file to ``dest`` and hash it; record the answer when the validators name one content."""
     index = stage_sources(store, stage.name)
     announced = validators.get("bytes")
     is_trusted = trusted(validators)
