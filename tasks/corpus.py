@@ -21,7 +21,7 @@ from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.core.urls import address_sha256, redact_url, stored_url
 from tasks.corpora import text, wikitext
 from tasks.corpora.source import SourceContext
-from tasks.corpora.splits import split_files
+from tasks.corpora.splits import split_file_names, split_files
 from tasks.corpora.writer import write_corpus
 from tasks.sources.download import MAX_ZIP_BYTES
 from tasks.sources.fetched import source_line
@@ -261,13 +261,14 @@ def report(manifest: dict) -> str:
         "| file | bytes | chars | lines | header matches stripped | lines removed | sha256 |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
-    for files in split_files(manifest):
-        st = m.get("splits", {}).get(files.split)
-        if not st:
-            continue
+    stats = m.get("splits", {})
+    named = {f.split: f.text for f in split_files(manifest)}
+    for split in [*(s for s in named if s in stats), *(s for s in stats if s not in named)]:
+        st = stats[split]
+        text = named.get(split) or split_file_names(split, False).text
         counts = (f"{st[k]:,}" for k in ("bytes", "chars", "lines", "headers_stripped", "lines_removed"))
-        sha = _file_sha256(manifest, files.text, st)
-        lines.append(md_row(files.text, *counts, Markdown(md_code(sha[:16]) + "…")))
+        sha = _file_sha256(manifest, text, st)
+        lines.append(md_row(text, *counts, Markdown(md_code(sha[:16]) + "…")))
     return "\n".join(lines) + "\n"
 
 
