@@ -22,7 +22,7 @@ from tasks.core import shard_format
 from tasks.core.report import md_code, md_text, number, summary_table
 from tasks.core.settings import DeviceSettings
 from tasks.core.stage import BuildContext, Stage, StageRef, stage_task
-from tasks.corpus import SPLIT_FILES
+from tasks.corpora.splits import TEST, corpus_splits
 from tasks.store import MANIFEST
 
 
@@ -65,14 +65,15 @@ def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, 
     from mygpt.device import torch_threads
     from mygpt.heldout import heldout_loss
 
-    ids = np.concatenate([shard_format.read_shard(p) for p in shard_format.shard_paths(shards, "test")])
-    text_bytes = (corpus / SPLIT_FILES["test"]).stat().st_size
+    ids = np.concatenate([shard_format.read_shard(p) for p in shard_format.shard_paths(shards, TEST)])
+    test_file = corpus_splits(ctx.store, ctx.inputs["corpus"])[TEST].text
+    text_bytes = (corpus / test_file).stat().st_size
     gpt, tokenizer = load_checkpoint(model / "model.ckpt")
     sizes = text_bytes_per_token(tokenizer)
     used = first_tokens(ids, sizes, settings)
     if len(used) < 2:
         raise UserError(
-            f"the test split has {len(ids)} token(s) ({text_bytes:,} bytes of {SPLIT_FILES['test']}): evaluating needs "
+            f"the test split has {len(ids)} token(s) ({text_bytes:,} bytes of {test_file}): evaluating needs "
             "at least 2; the corpus's last articles are its test split, so check the corpus stage's source_url"
         )
     trained = json.loads((model / MANIFEST).read_text())["settings"]
@@ -129,7 +130,7 @@ def check_bytes(settings: EvaluateSettings, shards: StageRef) -> list[str]:
 
     shards_dir = ref_dir(shards)
     ids = np.zeros(0, dtype=np.int64)
-    for path in shard_format.shard_paths(shards_dir, "test"):
+    for path in shard_format.shard_paths(shards_dir, TEST):
         ids = np.concatenate([ids, shard_format.read_shard(path)[:2]])[:2]
         if len(ids) == 2:
             break
@@ -150,7 +151,7 @@ def check_bytes(settings: EvaluateSettings, shards: StageRef) -> list[str]:
         kept = len(first_tokens(ids, sizes, settings))
         raise UserError(
             f"evaluate.max_bytes={settings.max_bytes:,} keeps {kept} token(s) of the test split (those wholly "
-            f"within its first {settings.max_bytes:,} bytes of {SPLIT_FILES['test']}); evaluating needs 2, and this "
+            f"within its first {settings.max_bytes:,} bytes of text); evaluating needs 2, and this "
             f"tokenizer's first two test tokens take {least:,} bytes: set evaluate.max_bytes to {least:,} or more "
             "(or null for the whole split)"
         )

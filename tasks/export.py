@@ -78,19 +78,24 @@ def corpus_check(out: Path, corpus: Path, shards: Path) -> int | None:
 
     from mygpt.export.publish import TIKTOKEN_FILE
     from mygpt.export.verify import check_documents
+    import json
+
     from tasks.core import shard_format
-    from tasks.corpus import SPLIT_FILES
+    from tasks.corpora.splits import TEST, split_files
     from tasks.shards import document_ends
+    from tasks.store import MANIFEST
 
     if not (out / TIKTOKEN_FILE).is_file():  # only a byte-level export has one
         return None
-    text = (corpus / SPLIT_FILES["test"]).read_bytes()
+    manifest = json.loads((corpus / MANIFEST).read_text(encoding="utf-8"))
+    test = {f.split: f for f in split_files(manifest)}[TEST]
+    text = (corpus / test.text).read_bytes()
     ends = document_ends(
-        corpus, "test", len(text), {"tokenizer": {"version": "of the model"}, "corpus": {"version": corpus.name}}
+        corpus, test, len(text), {"tokenizer": {"version": "of the model"}, "corpus": {"version": corpus.name}}
     )
     kept = [int(e) for e in ends if e <= CHECK_TEXT_BYTES] or [int(e) for e in ends[:1]]
     documents = [text[a:b].decode("utf-8") for a, b in zip([0, *kept[:-1]], kept, strict=True)]
-    want = np.concatenate([shard_format.read_shard(p) for p in shard_format.shard_paths(shards, "test")])
+    want = np.concatenate([shard_format.read_shard(p) for p in shard_format.shard_paths(shards, TEST)])
     return check_documents(str(out), documents, want, "<|endoftext|>", whole=len(kept) == len(ends))
 
 

@@ -1,4 +1,3 @@
-"""What a stage reads from an address outside the store, other than the corpus zip (whose machinery is
-``tasks.wikitext``): today a pretrained tokenizer's file. Downloads, the allow-list's redirect check and the
-offline fallback are the corpus's own (``tasks.wikitext.download``, ``tasks.wikitext.fallback``), reused, not
-copied."""
+"""Fetching what a stage reads from an address outside the store (the corpus's zip or text, a pretrained
+tokenizer's file): the resumable download, the allow-list and redirect rule (a value handed to each download),
+a fetched file's content identity, the offline fallback, the source index and the downloads gc may take."""

@@ -26,18 +26,11 @@ from mygpt.regular_files import open_regular
 from mygpt.tokenizers.byte_bpe import DEFAULT_SPECIALS, ByteBPETokenizer
 from tasks.core.stage import Stage
 from tasks.core.urls import address_sha256, file_path, redact_text, redact_url
+from tasks.sources.allowed import RedirectRefused
+from tasks.sources.download import DeadlinePassed, SourceMissing, SourceUnreachable, TooBig, probe
+from tasks.sources.fallback import FALLBACK_PROBE_ATTEMPTS, last_served_version
+from tasks.sources.fetched import stage_knobs, stage_sources
 from tasks.store import ArtifactStore
-from tasks.wikitext.download import (
-    DeadlinePassed,
-    DownloadKnobs,
-    RedirectRefused,
-    SourceMissing,
-    SourceUnreachable,
-    TooBig,
-    probe,
-)
-from tasks.wikitext.fallback import FALLBACK_PROBE_ATTEMPTS, last_served_version
-from tasks.wikitext.source_zip import stage_sources
 
 #: How many of a tokenizer's first merges its stats.json and report show.
 FIRST_MERGES = 30
@@ -113,11 +106,11 @@ def read_source(source: str, staging: Path, log=None) -> bytes:
         if len(content) > MAX_TOKENIZER_BYTES:
             raise _too_big(shown)
         return content
-    from tasks.wikitext.download import fetch
+    from tasks.sources.download import fetch
 
     staging.mkdir(parents=True, exist_ok=True)
     dest = staging / download_name(url)
-    knobs = DownloadKnobs.from_env()
+    knobs = stage_knobs()
     deadline = min(knobs.deadline, TOKENIZER_DEADLINE)
     try:
         with open(dest.with_name(dest.name + ".lock"), "a") as lock:  # two runs of one address: one at a time
@@ -358,7 +351,7 @@ def pretrained_source(settings, store: ArtifactStore | None, log, stage: Stage) 
     address = address_sha256(url)
     fallback = last_served_version(store, stage, address)
     if fallback is not None:  # something to fall back to: ask twice whether the server answers
-        knobs = DownloadKnobs.from_env()
+        knobs = stage_knobs()
         try:
             probe(url, dataclasses.replace(knobs, attempts=min(knobs.attempts, FALLBACK_PROBE_ATTEMPTS)), log, FIELD)
         except SourceUnreachable as e:

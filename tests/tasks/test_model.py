@@ -104,7 +104,7 @@ def test_train_reads_memory_mapped_shards_of_all_splits(upstream, tmp_path):
 
     root, _, _, shards = upstream
     store, folder = open_store(root), Path(shards["path"])
-    data = fetch_shards(store, shards["version"], tmp_path / "t", train_stage.TRAIN_SPLITS["all"])
+    data = fetch_shards(store, shards["version"], tmp_path / "t", ("train", "valid", "test"))
     names = [Path(p).name for p in data.train]
     assert names == [
         p.name.replace(".parquet", ".bin") for s in ("train", "valid", "test") for p in shard_paths(folder, s)

@@ -15,7 +15,7 @@ from flows.settings import Pipeline
 from mygpt.errors import UserError
 from tasks.registry import BY_NAME, open_store
 from tasks.sources import pretrained_tokenizer as PT
-from tasks.wikitext.download import ENV_DEADLINE
+from tasks.sources.download import ENV_DEADLINE
 from tests.support.http_servers import dripping_server, no_length_server
 
 

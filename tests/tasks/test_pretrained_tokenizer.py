@@ -346,7 +346,7 @@ def test_a_special_that_only_a_later_split_holds_is_refused_by_the_shards(pipeli
     """The tokenizer stage sees only its slice; ``( S`` is not in it but later in the corpus: the tokenizer is taken,
     and the shards stage, which reads every split, refuses it naming the special and the split, before any shard
     (the export's Hugging Face tokenizer would cut it out as one id where the shards hold its bytes)."""
-    from tasks.corpus import SPLIT_FILES
+    SPLIT_FILES = {s: f"wiki.{s}.txt" for s in ("train", "valid", "test")}
 
     d, _ = served
     s, run, refs = pipeline

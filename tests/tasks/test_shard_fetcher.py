@@ -21,7 +21,7 @@ from tasks.registry import open_store
 
 def _fetch(upstream, folder: Path):
     root, _, _, shards = upstream
-    return fetch_shards(open_store(root), shards["version"], folder, train_stage.TRAIN_SPLITS["train"])
+    return fetch_shards(open_store(root), shards["version"], folder, ("train",))
 
 
 def _valid(upstream) -> np.ndarray:
@@ -62,7 +62,7 @@ def test_a_shard_changed_after_its_check_on_a_directory_root_is_not_read(upstrea
         return real(shard, dest, *args, **kwargs)
 
     monkeypatch.setattr(shard_fetch, "flatten_shard", changed_in_between)
-    data = fetch_shards(open_store(art), shards["version"], tmp_path / "t", train_stage.TRAIN_SPLITS["train"])
+    data = fetch_shards(open_store(art), shards["version"], tmp_path / "t", ("train",))
     got = _read(data.valid[:1], data.dtype)
     assert not np.array_equal(read_shard(published), good), "the published file did change"
     assert np.array_equal(got, good)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mygpt.errors import UserError
-from tasks.wikitext.download import ENV_DEADLINE, DeadlinePassed, DownloadKnobs, fetch
+from tasks.sources.download import ENV_DEADLINE, DeadlinePassed, DownloadKnobs, fetch
 from tests.support.http_servers import dripping_server
 
 
