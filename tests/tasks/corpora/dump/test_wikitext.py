@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from tasks.corpora.dump.sample import articles, marked_up
+from tasks.corpora.dump import wikitext_tokens
+from tasks.corpora.dump.sample import articles, marked_up, sample_pages
 from tasks.corpora.dump.wikitext import SiteNames, plain_text
 
 from .conftest import sample_text
@@ -35,8 +36,9 @@ from .conftest import sample_text
         ("東京は[[日本|日本国]]の首都。<ref>出典</ref>", "東京は日本国の首都。"),
     ],
 )
-def test_constructs(wikitext, expected):
-    assert plain_text(wikitext) == (expected + "\n" if expected else "")
+@pytest.mark.parametrize("fast", [True, False])
+def test_constructs(wikitext, expected, fast):
+    assert plain_text(wikitext, fast=fast) == (expected + "\n" if expected else "")
 
 
 def test_headings_are_wikitext103_lines_and_empty_sections_go():
@@ -76,3 +78,26 @@ def _with_text_under(lines: list[str]) -> list[str]:
             if level[j] <= level[i]:
                 break
     return kept
+
+
+def test_the_token_walk_equals_the_tree_walk_on_real_shaped_pages():
+    pages = [p.wikitext for p in sample_pages(sample_text(30), seed=5)]
+    for wikitext in pages:
+        wikitext_tokens.walk(wikitext, SiteNames.of({}), [])  # no page of the sample needs the plain way
+        assert plain_text(wikitext, fast=True) == plain_text(wikitext, fast=False)
+
+
+@pytest.mark.parametrize(
+    "wikitext",
+    [
+        "[[{{tpl}}|x]] y",  # markup in a link's target: the plain way
+        "<span style={{s}}>kept</span> <div class='a'><div>in</div></div> <ref group=a>r</ref>",
+        "[[a|b [[c]] d]] [[a|]] [[#section]] [[x#y|z]]",
+        "&#65;&#x42;&eacute;&bogus; {{{arg|default}}} <!-- open",
+        "== {{t}} ==\n== [[a|b]] ''c'' ==\ntext\n<nowiki>[[not a link]] {{not}}</nowiki>",
+        "<table><tr><td>cell</td></tr></table> <references>\n<ref name=a>x</ref>\n</references> after",
+        "{| \n|+ caption\n|-\n! h\n|}\n* [[File:x.png|thumb|{{a|[[b]]}}]] item",
+    ],
+)
+def test_the_token_walk_equals_the_tree_walk_on_edge_cases(wikitext):
+    assert plain_text(wikitext, fast=True) == plain_text(wikitext, fast=False)
