@@ -275,7 +275,7 @@ def main(argv=None) -> int:
                 run = {"run": label, "wall_s": round(wall, 3), "states": states, "http_requests": len(mirror.requests)}
                 results["runs"].append(run)
                 print(json.dumps(run), flush=True)
-        text_bytes = sum(p.stat().st_size for p in root.glob("corpus/*/wikipedia.txt"))
+        text_bytes = sum(p.stat().st_size for p in root.glob("corpus/*/wiki.*.txt"))
         results["wikipedia_txt_bytes"] = text_bytes
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "cached_rerun.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -176,7 +176,7 @@ def bench_kind(kind: str, src: Path, args) -> dict:
     from mygpt.tokenizers.files import save_tokenizer_file
     from tasks.core.settings import RunOptions
     from tasks.core.stage import StageRef
-    from tasks.corpus import ARTICLE_FILES
+    from tasks.corpora.splits import split_file_names
     from tasks.registry import open_store
     from tasks.shards import ShardsSettings, encode_shards
 
@@ -194,7 +194,7 @@ def bench_kind(kind: str, src: Path, args) -> dict:
     files = [cdir / f"wiki.{s}.txt" for s in ("train", "valid", "test")]
     if kind == "byte":
         for split, path in zip(("train", "valid", "test"), files):
-            np.save(cdir / ARTICLE_FILES[split], article_starts(path))
+            np.save(cdir / split_file_names(split, True).articles, article_starts(path))
     tokenizer_build = store.open_build("tokenizer", "bench")
     tdir = tokenizer_build.out
     with open(src, "rb") as f:

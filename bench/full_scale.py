@@ -276,7 +276,7 @@ def stage_details(refs: dict) -> dict:
     ]
     return {
         "corpus": f"download {c['download_seconds']:.1f}; unzip + strip + write {c['extract_seconds']:.1f}; "
-        f"{c['wikipedia']['bytes'] / 1e6:.0f} MB of text",
+        f"{sum(st['bytes'] for st in c['splits'].values()) / 1e6:.0f} MB of text",
         "tokenizer": "; ".join(tok_parts) + f" (slice {t['train_bytes'] / 1e6:.0f} MB)",
         "shards": f"{s['encoded_bytes_this_run'] / 1e6:.0f} MB at {s['mb_per_s']} MB/s with {s['workers']} worker(s); "
         f"{len(s['shards'])} shards",

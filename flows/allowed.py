@@ -2,50 +2,32 @@
 (``WIKI_PIPELINE_ALLOWED_SOURCES``) and Dask schedulers (``WIKI_PIPELINE_ALLOWED_SCHEDULERS``) its environment
 allows; unset means the defaults for a deployment run (for schedulers: none, only a local cluster the run starts)
 and everything for a person's own run (docs/SERVING.md). :func:`check_allowed` refuses the rest with a
-``UserError``, and :func:`check_redirect` every redirect a download is sent to outside them. The environment is
+``UserError``; the source list is :class:`tasks.sources.allowed.SourcePolicy`, which each download is handed to
+check its redirects with. The environment is
 the worker's own: the work pool's base job template (:data:`WORK_POOL_TEMPLATE`) lets no caller set a run's
 environment, command or working directory."""
 
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 import urllib.parse
 from collections.abc import Iterable, Mapping
 
 from mygpt.errors import UserError
-from tasks.core.urls import redact_url
+from tasks.sources.allowed import DEFAULT, ENV_SOURCES, SourcePolicy, in_deployment_run
 from tasks.store import normal_url
-from tasks.wikitext.download import RedirectRefused, check_redirects_with
 
 ENV_ROOTS = "WIKI_PIPELINE_ALLOWED_ROOTS"
-ENV_SOURCES = "WIKI_PIPELINE_ALLOWED_SOURCES"
 ENV_SCHEDULERS = "WIKI_PIPELINE_ALLOWED_SCHEDULERS"
 WORK_POOL_TEMPLATE = "prefect-work-pool.json"  # in the repository root: what a work pool lets a run's caller vary
 WORKER_JOB_VARIABLES = ("command", "env", "working_dir")  # what the worker runs, and with which environment
-DEFAULT = "default"  # in either list: the defaults
 
 
 def default_roots() -> list[str]:
     from tasks.store import default_root
 
     return [str(default_root())]
-
-
-def default_sources() -> list[str]:
-    from flows.mirror import DEMO_PORT
-    from tasks.corpus import DEFAULT_URL
-
-    return [DEFAULT_URL, f"http://127.0.0.1:{DEMO_PORT}/"]
-
-
-def in_deployment_run() -> bool:
-    """Whether this process runs a flow run of a deployment (triggered by a client of this machine's runner or
-    worker), not a person's own ``wiki-pipeline run``."""
-    from prefect.runtime import deployment
-
-    return deployment.id is not None
 
 
 def allowed_roots(deployment: bool = False) -> list[str] | None:
@@ -68,25 +50,6 @@ def allowed_roots(deployment: bool = False) -> list[str] | None:
                 raise UserError(f"{ENV_ROOTS}: {item!r} is not an absolute path; list absolute directories")
             roots.append(os.path.expanduser(item))
     return roots
-
-
-def allowed_sources(deployment: bool = False) -> list[str] | None:
-    """The allowed source URL prefixes from the environment, or None when every source is allowed; unset, the
-    defaults for a deployment run."""
-    value = os.environ.get(ENV_SOURCES, "").strip() or (DEFAULT if deployment else "")
-    if not value:
-        return None
-    sources = []
-    for item in re.split(r"[\s,]+", value):
-        if item == DEFAULT:
-            sources += default_sources()
-        elif item:
-            if not _parts(item):
-                raise UserError(
-                    f"{ENV_SOURCES}: {item!r} is not a URL prefix like https://host/path/ or file:///dir/; fix it"
-                )
-            sources.append(item)
-    return sources
 
 
 def allowed_schedulers(deployment: bool = False) -> list[tuple[str, str, int]] | None:
@@ -140,32 +103,11 @@ def check_allowed(root: str, source_urls: Mapping[str, str], dask_address: str |
             f"machine allows ({_shown(ENV_ROOTS, os.pathsep.join(roots))}); choose a root inside one of them, or "
             f"ask whoever runs this worker to add yours to {ENV_ROOTS}"
         )
-    sources = allowed_sources(deployment)
+    sources = SourcePolicy.from_env(deployment)
     for field, source_url in source_urls.items():
-        if sources is not None and not any(_url_under(source_url, allowed) for allowed in sources):
-            raise UserError(
-                f"{field} {redact_url(source_url)} is outside the sources this machine allows "
-                f"({_shown(ENV_SOURCES, ' '.join(sources))}); use one of them, or ask whoever runs this worker to "
-                f"add yours to {ENV_SOURCES}"
-            )
+        sources.check(field, source_url)
     if dask_address:
         _check_scheduler(dask_address, allowed_schedulers(deployment))
-
-
-def check_redirect(field: str, from_url: str, to_url: str) -> None:
-    """:class:`RedirectRefused` when a download of ``field`` is redirected (by the hop ``from_url``) to ``to_url``
-    outside this machine's source allow-list; installed for every download of this process (below). Why each
-    redirect: the list names what a run may download, and a server it allows could otherwise send it anywhere."""
-    sources = allowed_sources(in_deployment_run())
-    if sources is not None and not any(_url_under(to_url, allowed) for allowed in sources):
-        raise RedirectRefused(
-            f"{field} {redact_url(from_url)} redirects to {redact_url(to_url)}, which is outside the sources this "
-            f"machine allows ({_shown(ENV_SOURCES, ' '.join(sources))}); give a source that serves the file itself, "
-            f"or ask whoever runs this worker to add the address it redirects to to {ENV_SOURCES}"
-        )
-
-
-check_redirects_with(check_redirect)
 
 
 def open_job_variables(base_job_template: dict) -> list[str]:
@@ -239,34 +181,3 @@ def _under(path: str, root: str) -> bool:
         return path == root or path.startswith(root.rstrip("/") + "/")
     path, root = os.path.realpath(path), os.path.realpath(root)
     return os.path.commonpath([path, root]) == root
-
-
-def _parts(url: str) -> tuple[str, str, int | None, str] | None:
-    """``(scheme, host, port, path)`` of ``url`` with the path's ``%``-escapes and dot segments resolved (and, for
-    ``file://``, its symlinks), or None when it is not a URL with a scheme (and a host, but for ``file``)."""
-    if any(c == "\\" or c.isspace() or not c.isprintable() for c in url.strip()):
-        return None  # parsers disagree on these (requests ends the host at a backslash): never allowed
-    try:
-        u = urllib.parse.urlsplit(url.strip())
-        scheme, host, port = u.scheme.lower(), (u.hostname or "").lower(), u.port
-    except ValueError:  # a port that is not a number, a bad IPv6 literal
-        return None
-    if not scheme or (scheme != "file" and not host):
-        return None
-    path = urllib.parse.unquote(u.path) or "/"
-    if scheme == "file":
-        if host not in ("", "localhost"):
-            return None
-        host, path = "", os.path.realpath(path)
-    else:
-        path = posixpath.normpath(path if path.startswith("/") else "/" + path)
-        port = port or {"http": 80, "https": 443, "ftp": 21}.get(scheme)
-    return scheme, host, port, path
-
-
-def _url_under(url: str, prefix: str) -> bool:
-    got, allowed = _parts(url), _parts(prefix)
-    if got is None or allowed is None or got[:3] != allowed[:3]:
-        return False
-    path, base = got[3], allowed[3]
-    return path == base or path.startswith(base.rstrip("/") + "/")

@@ -18,10 +18,11 @@ import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tasks.sources.allowed import DEMO_PORT  # the loopback mirror of --mirror and --demo: an allowed default
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("WIKI_PIPELINE_SHARED_DATA", REPO.parent / "shared" / "data"))
 ZIP_NAME = "wikitext-103-raw-v1.zip"
-DEMO_PORT = 8765  # the loopback mirror of --mirror and scripts/pipeline --demo
 MEMBER = "wikitext-103-raw/wiki.{split}.raw"
 PORT_VARIABLE = "WIKI_PIPELINE_MIRROR_PORT"  # moves the demo's mirror off DEMO_PORT
 _TITLE_RE = re.compile(r"^ = [^=].* = $")

@@ -56,7 +56,7 @@ def loopback_mirror():
 
 
 def cmd_run(args) -> int:
-    from tasks.wikitext.download import DownloadKnobs
+    from tasks.sources.download import DownloadKnobs
 
     with contextlib.ExitStack() as stack:
         settings = checked(args)
@@ -123,7 +123,7 @@ def cmd_serve(args) -> int:
     from flows.settings import source_urls
     from flows.warm_start import install as start_runs_warm
     from flows.wiki_pipeline import wiki_pipeline
-    from tasks.wikitext.download import DownloadKnobs
+    from tasks.sources.download import DownloadKnobs
 
     settings = checked(args)
     check_prefect_server()

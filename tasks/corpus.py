@@ -1,53 +1,56 @@
-"""Stage ``corpus`` (task ``download_corpus``): the wikitext-103-raw-v1 zip -> plain-text splits + wikipedia.txt.
+"""Stage ``corpus`` (task ``download_corpus``): a corpus source (``corpus.kind``) -> plain-text splits.
 
-A version holds ``wiki.{train,valid,test}.txt`` (each split, ``= Header =`` lines stripped) and ``wikipedia.txt``
-(the three in that order), byte-identical to the chapter's ``experiments/50_download_wikipedia.py``; with
-``article_index`` also ``wiki.{split}.articles.npy``: the byte offsets in each split file where an article starts
-(where its `` = Title = `` line was stripped), which the shards stage of a byte-level tokenizer ends articles at.
-It names the zip's content (sha256 and size), not its URL; credentials in the URL are used to download and shown
-nowhere. The design (identity, offline fallback, credentials, bounds): docs/CORPUS.md.
+A version holds ``wiki.{split}.txt`` for each split the manifest lists (``split_files``: read through
+:mod:`tasks.corpora.splits`, never by name), each with ``= Header =`` lines stripped; with ``article_index`` also
+``wiki.{split}.articles.npy``, the byte offsets where each article starts. Kinds: ``wikitext`` (the chapter's
+wikitext-103-raw-v1 zip; ``cat wiki.train.txt wiki.valid.txt wiki.test.txt`` is the chapter's ``wikipedia.txt``
+byte for byte) and ``text`` (your own UTF-8 text). It names the source's content (sha256 and size), not its URL;
+credentials in the URL are used to download and shown nowhere. The design: docs/CORPUS.md.
 """
 
 from __future__ import annotations
 
 import re
-import time
 import urllib.parse
-from collections.abc import Callable
-from pathlib import Path
 
-from pydantic import Field, field_validator, model_serializer
+from pydantic import Field, field_validator, model_serializer, model_validator
 
-from mygpt.errors import UserError
-from tasks.core.report import Markdown, human_bytes, md_code, md_row, md_text, summary_table
+from tasks.core.report import Markdown, md_code, md_row, md_text, summary_table
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
-from tasks.core.urls import address_sha256, file_path, redact_url, stored_url
+from tasks.core.urls import address_sha256, redact_url, stored_url
+from tasks.corpora import text, wikitext
+from tasks.corpora.source import SourceContext
+from tasks.corpora.splits import split_files
+from tasks.corpora.writer import write_corpus
+from tasks.sources.download import MAX_ZIP_BYTES
+from tasks.sources.fetched import source_line
 from tasks.store import ArtifactStore
-from tasks.wikitext.download import MAX_ZIP_BYTES
-from tasks.wikitext.extract import extract_text
-from tasks.wikitext.header_strip import BLOCK_CHARS
-from tasks.wikitext.identity import zip_identity
-from tasks.wikitext.source_zip import NO_DOWNLOAD, check_zip, downloaded_zip, source_line, stage_sources
-from tasks.wikitext.unzip import check_members
 
-DEFAULT_URL = "https://wikitext.smerity.com/wikitext-103-raw-v1.zip"
-PINNED_BYTES = 191_984_949  # the chapter's EXPECTED_BYTES for DEFAULT_URL
-SPLITS = ("train", "valid", "test")
-MEMBERS = {s: f"wikitext-103-raw/wiki.{s}.raw" for s in SPLITS}
-SPLIT_FILES = {s: f"wiki.{s}.txt" for s in SPLITS}
-ARTICLE_FILES = {s: f"wiki.{s}.articles.npy" for s in SPLITS}
-CORPUS_FILE = "wikipedia.txt"
+#: the corpus kinds, by ``corpus.kind``: one adapter module each
+KINDS = {source.kind: source for source in (wikitext.SOURCE, text.SOURCE)}
+DEFAULT_URL = wikitext.DEFAULT_URL
+PINNED_BYTES = wikitext.PINNED_BYTES
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+#: a source without its own splits: the share of documents in valid and in test (by a hash of each id)
+VALID_FRACTION = 0.05
+TEST_FRACTION = 0.05
 
 
 # ---- settings ----------------------------------------------------------------------------------------
 class CorpusSettings(Settings):
-    """Where the wikitext-103-raw-v1 zip comes from and how it is checked."""
+    """Which corpus source (``kind``), where it comes from and how it is checked. Each kind reads some of these
+    (its adapter's ``fields``); one it does not read, given another value than its default, is refused."""
 
+    kind: str = Field(
+        "wikitext",
+        description="the kind of corpus: wikitext (the wikitext-103-raw-v1 zip), or another adapter's: text (your "
+        "own UTF-8 text: a file, a folder of .txt files or an http(s) URL); docs/CORPUS.md",
+    )
     source_url: str = Field(
         DEFAULT_URL,
-        description="the wikitext-103-raw-v1 zip: an http(s):// URL, or file:///absolute/path for a local copy",
+        description="the source: an http(s):// URL, or file:///absolute/path for a local copy (kind=text: a file "
+        "or a folder of .txt files)",
     )
     expected_bytes: int | None = Field(
         None,
@@ -64,13 +67,29 @@ class CorpusSettings(Settings):
         description="also write wiki.{split}.articles.npy, where each article starts; null = as the tokenizer "
         "needs (on for tokenizer.kind=byte or pretrained, whose shards end each article with <|endoftext|>)",
     )
+    valid_fraction: float = Field(
+        VALID_FRACTION,
+        ge=0,
+        le=1,
+        description="kind=text: the share of documents in the valid split (each document's by a hash of its id)",
+    )
+    test_fraction: float = Field(
+        TEST_FRACTION, ge=0, le=1, description="kind=text: the share of documents in the test split"
+    )
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        return kind
 
     @field_validator("source_url")
     @classmethod
     def _check_url(cls, url: str) -> str:
         url = url.strip()
         if not url:
-            raise ValueError("source_url must be an http(s):// or file:// URL of the wikitext-103-raw-v1 zip, got ''")
+            raise ValueError("source_url must be an http(s):// or file:// URL of the corpus source, got ''")
         shown = redact_url(url)
         odd = sorted({c for c in url if c == "\\" or c.isspace() or not c.isprintable()})
         if odd:  # parsers disagree on these (requests ends the host at a backslash, urllib.parse does not)
@@ -118,6 +137,25 @@ class CorpusSettings(Settings):
             raise ValueError(f"expected_sha256 must be 64 hexadecimal digits (the output of sha256sum), got {value!r}")
         return value.strip().lower() if value is not None else None
 
+    @model_validator(mode="after")
+    def _kind_reads_them(self) -> CorpusSettings:
+        """A setting the kind does not read is refused, never dropped (with its default value it is not given)."""
+        reads = KINDS[self.kind].fields
+        for name, field in type(self).model_fields.items():
+            if name != "kind" and name not in reads and getattr(self, name) != field.default:
+                raise ValueError(
+                    f"corpus.kind={self.kind} does not read corpus.{name} (it reads {', '.join(sorted(reads))}); "
+                    f"remove corpus.{name}, or choose the kind that reads it"
+                )
+        if self.valid_fraction + self.test_fraction >= 1:
+            raise ValueError(
+                f"valid_fraction + test_fraction must be below 1 (the rest is train), got "
+                f"{self.valid_fraction} + {self.test_fraction}"
+            )
+        if self.kind != "wikitext" and self.source_url == DEFAULT_URL:
+            raise ValueError(f"corpus.kind={self.kind} needs corpus.source_url: the file, folder or URL of its text")
+        return self
+
     @model_serializer(mode="wrap")
     def _without_credentials(self, handler, info):
         """The JSON form (version id, manifest, UI, Prefect's parameters) never carries credentials."""
@@ -127,9 +165,12 @@ class CorpusSettings(Settings):
         return data
 
     def version_params(self) -> dict:
-        """Without ``source_url``: it says where the zip comes from; :func:`source_identity` says what it is. And
-        ``article_index`` only when set: a corpus without it keeps the version id it had before the setting."""
-        params = super().version_params()
+        """Without ``source_url``: it says where the source comes from; :func:`source_identity` says what it is. And
+        ``article_index`` only when set: a corpus without it keeps the version id it had before the setting.
+        Of the others, only those the kind reads, and the kind only when not ``wikitext``: the default run keeps the
+        version id it had before there were kinds."""
+        reads = KINDS[self.kind].fields
+        params = {k: v for k, v in super().version_params().items() if k in reads or (k == "kind" and v != "wikitext")}
         params.pop("source_url", None)
         if not params.get("article_index"):
             params.pop("article_index", None)
@@ -159,97 +200,25 @@ class CorpusSettings(Settings):
         return self.source_url.lower().startswith("file:")
 
     @property
-    def max_zip_bytes(self) -> int:
+    def max_fetch_bytes(self) -> int:
         """The most the download may bring: ``expected_bytes``, else ``MAX_ZIP_BYTES``."""
         return self.expected_bytes or MAX_ZIP_BYTES
 
 
 # ---- what is at source_url ------------------------------------------------------------------------
 def source_identity(settings: CorpusSettings, store: ArtifactStore, log) -> dict:
-    """The content identity ``{"sha256", "bytes"}`` of the zip at ``source_url`` (``Stage.source``)."""
-    return zip_identity(settings, store, log, STAGE)
-
-
-# ---- unzip + strip ----------------------------------------------------------------------------------------
-def extract_corpus(
-    zip_path: Path,
-    out_dir: Path,
-    *,
-    source: str,
-    progress=None,
-    block_chars: int = BLOCK_CHARS,
-    article_index: bool = False,
-    hashed: Callable[[Path, int, str], None] | None = None,
-) -> dict:
-    """Unzip the three splits, strip headers, write the split files and wikipedia.txt (and with ``article_index``
-    the article starts). Returns per-split metrics. ``hashed``: see :func:`extract_text`."""
-    members = {split: (MEMBERS[split], SPLIT_FILES[split]) for split in SPLITS}
-    m = extract_text(
-        zip_path,
-        out_dir,
-        members,
-        CORPUS_FILE,
-        source=source,
-        progress=progress,
-        block_chars=block_chars,
-        layout_hint="source_url must point at the wikitext-103-raw-v1 zip",
-        article_files=ARTICLE_FILES if article_index else None,
-        hashed=hashed,
-    )
-    return {"splits": m["members"], "wikipedia": m["joined"]}
+    """The content identity of the kind's source (``Stage.source``): what the version names."""
+    return KINDS[settings.kind].identity(settings, SourceContext(store, log, STAGE))
 
 
 # ---- the stage ---------------------------------------------------------------------------------------
 def build_corpus(ctx: BuildContext, settings: CorpusSettings) -> dict:
-    """Fetch the zip (or open the file:// one), check it, and write the stripped splits + wikipedia.txt."""
-    shown = settings.shown_url
-    index = stage_sources(ctx.store, STAGE.name)
-    t0 = time.monotonic()
-    facts: dict = dict(NO_DOWNLOAD)
-    ours = not settings.is_file
-    if ours:
-        zip_path, facts = downloaded_zip(ctx, settings, index)
-    else:
-        zip_path = file_path(settings.source_url)
-    size, sha = check_zip(zip_path, settings, ours=ours)
-    if ctx.source and sha != ctx.source.get("sha256"):
-        if ours:
-            zip_path.unlink(missing_ok=True)
-            index.forget(settings.address, ctx.source.get("sha256", ""))
-        raise UserError(
-            f"{shown} now holds other bytes (sha256 {sha}) than the ones this run's version names "
-            f"({ctx.source.get('sha256')}): the file changed while this run was using it; rerun to use the new file"
-        )
-    download_seconds = round(time.monotonic() - t0, 3)
-    ctx.log.info("download: %s is %s, sha256 %s", shown, human_bytes(size), sha)
-    t1 = time.monotonic()
-    try:
-        check_members(zip_path, shown, MEMBERS.values())
-        corpus = extract_corpus(
-            zip_path,
-            ctx.out,
-            source=shown,
-            progress=lambda d, t, m: ctx.progress(d, t, m),
-            article_index=bool(settings.article_index),
-            hashed=ctx.build.hashed,  # publish need not read the text back to hash it
-        )
-    except UserError:
-        if ours:
-            zip_path.unlink(missing_ok=True)  # a rerun fetches again instead of reusing a bad archive ...
-            index.forget(settings.address, sha)  # ... and does not take its sha256 for the address's
-        raise
-    ctx.build.joined(CORPUS_FILE, [SPLIT_FILES[s] for s in SPLITS])  # an object store sends its bytes once
-    ctx.progress(1, 1, "done", force=True)
+    """The kind's source, fetched and checked, through the one writer (:func:`tasks.corpora.writer.write_corpus`)."""
     return {
-        "source_url": shown,
+        "kind": settings.kind,
+        "source_url": settings.shown_url,
         "source_url_sha256": settings.address,  # the address, told apart where the redacted URL cannot
-        "zip_bytes": size,
-        "zip_sha256": sha,
-        "zip_published": False,
-        "download_seconds": download_seconds,
-        "download": facts,
-        "extract_seconds": round(time.monotonic() - t1, 3),
-        **corpus,
+        **write_corpus(KINDS[settings.kind], settings, ctx),
     }
 
 
@@ -262,50 +231,53 @@ def _file_sha256(manifest: dict, name: str, metrics: dict) -> str:
 def report(manifest: dict) -> str:
     m = manifest.get("metrics", {})
     d = m.get("download", {})
+    rows = [
+        ("kind", m.get("kind", "wikitext")),
+        ("source", md_code(redact_url(m.get("source_url") or ""))),
+        ("source identity (part of the version)", source_line(manifest.get("source"), markdown=True)),
+    ]
+    if "zip_bytes" in m:
+        rows += [
+            (
+                "zip",
+                Markdown(
+                    f"{md_text(format(m.get('zip_bytes', 0), ','))} bytes, "
+                    f"sha256 {md_code(m.get('zip_sha256'))} (not kept)"
+                ),
+            ),
+            (
+                "download",
+                f"{m.get('download_seconds', 0):.1f} s; {d.get('tries', 0)} request(s), "
+                f"{d.get('range_requests', 0)} of them resuming (Range); {d.get('resumed_bytes', 0):,} bytes kept "
+                "from an interrupted run",
+            ),
+        ]
+    rows.append(("split + strip + write", f"{m.get('extract_seconds', 0):.1f} s"))
     lines = [
         f"# corpus {md_code(manifest['version'])}",
         "",
-        summary_table(
-            [
-                ("source", md_code(redact_url(m.get("source_url") or ""))),
-                ("source identity (part of the version)", source_line(manifest.get("source"), markdown=True)),
-                (
-                    "zip",
-                    Markdown(
-                        f"{md_text(format(m.get('zip_bytes', 0), ','))} bytes, "
-                        f"sha256 {md_code(m.get('zip_sha256'))} (not kept)"
-                    ),
-                ),
-                (
-                    "download",
-                    f"{m.get('download_seconds', 0):.1f} s; {d.get('tries', 0)} request(s), "
-                    f"{d.get('range_requests', 0)} of them resuming (Range); {d.get('resumed_bytes', 0):,} bytes kept "
-                    "from an interrupted run",
-                ),
-                ("unzip + strip", f"{m.get('extract_seconds', 0):.1f} s"),
-            ]
-        ),
+        summary_table(rows),
         "",
         "| file | bytes | chars | lines | header matches stripped | lines removed | sha256 |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
-    for split in SPLITS:
-        st = m.get("splits", {}).get(split)
+    for files in split_files(manifest):
+        st = m.get("splits", {}).get(files.split)
         if not st:
             continue
         counts = (f"{st[k]:,}" for k in ("bytes", "chars", "lines", "headers_stripped", "lines_removed"))
-        sha = _file_sha256(manifest, SPLIT_FILES[split], st)
-        lines.append(md_row(SPLIT_FILES[split], *counts, Markdown(md_code(sha[:16]) + "…")))
-    w = m.get("wikipedia")
-    if w:
-        counts = (f"{w[k]:,}" for k in ("bytes", "chars", "lines"))
-        sha = _file_sha256(manifest, CORPUS_FILE, w)
-        lines.append(md_row(Markdown(f"**{CORPUS_FILE}**"), *counts, "", "", Markdown(md_code(sha[:16]) + "…")))
+        sha = _file_sha256(manifest, files.text, st)
+        lines.append(md_row(files.text, *counts, Markdown(md_code(sha[:16]) + "…")))
     return "\n".join(lines) + "\n"
 
 
+def _chars(m: dict) -> int:
+    return sum(int(st.get("chars", 0)) for st in (m.get("splits") or {}).values())
+
+
 #: code version 3: the version also depends on what is at source_url and on the URL without its credentials;
-#: 4: on the zip's content (sha256), not on the URL.
+#: 4: on the zip's content (sha256), not on the URL. Kinds (and the split files in the manifest, wikipedia.txt
+#: dropped) left it at 4: the default run's version id is the one it had, and its published versions are reused.
 STAGE = Stage(
     name="corpus",
     settings=CorpusSettings,
@@ -314,6 +286,10 @@ STAGE = Stage(
     report=report,
     source=source_identity,
     alias="download",
-    headline=lambda m: f"{(m.get('wikipedia') or {}).get('chars', 0):,} chars",
+    headline=lambda m: f"{_chars(m):,} chars",
 )
-download_corpus = stage_task(STAGE, "download_corpus", "Download wikitext-103-raw-v1 (or reuse that version).")
+download_corpus = stage_task(
+    STAGE,
+    "download_corpus",
+    "Build the corpus from its source: wikitext-103-raw-v1 or your text (or reuse that version).",
+)

@@ -22,7 +22,7 @@ from tasks.core import shard_format
 from tasks.core.report import md_code, md_text, number, summary_table
 from tasks.core.settings import DeviceSettings
 from tasks.core.stage import BuildContext, Stage, stage_task
-from tasks.corpus import SPLIT_FILES
+from tasks.corpora.splits import TEST, corpus_splits
 from tasks.store import MANIFEST
 
 
@@ -65,14 +65,15 @@ def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, 
     from mygpt.device import torch_threads
     from mygpt.heldout import heldout_loss
 
-    ids = np.concatenate([shard_format.read_shard(p) for p in shard_format.shard_paths(shards, "test")])
-    text_bytes = (corpus / SPLIT_FILES["test"]).stat().st_size
+    ids = np.concatenate([shard_format.read_shard(p) for p in shard_format.shard_paths(shards, TEST)])
+    test_file = corpus_splits(ctx.store, ctx.inputs["corpus"])[TEST].text
+    text_bytes = (corpus / test_file).stat().st_size
     gpt, tokenizer = load_checkpoint(model / "model.ckpt")
     sizes = text_bytes_per_token(tokenizer)
     used = first_tokens(ids, sizes, settings)
     if len(used) < 2:
         raise UserError(
-            f"the test split has {len(ids)} token(s) ({text_bytes:,} bytes of {SPLIT_FILES['test']}): evaluating needs "
+            f"the test split has {len(ids)} token(s) ({text_bytes:,} bytes of {test_file}): evaluating needs "
             "at least 2; the corpus's last articles are its test split, so check the corpus stage's source_url"
         )
     trained = json.loads((model / MANIFEST).read_text())["settings"]

@@ -34,11 +34,22 @@ from tasks.core.report import Markdown, line_chart, md_code, md_row, md_text, nu
 from tasks.core.settings import DeviceSettings, Seed
 from tasks.core.shard_stream import cache_budget, open_stream
 from tasks.core.stage import BuildContext, Stage, stage_task
+from tasks.corpora.source import SPLIT_NAMES
+from tasks.corpora.splits import TRAIN
 from tasks.tokenizer import load_tokenizer
 
 CHECKPOINT = "train.ckpt"  # in ctx.work: the resume checkpoint
-#: ``train_splits`` -> the corpus splits the model trains on
-TRAIN_SPLITS = {"train": ("train",), "all": ("train", "valid", "test")}
+
+
+def trained_splits(choice: str, shards_manifest: dict) -> tuple[str, ...]:
+    """The splits ``train_splits=choice`` trains on: ``train``, or ``all`` the splits the shards version holds
+    (its corpus's, in the corpus's order: ``split_names``; a version from before it recorded them has
+    wikitext's three)."""
+    if choice == "train":
+        return (TRAIN,)
+    return tuple(shards_manifest.get("metrics", {}).get("split_names") or SPLIT_NAMES)
+
+
 # Test hook: after the first checkpoint, stall (so a test can SIGKILL the process at a known point).
 PIPELINE_STALL_ENV = "WIKI_PIPELINE_TEST_STALL_AFTER_CHECKPOINT"
 
@@ -231,7 +242,7 @@ def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokeni
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
 
     s = settings
-    splits = TRAIN_SPLITS[s.train_splits]
+    splits = trained_splits(s.train_splits, ctx.store.get("shards", ctx.inputs["shards"]["version"]).manifest)
     ckpt = ctx.work / CHECKPOINT
     resumed_from = _checkpoint_step(ckpt, ctx.log)
     nproc = s.nproc

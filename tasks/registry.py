@@ -10,8 +10,8 @@ from mygpt.errors import UserError
 from tasks import corpus, evaluate, export, model, samples, shards, tokenizer
 from tasks.core.settings import RunOptions
 from tasks.core.stage import Stage
+from tasks.sources.downloads_gc import untaken_downloads
 from tasks.store import ArtifactStore
-from tasks.wikitext.downloads_gc import untaken_downloads
 
 STAGES: tuple[Stage, ...] = (
     corpus.STAGE,

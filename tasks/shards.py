@@ -25,7 +25,7 @@ from tasks.core import dask_work, shard_format
 from tasks.core.report import md_code, md_row, md_text
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
-from tasks.corpus import ARTICLE_FILES, SPLIT_FILES, SPLITS
+from tasks.corpora.splits import SplitFiles, corpus_splits
 from tasks.tokenizer import load_tokenizer
 
 DEFAULT_CHUNK_BYTES = 8 << 20
@@ -143,7 +143,7 @@ def encoded_chunks(
 
 
 def missing_summary(stats: list[EncodeStats]) -> dict:
-    """The characters outside the tokenizer's alphabet over all splits (= ``wikipedia.txt``): the chapter's
+    """The characters outside the tokenizer's alphabet over all splits (the chapter's ``wikipedia.txt``): the chapter's
     "missing from the slice" analysis."""
     counts: dict[str, int] = {}
     for st in stats:
@@ -161,12 +161,12 @@ def missing_summary(stats: list[EncodeStats]) -> dict:
     }
 
 
-def document_ends(corpus: Path, split: str, size: int, inputs: dict) -> np.ndarray:
+def document_ends(corpus: Path, split: SplitFiles, size: int, inputs: dict) -> np.ndarray:
     """Where ``<|endoftext|>`` follows in ``split`` for a byte-level tokenizer (from the corpus's article index):
     at the end of every article, an empty one too (an offset twice: two in a row), and of any text before the
     first; ``UserError`` when the corpus version has none."""
-    path = corpus / ARTICLE_FILES[split]
-    if not path.is_file():
+    path = corpus / (split.articles or f"wiki.{split.split}.articles.npy")
+    if not split.articles or not path.is_file():
         raise UserError(
             f"the tokenizer version {inputs['tokenizer']['version']} is byte-level, whose shards end each article "
             f"with <|endoftext|>, but corpus version {inputs['corpus']['version']} has no article index ({path.name}); "
@@ -187,8 +187,9 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
     tokenizer_key = f"{tok_ref['version']}.{tok_ref['build_id']}"
     dtype = shard_format.dtype_for_vocab(tok.vocab_size)
     chunk_bytes = ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES
-    files = {s: corpus / SPLIT_FILES[s] for s in SPLITS}  # this process cuts the chunks from these
-    urls = {s: ctx.worker_path("corpus", SPLIT_FILES[s]) for s in SPLITS}  # the workers read their ranges here
+    splits = corpus_splits(ctx.store, ctx.inputs["corpus"])  # the corpus manifest's splits, in its order
+    files = {s: corpus / f.text for s, f in splits.items()}  # this process cuts the chunks from these
+    urls = {s: ctx.worker_path("corpus", f.text) for s, f in splits.items()}  # the workers read their ranges here
     total_bytes = sum(p.stat().st_size for p in files.values()) or 1
 
     rec_path = ctx.work / PROGRESS_FILE
@@ -211,7 +212,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
     workers = None
     with contextlib.ExitStack() as cluster:
         client = None
-        for split in SPLITS:
+        for split in splits:
             path = files[split]
             size = path.stat().st_size
             srec = rec["splits"].setdefault(split, {"shards": [], "done": False, "stats": None})
@@ -276,7 +277,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                         window=2 * workers + 2,
                         name=f"encode-{split}",
                         cut_re=safe_cut_re(tok),
-                        ends=document_ends(corpus, split, size, ctx.inputs) if tok.kind == "byte" else None,
+                        ends=document_ends(corpus, splits[split], size, ctx.inputs) if tok.kind == "byte" else None,
                     ):
                         pos = 0
                         if idx == start_chunk and skip:
@@ -356,7 +357,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
                 "tokens": split_metrics[s]["tokens"],
                 "shards": [{k: v for k, v in sh.items() if k != "split"} for sh in shard_list if sh["split"] == s],
             }
-            for s in SPLITS
+            for s in splits
         },
     }
     atomic_write_text(ctx.out / "shards.json", json.dumps(index, indent=1) + "\n")
@@ -372,6 +373,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
         "chunk_bytes": chunk_bytes,
         "tokens": sum(m["tokens"] for m in split_metrics.values()),
         "splits": split_metrics,
+        "split_names": list(splits),  # the corpus's splits, in its order (a model trained on all of them reads it)
         "missing": missing_summary(split_stats),
         "shards": shard_list,
         "encoded_bytes_this_run": bytes_encoded,
@@ -393,7 +395,7 @@ def _readme(index: dict, split_metrics: dict) -> str:
         "| split | shards | tokens | characters | skipped characters (positions / distinct) |",
         "|---|---:|---:|---:|---:|",
     ]
-    for s in SPLITS:
+    for s in split_metrics:
         m = split_metrics[s]
         lines.append(
             f"| {s} | {m['shards']} | {m['tokens']:,} | {m['chars']:,} | "
@@ -417,7 +419,7 @@ def report(manifest: dict) -> str:
         "| split | shards | tokens | chars | chars/token | skipped positions | skipped distinct | MB/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for s in SPLITS:
+    for s in m.get("splits", {}):
         sm = m.get("splits", {}).get(s)
         if not sm:
             continue
@@ -439,7 +441,7 @@ def report(manifest: dict) -> str:
         lines += [
             "",
             f"Corpus characters missing from the tokenizer's alphabet (the chapter's \"missing from the "
-            f'slice" analysis, over wikipedia.txt = all splits): {miss["missing_distinct"]:,} distinct, '
+            f'slice" analysis, over all splits): {miss["missing_distinct"]:,} distinct, '
             f"{miss['missing_positions']:,} positions of {miss['corpus_chars']:,} "
             f"({100 * miss['missing_fraction']:.4f} %)",
         ]

@@ -33,7 +33,7 @@ from tasks.core.report import Markdown, md_code, md_text, number, summary_table
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.core.urls import stored_url
-from tasks.corpus import ARTICLE_FILES, SPLIT_FILES
+from tasks.corpora.splits import TRAIN, corpus_splits
 from tasks.sources.pretrained_tokenizer import (
     FIRST_MERGES,
     build_pretrained,
@@ -186,7 +186,12 @@ def need_article_index(ctx: BuildContext, corpus: Path, kind: str) -> None:
     """``UserError`` naming the command to run when the corpus version lacks the article index a byte-level
     tokenizer's shards end articles by. Why here, not in the shards stage alone: ``--only tokenizer`` over such a
     corpus would publish a tokenizer no shards can be built from."""
-    missing = [name for name in ARTICLE_FILES.values() if not (corpus / name).is_file()]
+    splits = corpus_splits(ctx.store, ctx.inputs["corpus"]).values()
+    missing = [
+        f.articles or f"wiki.{f.split}.articles.npy"
+        for f in splits
+        if not (f.articles and (corpus / f.articles).is_file())
+    ]
     if missing:
         raise UserError(
             f"tokenizer.kind={kind} needs a corpus version with the article index (its shards end each article "
@@ -198,7 +203,7 @@ def need_article_index(ctx: BuildContext, corpus: Path, kind: str) -> None:
 
 def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path) -> dict:
     """Count the slice's words (on Dask), train the BPE, write tokenizer.json + stats.json."""
-    train_path = corpus / SPLIT_FILES["train"]
+    train_path = corpus / corpus_splits(ctx.store, ctx.inputs["corpus"])[TRAIN].text
     used = slice_end(train_path, settings.bpe_train_bytes)
     if not used:
         raise UserError(

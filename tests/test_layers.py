@@ -63,4 +63,4 @@ def test_a_file_directly_in_tasks_is_a_stage_or_the_registry():
 
     allowed = {"__init__", "registry", *NAMES}
     loose = sorted(p.name for p in (REPO / "tasks").glob("*.py") if p.stem not in allowed)
-    assert not loose, f"move {loose} into a room of tasks/ (core/, store/, wikitext/, sources/)"
+    assert not loose, f"move {loose} into a room of tasks/ (core/, store/, corpora/, sources/)"

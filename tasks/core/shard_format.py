@@ -13,20 +13,21 @@ import numpy as np
 from mygpt.atomic import atomic_open, atomic_write_bytes
 from mygpt.errors import UserError
 
-SPLITS = ("train", "valid", "test")
 COLUMN = "token_id"
 COMPRESSION = "zstd"  # default level; ~1/3 of the raw uint16 size on Wikipedia tokens, fast to decode
 ROW_GROUP_TOKENS = 1 << 20  # 1 Mi tokens per row group: readers can stream a shard in ~2 MiB pieces
 SHARD_NAME = "{split}-{index:05d}.parquet"
-_SHARD_RE = re.compile(r"^(train|valid|test)-(\d{5})\.parquet$")
+_SPLIT_RE = re.compile(r"^[a-z][a-z0-9_]*$")  # a split's name, as the corpus manifest lists it
+_SHARD_RE = re.compile(r"^([a-z][a-z0-9_]*)-(\d{5})\.parquet$")
 
 SCHEMA = f"""\
 Token shards (stage `shards`)
 =============================
 
-Files: `{{split}}-{{index:05d}}.parquet` for split in train, valid, test (e.g. `train-00000.parquet`),
-numbered from 00000 with no gaps. Concatenating a split's shards in index order gives the token ids of
-`wiki.{{split}}.txt` from the corpus version, encoded with the tokenizer version
+Files: `{{split}}-{{index:05d}}.parquet` for each split of the corpus version (train, valid and test for
+wikitext; the manifest's `split_names`), e.g. `train-00000.parquet`, numbered from 00000 with no gaps.
+Concatenating a split's shards in index order gives the token ids of that split's text file in the corpus
+version, encoded with the tokenizer version
 (`BPETokenizer.encode_corpus`; characters outside the tokenizer's alphabet are skipped and counted in the
 manifest metrics).
 
@@ -137,8 +138,8 @@ def read_shard(path: str | os.PathLike) -> np.ndarray:
 
 def shard_paths(shards_dir: str | os.PathLike, split: str) -> list[Path]:
     """A split's shard files in index order; ``UserError`` when there are none or the numbering has a gap."""
-    if split not in SPLITS:
-        raise UserError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if not _SPLIT_RE.match(split):
+        raise UserError(f"split must be a split's name (lower-case letters, digits, _), like train, got {split!r}")
     shards_dir = Path(shards_dir)
     found = {}
     for p in shards_dir.glob(f"{split}-*.parquet"):

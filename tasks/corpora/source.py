@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 #: the splits every corpus has, in the order they are written; a source may bring its own assignment
 SPLIT_NAMES = ("train", "valid", "test")
@@ -42,8 +42,21 @@ def split_of(doc_id: str, valid_fraction: float, test_fraction: float) -> str:
     return "train"
 
 
+class SourceContext(NamedTuple):
+    """What ``identity`` gets: the artifact store (its source index, the versions to fall back to), the logger and
+    the corpus stage (whose version a fetched source looks up)."""
+
+    store: Any
+    log: Any
+    stage: Any
+
+
 class CorpusSource(Protocol):
-    """An adapter: one module per kind of corpus (``corpus.kind``)."""
+    """An adapter: one module per kind of corpus (``corpus.kind``). ``identity`` gets a :class:`SourceContext`,
+    ``documents`` the build's ``BuildContext``. A source that has its splits already (the wikitext zip) may instead
+    give the writer their bytes: a ``split_streams(settings, ctx)`` context manager yielding
+    ``(streams, raw_total, metrics)`` (:class:`tasks.corpora.writer.SplitStream`), which the writer takes in
+    place of ``documents``."""
 
     #: the ``corpus.kind`` that selects it
     kind: str

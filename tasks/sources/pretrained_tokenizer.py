@@ -22,10 +22,11 @@ from mygpt.errors import UserError
 from mygpt.tokenizers.byte_bpe import DEFAULT_SPECIALS, ByteBPETokenizer
 from tasks.core.stage import Stage
 from tasks.core.urls import address_sha256, file_path, redact_text, redact_url
+from tasks.sources.allowed import RedirectRefused
+from tasks.sources.download import SourceMissing, SourceUnreachable, probe
+from tasks.sources.fallback import FALLBACK_PROBE_ATTEMPTS, last_served_version
+from tasks.sources.fetched import stage_knobs, stage_sources
 from tasks.store import ArtifactStore
-from tasks.wikitext.download import DownloadKnobs, RedirectRefused, SourceMissing, SourceUnreachable, probe
-from tasks.wikitext.fallback import FALLBACK_PROBE_ATTEMPTS, last_served_version
-from tasks.wikitext.source_zip import stage_sources
 
 #: How many of a tokenizer's first merges its stats.json and report show.
 FIRST_MERGES = 30
@@ -93,12 +94,12 @@ def read_source(source: str, log=None) -> bytes:
         if path.stat().st_size > MAX_TOKENIZER_BYTES:
             raise _too_big(shown)
         return path.read_bytes()
-    from tasks.wikitext.download import fetch
+    from tasks.sources.download import fetch
 
     with tempfile.TemporaryDirectory(prefix="wiki-tokenizer-") as tmp:
         dest = Path(tmp) / "tokenizer.json"
         try:
-            fetch(url, dest, knobs=DownloadKnobs.from_env(), max_bytes=MAX_TOKENIZER_BYTES, log=log, field=FIELD)
+            fetch(url, dest, knobs=stage_knobs(), max_bytes=MAX_TOKENIZER_BYTES, log=log, field=FIELD)
         except RedirectRefused:
             raise
         except UserError as e:
@@ -247,7 +248,7 @@ def pretrained_source(settings, store: ArtifactStore | None, log, stage: Stage) 
     address = address_sha256(url)
     fallback = last_served_version(store, stage, address)
     if fallback is not None:  # something to fall back to: ask twice whether the server answers
-        knobs = DownloadKnobs.from_env()
+        knobs = stage_knobs()
         try:
             probe(url, dataclasses.replace(knobs, attempts=min(knobs.attempts, FALLBACK_PROBE_ATTEMPTS)), log, FIELD)
         except SourceUnreachable as e:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
-from tasks.store.files import FILES_UNDER, JOINED, MANIFEST, MAX_MANIFEST_BYTES
+from tasks.store.files import FILES_UNDER, MANIFEST, MAX_MANIFEST_BYTES
 from tasks.store.versions import Versions
 
 MANIFEST_FORMAT = 1
@@ -37,7 +37,6 @@ class Build:
         self.out = self.dir / "out"
         self.work = self.dir / "work"
         self._kept_key = store._staging_key(stage, version)
-        self._joined: dict[str, list[str]] = {}
         self._hashed: dict[str, tuple[tuple[int, int, int, int], str]] = {}  # rel -> (identity, sha256)
         self._lock_key = store._lock_key(stage, version)
         # what this build may replace, read under its lock: publish's last lock check comes after this read
@@ -72,13 +71,6 @@ class Build:
             self.store.files.check_held(self._lock_key)  # a build that lost its lock writes nothing more
             rel = Path(path).absolute().relative_to(self.dir.absolute()).as_posix()
             self.store.files.save_state(Path(path), f"{self._kept_key}/{rel}")
-
-    def joined(self, target: str, parts: list[str]) -> None:
-        """Declare that ``out/<target>`` holds the files ``parts`` of ``out/``, one after another, byte for byte: the
-        manifest says so (``"joined"``), and an object store makes ``target`` from the parts it has already
-        uploaded (server-side copies, checked against the manifest's sha256 first) instead of sending the same
-        bytes twice."""
-        self._joined[target] = list(parts)
 
     def hashed(self, path: Path, size: int, sha256: str) -> None:
         """Declare the ``size`` and ``sha256`` of the file ``path`` of ``out/``, computed from exactly the bytes
@@ -143,9 +135,6 @@ class Build:
             p.relative_to(self.out).as_posix(): {"size": p.stat().st_size, "sha256": sha}
             for p, sha in zip(paths, sums, strict=True)
         }
-        for target, parts in self._joined.items():
-            if target not in files or any(p not in files or p in self._joined for p in parts) or target in parts:
-                raise RuntimeError(f"{self.stage}: {target!r} is declared joined from {parts!r}: not files of out/")
         build_id = uuid.uuid4().hex[:12]
         under = self.store.files.build_folder(build_id)
         manifest = {
@@ -162,7 +151,6 @@ class Build:
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "host": socket.gethostname(),
             **({FILES_UNDER: under} if under else {}),
-            **({JOINED: self._joined} if self._joined else {}),
             **(extra or {}),
         }
         text = json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"

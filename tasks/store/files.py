@@ -12,7 +12,6 @@ from typing import Protocol
 
 MANIFEST = "manifest.json"
 FILES_UNDER = "files_under"  # a manifest's folder (inside its version) holding the files; absent: the version itself
-JOINED = "joined"  # {file: [files]}: a file that holds those files of the version one after another (Build.joined)
 #: The most bytes a manifest may have, read or written. A manifest is one entry (~150 bytes) per file: the largest a
 #: stage writes is ~12 KB (shards at the default shard size), so this holds ~100k files; and JSON grows up to some
 #: twenty-five-fold into Python objects (``[[],[],...]``), so a hostile manifest at the cap costs a listing ~0.4 GB

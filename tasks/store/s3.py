@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -28,9 +29,10 @@ from tasks.store.files import (
 from tasks.store.manifest_schema import manifest_problem
 from tasks.store.s3_cache import INCOMING, cached_file, holds_build, install
 from tasks.store.s3_client import cache_root, filesystem, no_bucket, precondition_failed, read_at_most
-from tasks.store.s3_compose import abort_unfinished, checked_joined, upload_joined
 from tasks.store.s3_lease import Lease, lease_seconds
 from tasks.store.s3_urls import SCHEME, normal_url, scrub, split_url
+
+log = logging.getLogger(__name__)
 
 UPLOAD_PART_BYTES = 8 << 20
 
@@ -242,18 +244,14 @@ class ObjectFiles:
         prefix = files_prefix(manifest) if manifest is not None else None
         if manifest is None or prefix is None:
             raise RuntimeError(f"{out / MANIFEST} is no manifest this store wrote")
-        joined = checked_joined(manifest, out)  # made from the objects of their parts (s3_compose): after them
         abort_unfinished(self, f"{key}/", still_held)  # a killed builder's uploads: the version's lock is ours
-        rels = sorted(
-            (p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()), key=lambda r: (r in joined, r)
-        )
+        rels = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
         mine = [f"{key}/{prefix}{rel}" for rel in rels if rel != MANIFEST]
         try:
             for rel, target in zip([r for r in rels if r != MANIFEST], mine, strict=True):
                 if still_held:
                     still_held()  # a build that lost its lock uploads nothing more
-                if not (rel in joined and upload_joined(self, out, f"{key}/{prefix}", rel, joined[rel], still_held)):
-                    self.upload(out / rel, target)
+                self.upload(out / rel, target)
             if still_held:
                 still_held()
             if fault:
@@ -465,3 +463,29 @@ class ObjectFiles:
                 if no_bucket(exc):
                     raise self._missing_bucket("looking for the bucket") from None
                 raise
+
+
+def abort_unfinished(files: Any, folder: str, still_held: Callable[[], None] | None = None) -> int:
+    """Abort every unfinished multipart upload under ``folder`` (a version's key and ``/``) of the ``ObjectFiles``
+    ``files``; how many. Called by the builder that holds the version's lock before it uploads anything, so each
+    one there is a builder's that was killed (or lost the lock) mid-upload: no listing of objects shows them,
+    and S3 keeps their parts for ever. Best effort: a store that will not list them (a policy without
+    ``s3:ListBucketMultipartUploads``) only gets a warning. ``still_held`` raises first if the lock was lost:
+    then the uploads there may be the new holder's."""
+    if still_held:
+        still_held()
+    prefix = files._object_key(folder.rstrip("/")) + "/"
+    aborted = 0
+    try:
+        marker: dict[str, str] = {}
+        while True:
+            answer = files._call("list_multipart_uploads", Prefix=prefix, **marker)
+            for upload in answer.get("Uploads") or []:
+                files._call("abort_multipart_upload", Key=upload["Key"], UploadId=upload["UploadId"])
+                aborted += 1
+            if not answer.get("IsTruncated"):
+                return aborted
+            marker = {"KeyMarker": answer["NextKeyMarker"], "UploadIdMarker": answer["NextUploadIdMarker"]}
+    except Exception as e:
+        log.warning("store: could not abort the unfinished multipart uploads under %s (%s)", folder, e)
+        return aborted

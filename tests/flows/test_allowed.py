@@ -170,7 +170,7 @@ def test_a_deployment_run_outside_the_allow_list_is_refused_before_any_stage(pre
 def test_urls_the_parsers_read_differently_are_refused(allowed, url, why):
     """The review's bypass: urllib.parse reads the host after a backslash, requests before it. Such a URL is
     refused as a setting, and no allow-list entry ever covers it."""
-    from flows.allowed import _url_under
+    from tasks.sources.allowed import url_under as _url_under
 
     with pytest.raises(UserError, match=rf"^corpus\.source_url .* {why}"):
         parse(allowed / "ok", url)

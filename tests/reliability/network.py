@@ -104,7 +104,7 @@ def _cached_zip_problem(root: Path, zip_bytes: bytes) -> str | None:
 def network_faults(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> list[dict]:
     """Each network case against a fresh root; then a healthy rerun on the same root must give the corpus."""
     from mygpt.errors import UserError
-    from tasks.wikitext.download import ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT
+    from tasks.sources.download import ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT
     from tests.support.stages import corpus as download
 
     rows = []

@@ -28,6 +28,16 @@ def chapter_wikipedia_txt(zip_bytes: bytes, workdir: Path) -> bytes:
     return out_path.read_bytes()
 
 
+def joined_splits(folder) -> bytes:
+    """``cat`` of a corpus version's split files in its manifest's order: the chapter's ``wikipedia.txt`` for a
+    wikitext corpus (the corpus no longer writes that copy)."""
+    from tasks.corpora.splits import split_files
+
+    folder = Path(folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return b"".join((folder / f.text).read_bytes() for f in split_files(manifest))
+
+
 def published(root: Path, stage: str = "corpus") -> list[str]:
     sdir = Path(root) / stage
     return sorted(p.name for p in sdir.iterdir() if not p.name.startswith(".")) if sdir.is_dir() else []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.wikitext.download import ENV_ATTEMPTS, ENV_BASE_DELAY
+from tasks.sources.download import ENV_ATTEMPTS, ENV_BASE_DELAY
 
 
 @pytest.fixture()

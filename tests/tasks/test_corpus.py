@@ -11,10 +11,12 @@ import pytest
 from flows.mirror import MEMBER, Mirror, make_zip
 from mygpt.errors import UserError
 from tasks import corpus as D
-from tasks.wikitext.download import ENV_ATTEMPTS, ENV_BASE_DELAY
+from tasks.corpora import wikitext
+from tasks.sources.download import ENV_ATTEMPTS, ENV_BASE_DELAY
 from tests.support.corpus_runs import (
     all_text_under,
     chapter_wikipedia_txt,
+    joined_splits,
     metrics,
     published,
     tiny_zip,
@@ -27,31 +29,28 @@ from tests.support.stages import corpus as download
 def test_http_download_is_byte_identical_to_the_chapter(tmp_path, mirror, wiki_zip):
     ref = download(tmp_path / "art", source_url=mirror.url(), expected_bytes=len(wiki_zip))
     out = Path(ref["path"])
-    assert (out / "wikipedia.txt").read_bytes() == chapter_wikipedia_txt(wiki_zip, tmp_path / "chapter")
+    assert joined_splits(out) == chapter_wikipedia_txt(wiki_zip, tmp_path / "chapter")
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["manifest.json", "wikipedia.txt", "wiki.train.txt", "wiki.valid.txt", "wiki.test.txt"]
+        ["manifest.json", "wiki.train.txt", "wiki.valid.txt", "wiki.test.txt"]
     )
-    assert (out / "wikipedia.txt").read_bytes() == b"".join(
-        (out / f"wiki.{s}.txt").read_bytes() for s in ("train", "valid", "test")
-    )
-    # ... and says so in its manifest: an object store makes it from the split files' objects
-    joined = json.loads((out / "manifest.json").read_text())["joined"]
-    assert joined == {"wikipedia.txt": ["wiki.train.txt", "wiki.valid.txt", "wiki.test.txt"]}
+    # the manifest lists the splits and their files, in the order cat joins them into the chapter's wikipedia.txt
+    assert [(f["split"], f["text"], f["articles"]) for f in metrics(ref)["split_files"]] == [
+        (s, f"wiki.{s}.txt", None) for s in ("train", "valid", "test")
+    ]
     m = metrics(ref)
     assert m["zip_bytes"] == len(wiki_zip) and m["zip_published"] is False
-    assert (
-        m["splits"]["train"]["headers_stripped"] > 10
-        and m["wikipedia"]["bytes"] == (out / "wikipedia.txt").stat().st_size
+    assert m["splits"]["train"]["headers_stripped"] > 10 and sum(st["bytes"] for st in m["splits"].values()) == len(
+        joined_splits(out)
     )
     assert not (tmp_path / "art" / "corpus" / ".staging" / ref["version"]).exists()  # zip + work dir gone
     manifest = json.loads((out / "manifest.json").read_text())
     report = D.STAGE.report(manifest)
     assert "| wiki.train.txt |" in report and m["zip_sha256"] in report
     # the report shows the manifest's sha256 (that of the bytes on disk) and the metrics hold no second one
-    for name in ("wiki.train.txt", "wiki.valid.txt", "wiki.test.txt", "wikipedia.txt"):
+    for name in ("wiki.train.txt", "wiki.valid.txt", "wiki.test.txt"):
         sha = hashlib.sha256((out / name).read_bytes()).hexdigest()
         assert manifest["files"][name]["sha256"] == sha and f"`{sha[:16]}`…" in report, name
-    assert not [k for st in [*m["splits"].values(), m["wikipedia"]] for k in st if "sha256" in k], m
+    assert not [k for st in m["splits"].values() for k in st if "sha256" in k], m
 
 
 def test_the_text_files_are_hashed_as_written_and_not_read_back_to_publish(tmp_path, wiki_zip, monkeypatch):
@@ -75,7 +74,9 @@ def test_the_text_files_are_hashed_as_written_and_not_read_back_to_publish(tmp_p
         for p in out.iterdir()
         if p.name != "manifest.json"
     }
-    assert sorted(read_back) == sorted(D.ARTICLE_FILES.values()), "only the article starts are read back"
+    assert sorted(read_back) == sorted(f"wiki.{s}.articles.npy" for s in ("train", "valid", "test")), (
+        "only the article starts are read back"
+    )
 
 
 def test_newlines_and_odd_headers_match_the_chapter(tmp_path):
@@ -90,8 +91,8 @@ def test_newlines_and_odd_headers_match_the_chapter(tmp_path):
     zpath = tmp_path / "odd.zip"
     zpath.write_bytes(data)
     ref = download(tmp_path / "art", source_url=zpath.as_uri())
-    assert (Path(ref["path"]) / "wikipedia.txt").read_bytes() == chapter_wikipedia_txt(data, tmp_path / "ch")
-    assert b"\r" not in (Path(ref["path"]) / "wikipedia.txt").read_bytes()
+    assert joined_splits(Path(ref["path"])) == chapter_wikipedia_txt(data, tmp_path / "ch")
+    assert b"\r" not in joined_splits(Path(ref["path"]))
 
 
 def test_expected_size_and_sha256(tmp_path, mirror, wiki_zip):
@@ -134,10 +135,13 @@ def test_settings_defaults_pin_the_chapter_size():
         return D.CorpusSettings(**kw).resolved().model_dump(mode="json")
 
     assert resolved() == {
+        "kind": "wikitext",
         "source_url": D.DEFAULT_URL,
         "expected_bytes": 191_984_949,
         "expected_sha256": None,
         "article_index": None,  # settled by the pipeline from the tokenizer kind (flows.settings.linked)
+        "valid_fraction": 0.05,  # read by kind=text only
+        "test_fraction": 0.05,
     }
     assert D.CorpusSettings().resolved().version_params() == {"expected_bytes": 191_984_949, "expected_sha256": None}
     assert resolved(source_url="http://127.0.0.1:1/x.zip")["expected_bytes"] == 0
@@ -222,7 +226,7 @@ def test_article_index_marks_where_each_article_starts(tmp_path, wiki_zip):
 
     import numpy as np
 
-    from tasks.wikitext.header_strip import HEADER_RE
+    from tasks.corpora.header_strip import HEADER_RE
 
     zpath = tmp_path / "w.zip"
     zpath.write_bytes(wiki_zip)
@@ -237,7 +241,7 @@ def test_article_index_marks_where_each_article_starts(tmp_path, wiki_zip):
         for split in ("train", "valid", "test"):
             assert (b / f"wiki.{split}.txt").read_bytes() == (a / f"wiki.{split}.txt").read_bytes()
             starts = np.load(b / f"wiki.{split}.articles.npy")
-            raw = zf.read(D.MEMBERS[split]).decode("utf-8")
+            raw = zf.read(wikitext.MEMBERS[split]).decode("utf-8")
             titles = re.findall(r"^ = [^=]+ = $", raw, flags=re.MULTILINE)
             assert starts.dtype == np.uint64 and len(starts) == len(titles) > 0
             data = (b / f"wiki.{split}.txt").read_bytes()
@@ -252,4 +256,4 @@ def test_article_index_marks_where_each_article_starts(tmp_path, wiki_zip):
                 t.encode("utf-8")[:40].decode("utf-8", "ignore") for t in after
             ]
             assert metrics(ref)["splits"][split]["articles"] == len(titles)
-    assert (b / "wikipedia.txt").read_bytes() == (a / "wikipedia.txt").read_bytes()
+    assert joined_splits(b) == joined_splits(a)

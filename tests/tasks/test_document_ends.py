@@ -7,10 +7,10 @@ import re
 
 import numpy as np
 
-from flows.mirror import MEMBER, make_zip
 from tasks.core import shard_format as SF
 from tasks.tokenizer import load_tokenizer
 from tests.support import stages
+from tests.support.corpora import corpus_from_text
 
 TITLE = re.compile(r"^ = [^=]+ = \n", re.MULTILINE)
 
@@ -31,9 +31,10 @@ def with_empty_articles(text: str) -> str:
 
 def test_every_article_an_empty_one_too_ends_with_endoftext(tmp_path, wikitext2_text):
     raw = with_empty_articles(wikitext2_text[: wikitext2_text.index("\n", 300_000) + 1])
-    (tmp_path / "w.zip").write_bytes(make_zip({MEMBER.format(split=s): raw for s in ("train", "valid", "test")}))
     root = tmp_path / "art"
-    corpus = stages.corpus(root, source_url=(tmp_path / "w.zip").as_uri(), article_index=True)
+    corpus = corpus_from_text(
+        root, tmp_path / "src", dict.fromkeys(("train", "valid", "test"), raw), article_index=True
+    )
     tok_ref = stages.tokenizer(root, corpus, kind="byte", num_merges=20, bpe_train_bytes=50_000, run={"workers": 1})
     shards = stages.shards(root, corpus, tok_ref, shard_tokens=20_000, run={"workers": 1, "chunk_bytes": 40_000})
     tok = load_tokenizer(tok_ref["path"])

@@ -83,6 +83,7 @@ def test_a_model_trained_on_the_test_split_is_marked_so(upstream, trained, tmp_p
 
     class Ctx:
         out, run, log = tmp_path / "out", run_in(root), __import__("logging").getLogger("test")
+        store, inputs = open_store(root), {"corpus": corpus}  # the corpus's splits: its manifest's
 
         def progress(self, *args, **kwargs):
             pass
@@ -114,6 +115,7 @@ def test_a_test_split_of_fewer_than_two_tokens_is_refused_not_a_nan(upstream, tr
 
     class Ctx:
         out, run, log = tmp_path / "out", run_in(root), __import__("logging").getLogger("test")
+        store, inputs = open_store(root), {"corpus": corpus}  # the corpus's splits: its manifest's
 
         def progress(self, *args, **kwargs):
             pass

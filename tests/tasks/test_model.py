@@ -106,7 +106,7 @@ def test_train_streams_memory_mapped_shards_of_all_splits(upstream, tmp_path):
     root, _, _, shards = upstream
     store, folder = open_store(root), Path(shards["path"])
     fetcher, stream, dtype, n_all, n_val = open_stream(
-        store, shards["version"], tmp_path / "t", train_stage.TRAIN_SPLITS["all"], (1, 8, 32), 0, 100, 1
+        store, shards["version"], tmp_path / "t", ("train", "valid", "test"), (1, 8, 32), 0, 100, 1
     )
     names = [Path(p).name for p, _ in stream["train"]]
     assert names == [

@@ -58,7 +58,7 @@ def _ended(fn):
 
 def _open(upstream, folder: Path, steps: int = 100):
     root, _, _, shards = upstream
-    return open_stream(open_store(root), shards["version"], folder, train_stage.TRAIN_SPLITS["train"], (1, 8, 32), 0,
+    return open_stream(open_store(root), shards["version"], folder, ("train",), (1, 8, 32), 0,
                        steps, 1)  # fmt: skip
 
 
@@ -161,7 +161,7 @@ def test_a_shard_changed_after_its_check_on_a_directory_root_is_not_read(upstrea
 
     monkeypatch.setattr(shard_stream, "flatten_shard", changed_in_between)
     fetcher, stream, dtype, _, _ = open_stream(
-        open_store(art), shards["version"], tmp_path / "t", train_stage.TRAIN_SPLITS["train"], (1, 8, 32), 0, 100, 1
+        open_store(art), shards["version"], tmp_path / "t", ("train",), (1, 8, 32), 0, 100, 1
     )
     fetcher.start()
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.mirror import MEMBER, build_wikitext_zip, make_zip
+from flows.mirror import build_wikitext_zip
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
 from tasks import shards as E
@@ -19,6 +19,8 @@ from tasks.core import dask_work
 from tasks.core import shard_format as SF
 from tasks.core.settings import RunOptions
 from tests.support import stages
+from tests.support.corpora import corpus_from_text
+from tests.support.corpus_runs import joined_splits
 
 SHARD = 20_000
 CHUNK = 100_000  # several chunks for train (~930 KB), one each for valid and test
@@ -211,7 +213,7 @@ def test_missing_characters_are_the_chapters_analysis(inputs, baseline):
     """The encode pass's count of characters outside the alphabet = the chapter's analysis of wikipedia.txt."""
     _, corpus, tokenizer = inputs
     alphabet = set(BPETokenizer.load(Path(tokenizer["path"]) / "tokenizer.json").chars)
-    full = (Path(corpus["path"]) / "wikipedia.txt").read_text(encoding="utf-8")
+    full = joined_splits(Path(corpus["path"])).decode("utf-8")
     missing = {}
     for c in full:
         if c not in alphabet:
@@ -250,18 +252,9 @@ def test_unk_policy_error_names_the_characters(inputs, tmp_path):
 
 
 def test_empty_split_gets_one_empty_shard_and_vocab_dtype(tmp_path):
-    zpath = tmp_path / "w.zip"
-    zpath.write_bytes(
-        make_zip(
-            {
-                MEMBER.format(split="train"): " a b a b c\n" * 50,
-                MEMBER.format(split="valid"): " = Only a header = \n",
-                MEMBER.format(split="test"): " c a\n",
-            }
-        )
-    )
     root = tmp_path / "art"
-    corpus = stages.corpus(root, source_url=zpath.as_uri())
+    splits = {"train": " a b a b c\n" * 50, "valid": " = Only a header = \n", "test": " c a\n"}
+    corpus = corpus_from_text(root, tmp_path / "src", splits)
     tokenizer = stages.tokenizer(root, corpus, num_merges=4, run={"workers": 1})
     ref = stages.shards(root, corpus, tokenizer, shard_tokens=40, run={"workers": 1})
     paths = SF.shard_paths(ref["path"], "valid")

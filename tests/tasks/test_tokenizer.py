@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from flows.mirror import MEMBER, build_wikitext_zip, make_zip
+from flows.mirror import build_wikitext_zip
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
 from tasks import tokenizer as B
 from tests.support import stages
+from tests.support.corpora import corpus_from_text
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +79,7 @@ def test_whole_split_when_zero(corpus):
 
 def test_slice_is_cut_back_to_a_character_boundary(tmp_path):
     body = " ab 戦場 ab\n"  # '戦' is 3 bytes: offsets 4..6
-    data = make_zip(
-        {
-            MEMBER.format(split="train"): body * 10,
-            MEMBER.format(split="valid"): " ü\n",
-            MEMBER.format(split="test"): " x\n",
-        }
-    )
-    zpath = tmp_path / "w.zip"
-    zpath.write_bytes(data)
-    cref = stages.corpus(tmp_path / "art", source_url=zpath.as_uri())
+    cref = corpus_from_text(tmp_path / "art", tmp_path / "src", {"train": body * 10, "valid": " ü\n", "test": " x\n"})
     train = Path(cref["path"]) / "wiki.train.txt"
     raw = train.read_bytes()
     for n in range(len(raw) + 3):  # the rule: the longest prefix of at most n bytes that is whole characters
@@ -115,16 +107,8 @@ def test_not_utf8_slice_is_a_user_error(tmp_path, corpus):
 
 
 def test_empty_train_split_is_a_user_error(tmp_path):
-    zpath = tmp_path / "w.zip"
-    zpath.write_bytes(
-        make_zip(
-            {
-                MEMBER.format(split=s): (" = Only header = \n" if s == "train" else " x\n")
-                for s in ("train", "valid", "test")
-            }
-        )
-    )
-    cref = stages.corpus(tmp_path / "art", source_url=zpath.as_uri())
+    splits = {"train": " = Only header = \n", "valid": " x\n", "test": " x\n"}
+    cref = corpus_from_text(tmp_path / "art", tmp_path / "src", splits)
     with pytest.raises(UserError, match=r"wiki\.train\.txt is empty"):
         stages.tokenizer(tmp_path / "art", cref, num_merges=3, run={"workers": 1})
     assert not [p for p in (tmp_path / "art" / "tokenizer").iterdir() if not p.name.startswith(".")]

@@ -181,7 +181,7 @@ def _size_of(url: str) -> int:
             return path.stat().st_size
         except OSError as e:
             raise UserError(f"corpus.source_url {url}: {e.strerror}; give the path of the dump") from None
-    from tasks.wikitext.download import DownloadKnobs, probe
+    from tasks.sources.download import DownloadKnobs, probe
 
     size = probe(url, DownloadKnobs.from_env()).get("bytes")
     if size is None:
@@ -196,7 +196,7 @@ def _local_file(url: str, work: Path, name: str, max_bytes: int, size: int | Non
         if not path.is_file():
             raise UserError(f"{url}: no such file; a dump's index and sha1sums.txt are expected beside it")
         return path
-    from tasks.wikitext.download import DownloadKnobs, fetch
+    from tasks.sources.download import DownloadKnobs, fetch
 
     dest = Path(work) / "download" / name
     dest.parent.mkdir(parents=True, exist_ok=True)

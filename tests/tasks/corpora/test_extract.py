@@ -14,9 +14,14 @@ from hypothesis import strategies as st
 
 from flows.mirror import MEMBER, make_zip
 from mygpt.errors import UserError
-from tasks.corpus import extract_corpus
-from tasks.wikitext.unzip import read_ahead, utf8_pieces
+from tasks.corpora.unzip import read_ahead, utf8_pieces
+from tasks.corpora.wikitext import extract_zip as extract_corpus
 from tests.support.corpus_runs import CHAPTER_RE
+
+
+def joined_splits_of(out, m) -> bytes:
+    """The split files in the order the writer lists them (what ``cat`` of them gives)."""
+    return b"".join((out / f["text"]).read_bytes() for f in m["split_files"])
 
 
 def _zip(tmp_path, train: str, **extra) -> str:
@@ -41,8 +46,9 @@ def test_extract_writes_what_one_pass_would(tmp_path, wikitext2_text):
     m = extract_corpus(zpath, out, source="test", block_chars=5000)  # many blocks through the threads
     train = CHAPTER_RE.sub("", wikitext2_text)
     assert (out / "wiki.train.txt").read_text(encoding="utf-8") == train
-    assert (out / "wikipedia.txt").read_text(encoding="utf-8") == train + " v\n" + " t\n"
-    assert m["splits"]["train"]["bytes"] == len(train.encode()) and m["wikipedia"]["chars"] == len(train) + 6
+    assert joined_splits_of(out, m) == (train + " v\n" + " t\n").encode()
+    assert m["splits"]["train"]["bytes"] == len(train.encode())
+    assert sum(st["chars"] for st in m["splits"].values()) == len(train) + 6
     assert not [t for t in threading.enumerate() if t.name.startswith(("corpus-reader", "corpus-writer"))]
 
 
@@ -58,7 +64,7 @@ def test_a_damaged_member_fails_in_the_reader_thread_and_writes_nothing(tmp_path
     out.mkdir()
     with pytest.raises(UserError, match=r"wiki\.train\.raw in test is"):
         extract_corpus(zpath, out, source="test", block_chars=5000)
-    assert list(out.iterdir()) == []  # no split, no wikipedia.txt, no temp file
+    assert list(out.iterdir()) == []  # no split, no temp file
     assert not [t for t in threading.enumerate() if t.name.startswith(("corpus-reader", "corpus-writer"))]
 
 
@@ -67,7 +73,7 @@ def test_the_writer_starts_each_files_writeback_as_it_goes_and_a_failed_sync_fai
 ):
     import os
 
-    from tasks.wikitext import unzip
+    from tasks.corpora import unzip
 
     synced: list[tuple[str, int]] = []
     real = os.fdatasync
@@ -86,7 +92,7 @@ def test_the_writer_starts_each_files_writeback_as_it_goes_and_a_failed_sync_fai
     assert (out / "wiki.train.txt").read_bytes() == train  # the same bytes
     # both files being written had their writeback started before they were whole (the temp names)
     names = {name.split(".tmp")[0].rsplit(".", 1)[0] for name, _ in synced}
-    assert names == {".wiki.train.txt", ".wikipedia.txt"}, synced
+    assert names == {".wiki.train.txt"}, synced
     assert all(0 < size < len(train) + 100 for _, size in synced)
     assert not [t for t in threading.enumerate() if t.name.startswith("corpus-sync")]
 
@@ -152,7 +158,7 @@ def test_extract_over_wide_whitespace_and_crlf_writes_what_the_chapter_writes(tm
     out = tmp_path / "out"
     out.mkdir()
     m = extract_corpus(tmp_path / "w.zip", out, source="test", block_chars=5000, article_index=True)
-    assert (out / "wikipedia.txt").read_bytes() == chapter_wikipedia_txt(zbytes, tmp_path / "chapter")
+    assert joined_splits_of(out, m) == chapter_wikipedia_txt(zbytes, tmp_path / "chapter")
     text = train.replace("\r\n", "\n").replace("\r", "\n")
     want, n = CHAPTER_RE.subn("", text)
     st_ = m["splits"]["train"]

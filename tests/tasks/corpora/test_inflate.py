@@ -15,7 +15,7 @@ import pytest
 from isal import isal_zlib
 
 from mygpt.errors import UserError
-from tasks.wikitext import unzip
+from tasks.corpora import unzip
 from tests.support import zips
 
 DATA = Path("/work/shared/data")

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover (a dependency; plain zlib inflates the s
 
 #: What raw-deflate members are inflated and every member's CRC-32 is computed with: ISA-L's zlib-compatible
 #: ``isal_zlib`` when it imports (the same bytes, in about half zlib's time), else :mod:`zlib`, the specification
-#: (``tests/tasks/wikitext/test_inflate.py`` holds the two equal on real text and on damaged members).
+#: (``tests/tasks/corpora/test_inflate.py`` holds the two equal on real text and on damaged members).
 DEFLATE: ModuleType = isal_zlib or zlib
 #: What either module raises on invalid deflate data.
 _DEFLATE_ERRORS: tuple[type[Exception], ...] = (zlib.error, DEFLATE.error)
@@ -242,7 +242,7 @@ def utf8_pieces(raw_pieces: Iterable[bytes], name: str, source: str) -> Iterator
     (what ``open(path, encoding="utf-8")`` reads, encoded again: ``\r\n`` and a lone ``\r`` become ``\n``), in pieces
     that each end at a character boundary, each with the raw bytes read so far. ``UserError`` naming the member
     ``name`` and the byte offset on invalid UTF-8. The decoder checks every byte, but its text is dropped: the
-    bytes are what it decoded, and stripping them (:mod:`tasks.wikitext.header_strip`) spares decoding all the
+    bytes are what it decoded, and stripping them (:mod:`tasks.corpora.header_strip`) spares decoding all the
     text for good and encoding it back."""
     dec = codecs.getincrementaldecoder("utf-8")("strict")
     fed = 0

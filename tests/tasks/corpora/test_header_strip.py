@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mygpt.errors import UserError
-from tasks.wikitext.header_strip import HEADER_RE, strip_block, strip_headers
+from tasks.corpora.header_strip import HEADER_RE, strip_block, strip_headers
 from tests.support.corpus_runs import CHAPTER_RE
 
 _LINES = st.one_of(
@@ -98,7 +98,7 @@ def _one_line(total_mib: int, head: str = ""):
 def test_a_line_with_no_newline_is_stripped_in_bounded_memory(head):
     import tracemalloc
 
-    from tasks.wikitext.header_strip import strip_headers
+    from tasks.corpora.header_strip import strip_headers
 
     total = 48  # MiB: without the bound the whole line is buffered (and copied) at once
     tracemalloc.start()
@@ -118,7 +118,7 @@ def test_a_line_with_no_newline_is_stripped_in_bounded_memory(head):
 
 
 def test_a_header_candidate_that_never_ends_is_refused():
-    from tasks.wikitext.header_strip import strip_headers
+    from tasks.corpora.header_strip import strip_headers
 
     pieces = ["= Title that never closes "] + ["word " * 1000] * 50
     with pytest.raises(UserError, match=r"wiki.train.raw has a line that starts like a `= Header =` line and runs on"):
@@ -182,7 +182,7 @@ def test_article_starts_on_real_wikitext(wikitext2_text):
 def test_a_candidate_decided_in_the_piece_that_takes_it_past_the_bound_passes():
     """The documented bound: what is held after a piece is checked, so a candidate up to ``max_pending`` plus one
     piece gets through when that piece decides it, and is refused when it is still held after the piece."""
-    from tasks.wikitext.header_strip import strip_headers
+    from tasks.corpora.header_strip import strip_headers
 
     longest = 100
     decided = ["x\n", "= " + "a" * (longest + 50) + " =\nrest\n"]  # one piece: past the bound and decided
@@ -197,7 +197,7 @@ def test_utf8_space_is_what_backslash_s_matches_in_a_str_pattern():
     """``UTF8_SPACE`` matches the UTF-8 of exactly the characters ``\\s`` matches in a str pattern, all of Unicode
     (the wide ones: U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000; and U+001C-U+001F,
     which ``\\s`` of a bytes pattern does not match)."""
-    from tasks.wikitext.header_strip import UTF8_SPACE
+    from tasks.corpora.header_strip import UTF8_SPACE
 
     space = re.compile(r"\s")
     one = re.compile(UTF8_SPACE)

@@ -10,8 +10,8 @@ import pytest
 
 from mygpt.errors import UserError
 from tasks.registry import open_store
-from tasks.wikitext.download import ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT, DownloadKnobs, fetch
-from tests.support.corpus_runs import chapter_wikipedia_txt, metrics, published
+from tasks.sources.download import ENV_ATTEMPTS, ENV_BASE_DELAY, ENV_READ_TIMEOUT, DownloadKnobs, fetch
+from tests.support.corpus_runs import chapter_wikipedia_txt, joined_splits, metrics, published
 from tests.support.http_servers import no_length_server
 from tests.support.stages import corpus as download
 
@@ -27,7 +27,7 @@ def test_dropped_connection_resumes_with_range(tmp_path, mirror, wiki_zip, fast_
     assert [(r["range"], r["status"]) for r in mirror.requests] == [PROBE, (None, 200), ("bytes=100000-", 206)]
     m = metrics(ref)
     assert m["download"]["tries"] == 2 and m["download"]["range_requests"] == 1
-    assert (Path(ref["path"]) / "wikipedia.txt").read_bytes() == chapter_wikipedia_txt(wiki_zip, tmp_path / "ch")
+    assert joined_splits(Path(ref["path"])) == chapter_wikipedia_txt(wiki_zip, tmp_path / "ch")
 
 
 def test_server_that_ignores_range_gets_a_clean_restart(tmp_path, mirror, wiki_zip, fast_retries):
@@ -74,7 +74,7 @@ def test_interrupted_run_resumes_on_the_next_run(tmp_path, mirror, wiki_zip, mon
     ref = download(root, source_url=mirror.url())
     assert [r["range"] for r in mirror.requests] == [PROBE[0], "bytes=150000-"]
     assert metrics(ref)["download"]["resumed_bytes"] == 150_000
-    assert (Path(ref["path"]) / "wikipedia.txt").read_bytes() == chapter_wikipedia_txt(wiki_zip, tmp_path / "ch")
+    assert joined_splits(Path(ref["path"])) == chapter_wikipedia_txt(wiki_zip, tmp_path / "ch")
 
 
 def test_503s_are_retried(tmp_path, mirror, fast_retries):

@@ -14,14 +14,14 @@ from tasks.core.faults import fault_point
 from tasks.core.settings import Settings
 from tasks.core.stage import Stage
 from tasks.core.urls import file_path
+from tasks.sources.download import SourceUnreachable, fetch, probe
+from tasks.sources.fallback import FALLBACK_PROBE_ATTEMPTS, last_known_version
+from tasks.sources.fetched import FetchedSource, check_fetched, checked, source_line, stage_knobs, stage_sources
+from tasks.sources.source_index import SourceIndex, trusted
 from tasks.store import ArtifactStore
-from tasks.wikitext.download import DownloadKnobs, SourceUnreachable, fetch, probe
-from tasks.wikitext.fallback import FALLBACK_PROBE_ATTEMPTS, last_known_version
-from tasks.wikitext.source_index import SourceIndex, trusted
-from tasks.wikitext.source_zip import ZipSource, check_zip, checked, source_line, stage_sources
 
 
-def zip_identity(settings: ZipSource, store: ArtifactStore, log, stage: Stage) -> dict:
+def fetched_identity(settings: FetchedSource, store: ArtifactStore, log, stage: Stage) -> dict:
     """The sha256 and size of the zip at ``source_url``, whatever URL served it (docs/CORPUS.md).
 
     From the source index when the server's answer now was recorded before (one probe, no download); else
@@ -37,12 +37,12 @@ def zip_identity(settings: ZipSource, store: ArtifactStore, log, stage: Stage) -
         key = {"file": str(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
         identity = index.recall(key)
         if identity is None:
-            size, sha = check_zip(path, settings, ours=False)
+            size, sha = check_fetched(path, settings, ours=False)
             identity = {"sha256": sha, "bytes": size}
             index.remember(key, identity)
         return checked(identity, settings)
     fallback = last_known_version(settings, store, stage)
-    knobs = DownloadKnobs.from_env()
+    knobs = stage_knobs()
     if fallback is not None:  # something to fall back to: ask twice (one retry), not like a first download
         knobs = dataclasses.replace(knobs, attempts=min(knobs.attempts, FALLBACK_PROBE_ATTEMPTS))
     try:
@@ -83,14 +83,14 @@ def zip_identity(settings: ZipSource, store: ArtifactStore, log, stage: Stage) -
         return _served(settings, index, identity)
 
 
-def _served(settings: ZipSource, index: SourceIndex, identity: dict) -> dict:
+def _served(settings: FetchedSource, index: SourceIndex, identity: dict) -> dict:
     """``identity``, noted as what the address serves now (the offline fallback reuses what it served last)."""
     index.mark_served(settings.address, identity["sha256"])
     return identity
 
 
 def _download_and_hash(
-    settings: ZipSource, store: ArtifactStore, stage: Stage, key: dict, validators: dict, dest: Path, log
+    settings: FetchedSource, store: ArtifactStore, stage: Stage, key: dict, validators: dict, dest: Path, log
 ) -> dict:
     """Download the zip to ``dest`` and hash it; record the answer when the validators name one content."""
     index = stage_sources(store, stage.name)
@@ -101,13 +101,13 @@ def _download_and_hash(
     facts = fetch(
         settings.source_url,
         dest,
-        knobs=DownloadKnobs.from_env(),
+        knobs=stage_knobs(),
         identity={"bytes": announced} if announced is not None else {},
-        max_bytes=settings.max_zip_bytes,
+        max_bytes=settings.max_fetch_bytes,
         log=log,
         progress=_download_progress(stage, log),
     )
-    got, sha = check_zip(dest, settings, ours=True)
+    got, sha = check_fetched(dest, settings, ours=True)
     identity = {"sha256": sha, "bytes": got}
     os.utime(dest)  # finished now (a .part completed earlier keeps its old time): gc's age counts from here
     # what the build reports of this download, and the sha256 it takes it for (a stray file at this path is not it)
@@ -125,7 +125,7 @@ def _download_and_hash(
         )
     elif is_trusted:
         index.remember(key, identity, shown=settings.shown_url)
-    # the settings are the stage's own (a ZipSource is the view of them this module needs)
+    # the settings are the stage's own (a FetchedSource is the view of them this module needs)
     if store.read_manifest(stage.name, stage.version(cast(Settings, settings), {}, identity)) is not None:
         dest.unlink(missing_ok=True)  # those bytes are published already: the version is reused
         SourceIndex.facts_path(dest).unlink(missing_ok=True)

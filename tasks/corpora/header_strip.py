@@ -20,7 +20,7 @@ BLOCK_CHARS = 4 << 20
 MAX_PENDING_CHARS = 64 << 20
 
 #: What ``\s`` of a str pattern matches (``str.isspace``), as UTF-8: one byte, or a wider character (the last one
-#: is U+3000: ``tests/tasks/wikitext/test_header_strip.py`` checks all of Unicode).
+#: is U+3000: ``tests/tasks/corpora/test_header_strip.py`` checks all of Unicode).
 ASCII_SPACE = bytes(c for c in range(128) if chr(c).isspace())
 WIDE_SPACE = tuple(chr(c).encode("utf-8") for c in range(128, 0x3001) if chr(c).isspace())
 #: ``\s`` of a str pattern for UTF-8 bytes: one whitespace character, as many bytes as it takes.

@@ -9,7 +9,7 @@ import pytest
 
 from flows.mirror import MEMBER, Mirror, make_zip
 from mygpt.errors import UserError
-from tasks.wikitext import unzip
+from tasks.corpora import unzip
 from tests.support import zips
 from tests.support.corpus_runs import published, tiny_zip
 from tests.support.stages import corpus as download

@@ -8,8 +8,8 @@ import json
 from flows.mirror import Mirror
 from tasks.core.urls import address_sha256
 from tasks.registry import open_store
-from tasks.wikitext.source_index import SourceIndex
-from tasks.wikitext.source_zip import stage_sources
+from tasks.sources.fetched import stage_sources
+from tasks.sources.source_index import SourceIndex
 from tests.support.corpus_runs import tiny_zip, train_text
 from tests.support.stages import corpus as download
 

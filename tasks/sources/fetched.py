@@ -1,24 +1,32 @@
-"""The zip at a source URL: what a stage needs to know of it, its checks, and the copy its build reads."""
+"""The file at a source URL (the corpus's zip or text, a pretrained tokenizer's file): what a stage needs to know of
+it, its checks, and the copy its build reads."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from mygpt.atomic import sha256_file
 from mygpt.errors import UserError
+from tasks.core.report import human_bytes
 from tasks.core.stage import BuildContext
+from tasks.core.urls import file_path
+from tasks.sources.allowed import SourcePolicy
+from tasks.sources.download import DownloadKnobs, fetch
+from tasks.sources.source_index import SourceIndex
 from tasks.store import ArtifactStore
-from tasks.wikitext.download import DownloadKnobs, fetch
-from tasks.wikitext.source_index import SourceIndex
 
 NO_DOWNLOAD = {"tries": 0, "range_requests": 0, "resumed_bytes": 0, "seconds": 0.0}
 
 
-class ZipSource(Protocol):
-    """The settings of a stage that reads a zip from ``source_url`` (the corpus's ``CorpusSettings``)."""
+class FetchedSource(Protocol):
+    """The settings of a stage that reads a file from ``source_url`` (the corpus's ``CorpusSettings``)."""
 
     @property
     def source_url(self) -> str: ...
@@ -33,8 +41,14 @@ class ZipSource(Protocol):
     @property
     def is_file(self) -> bool: ...
     @property
-    def max_zip_bytes(self) -> int: ...
+    def max_fetch_bytes(self) -> int: ...
     def version_params(self) -> dict: ...
+
+
+def stage_knobs() -> DownloadKnobs:
+    """What a stage downloads with: this environment's retry knobs, and its machine's source allow-list as the
+    check for every redirect (a value handed to the download, read when the stage runs)."""
+    return DownloadKnobs.from_env(SourcePolicy.from_env().check_redirect)
 
 
 def stage_sources(store: ArtifactStore, stage: str) -> SourceIndex:
@@ -42,8 +56,8 @@ def stage_sources(store: ArtifactStore, stage: str) -> SourceIndex:
     return SourceIndex(store.stage_dir(stage) / ".sources")
 
 
-def check_zip(path: Path, settings: ZipSource, *, ours: bool) -> tuple[int, str]:
-    """Size and sha256 of the zip at ``path``, checked against the settings (``ours``: delete it when refused)."""
+def check_fetched(path: Path, settings: FetchedSource, *, ours: bool) -> tuple[int, str]:
+    """Size and sha256 of the file at ``path``, checked against the settings (``ours``: delete it when refused)."""
     shown = settings.shown_url
     size = path.stat().st_size
     want = settings.expected_bytes
@@ -66,7 +80,7 @@ def check_zip(path: Path, settings: ZipSource, *, ours: bool) -> tuple[int, str]
     return size, sha
 
 
-def checked(identity: dict, settings: ZipSource) -> dict:
+def checked(identity: dict, settings: FetchedSource) -> dict:
     """``identity``, unless its sha256 differs from ``expected_sha256`` (``UserError``)."""
     if settings.expected_sha256 and identity["sha256"] != settings.expected_sha256:
         raise UserError(
@@ -76,8 +90,8 @@ def checked(identity: dict, settings: ZipSource) -> dict:
     return identity
 
 
-def downloaded_zip(ctx: BuildContext, settings: ZipSource, index: SourceIndex) -> tuple[Path, dict]:
-    """The http(s) zip in the build's ``work/``: the download that learnt this version's sha256 (its facts say
+def downloaded_file(ctx: BuildContext, settings: FetchedSource, index: SourceIndex) -> tuple[Path, dict]:
+    """The http(s) file in the build's ``work/``: the download that learnt this version's sha256 (its facts say
     so), else an earlier attempt's, else fetched now; with the download's facts."""
     zip_path = ctx.work / "source.zip"
     cached = index.download_path(settings.address)
@@ -101,9 +115,9 @@ def downloaded_zip(ctx: BuildContext, settings: ZipSource, index: SourceIndex) -
         facts = fetch(
             settings.source_url,
             zip_path,
-            knobs=DownloadKnobs.from_env(),
+            knobs=stage_knobs(),
             identity={"bytes": ctx.source["bytes"]} if ctx.source and ctx.source.get("bytes") else {},
-            max_bytes=settings.max_zip_bytes,
+            max_bytes=settings.max_fetch_bytes,
             log=ctx.log,
             progress=lambda d, t, m: ctx.progress(d, t, "downloading " + m),
         )
@@ -128,3 +142,50 @@ def source_line(source: dict | None, markdown: bool = False) -> str:
 
         return Markdown("; ".join(f"{md_text(names.get(k, k))} {md_code(v)}" for k, v in source.items()))
     return "; ".join(f"{names.get(k, k)} `{v}`" for k, v in source.items())
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """The file a build reads from ``source_url``, checked: where it is, its size and sha256, the download's facts
+    (``NO_DOWNLOAD`` for a file:// one) and the seconds it took."""
+
+    path: Path
+    bytes: int
+    sha256: str
+    facts: dict
+    seconds: float
+
+
+@contextlib.contextmanager
+def fetched_file(ctx: BuildContext, settings: FetchedSource, stage: str) -> Iterator[Fetched]:
+    """The file at ``source_url`` for the build ``ctx`` (downloaded into its ``work/``, or the file:// one), checked
+    against the settings and the version's identity (``ctx.source``). A ``UserError`` raised while the caller
+    reads it means the bytes are bad: a download of ours is deleted and its sha256 forgotten for the address, so a
+    rerun fetches again instead of reusing a bad file."""
+    shown = settings.shown_url
+    index = stage_sources(ctx.store, stage)
+    t0 = time.monotonic()
+    facts: dict = dict(NO_DOWNLOAD)
+    ours = not settings.is_file
+    if ours:
+        path, facts = downloaded_file(ctx, settings, index)
+    else:
+        path = file_path(settings.source_url)
+    size, sha = check_fetched(path, settings, ours=ours)
+    if ctx.source and sha != ctx.source.get("sha256"):
+        if ours:
+            path.unlink(missing_ok=True)
+            index.forget(settings.address, ctx.source.get("sha256", ""))
+        raise UserError(
+            f"{shown} now holds other bytes (sha256 {sha}) than the ones this run's version names "
+            f"({ctx.source.get('sha256')}): the file changed while this run was using it; rerun to use the new file"
+        )
+    seconds = round(time.monotonic() - t0, 3)
+    ctx.log.info("download: %s is %s, sha256 %s", shown, human_bytes(size), sha)
+    try:
+        yield Fetched(path, size, sha, facts, seconds)
+    except UserError:
+        if ours:
+            path.unlink(missing_ok=True)  # a rerun fetches again instead of reusing a bad file ...
+            index.forget(settings.address, sha)  # ... and does not take its sha256 for the address's
+        raise

@@ -10,7 +10,6 @@ import os
 import re
 import time
 import urllib.parse
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
 from tasks.core.report import human_bytes
 from tasks.core.urls import address_sha256, redact_text, redact_url
+from tasks.sources.allowed import RedirectCheck, RedirectRefused, origin, same_origin_only
 
 USER_AGENT = "Mozilla/5.0 (compatible; wiki-pipeline)"  # the chapter: smerity's CDN rejects library UAs
 CONNECT_TIMEOUT = 30.0
@@ -34,17 +34,22 @@ ENV_READ_TIMEOUT = "WIKI_PIPELINE_READ_TIMEOUT"
 # ---- download knobs (environment) ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DownloadKnobs:
-    """How hard the download tries (environment variables, not part of any version; see the module docstring)."""
+    """How hard the download tries (environment variables, not part of any version; see the module docstring),
+    and ``redirects``: the check each redirect is asked of, a value the caller hands in (a stage: its machine's
+    source allow-list, :meth:`tasks.sources.allowed.SourcePolicy.check_redirect`); by default same origin only."""
 
     attempts: int = 6
     base_delay: float = 2.0
     read_timeout: float = 60.0
+    redirects: RedirectCheck = same_origin_only
 
     @classmethod
-    def from_env(cls) -> DownloadKnobs:
-        """The knobs from the environment (unset or empty = default); ``UserError`` naming a bad one."""
+    def from_env(cls, redirects: RedirectCheck = same_origin_only) -> DownloadKnobs:
+        """The knobs from the environment (unset or empty = default), with ``redirects``; ``UserError`` naming a
+        bad one."""
         d = cls()
         return cls(
+            redirects=redirects,
             attempts=_env_number(
                 ENV_ATTEMPTS,
                 d.attempts,
@@ -122,40 +127,6 @@ class SourceMissing(UserError):
 
 # ---- redirects ------------------------------------------------------------------------------------------
 MAX_REDIRECTS = 10
-#: ``(field, from_url, to_url) -> None``: asked before a download follows each redirect, ``from_url`` the hop that
-#: redirected (same origin too: an allow-list may name a path); raises ``UserError`` to refuse it. The flow installs
-#: this machine's allow-list (``flows.allowed``, :func:`check_redirects_with`) when it is imported: this layer
-#: cannot read one.
-RedirectCheck = Callable[[str, str, str], None]
-
-
-class RedirectRefused(UserError):
-    """A redirect the allow-list (or, with none installed, the rule: same origin only) does not let a download
-    follow: an answer about this run's settings, not a server that is down, so never a reason to fall back."""
-
-
-def _same_origin_only(field: str, from_url: str, to_url: str) -> None:
-    """The check with no allow-list installed: a redirect within the origin of ``from_url`` only."""
-    if _origin(to_url) == _origin(from_url):
-        return
-    raise RedirectRefused(
-        f"{field} {redact_url(from_url)} redirects to {redact_url(to_url)}, another host, and no allow-list "
-        "decides which hosts a download may follow; give the address it redirects to as the source"
-    )
-
-
-_redirect_check: list[RedirectCheck] = [_same_origin_only]
-
-
-def check_redirects_with(check: RedirectCheck) -> None:
-    """Ask ``check`` about every redirect from now on (the flow's allow-list), same origin too."""
-    _redirect_check[0] = check
-
-
-def _origin(url: str) -> tuple[str, str, int | None]:
-    u = urllib.parse.urlsplit(url)
-    scheme = u.scheme.lower()
-    return scheme, (u.hostname or "").lower(), u.port or {"http": 80, "https": 443}.get(scheme)
 
 
 def _split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
@@ -172,7 +143,7 @@ def _split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
 def _get(session, url: str, headers: dict, knobs: DownloadKnobs, field: str):
     """The response (streamed) to a GET of ``url``, its redirects followed here one by one (at most
     :data:`MAX_REDIRECTS`), never by ``requests``: each hop's target, same origin too, is first asked of the
-    installed check (:class:`RedirectRefused`; why every hop: an allow-list may name a path prefix, which a
+    check ``knobs.redirects`` (:class:`RedirectRefused`; why every hop: an allow-list may name a path prefix, which a
     same-origin redirect would otherwise leave), and the URL's credentials go only to its own origin (scheme,
     host, port): a redirect to another one gets none. Messages name the hop that redirected, without credentials."""
     plain, auth = _split_credentials(url)
@@ -184,7 +155,7 @@ def _get(session, url: str, headers: dict, knobs: DownloadKnobs, field: str):
             stream=True,
             timeout=(CONNECT_TIMEOUT, knobs.read_timeout),
             allow_redirects=False,
-            auth=auth if _origin(current) == _origin(url) else None,
+            auth=auth if origin(current) == origin(url) else None,
         )
         if not r.is_redirect:
             return r
@@ -195,7 +166,7 @@ def _get(session, url: str, headers: dict, knobs: DownloadKnobs, field: str):
                 f"{field} {redact_url(current)} redirects to {redact_url(target)}, which is not an http(s) URL; "
                 "give a source that serves the file over http(s)"
             )
-        _redirect_check[0](field, current, target)
+        knobs.redirects(field, current, target)
         current = target
     raise RedirectRefused(
         f"{field} {redact_url(url)} redirected more than {MAX_REDIRECTS} times (last to {redact_url(current)}); "

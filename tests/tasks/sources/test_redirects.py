@@ -1,7 +1,7 @@
 """A download follows a redirect only where this machine's source allow-list allows the target
-(``WIKI_PIPELINE_ALLOWED_SOURCES``, asked of ``flows.allowed`` for every hop, same host too), for the corpus's
-zip and a pretrained tokenizer alike (one ``fetch``); the URL's credentials never go to another origin. Real
-servers: one on 127.0.0.1 that redirects, one on 127.0.0.2 that logs what reaches it."""
+(``WIKI_PIPELINE_ALLOWED_SOURCES``: the policy a stage hands the download, asked for every hop, same host too), for
+the corpus's zip and a pretrained tokenizer alike (one ``fetch``); the URL's credentials never go to another origin.
+Real servers: one on 127.0.0.1 that redirects, one on 127.0.0.2 that logs what reaches it."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.allowed import ENV_SOURCES
 from mygpt.errors import UserError
-from tasks.wikitext.download import DownloadKnobs, RedirectRefused, probe
+from tasks.sources.allowed import ENV_SOURCES, RedirectRefused, SourcePolicy
+from tasks.sources.download import DownloadKnobs, probe
 from tests.support import stages
 from tests.support.http_servers import Loopback
 from tests.support.tiny import tiny_zip_url
@@ -59,6 +59,19 @@ class Site(Loopback):
 
     def url(self, name: str) -> str:
         return f"http://{self.host}:{self.port}/{name}"
+
+
+def _knobs() -> DownloadKnobs:
+    """One try, with this environment's source allow-list as the redirect check: the value a stage hands in."""
+    return DownloadKnobs(attempts=1, redirects=SourcePolicy.from_env().check_redirect)
+
+
+def test_with_no_allow_list_handed_in_a_download_follows_only_same_origin_redirects(sites):
+    """A library call (no policy given): another host is refused, nothing asked of it."""
+    good, evil = sites
+    with pytest.raises(RedirectRefused, match="another host, and no allow-list"):
+        probe(good.url("go/tokenizer.json"), DownloadKnobs(attempts=1), field="tokenizer.source")
+    assert evil.requests == []
 
 
 @pytest.fixture
@@ -130,14 +143,14 @@ def test_a_same_origin_redirect_out_of_an_allowed_path_is_refused(sites, monkeyp
     good.routes["/pub/in"] = "/tokenizer.json"
     monkeypatch.setenv(ENV_SOURCES, good.url("pub/"))
     with pytest.raises(RedirectRefused) as e:
-        probe(good.url("pub/out"), DownloadKnobs(attempts=1), field="tokenizer.source")
+        probe(good.url("pub/out"), _knobs(), field="tokenizer.source")
     assert str(e.value).startswith(
         f"tokenizer.source {good.url('pub/out')} redirects to {good.url('private/tokenizer.json')}, which is "
         "outside the sources this machine allows"
     ), e.value
     assert [path for path, _ in good.requests] == ["/pub/out"]
     monkeypatch.setenv(ENV_SOURCES, f"{good.url('pub/')} {good.url('tokenizer.json')}")
-    assert probe(good.url("pub/in"), DownloadKnobs(attempts=1))["bytes"]  # to an allowed path: followed
+    assert probe(good.url("pub/in"), _knobs())["bytes"]  # to an allowed path: followed
 
 
 def test_a_refused_hop_is_named_in_the_message_without_credentials(sites, monkeypatch):
@@ -149,7 +162,7 @@ def test_a_refused_hop_is_named_in_the_message_without_credentials(sites, monkey
     monkeypatch.setenv(ENV_SOURCES, good.url("pub/"))
     secret = "http://alice:s3cret@" + good.url("pub/a").removeprefix("http://")
     with pytest.raises(RedirectRefused) as e:
-        probe(secret, DownloadKnobs(attempts=1), field="tokenizer.source")
+        probe(secret, _knobs(), field="tokenizer.source")
     assert str(e.value).startswith(
         f"tokenizer.source {good.url('pub/b')} redirects to {evil.url('tokenizer.json')}, which is outside"
     ), e.value

@@ -11,7 +11,7 @@ import pytest
 
 from flows.mirror import Mirror
 from mygpt.errors import UserError
-from tasks.wikitext.download import ENV_ATTEMPTS, ENV_BASE_DELAY
+from tasks.sources.download import ENV_ATTEMPTS, ENV_BASE_DELAY
 from tests.support.corpus_runs import all_text_under, tiny_zip
 from tests.support.http_servers import AcceptAndClose, QueryMirror
 from tests.support.mirror_faults import Faults, FaultyMirror

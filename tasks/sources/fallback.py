@@ -8,14 +8,14 @@ import urllib.parse
 from datetime import datetime
 
 from tasks.core.stage import Stage
+from tasks.sources.fetched import FetchedSource, stage_sources
 from tasks.store import ArtifactStore, VersionInfo
-from tasks.wikitext.source_zip import ZipSource, stage_sources
 
 #: Tries of the probe when a version can stand in: an offline rerun should not wait out a download's back-off.
 FALLBACK_PROBE_ATTEMPTS = 2
 
 
-def last_known_version(settings: ZipSource, store: ArtifactStore, stage: Stage) -> VersionInfo | None:
+def last_known_version(settings: FetchedSource, store: ArtifactStore, stage: Stage) -> VersionInfo | None:
     """The corpus's: the version (same settings and code version) whose zip ``source_url`` served last; None when
     there is none. A version from before addresses were recorded matches by its redacted ``source_url`` only when
     the URL has no query (``?f=***`` would match any file)."""

@@ -1,0 +1,110 @@
+"""``corpus.kind=text``: your own UTF-8 text. ``corpus.source_url`` names a file (``file:///path/to/book.txt``), a
+folder of ``.txt`` files (``file:///path/to/folder``: every ``*.txt`` under it, sorted by relative path) or an
+http(s):// URL of one file (allow-listed as the zip is). One document per file, or, where a file holds
+blank-line-separated `` = Title = `` lines (wikitext's shape), one per block under each; the writer splits them by
+a hash of each document's id (``corpus.valid_fraction`` / ``corpus.test_fraction``). Identity: the sha256 of the
+file; for a folder, of its sorted ``(relative path, sha256)`` list, so a renamed file is another corpus."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from mygpt.atomic import sha256_file
+from mygpt.errors import UserError
+from tasks.core.urls import file_path
+from tasks.corpora.source import Document, SourceContext
+from tasks.sources.fetched import checked, fetched_file
+from tasks.sources.identity import fetched_identity
+
+_TITLE_RE = re.compile(r"^ = ([^=].*?) = $")
+
+
+class TextSource:
+    kind = "text"
+    fields = frozenset({"source_url", "expected_sha256", "article_index", "valid_fraction", "test_fraction"})
+
+    def identity(self, settings, ctx: SourceContext) -> dict:
+        folder = _folder(settings)
+        if folder is None:
+            return fetched_identity(settings, ctx.store, ctx.log, ctx.stage)
+        listing = _listing(folder, settings)
+        digest = hashlib.sha256(json.dumps(listing, ensure_ascii=False).encode("utf-8")).hexdigest()
+        total = sum((folder / rel).stat().st_size for rel, _ in listing)
+        return checked({"sha256": digest, "bytes": total, "files": len(listing)}, settings)
+
+    def documents(self, settings, ctx) -> Iterator[Document]:
+        folder = _folder(settings)
+        if folder is not None:
+            listing = _listing(folder, settings)
+            if ctx.source and hashlib.sha256(
+                json.dumps(listing, ensure_ascii=False).encode("utf-8")
+            ).hexdigest() != ctx.source.get("sha256"):
+                raise UserError(
+                    f"{settings.shown_url} changed while this run was using it (its files' sha256s differ from the "
+                    "ones this run's version names); rerun to use the new files"
+                )
+            for rel, _ in listing:
+                yield from file_documents(rel, _read(folder / rel, settings.shown_url))
+            return
+        with fetched_file(ctx, settings, ctx.stage) as got:
+            name = Path(settings.source_url.split("?")[0].rstrip("/")).name or "text"
+            yield from file_documents(name, _read(got.path, settings.shown_url))
+
+
+def file_documents(rel: str, text: str) -> Iterator[Document]:
+    """The documents of one file: one per block under each blank-line-separated `` = Title = `` line (a block
+    before the first is a document of its own), or the whole file when it has none. ``doc_id``: the relative
+    path, with ``#n`` and the title for a block (``n`` its place in the file, so equal titles stay apart)."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    heads = [
+        i
+        for i, line in enumerate(lines)
+        if _TITLE_RE.match(line)
+        and (i == 0 or not lines[i - 1].strip())
+        and (i + 1 == len(lines) or not lines[i + 1].strip())
+    ]
+    if not heads:
+        if text.strip():
+            yield Document(rel, Path(rel).stem, text)
+        return
+    if "\n".join(lines[: heads[0]]).strip():
+        yield Document(f"{rel}#0", Path(rel).stem, "\n".join(lines[: heads[0]]))
+    for n, (start, end) in enumerate(zip(heads, [*heads[1:], len(lines)], strict=True), start=1):
+        m = _TITLE_RE.match(lines[start])
+        assert m is not None
+        body = "\n".join(lines[start + 2 : end]).strip("\n")
+        yield Document(f"{rel}#{n} {m.group(1)}", m.group(1), body + "\n")
+
+
+def _folder(settings) -> Path | None:
+    if not settings.is_file:
+        return None
+    path = file_path(settings.source_url)
+    return path if path.is_dir() else None
+
+
+def _listing(folder: Path, settings) -> list[tuple[str, str]]:
+    """``[(relative path, sha256)]`` of every ``.txt`` file under ``folder``, sorted; ``UserError`` for none."""
+    files = sorted((p.relative_to(folder).as_posix(), p) for p in folder.rglob("*.txt") if p.is_file())
+    if not files:
+        raise UserError(
+            f"corpus.source_url {settings.shown_url}: the folder holds no .txt file; give a folder of .txt files"
+        )
+    return [(rel, sha256_file(p)) for rel, p in files]
+
+
+def _read(path: Path, shown: str) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"{path.name} of {shown} is not valid UTF-8 (byte {e.object[e.start]:#04x} at offset {e.start:,}); "
+            "give UTF-8 text"
+        ) from None
+
+
+SOURCE = TextSource()

@@ -1,0 +1,90 @@
+"""corpus.kind=text: your own text (a file, a folder of .txt files, a URL) through the one writer: a document per
+file or per `` = Title = `` block, split by a hash of its id; a split that would be empty is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tasks.corpus import CorpusSettings
+
+
+def test_a_setting_the_text_kind_does_not_read_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"corpus.kind=text does not read corpus.expected_bytes"):
+        CorpusSettings(kind="text", source_url="file:///tmp/x.txt", expected_bytes=5)
+    with pytest.raises(ValueError, match=r"corpus.kind=text needs corpus.source_url"):
+        CorpusSettings(kind="text")
+
+
+def _articles(n: int) -> str:
+    return "".join(f" = Article {i} = \n\n Text of article {i} , with = = a section = = inside .\n\n" for i in range(n))
+
+
+def test_a_text_file_of_titled_blocks_is_one_document_per_block_split_by_a_hash_of_its_id(tmp_path):
+    """Each `` = Title = `` block is a document; each lands in the split its id's hash names, whole; the files are
+    the chapter's header strip of the documents; the manifest lists the three splits and their files."""
+    from tasks.corpora.source import split_of
+    from tests.support.corpora import corpus_from_text
+    from tests.support.corpus_runs import CHAPTER_RE, metrics
+
+    text = _articles(60)
+    ref = corpus_from_text(tmp_path / "art", tmp_path / "src", kind="text", text=text, article_index=True)
+    m = metrics(ref)
+    assert [f["split"] for f in m["split_files"]] == ["train", "valid", "test"]
+    want: dict[str, str] = {"train": "", "valid": "", "test": ""}
+    for i in range(60):
+        want[split_of(f"corpus.txt#{i + 1} Article {i}", 0.05, 0.05)] += (
+            f"\n = Article {i} = \n\n Text of article {i} , with = = a section = = inside .\n"
+        )
+    out = Path(ref["path"])
+    for split, raw in want.items():
+        assert raw, split  # 60 documents: each split has some
+        assert (out / f"wiki.{split}.txt").read_text(encoding="utf-8") == CHAPTER_RE.sub("", raw)
+        assert m["splits"][split]["articles"] == m["splits"][split]["documents"] == raw.count(" = Article ")
+
+
+def test_a_folder_of_txt_files_is_one_document_per_file_and_named_by_its_listing(tmp_path):
+    from tests.support.corpus_runs import metrics
+
+    folder = tmp_path / "books"
+    (folder / "sub").mkdir(parents=True)
+    for i in range(40):
+        (folder / ("sub" if i % 2 else "") / f"b{i:02d}.txt").write_text(f"book {i} line\n", encoding="utf-8")
+    (folder / "notes.md").write_text("not read\n", encoding="utf-8")
+    ref = stages_corpus(tmp_path / "art", folder.as_uri())
+    m = metrics(ref)
+    assert sum(m["splits"][s]["documents"] for s in ("train", "valid", "test")) == 40
+    joined = b"".join((Path(ref["path"]) / f["text"]).read_bytes() for f in m["split_files"])
+    assert sorted(joined.decode().split("\n")[:-1]) == sorted(f"book {i} line" for i in range(40))
+    again = stages_corpus(tmp_path / "art", folder.as_uri())
+    assert again["version"] == ref["version"]  # the same listing: the same version
+    (folder / "b00.txt").rename(folder / "renamed.txt")
+    assert stages_corpus(tmp_path / "art", folder.as_uri())["version"] != ref["version"]
+
+
+def test_a_text_whose_split_would_be_empty_is_refused_naming_the_fix(tmp_path):
+    from mygpt.errors import UserError
+    from tests.support.corpora import corpus_from_text
+
+    with pytest.raises(UserError, match=r"would be empty .* raise corpus.valid_fraction / corpus.test_fraction"):
+        corpus_from_text(tmp_path / "art", tmp_path / "src", kind="text", text="one book, no titles\n")
+    assert not list((tmp_path / "art" / "corpus").glob("[0-9a-f]*"))  # nothing published
+
+
+def test_a_text_url_is_read_through_the_fetching_room(tmp_path):
+    from flows.mirror import Mirror
+    from tests.support.corpus_runs import metrics
+
+    data = _articles(60).encode()
+    with Mirror({"/book.txt": data}) as server:
+        ref = stages_corpus(tmp_path / "art", server.url("/book.txt"))
+    m = metrics(ref)
+    assert sum(st["documents"] for st in m["splits"].values()) == 60
+    assert m["source_url_sha256"] and m["kind"] == "text"
+
+
+def stages_corpus(root, url: str, **settings):
+    from tests.support import stages
+
+    return stages.corpus(root, kind="text", source_url=url, **settings)
