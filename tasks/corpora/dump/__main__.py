@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(source.metrics))
+    print(json.dumps(source.report_metrics(settings, ctx)))
     return 0
 
 

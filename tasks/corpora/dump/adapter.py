@@ -9,6 +9,7 @@ against that sha1 before a page is read: bytes that do not match are refused.
 from __future__ import annotations
 
 import hashlib
+import json
 import tempfile
 import urllib.parse
 import urllib.request
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
 from tasks.core.report import human_bytes
 from tasks.core.urls import redact_url
@@ -34,6 +36,7 @@ EXTRACTION_VERSION = 1
 MAX_DUMP_BYTES = 64 << 30
 MAX_SMALL_FILE_BYTES = 64 << 20  # the sha1sums file; an index is ~1/20 of its dump, bounded by that
 CHECKPOINTS = "dump-ranges"
+METRICS = "dump-metrics.json"  # in the work folder: the report's fields, for the writer once the documents ended
 
 
 @dataclass(frozen=True)
@@ -50,15 +53,17 @@ class DumpSource:
     worker task (and one checkpoint) holds: any value gives the same documents."""
 
     kind = "dump"
-    fields = frozenset({"source_url", "expected_sha1", "wiki", "dump_date", "valid_fraction", "test_fraction"})
+    fields = frozenset(
+        {"source_url", "expected_sha1", "wiki", "dump_date", "article_index", "valid_fraction", "test_fraction"}
+    )
 
     def __init__(self, streams_per_range: int = STREAMS_PER_RANGE) -> None:
         self.streams_per_range = streams_per_range
-        self.metrics: dict[str, Any] = {}
 
     # ---- what the bytes are ------------------------------------------------------------------------------------
     def identity(self, settings, ctx) -> dict:
         names = names_of(settings)
+        _check_allowed(names)
         sha1 = settings.expected_sha1 or sha1_from_sums(
             _small_text(names.sha1sums_url, "sha1sums.txt"), names.file_name, redact_url(names.sha1sums_url)
         )
@@ -115,7 +120,7 @@ class DumpSource:
                 f"{where}: the dump holds no article ({counts.pages} pages: {counts.dropped}); a corpus needs at "
                 "least one page of namespace 0 that is not a redirect and has text"
             )
-        self.metrics = {
+        metrics = {
             "wiki": local.site.dbname or identity["wiki"],
             "dump_date": identity["dump_date"],
             "sha1": identity["sha1"],
@@ -125,11 +130,18 @@ class DumpSource:
             "articles": counts.articles,
             **{f"dropped_{reason}": count for reason, count in counts.dropped.items()},
         }
+        atomic_write_text(Path(ctx.work) / METRICS, json.dumps(metrics))
+
+    def report_metrics(self, settings, ctx) -> dict[str, Any]:
+        """What the last :meth:`documents` of this build counted (the report's fields), ``{}`` before it ended."""
+        path = Path(ctx.work) / METRICS
+        return json.loads(path.read_text()) if path.exists() else {}
 
     def local_dump(self, settings, ctx, identity: dict) -> LocalDump:
         """The dump and its index on this machine (downloaded into the build's work folder, resumed by Range, when
         not a file:// URL), the dump's size and sha1 checked against ``identity``, its header read."""
         names = names_of(settings)
+        _check_allowed(names)
         dump = _local_file(names.dump_url, ctx.work, names.file_name, MAX_DUMP_BYTES, identity["bytes"], ctx.log)
         size = dump.stat().st_size
         shown = redact_url(names.dump_url)
@@ -154,10 +166,19 @@ def names_of(settings) -> DumpNames:
     if any(short) and not all(short):
         raise UserError("corpus.wiki and corpus.dump_date go together (e.g. wiki=dewiki dump_date=20261101)")
     if all(short):
-        if settings.source_url:
+        if settings.source_url and settings.source_url != type(settings).model_fields["source_url"].default:
             raise UserError("give either corpus.source_url or corpus.wiki + corpus.dump_date, not both")
         return dump_names(short_form_url(settings.wiki, settings.dump_date), "corpus.wiki/dump_date")
     return dump_names(settings.source_url)
+
+
+def _check_allowed(names: DumpNames) -> None:
+    """The allowed-sources list (``tasks.sources.allowed``) applies to the dump and the two files beside it."""
+    from tasks.sources.allowed import SourcePolicy
+
+    policy = SourcePolicy.from_env()
+    for url in (names.dump_url, names.index_url, names.sha1sums_url):
+        policy.check("corpus.source_url", url)
 
 
 def _documents_of(result: RangeResult) -> Iterator[Document]:
@@ -181,9 +202,10 @@ def _size_of(url: str) -> int:
             return path.stat().st_size
         except OSError as e:
             raise UserError(f"corpus.source_url {url}: {e.strerror}; give the path of the dump") from None
-    from tasks.sources.download import DownloadKnobs, probe
+    from tasks.sources.download import probe
+    from tasks.sources.fetched import stage_knobs
 
-    size = probe(url, DownloadKnobs.from_env()).get("bytes")
+    size = probe(url, stage_knobs()).get("bytes")
     if size is None:
         raise UserError(f"corpus.source_url {redact_url(url)}: the server does not say the file's size; use a mirror")
     return int(size)
@@ -196,7 +218,8 @@ def _local_file(url: str, work: Path, name: str, max_bytes: int, size: int | Non
         if not path.is_file():
             raise UserError(f"{url}: no such file; a dump's index and sha1sums.txt are expected beside it")
         return path
-    from tasks.sources.download import DownloadKnobs, fetch
+    from tasks.sources.download import fetch
+    from tasks.sources.fetched import stage_knobs
 
     dest = Path(work) / "download" / name
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +227,7 @@ def _local_file(url: str, work: Path, name: str, max_bytes: int, size: int | Non
         fetch(
             url,
             dest,
-            knobs=DownloadKnobs.from_env(),
+            knobs=stage_knobs(),
             identity={"bytes": size} if size is not None else None,
             max_bytes=max_bytes,
             log=log,
@@ -225,3 +248,6 @@ def _sha1_of(path: Path) -> str:
         while block := f.read(4 << 20):
             digest.update(block)
     return digest.hexdigest()
+
+
+SOURCE = DumpSource()

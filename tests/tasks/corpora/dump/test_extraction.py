@@ -49,7 +49,7 @@ def test_articles_in_dump_order_with_the_drop_counts(dump, pages, reference):
     assert [d.text for d in docs] == [plain_text(p.wikitext) for p in articles]
     assert {d.title for d in docs} >= {"東京の歴史", "Москва", "القاهرة"}
     assert any(d.title.endswith("(disambiguation)") for d in docs)  # kept: an article like any other
-    m = source.metrics
+    m = source.report_metrics(None, ctx)
     assert m["sha1"] == dump.sha1 and m["wiki"] == "testwiki" and m["dump_date"] == "20261101"
     assert m["pages"] == len(pages) and m["articles"] == len(docs)
     assert m["dropped_redirect"] == sum(p.redirect is not None for p in pages) > 0
