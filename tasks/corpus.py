@@ -20,6 +20,8 @@ from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.core.urls import address_sha256, redact_url, stored_url
 from tasks.corpora import text, wikitext
+from tasks.corpora.dump import adapter as dump
+from tasks.corpora.dump.settings import DumpFields
 from tasks.corpora.source import SourceContext
 from tasks.corpora.splits import split_file_names, split_files
 from tasks.corpora.writer import write_corpus
@@ -28,7 +30,7 @@ from tasks.sources.fetched import source_line
 from tasks.store import ArtifactStore
 
 #: the corpus kinds, by ``corpus.kind``: one adapter module each
-KINDS = {source.kind: source for source in (wikitext.SOURCE, text.SOURCE)}
+KINDS = {source.kind: source for source in (wikitext.SOURCE, text.SOURCE, dump.SOURCE)}
 DEFAULT_URL = wikitext.DEFAULT_URL
 PINNED_BYTES = wikitext.PINNED_BYTES
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -38,14 +40,15 @@ TEST_FRACTION = 0.05
 
 
 # ---- settings ----------------------------------------------------------------------------------------
-class CorpusSettings(Settings):
+class CorpusSettings(DumpFields, Settings):
     """Which corpus source (``kind``), where it comes from and how it is checked. Each kind reads some of these
     (its adapter's ``fields``); one it does not read, given another value than its default, is refused."""
 
     kind: str = Field(
         "wikitext",
         description="the kind of corpus: wikitext (the wikitext-103-raw-v1 zip), or another adapter's: text (your "
-        "own UTF-8 text: a file, a folder of .txt files or an http(s) URL); docs/CORPUS.md",
+        "own UTF-8 text: a file, a folder of .txt files or an http(s) URL), dump (a Wikimedia "
+        "<wiki>-<date>-pages-articles-multistream.xml.bz2: any language's Wikipedia); docs/CORPUS.md",
     )
     source_url: str = Field(
         DEFAULT_URL,
@@ -152,7 +155,7 @@ class CorpusSettings(Settings):
                 f"valid_fraction + test_fraction must be below 1 (the rest is train), got "
                 f"{self.valid_fraction} + {self.test_fraction}"
             )
-        if self.kind != "wikitext" and self.source_url == DEFAULT_URL:
+        if self.kind != "wikitext" and self.source_url == DEFAULT_URL and not (self.wiki and self.dump_date):
             raise ValueError(f"corpus.kind={self.kind} needs corpus.source_url: the file, folder or URL of its text")
         return self
 
@@ -251,6 +254,19 @@ def report(manifest: dict) -> str:
                 f"{d.get('range_requests', 0)} of them resuming (Range); {d.get('resumed_bytes', 0):,} bytes kept "
                 "from an interrupted run",
             ),
+        ]
+    if "dump_bytes" in m:  # kind=dump: what the dump was and what its extraction kept
+        seconds = float(m.get("extract_seconds") or 0)
+        rows += [
+            ("wiki, dump date", f"{m.get('wiki')}, {m.get('dump_date')}"),
+            ("dump", Markdown(f"{md_text(format(m['dump_bytes'], ','))} bytes, sha1 {md_code(m.get('sha1'))}")),
+            (
+                "pages",
+                f"{m.get('pages', 0):,} in {m.get('streams', 0):,} streams: {m.get('articles', 0):,} articles kept; "
+                f"dropped {m.get('dropped_redirect', 0):,} redirects, {m.get('dropped_namespace', 0):,} of other "
+                f"namespaces, {m.get('dropped_empty', 0):,} empty",
+            ),
+            ("throughput", f"{m['dump_bytes'] / 1e6 / seconds:.2f} MB/s of bz2" if seconds else "-"),
         ]
     rows.append(("split + strip + write", f"{m.get('extract_seconds', 0):.1f} s"))
     lines = [

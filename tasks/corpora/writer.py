@@ -291,5 +291,7 @@ def write_corpus(source: Any, settings: Any, ctx: Any) -> dict:
             article_index=article_index,
             hashed=ctx.build.hashed,
         )
+        if hasattr(source, "report_metrics"):  # what the source counted as it gave its documents
+            metrics = source.report_metrics(settings, ctx)
     ctx.progress(1, 1, "done", force=True)
     return {**metrics, "extract_seconds": round(time.monotonic() - t0, 3), **written}

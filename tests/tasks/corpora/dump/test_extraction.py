@@ -1,0 +1,128 @@
+"""The dump source end to end: the same documents for any worker count and chunking, from a file:// path or a
+loopback server (resumed by Range when it drops the connection), named by its sha1 and size, never its URL; a build
+killed with SIGKILL mid-extraction resumes from its checkpoints and gives the same bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mygpt.errors import UserError
+from tasks.corpora.dump.adapter import CHECKPOINTS, DumpSource
+from tasks.corpora.dump.settings import DumpSettings
+from tasks.corpora.dump.wikitext import plain_text
+from tests.support.mirror_faults import FaultyMirror
+from tests.support.processes import stop_processes
+
+from .conftest import context
+
+REPO = Path(__file__).resolve().parents[4]
+
+
+def extract(url: str, work: Path, workers: int = 1, streams_per_range: int = 2, **settings):
+    work.mkdir(parents=True, exist_ok=True)
+    source = DumpSource(streams_per_range)
+    ctx = context(work, workers)
+    docs = list(source.documents(DumpSettings(source_url=url, **settings), ctx))
+    return docs, source, ctx
+
+
+@pytest.fixture(scope="module")
+def reference(dump, tmp_path_factory):
+    """The dump's documents in one range on one worker, and the run's source and context."""
+    return extract(dump.dump.as_uri(), tmp_path_factory.mktemp("reference"), 1, 1000)
+
+
+def test_articles_in_dump_order_with_the_drop_counts(dump, pages, reference):
+    docs, source, ctx = reference
+    articles = [p for p in pages if p.ns == 0 and p.redirect is None]
+    assert [d.doc_id for d in docs] == [str(p.page_id) for p in articles]
+    assert [d.title for d in docs] == [p.title for p in articles]
+    assert [d.text for d in docs] == [plain_text(p.wikitext) for p in articles]
+    assert {d.title for d in docs} >= {"東京の歴史", "Москва", "القاهرة"}
+    assert any(d.title.endswith("(disambiguation)") for d in docs)  # kept: an article like any other
+    m = source.report_metrics(None, ctx)
+    assert m["sha1"] == dump.sha1 and m["wiki"] == "testwiki" and m["dump_date"] == "20261101"
+    assert m["pages"] == len(pages) and m["articles"] == len(docs)
+    assert m["dropped_redirect"] == sum(p.redirect is not None for p in pages) > 0
+    assert m["dropped_namespace"] == sum(p.ns != 0 for p in pages) > 0
+    done, total, message = ctx.progress_calls[-1]
+    assert done == total == dump.dump.stat().st_size
+    assert f"{m['streams']}/{m['streams']} streams" in message and f"{len(pages)} pages" in message
+
+
+@pytest.mark.parametrize(("workers", "streams_per_range"), [(1, 1), (2, 3), (3, 7)])
+def test_same_documents_for_any_worker_count_and_chunking(dump, tmp_path, reference, workers, streams_per_range):
+    docs, _, _ = extract(dump.dump.as_uri(), tmp_path / "w", workers, streams_per_range)
+    assert docs == reference[0]
+
+
+def test_identity_is_the_dumps_sha1_and_size_not_its_url(dump, tmp_path):
+    source = DumpSource()
+    with FaultyMirror({f"/a/{p.name}": p for p in (dump.dump, dump.index, dump.sha1sums)}) as mirror:
+        http = source.identity(DumpSettings(source_url=f"{mirror.base_url}/a/{dump.dump.name}"), None)
+    local = source.identity(DumpSettings(source_url=dump.dump.as_uri()), None)
+    assert http == local
+    assert local["sha1"] == dump.sha1 and local["bytes"] == dump.dump.stat().st_size
+    assert "url" not in json.dumps(local)
+
+
+def test_over_http_a_dropped_connection_resumes_by_range(dump, tmp_path, reference):
+    files = {f"/{p.name}": p for p in (dump.dump, dump.index, dump.sha1sums)}
+    with FaultyMirror(files) as mirror:
+        mirror.set_faults(drop_after=50_000, drop_times=-1)
+        docs, _, _ = extract(f"{mirror.base_url}/{dump.dump.name}", tmp_path / "w")
+        ranges = [r["range"] for r in mirror.requests if r["path"].endswith(dump.dump.name)]
+    assert docs == reference[0]
+    assert "bytes=50000-" in ranges  # the download went on from where the connection dropped
+
+
+def test_a_server_that_ignores_range_after_a_drop_is_one_error(dump, tmp_path, monkeypatch):
+    monkeypatch.setenv("WIKI_PIPELINE_RETRY_BASE_DELAY", "0.01")
+    files = {f"/{p.name}": p for p in (dump.dump, dump.index, dump.sha1sums)}
+    with FaultyMirror(files) as mirror:
+        mirror.set_faults(drop_after=50_000, drop_times=-1, ignore_range=True)
+        with pytest.raises(UserError, match=rf"downloading {mirror.base_url}/{dump.dump.name} failed \d+ times"):
+            extract(f"{mirror.base_url}/{dump.dump.name}", tmp_path / "w")
+    assert not list((tmp_path / "w").glob(f"{CHECKPOINTS}/*.json"))  # nothing extracted
+
+
+def test_sigkill_mid_extraction_resumes_from_the_checkpoints_with_the_same_bytes(dump, tmp_path):
+    url = dump.dump.as_uri()
+    whole, killed = tmp_path / "whole.txt", tmp_path / "killed.txt"
+    run = [sys.executable, "-m", "tasks.corpora.dump", url, "--streams-per-range", "1", "--workers", "1"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    first = subprocess.run([*run, "--work", str(tmp_path / "w1"), "--out", str(whole)], check=True, cwd=REPO,
+                           env=env, capture_output=True, text=True)  # fmt: skip
+    checkpoints = tmp_path / "w2" / CHECKPOINTS
+    proc = subprocess.Popen([*run, "--work", str(tmp_path / "w2"), "--out", str(killed)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if checkpoints.is_dir() and len(list(checkpoints.glob("*.json"))) >= 3:
+                break
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        stop_processes(proc)
+    done = sorted(p.name for p in checkpoints.glob("*.json"))
+    total = len(list((tmp_path / "w1" / CHECKPOINTS).glob("*.json")))
+    assert 3 <= len(done) < total and not killed.exists()  # killed mid-extraction, before the output
+    stamps = {p: (tmp_path / "w2" / CHECKPOINTS / p).stat().st_mtime_ns for p in done}
+    out = subprocess.run([*run, "--work", str(tmp_path / "w2"), "--out", str(killed)], check=True, cwd=REPO,
+                         env=env, capture_output=True, text=True)  # fmt: skip
+    assert killed.read_bytes() == whole.read_bytes()
+    assert hashlib.sha256(killed.read_bytes()).hexdigest() == hashlib.sha256(whole.read_bytes()).hexdigest()
+    # the ranges finished before the kill were read back, not extracted again
+    assert {p: (tmp_path / "w2" / CHECKPOINTS / p).stat().st_mtime_ns for p in done} == stamps
+    assert json.loads(out.stdout.splitlines()[-1]) == json.loads(first.stdout.splitlines()[-1])
