@@ -74,12 +74,12 @@ def corpus_check(out: Path, corpus: Path, shards: Path) -> int | None:
     on which the exported tokenizer gave exactly the shards' ids, ``<|endoftext|>`` after each article
     (``RuntimeError`` where it did not: :func:`mygpt.export.verify.check_documents`); None for the chapter's
     word-level kind, which has no special token to cut out of text (the probe covers its vocabulary)."""
+    import json
+
     import numpy as np
 
     from mygpt.export.publish import TIKTOKEN_FILE
     from mygpt.export.verify import check_documents
-    import json
-
     from tasks.core import shard_format
     from tasks.corpora.splits import TEST, split_files
     from tasks.shards import document_ends

@@ -100,7 +100,8 @@ class SourcePolicy:
                 f"{field} {redact_url(url)} is outside the sources this machine allows ({self.shown()}); use one "
                 f"of them, or have whoever runs this worker add yours to {ENV_SOURCES} where the worker starts -- "
                 f"with scripts/pipeline on your own machine that is you: {ENV_SOURCES}='{listed} {folder_of(url)}' "
-                "scripts/pipeline ... (it restarts its runner with the new list, refusing while the runner serves a run)"
+                "scripts/pipeline ... (it restarts its runner with the new list, refusing while the runner serves "
+                "a run)"
             )
 
     def check_redirect(self, field: str, from_url: str, to_url: str) -> None:

@@ -13,7 +13,6 @@ import pytest
 
 from mygpt.errors import UserError
 from mygpt.training.data import open_token_files
-from tasks import model as train_stage
 from tasks.core.shard_fetch import ENV_CACHE_MAX, cache_budget, fetch_shards, size_at_least
 from tasks.core.shard_format import read_shard, shard_paths, write_shard
 from tasks.registry import open_store

@@ -88,7 +88,7 @@ class DumpSource:
         starts = {r.number: local.index.offsets[r.first : r.first + r.count] for r in ranges}
 
         def run_ranges(todo: list[StreamRange]) -> Iterator[str]:
-            from tasks.core.dask_work import dask_client, local_workers, ordered_results
+            from tasks.dask.work import dask_client, local_workers, ordered_results
 
             items = [(r.number, r.start, r.end) for r in todo]
             with dask_client(ctx.run, ctx.log) as client:

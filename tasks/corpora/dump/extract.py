@@ -53,7 +53,7 @@ def extract_range(
     """The articles of the streams at ``starts`` (bytes ``start .. end`` of the dump at ``path``, a file or an
     ``s3://`` URL; ``last``: the range that ends the dump), as :meth:`RangeResult.to_json` (one string: Dask ships
     it as one buffer)."""
-    from tasks.core.dask_work import opener
+    from tasks.dask.work import opener
 
     open_url = opener(path)
     open_file = (lambda: open_url(path)) if open_url else (lambda: open(path, "rb"))  # noqa: SIM115
