@@ -38,6 +38,12 @@ class DumpFields(Settings):
             raise ValueError(f"wiki must be a wiki's database name such as enwiki or zh_yuewiki, got {value!r}")
         return value
 
+    @field_validator("dump_date", mode="before")
+    @classmethod
+    def _date_as_text(cls, value):
+        """``--param corpus.dump_date=20261101`` reads as a number: it is the folder's name all the same."""
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
     @field_validator("dump_date")
     @classmethod
     def _check_date(cls, value: str | None) -> str | None:

@@ -14,6 +14,7 @@ def test_the_dump_kind_reads_its_own_settings_and_refuses_the_zips():
     url = "https://dumps.wikimedia.org/dewiki/20261101/dewiki-20261101-pages-articles-multistream.xml.bz2"
     assert CorpusSettings(kind="dump", source_url=url, expected_sha1="A" * 40).expected_sha1 == "a" * 40
     assert CorpusSettings(kind="dump", wiki="dewiki", dump_date="20261101").wiki == "dewiki"
+    assert CorpusSettings(kind="dump", wiki="dewiki", dump_date=20261101).dump_date == "20261101"  # as --param reads it
     with pytest.raises(ValueError, match=r"corpus.kind=dump does not read corpus.expected_sha256"):
         CorpusSettings(kind="dump", source_url=url, expected_sha256="0" * 64)
     with pytest.raises(ValueError, match=r"corpus.kind=wikitext does not read corpus.expected_sha1"):
