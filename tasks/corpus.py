@@ -155,7 +155,18 @@ class CorpusSettings(DumpFields, Settings):
                 f"valid_fraction + test_fraction must be below 1 (the rest is train), got "
                 f"{self.valid_fraction} + {self.test_fraction}"
             )
-        if self.kind != "wikitext" and self.source_url == DEFAULT_URL and not (self.wiki and self.dump_date):
+        if self.kind == "dump":
+            short, url = self.wiki or self.dump_date, self.source_url != DEFAULT_URL
+            if short and not (self.wiki and self.dump_date):
+                raise ValueError("corpus.wiki and corpus.dump_date go together (e.g. dewiki and 20261101); give both")
+            if short and url:
+                raise ValueError("corpus.source_url and corpus.wiki + dump_date both name the dump; give one of them")
+            if not short and not url:
+                raise ValueError(
+                    "corpus.kind=dump needs the dump: corpus.source_url (the URL of "
+                    "<wiki>-<date>-pages-articles-multistream.xml.bz2), or corpus.wiki and corpus.dump_date"
+                )
+        elif self.kind != "wikitext" and self.source_url == DEFAULT_URL:
             raise ValueError(f"corpus.kind={self.kind} needs corpus.source_url: the file, folder or URL of its text")
         return self
 

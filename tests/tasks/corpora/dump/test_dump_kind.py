@@ -19,8 +19,12 @@ def test_the_dump_kind_reads_its_own_settings_and_refuses_the_zips():
         CorpusSettings(kind="dump", source_url=url, expected_sha256="0" * 64)
     with pytest.raises(ValueError, match=r"corpus.kind=wikitext does not read corpus.expected_sha1"):
         CorpusSettings(expected_sha1="0" * 40)
-    with pytest.raises(ValueError, match=r"corpus.kind=dump needs corpus.source_url"):
+    with pytest.raises(ValueError, match=r"corpus.kind=dump needs the dump: corpus.source_url \(the URL of <wiki>-"):
         CorpusSettings(kind="dump")
+    with pytest.raises(ValueError, match=r"corpus.wiki and corpus.dump_date go together"):
+        CorpusSettings(kind="dump", wiki="dewiki")
+    with pytest.raises(ValueError, match=r"both name the dump; give one of them"):
+        CorpusSettings(kind="dump", source_url=url, wiki="dewiki", dump_date="20261101")
     with pytest.raises(ValueError, match="expected_sha1 must be 40 hex digits"):
         CorpusSettings(kind="dump", source_url=url, expected_sha1="xyz")
 
