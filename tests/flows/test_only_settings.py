@@ -160,7 +160,11 @@ def test_only_asks_the_whole_ancestry_not_only_the_direct_inputs(tmp_path):
     assert picked(store, "samples") == {"model": m48["version"]}
     assert picked(store, "samples", tokenizer={"num_merges": 3}) == {"model": m3["version"]}
     assert picked(store, "evaluate", tokenizer={"num_merges": 3})["model"] == m3["version"]
-    assert picked(store, "export", shards={"shard_tokens": 777}) == {"model": m48["version"]}
+    assert picked(store, "export", shards={"shard_tokens": 777}) == {
+        "corpus": bare["version"],
+        "shards": s48["version"],
+        "model": m48["version"],
+    }
     with pytest.raises(UserError, match=r"needs a model version built with shards\.shard_tokens=778 \(it has 777\)"):
         picked(store, "export", shards={"shard_tokens": 778})
     with pytest.raises(

@@ -143,13 +143,14 @@ def test_the_export_proves_its_tokenizer_gives_the_shards_ids_on_the_test_split(
     split, not only on a probe of the vocabulary: the metrics name how many of the shards' ids it matched, and a
     training datum that differs by one id fails the check naming where."""
     from mygpt.export.verify import check_documents
+    from tasks.corpora.splits import split_files
     from tasks.shards import document_ends
 
     want = np.concatenate([SF.read_shard(p) for p in SF.shard_paths(pipeline["shards"]["path"], "test")])
     assert manifest(pipeline["export"])["metrics"]["check"]["corpus_tokens"] == want.size > 0
     corpus = Path(pipeline["corpus"]["path"])
     text = (corpus / "wiki.test.txt").read_bytes()
-    ends = document_ends(corpus, "test", len(text), {})
+    ends = document_ends(corpus, {f.split: f for f in split_files(manifest(pipeline["corpus"]))}["test"], len(text), {})
     documents = [text[a:b].decode("utf-8") for a, b in zip([0, *ends[:-1]], ends, strict=True)]
     out = str(pipeline["export"]["path"])
     assert check_documents(out, documents, want, "<|endoftext|>", whole=True) == want.size

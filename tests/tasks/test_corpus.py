@@ -140,8 +140,11 @@ def test_settings_defaults_pin_the_chapter_size():
         "expected_bytes": 191_984_949,
         "expected_sha256": None,
         "article_index": None,  # settled by the pipeline from the tokenizer kind (flows.settings.linked)
-        "valid_fraction": 0.05,  # read by kind=text only
+        "valid_fraction": 0.05,  # read by kind=text and kind=dump only
         "test_fraction": 0.05,
+        "expected_sha1": None,  # read by kind=dump only
+        "wiki": None,
+        "dump_date": None,
     }
     assert D.CorpusSettings().resolved().version_params() == {"expected_bytes": 191_984_949, "expected_sha256": None}
     assert resolved(source_url="http://127.0.0.1:1/x.zip")["expected_bytes"] == 0

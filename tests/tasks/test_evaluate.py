@@ -207,6 +207,7 @@ def test_a_max_bytes_too_small_for_two_tokens_is_refused_once_the_shards_are_bui
 
     class Ctx:
         out, run, log = tmp_path / "out", run_in(root), logging.getLogger("test")
+        store, inputs = open_store(root), {"corpus": corpus}  # the corpus's splits: its manifest's
 
         def progress(self, *args, **kwargs):
             pass

@@ -81,10 +81,10 @@ def test_a_same_size_edit_after_the_version_was_named_is_refused(tiny, tmp_path,
     assert f"than the ones this run's version names ({hashlib.sha256(before).hexdigest()})" in str(error)
 
 
-def test_what_is_read_of_a_file_source_is_capped_not_what_stat_says(monkeypatch):
+def test_what_is_read_of_a_file_source_is_capped_not_what_stat_says(monkeypatch, tmp_path):
     """/proc/self/maps: a regular file whose ``stat`` size is 0 and whose content is thousands of bytes."""
     monkeypatch.setattr(pretrained, "MAX_TOKENIZER_BYTES", 64)
     with open("/proc/self/maps", "rb") as f:
         assert len(f.read()) > 64
     with pytest.raises(UserError, match="holds more than 64 bytes"):
-        pretrained.read_source("/proc/self/maps")
+        pretrained.read_source("/proc/self/maps", tmp_path)
