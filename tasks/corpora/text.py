@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +33,7 @@ class TextSource:
         if folder is None:
             return fetched_identity(settings, ctx.store, ctx.log, ctx.stage)
         listing = _listing(folder, settings)
-        digest = hashlib.sha256(json.dumps(listing, ensure_ascii=False).encode("utf-8")).hexdigest()
+        digest = _digest(listing)
         total = sum((folder / rel).stat().st_size for rel, _ in listing)
         return checked({"sha256": digest, "bytes": total, "files": len(listing)}, settings)
 
@@ -40,19 +41,14 @@ class TextSource:
         folder = _folder(settings)
         if folder is not None:
             listing = _listing(folder, settings)
-            if ctx.source and hashlib.sha256(
-                json.dumps(listing, ensure_ascii=False).encode("utf-8")
-            ).hexdigest() != ctx.source.get("sha256"):
-                raise UserError(
-                    f"{settings.shown_url} changed while this run was using it (its files' sha256s differ from the "
-                    "ones this run's version names); rerun to use the new files"
-                )
-            for rel, _ in listing:
-                yield from file_documents(rel, _read(folder / rel, settings.shown_url))
+            if ctx.source and _digest(listing) != ctx.source.get("sha256"):
+                raise UserError(_changed(settings.shown_url))
+            for rel, sha in listing:
+                yield from file_documents(rel, _read(folder / rel, settings.shown_url, sha))
             return
         with fetched_file(ctx, settings, ctx.stage) as got:
             name = Path(settings.source_url.split("?")[0].rstrip("/")).name or "text"
-            yield from file_documents(name, _read(got.path, settings.shown_url))
+            yield from file_documents(name, _read(got.path, settings.shown_url, got.sha256))
 
 
 def file_documents(rel: str, text: str) -> Iterator[Document]:
@@ -88,18 +84,47 @@ def _folder(settings) -> Path | None:
 
 
 def _listing(folder: Path, settings) -> list[tuple[str, str]]:
-    """``[(relative path, sha256)]`` of every ``.txt`` file under ``folder``, sorted; ``UserError`` for none."""
+    """``[(relative path, sha256)]`` of every ``.txt`` file under ``folder``, sorted; ``UserError`` for none, or for
+    a file whose real path (a symbolic link's target) the allowed-sources list does not admit: the list judges the
+    folder's URL, and a link planted in an allowed folder would otherwise read any file the run can."""
+    from tasks.sources.allowed import SourcePolicy
+
     files = sorted((p.relative_to(folder).as_posix(), p) for p in folder.rglob("*.txt") if p.is_file())
     if not files:
         raise UserError(
             f"corpus.source_url {settings.shown_url}: the folder holds no .txt file; give a folder of .txt files"
         )
+    policy = SourcePolicy.from_env()
+    for rel, p in files:
+        real = Path(os.path.realpath(p)).as_uri()
+        if not policy.admits(real):
+            raise UserError(
+                f"corpus.source_url {settings.shown_url}: {rel} is a link to {real}, outside the sources this "
+                f"machine allows ({policy.shown()}); copy the file into the folder, or remove the link"
+            )
     return [(rel, sha256_file(p)) for rel, p in files]
 
 
-def _read(path: Path, shown: str) -> str:
+def _digest(listing: list[tuple[str, str]]) -> str:
+    """A folder's identity: the sha256 of its listing."""
+    return hashlib.sha256(json.dumps(listing, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def _changed(shown: str) -> str:
+    return (
+        f"{shown} changed while this run was using it (its files' sha256s differ from the ones this run's version "
+        "names); rerun to use the new files"
+    )
+
+
+def _read(path: Path, shown: str, sha256: str) -> str:
+    """The text of ``path``, whose bytes must be the ones named by ``sha256`` (hashed when the version was named:
+    a file rewritten since would give a version other bytes than its id names)."""
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise UserError(_changed(shown))
     try:
-        return path.read_bytes().decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UserError(
             f"{path.name} of {shown} is not valid UTF-8 (byte {e.object[e.start]:#04x} at offset {e.start:,}); "

@@ -88,3 +88,48 @@ def stages_corpus(root, url: str, **settings):
     from tests.support import stages
 
     return stages.corpus(root, kind="text", source_url=url, **settings)
+
+
+def test_a_link_in_an_allowed_folder_to_a_file_outside_the_allowed_sources_is_refused_unread(tmp_path, monkeypatch):
+    """The allow-list judges the folder's URL; a ``.txt`` link inside it to another file (here a stand-in for the
+    worker's ``/proc/self/environ``) is refused naming the link, and nothing of the target is published."""
+    from mygpt.errors import UserError
+
+    folder = tmp_path / "books"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"b{i:02d}.txt").write_text(f"book {i} line\n", encoding="utf-8")
+    secret = tmp_path / "private" / "environ"
+    secret.parent.mkdir()
+    secret.write_text("AWS_SECRET_ACCESS_KEY=hunter2\n", encoding="utf-8")
+    (folder / "zz.txt").symlink_to(secret)
+    monkeypatch.setenv("WIKI_PIPELINE_ALLOWED_SOURCES", folder.as_uri() + "/")
+    with pytest.raises(UserError, match=r"zz.txt is a link to file://.*/private/environ, outside the sources"):
+        stages_corpus(tmp_path / "art", folder.as_uri())
+    published = [p for p in (tmp_path / "art").rglob("*") if p.is_file()]
+    assert not any(b"hunter2" in p.read_bytes() for p in published)
+    (folder / "zz.txt").unlink()
+    (folder / "zz.txt").symlink_to(folder / "b00.txt")  # a link that stays inside the allowed folder is read
+    assert stages_corpus(tmp_path / "art", folder.as_uri())["version"]
+
+
+def test_a_folder_file_rewritten_after_its_version_was_named_is_refused_not_read(tmp_path):
+    """The version names each file's sha256; a file rewritten between the listing and its reading (another
+    program still writing the folder) is refused instead of published under an id that names other bytes."""
+    from types import SimpleNamespace
+
+    from mygpt.errors import UserError
+    from tasks.corpora.text import SOURCE
+    from tasks.corpus import CorpusSettings
+
+    folder = tmp_path / "books"
+    folder.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (folder / name).write_text(f"{name} as it was\n", encoding="utf-8")
+    settings = CorpusSettings(kind="text", source_url=folder.as_uri())
+    ctx = SimpleNamespace(source=SOURCE.identity(settings, SimpleNamespace(store=None, log=None, stage=None)))
+    docs = SOURCE.documents(settings, ctx)
+    assert next(docs).text == "a.txt as it was\n"
+    (folder / "b.txt").write_text("b.txt rewritten\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"changed while this run was using it"):
+        next(docs)
