@@ -3,7 +3,8 @@ folder of ``.txt`` files (``file:///path/to/folder``: every ``*.txt`` under it, 
 http(s):// URL of one file (allow-listed as the zip is). One document per file, or, where a file holds
 blank-line-separated `` = Title = `` lines (wikitext's shape), one per block under each; the writer splits them by
 a hash of each document's id (``corpus.valid_fraction`` / ``corpus.test_fraction``). Identity: the sha256 of the
-file; for a folder, of its sorted ``(relative path, sha256)`` list, so a renamed file is another corpus."""
+file and its name (the documents' ids); for a folder, of its sorted ``(relative path, sha256)`` list, so a renamed
+file is another corpus."""
 
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ class TextSource:
 
     def identity(self, settings, ctx: SourceContext) -> dict:
         folder = _folder(settings)
-        if folder is None:
-            return fetched_identity(settings, ctx.store, ctx.log, ctx.stage)
+        if folder is None:  # the name too (its sha256: a URL's last segment may be a token), as it is the
+            # documents' doc_id, which picks their splits
+            name_sha256 = hashlib.sha256(_file_name(settings).encode("utf-8")).hexdigest()
+            return {**fetched_identity(settings, ctx.store, ctx.log, ctx.stage), "name_sha256": name_sha256}
         listing = _listing(folder, settings)
         digest = _digest(listing)
         total = sum((folder / rel).stat().st_size for rel, _ in listing)
@@ -47,8 +50,7 @@ class TextSource:
                 yield from file_documents(rel, _read(folder / rel, settings.shown_url, sha))
             return
         with fetched_file(ctx, settings, ctx.stage) as got:
-            name = Path(settings.source_url.split("?")[0].rstrip("/")).name or "text"
-            yield from file_documents(name, _read(got.path, settings.shown_url, got.sha256))
+            yield from file_documents(_file_name(settings), _read(got.path, settings.shown_url, got.sha256))
 
 
 def file_documents(rel: str, text: str) -> Iterator[Document]:
@@ -74,6 +76,11 @@ def file_documents(rel: str, text: str) -> Iterator[Document]:
         assert m is not None
         body = "\n".join(lines[start + 2 : end]).strip("\n")
         yield Document(f"{rel}#{n} {m.group(1)}", m.group(1), body + "\n")
+
+
+def _file_name(settings) -> str:
+    """The name of the one file ``source_url`` names (its URL's last path segment): its documents' ``doc_id``."""
+    return Path(settings.source_url.split("?")[0].rstrip("/")).name or "text"
 
 
 def _folder(settings) -> Path | None:

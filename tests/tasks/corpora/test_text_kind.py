@@ -147,3 +147,18 @@ def test_a_documents_own_header_shaped_line_starts_no_article(tmp_path):
     text = "".join(f" = Article {i} = \n\n Intro {i} .\n= Notes =\n Note {i} .\n\n" for i in range(60))
     m = metrics(corpus_from_text(tmp_path / "art", tmp_path / "src", kind="text", text=text, article_index=True))
     assert {s: m["splits"][s]["articles"] for s in m["splits"]} == {s: m["splits"][s]["documents"] for s in m["splits"]}
+
+
+def test_one_text_under_two_file_names_is_two_versions_as_its_splits_differ(tmp_path):
+    """A file's name is its documents' ``doc_id`` s, which pick their splits; so the same bytes under another name
+    are other corpus files, and must be another version (two roots must never hold other bytes under one id)."""
+    text = _articles(60)
+    refs = []
+    for name in ("a.txt", "b.txt"):
+        path = tmp_path / "src" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        refs.append(stages_corpus(tmp_path / f"art-{name}", path.as_uri()))
+    texts = [(Path(ref["path"]) / "wiki.test.txt").read_bytes() for ref in refs]
+    assert texts[0] != texts[1]  # the names put other documents in the test split
+    assert refs[0]["version"] != refs[1]["version"]
