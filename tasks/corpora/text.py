@@ -91,9 +91,10 @@ def _folder(settings) -> Path | None:
 
 
 def _listing(folder: Path, settings) -> list[tuple[str, str]]:
-    """``[(relative path, sha256)]`` of every ``.txt`` file under ``folder``, sorted; ``UserError`` for none, or for
-    a file whose real path (a symbolic link's target) the allowed-sources list does not admit: the list judges the
-    folder's URL, and a link planted in an allowed folder would otherwise read any file the run can."""
+    """``[(relative path, sha256)]`` of every ``.txt`` file under ``folder``, sorted; ``UserError`` for none, for a
+    name that is not UTF-8 (it is the documents' id, hashed as UTF-8), or for a file whose real path (a symbolic
+    link's target) the allowed-sources list does not admit: the list judges the folder's URL, and a link planted
+    in an allowed folder would otherwise read any file the run can."""
     from tasks.sources.allowed import SourcePolicy
 
     files = sorted((p.relative_to(folder).as_posix(), p) for p in folder.rglob("*.txt") if p.is_file())
@@ -103,6 +104,13 @@ def _listing(folder: Path, settings) -> list[tuple[str, str]]:
         )
     policy = SourcePolicy.from_env()
     for rel, p in files:
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(
+                f"corpus.source_url {settings.shown_url}: the name {os.fsencode(rel)!r} is not UTF-8; rename the "
+                "file (its relative path is its documents' id)"
+            ) from None
         real = Path(os.path.realpath(p)).as_uri()
         if not policy.admits(real):
             raise UserError(

@@ -162,3 +162,17 @@ def test_one_text_under_two_file_names_is_two_versions_as_its_splits_differ(tmp_
     texts = [(Path(ref["path"]) / "wiki.test.txt").read_bytes() for ref in refs]
     assert texts[0] != texts[1]  # the names put other documents in the test split
     assert refs[0]["version"] != refs[1]["version"]
+
+
+def test_a_folder_file_whose_name_is_not_utf8_is_refused_naming_it(tmp_path):
+    import os
+
+    from mygpt.errors import UserError
+
+    folder = tmp_path / "books"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"b{i:02d}.txt").write_text(f"book {i} line\n", encoding="utf-8")
+    (Path(os.fsdecode(os.path.join(os.fsencode(folder), b"caf\xe9.txt")))).write_bytes(b"a Latin-1 name\n")
+    with pytest.raises(UserError, match=r"the name b'caf\\xe9.txt' is not UTF-8; rename the file"):
+        stages_corpus(tmp_path / "art", folder.as_uri())
