@@ -35,7 +35,7 @@ class TextSource:
             # documents' doc_id, which picks their splits
             name_sha256 = hashlib.sha256(_file_name(settings).encode("utf-8")).hexdigest()
             return {**fetched_identity(settings, ctx.store, ctx.log, ctx.stage), "name_sha256": name_sha256}
-        listing = _listing(folder, settings)
+        listing = _listing(folder, settings, ctx.store)
         digest = _digest(listing)
         total = sum((folder / rel).stat().st_size for rel, _ in listing)
         return checked({"sha256": digest, "bytes": total, "files": len(listing)}, settings)
@@ -43,7 +43,7 @@ class TextSource:
     def documents(self, settings, ctx) -> Iterator[Document]:
         folder = _folder(settings)
         if folder is not None:
-            listing = _listing(folder, settings)
+            listing = _listing(folder, settings, ctx.store)
             if ctx.source and _digest(listing) != ctx.source.get("sha256"):
                 raise UserError(_changed(settings.shown_url))
             for rel, sha in listing:
@@ -90,12 +90,21 @@ def _folder(settings) -> Path | None:
     return path if path.is_dir() else None
 
 
-def _listing(folder: Path, settings) -> list[tuple[str, str]]:
+def _listing(folder: Path, settings, store=None) -> list[tuple[str, str]]:
     """``[(relative path, sha256)]`` of every ``.txt`` file under ``folder``, sorted; ``UserError`` for none, for a
     name that is not UTF-8 (it is the documents' id, hashed as UTF-8), or for a file whose real path (a symbolic
     link's target) the allowed-sources list does not admit: the list judges the folder's URL, and a link planted
-    in an allowed folder would otherwise read any file the run can."""
+    in an allowed folder would otherwise read any file the run can; or for a folder that holds ``store``'s root
+    (each run would read the corpus files the last one published as text, a new version every run)."""
     from tasks.sources.allowed import SourcePolicy
+
+    if store is not None and not store.remote:
+        root, top = os.path.realpath(store.root), os.path.realpath(folder)
+        if root == top or root.startswith(top.rstrip("/") + "/"):
+            raise UserError(
+                f"corpus.source_url {settings.shown_url} holds the artifact root {store.root}, whose corpus files "
+                "each run would read as your text; give a folder without it, or another run.artifacts_dir"
+            )
 
     files = sorted((p.relative_to(folder).as_posix(), p) for p in folder.rglob("*.txt") if p.is_file())
     if not files:

@@ -127,7 +127,9 @@ def test_a_folder_file_rewritten_after_its_version_was_named_is_refused_not_read
     for name in ("a.txt", "b.txt"):
         (folder / name).write_text(f"{name} as it was\n", encoding="utf-8")
     settings = CorpusSettings(kind="text", source_url=folder.as_uri())
-    ctx = SimpleNamespace(source=SOURCE.identity(settings, SimpleNamespace(store=None, log=None, stage=None)))
+    ctx = SimpleNamespace(
+        source=SOURCE.identity(settings, SimpleNamespace(store=None, log=None, stage=None)), store=None
+    )
     docs = SOURCE.documents(settings, ctx)
     assert next(docs).text == "a.txt as it was\n"
     (folder / "b.txt").write_text("b.txt rewritten\n", encoding="utf-8")
@@ -176,3 +178,17 @@ def test_a_folder_file_whose_name_is_not_utf8_is_refused_naming_it(tmp_path):
     (Path(os.fsdecode(os.path.join(os.fsencode(folder), b"caf\xe9.txt")))).write_bytes(b"a Latin-1 name\n")
     with pytest.raises(UserError, match=r"the name b'caf\\xe9.txt' is not UTF-8; rename the file"):
         stages_corpus(tmp_path / "art", folder.as_uri())
+
+
+def test_a_folder_that_holds_the_artifact_root_is_refused(tmp_path):
+    """Else each run reads the corpus files the last one published (``wiki.*.txt``) as more text: a new version
+    every run, each holding the one before."""
+    from mygpt.errors import UserError
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"b{i:02d}.txt").write_text(f"book {i} line\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"holds the artifact root .*/project/artifacts, whose corpus files"):
+        stages_corpus(folder / "artifacts", folder.as_uri())
+    assert stages_corpus(tmp_path / "elsewhere", folder.as_uri())["version"]
