@@ -145,10 +145,15 @@ class DumpSource:
         dump = _local_file(names.dump_url, ctx.work, names.file_name, MAX_DUMP_BYTES, identity["bytes"], ctx.log)
         size = dump.stat().st_size
         shown = redact_url(names.dump_url)
+        ours = _file_path(names.dump_url) is None  # downloaded: a damaged copy goes, so the rerun fetches again
         if size != identity["bytes"]:
+            if ours:
+                dump.unlink(missing_ok=True)
             raise DumpError(f"{shown}: {size} bytes on disk, but the source said {identity['bytes']}; rerun")
         found = _sha1_of(dump)
         if found != identity["sha1"]:
+            if ours:
+                dump.unlink(missing_ok=True)
             raise DumpError(
                 f"{shown}: its sha1 is {found}, not the {identity['sha1']} "
                 f"{'corpus.expected_sha1 gives' if settings.expected_sha1 else 'its sha1sums.txt gives'}: the "
