@@ -160,7 +160,12 @@ class DumpSource:
                 "download is damaged or the file was replaced; download it again (or fix corpus.expected_sha1)"
             )
         index_path = _local_file(names.index_url, ctx.work, Path(names.index_url).name, MAX_DUMP_BYTES, None, ctx.log)
-        index = read_index(index_path, size, redact_url(names.index_url))
+        try:
+            index = read_index(index_path, size, redact_url(names.index_url))
+        except UserError:
+            if _file_path(names.index_url) is None:
+                index_path.unlink(missing_ok=True)  # downloaded: the rerun fetches it again
+            raise
         (_, header), *_ = decompressed_streams(lambda: open(dump, "rb"), 0, index.offsets[0], (0,), shown)  # noqa: SIM115
         return LocalDump(dump, index, parse_header(header, shown))
 

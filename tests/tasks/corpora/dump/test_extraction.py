@@ -142,3 +142,15 @@ def test_a_download_whose_sha1_is_wrong_is_fetched_again_by_the_rerun(dump, tmp_
         mirror.add(f"/{dump.dump.name}", good)
         docs, _, _ = extract(url, tmp_path / "w")
     assert docs == reference[0]
+
+
+def test_a_downloaded_index_that_is_not_whole_is_fetched_again_by_the_rerun(dump, tmp_path, reference):
+    good = dump.index.read_bytes()
+    files = {f"/{p.name}": p for p in (dump.dump, dump.sha1sums)}
+    with FaultyMirror({**files, f"/{dump.index.name}": good[: len(good) // 2]}) as mirror:
+        url = f"{mirror.base_url}/{dump.dump.name}"
+        with pytest.raises(UserError, match=r"not a whole bz2 file"):
+            extract(url, tmp_path / "w")
+        mirror.add(f"/{dump.index.name}", good)
+        docs, _, _ = extract(url, tmp_path / "w")
+    assert docs == reference[0]
