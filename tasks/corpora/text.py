@@ -3,12 +3,14 @@ folder of ``.txt`` files (``file:///path/to/folder``: every ``*.txt`` under it, 
 http(s):// URL of one file (allow-listed as the zip is). One document per file, or, where a file holds
 blank-line-separated `` = Title = `` lines (wikitext's shape), one per block under each; the writer splits them by
 a hash of each document's id (``corpus.valid_fraction`` / ``corpus.test_fraction``). Identity: the sha256 of the
-file; for a folder, of its sorted ``(relative path, sha256)`` list, so a renamed file is another corpus."""
+file and its name (the documents' ids); for a folder, of its sorted ``(relative path, sha256)`` list, so a renamed
+file is another corpus."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,30 +31,26 @@ class TextSource:
 
     def identity(self, settings, ctx: SourceContext) -> dict:
         folder = _folder(settings)
-        if folder is None:
-            return fetched_identity(settings, ctx.store, ctx.log, ctx.stage)
-        listing = _listing(folder, settings)
-        digest = hashlib.sha256(json.dumps(listing, ensure_ascii=False).encode("utf-8")).hexdigest()
+        if folder is None:  # the name too (its sha256: a URL's last segment may be a token), as it is the
+            # documents' doc_id, which picks their splits
+            name_sha256 = hashlib.sha256(_file_name(settings).encode("utf-8")).hexdigest()
+            return {**fetched_identity(settings, ctx.store, ctx.log, ctx.stage), "name_sha256": name_sha256}
+        listing = _listing(folder, settings, ctx.store)
+        digest = _digest(listing)
         total = sum((folder / rel).stat().st_size for rel, _ in listing)
         return checked({"sha256": digest, "bytes": total, "files": len(listing)}, settings)
 
     def documents(self, settings, ctx) -> Iterator[Document]:
         folder = _folder(settings)
         if folder is not None:
-            listing = _listing(folder, settings)
-            if ctx.source and hashlib.sha256(
-                json.dumps(listing, ensure_ascii=False).encode("utf-8")
-            ).hexdigest() != ctx.source.get("sha256"):
-                raise UserError(
-                    f"{settings.shown_url} changed while this run was using it (its files' sha256s differ from the "
-                    "ones this run's version names); rerun to use the new files"
-                )
-            for rel, _ in listing:
-                yield from file_documents(rel, _read(folder / rel, settings.shown_url))
+            listing = _listing(folder, settings, ctx.store)
+            if ctx.source and _digest(listing) != ctx.source.get("sha256"):
+                raise UserError(_changed(settings.shown_url))
+            for rel, sha in listing:
+                yield from file_documents(rel, _read(folder / rel, settings.shown_url, sha))
             return
         with fetched_file(ctx, settings, ctx.stage) as got:
-            name = Path(settings.source_url.split("?")[0].rstrip("/")).name or "text"
-            yield from file_documents(name, _read(got.path, settings.shown_url))
+            yield from file_documents(_file_name(settings), _read(got.path, settings.shown_url, got.sha256))
 
 
 def file_documents(rel: str, text: str) -> Iterator[Document]:
@@ -80,6 +78,11 @@ def file_documents(rel: str, text: str) -> Iterator[Document]:
         yield Document(f"{rel}#{n} {m.group(1)}", m.group(1), body + "\n")
 
 
+def _file_name(settings) -> str:
+    """The name of the one file ``source_url`` names (its URL's last path segment): its documents' ``doc_id``."""
+    return Path(settings.source_url.split("?")[0].rstrip("/")).name or "text"
+
+
 def _folder(settings) -> Path | None:
     if not settings.is_file:
         return None
@@ -87,19 +90,65 @@ def _folder(settings) -> Path | None:
     return path if path.is_dir() else None
 
 
-def _listing(folder: Path, settings) -> list[tuple[str, str]]:
-    """``[(relative path, sha256)]`` of every ``.txt`` file under ``folder``, sorted; ``UserError`` for none."""
+def _listing(folder: Path, settings, store=None) -> list[tuple[str, str]]:
+    """``[(relative path, sha256)]`` of every ``.txt`` file under ``folder``, sorted; ``UserError`` for none, for a
+    name that is not UTF-8 (it is the documents' id, hashed as UTF-8), or for a file whose real path (a symbolic
+    link's target) the allowed-sources list does not admit: the list judges the folder's URL, and a link planted
+    in an allowed folder would otherwise read any file the run can; or for a folder that holds ``store``'s root
+    (each run would read the corpus files the last one published as text, a new version every run)."""
+    from tasks.sources.allowed import SourcePolicy
+
+    if store is not None and not store.remote:
+        root, top = os.path.realpath(store.root), os.path.realpath(folder)
+        if root == top or root.startswith(top.rstrip("/") + "/"):
+            raise UserError(
+                f"corpus.source_url {settings.shown_url} holds the artifact root {store.root}, whose corpus files "
+                "each run would read as your text; give a folder without it, or another run.artifacts_dir"
+            )
+
     files = sorted((p.relative_to(folder).as_posix(), p) for p in folder.rglob("*.txt") if p.is_file())
     if not files:
         raise UserError(
             f"corpus.source_url {settings.shown_url}: the folder holds no .txt file; give a folder of .txt files"
         )
+    policy = SourcePolicy.from_env()
+    for rel, p in files:
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(
+                f"corpus.source_url {settings.shown_url}: the name {os.fsencode(rel)!r} is not UTF-8; rename the "
+                "file (its relative path is its documents' id)"
+            ) from None
+        real = Path(os.path.realpath(p)).as_uri()
+        if not policy.admits(real):
+            raise UserError(
+                f"corpus.source_url {settings.shown_url}: {rel} is a link to {real}, outside the sources this "
+                f"machine allows ({policy.shown()}); copy the file into the folder, or remove the link"
+            )
     return [(rel, sha256_file(p)) for rel, p in files]
 
 
-def _read(path: Path, shown: str) -> str:
+def _digest(listing: list[tuple[str, str]]) -> str:
+    """A folder's identity: the sha256 of its listing."""
+    return hashlib.sha256(json.dumps(listing, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def _changed(shown: str) -> str:
+    return (
+        f"{shown} changed while this run was using it (its files' sha256s differ from the ones this run's version "
+        "names); rerun to use the new files"
+    )
+
+
+def _read(path: Path, shown: str, sha256: str) -> str:
+    """The text of ``path``, whose bytes must be the ones named by ``sha256`` (hashed when the version was named:
+    a file rewritten since would give a version other bytes than its id names)."""
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise UserError(_changed(shown))
     try:
-        return path.read_bytes().decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UserError(
             f"{path.name} of {shown} is not valid UTF-8 (byte {e.object[e.start]:#04x} at offset {e.start:,}); "

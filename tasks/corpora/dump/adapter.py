@@ -145,17 +145,27 @@ class DumpSource:
         dump = _local_file(names.dump_url, ctx.work, names.file_name, MAX_DUMP_BYTES, identity["bytes"], ctx.log)
         size = dump.stat().st_size
         shown = redact_url(names.dump_url)
+        ours = _file_path(names.dump_url) is None  # downloaded: a damaged copy goes, so the rerun fetches again
         if size != identity["bytes"]:
+            if ours:
+                dump.unlink(missing_ok=True)
             raise DumpError(f"{shown}: {size} bytes on disk, but the source said {identity['bytes']}; rerun")
         found = _sha1_of(dump)
         if found != identity["sha1"]:
+            if ours:
+                dump.unlink(missing_ok=True)
             raise DumpError(
                 f"{shown}: its sha1 is {found}, not the {identity['sha1']} "
                 f"{'corpus.expected_sha1 gives' if settings.expected_sha1 else 'its sha1sums.txt gives'}: the "
                 "download is damaged or the file was replaced; download it again (or fix corpus.expected_sha1)"
             )
         index_path = _local_file(names.index_url, ctx.work, Path(names.index_url).name, MAX_DUMP_BYTES, None, ctx.log)
-        index = read_index(index_path, size, redact_url(names.index_url))
+        try:
+            index = read_index(index_path, size, redact_url(names.index_url))
+        except UserError:
+            if _file_path(names.index_url) is None:
+                index_path.unlink(missing_ok=True)  # downloaded: the rerun fetches it again
+            raise
         (_, header), *_ = decompressed_streams(lambda: open(dump, "rb"), 0, index.offsets[0], (0,), shown)  # noqa: SIM115
         return LocalDump(dump, index, parse_header(header, shown))
 
