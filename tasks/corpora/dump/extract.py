@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tasks.core.faults import fault_point
 from tasks.corpora.dump.index import StreamIndex
 from tasks.corpora.dump.pages import parse_pages
 from tasks.corpora.dump.streams import StreamRange, decompressed_streams
@@ -126,6 +127,7 @@ def extracted(
                 tmp = path.with_name(path.name + ".tmp")
                 tmp.write_text(text, encoding="utf-8")
                 os.replace(tmp, path)
+                fault_point("corpus.dump_range")  # a crash here leaves this range's checkpoint, not the next
                 result = RangeResult.from_json(text)
             counts.add(rng, result)
             progress(counts, time.monotonic() - t0)
