@@ -20,7 +20,8 @@ def parse_param(text: str) -> tuple[str, object]:
 
 def chosen_groups(args) -> dict[str, dict]:
     """The settings the user chose, per stage (the stages' defaults fill in the rest): --tiny, --params,
-    --param and the flags, later ones winning. With ``only`` the preset gives the stage that runs and ``run``
+    --param and the flags; one setting given two values is refused (the preset gives way to what the user
+    gives). With ``only`` the preset gives the stage that runs and ``run``
     only (:func:`preset_for`)."""
     from flows.settings import TINY, Pipeline
 
@@ -28,6 +29,13 @@ def chosen_groups(args) -> dict[str, dict]:
 
     def add(flat: dict) -> None:
         for group, values in Pipeline.group_flat(flat).items():
+            for field, value in values.items():
+                before = groups.get(group, {}).get(field, value)
+                if before != value:  # a setting the user gave is used or refused, never dropped
+                    raise UserError(
+                        f"{group}.{field} is given twice: {_shown(before)} and {_shown(value)} by --param/--params; "
+                        "give it once"
+                    )
             groups.setdefault(group, {}).update(values)
 
     if getattr(args, "params", None):
@@ -38,7 +46,8 @@ def chosen_groups(args) -> dict[str, dict]:
         if not isinstance(extra, dict):
             raise UserError(f"--params must be a JSON object, got {args.params!r}")
         add(extra)
-    add(dict(parse_param(p) for p in args.param))
+    for param in args.param:
+        add(dict([parse_param(param)]))
     flags = {flag: getattr(args, flag, None) for flag in ("artifacts_dir", "source_url", "only", "force")}
     flagged = Pipeline.group_flat({k: v for k, v in flags.items() if v})
     _refuse_overruled(groups, flagged)

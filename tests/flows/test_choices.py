@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 
-import pytest
-
 from flows.cli import main
 from tests.support import REPO
 
@@ -52,11 +50,6 @@ def test_the_demo_refuses_a_source_it_would_not_use_before_anything_starts(tmp_p
     assert "Completed" not in done.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--param given twice for one setting (or --params and --param) keeps the last value without a word; "
-    "only a flag against --param/--params is refused",
-)
 def test_one_setting_given_two_values_by_param_and_params_is_refused(capsys):
     assert main(["params", "--param", "model.steps=100", "--param", "model.steps=200"]) == 2
     assert "model.steps is given twice" in capsys.readouterr().err
