@@ -120,9 +120,12 @@ def scorecard(results: dict) -> str:
         "## Bad input",
         "",
         "`wiki-pipeline run --tiny --artifacts-dir <empty root> <input>` (a `NAME=value` input is an "
-        "environment variable set for that run): exit code 2, this exact line on "
-        "stderr (no traceback), and nothing published (for the prompt case, which is checked right after the "
-        "tokenizer stage by design: nothing after the tokenizer).",
+        "environment variable set for that run): exit code 2, exactly one `error:` line on stderr, this one "
+        "(where it holds what varies, like how many bytes came before a deadline, a pattern of it), no "
+        "traceback, and nothing published past the stage that checks the input (the corpus for a tokenizer "
+        "source, which is read when the tokenizer stage names its version; the tokenizer for the prompt and for "
+        "a special token the tokenizer's slice lacks, which the shards stage, reading every split, refuses). "
+        "`http://127.0.0.1:<port>/...` with a deadline is a server that sends a byte every 20 ms.",
         "",
         "| input | exit | message | nothing published |",
         "|---|---:|---|---|",
@@ -132,6 +135,23 @@ def scorecard(results: dict) -> str:
             f"| `{_md(r['input'])}` | {r['code']} | `{_md(r['message'])}` | "
             f"{'yes' if r['nothing_published'] else 'NO'} |"
         )
+    disk = results.get("full_disk")
+    if disk is not None:
+        lines += [
+            "",
+            "## A full disk",
+            "",
+            "`wiki-pipeline run --tiny` with the artifact root on a small tmpfs that a filler file leaves almost "
+            "no room on (the corpus stage fills it): exit 2, one `error:` line naming the stage and the path, no "
+            "traceback, no version directory at all; then the filler deleted and the same root rerun: it "
+            "completes, leaves no staging, and its data equal the uninterrupted run's.",
+            "",
+            "| disk | exit | message | nothing published | rerun on the freed disk | handled |",
+            "|---|---:|---|---|---|---|",
+            f"| {_md(disk['case'])} | {disk.get('code', '')} | `{_md(disk.get('message', disk['outcome']))}` | "
+            f"{'yes' if disk.get('nothing_published') else 'NO'} | {_md(disk['outcome'])} | "
+            f"{'not run' if disk['ok'] is None else 'yes' if disk['ok'] else 'NO'} |",
+        ]
     net, damage, bad = results["network"], results["damage"], results["bad_inputs"]
     lines += [
         "",
@@ -141,6 +161,11 @@ def scorecard(results: dict) -> str:
         f"- network faults: {len(net)} tried, {sum(r['handled'] for r in net)} handled",
         f"- damaged artifacts: {len(damage)} tried, {sum(r['detected'] for r in damage)} detected and rebuilt",
         f"- bad inputs: {len(bad)} tried, {sum(r['ok'] for r in bad)} rejected as specified",
+        *(
+            [f"- full disk: {'not run' if disk['ok'] is None else 'handled' if disk['ok'] else 'NOT HANDLED'}"]
+            if disk
+            else []
+        ),
         "",
         f"Reproduce: `{results['command']}`",
         "",
