@@ -1,5 +1,6 @@
 """The reliability harness's fast subset: one kill per stage, two runs at once, every network fault, damage
-case and bad input, against one uninterrupted reference run (the long run: ``python -m tests.reliability.harness``)."""
+case and bad input, and a full disk, against one uninterrupted reference run (the long run:
+``python -m tests.reliability.harness``)."""
 
 from __future__ import annotations
 
