@@ -125,6 +125,7 @@ def bad_input_cases(tmp: Path, url: str, drip: str, *, with_flow: bool = True) -
             "error": fill(case["error"]) if "error" in case else None,
             "match": fill(case["match"]) if "match" in case else None,
             "may_publish": case.get("may_publish", []),
+            "source_url": case.get("source_url", True),
         }
         for case in cases
         if with_flow or not case.get("flow")
@@ -146,12 +147,13 @@ def bad_inputs(tmp: Path, url: str, *, with_flow: bool = True) -> list[dict]:
 
 def _one(main, root: Path, url: str, case: dict) -> dict:
     """One case, run: its row. ``error`` is the exact line expected; ``match`` a regex it must match whole (for a
-    line that holds what varies, like how many bytes came before a deadline)."""
+    line that holds what varies, like how many bytes came before a deadline); ``source_url = false`` runs it
+    without the mirror's URL, which is otherwise added (a case about a missing source)."""
     args, want, environment = case["args"], case["error"], case["env"]
     argv = ["run", "--tiny", *args]
     if "--artifacts-dir" not in args:
         argv += ["--artifacts-dir", str(root)]
-    if not any(a in ("--source-url", "--mirror") for a in args):
+    if case["source_url"] and not any(a in ("--source-url", "--mirror") for a in args):
         argv += ["--source-url", url]
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), env_vars(**environment):
