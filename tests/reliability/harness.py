@@ -22,6 +22,7 @@ from tests.reliability.bad_inputs import bad_inputs
 from tests.reliability.damage import damage_cases
 from tests.reliability.digests import all_digests
 from tests.reliability.environment import environment, run_pipeline
+from tests.reliability.full_disk import full_disk
 from tests.reliability.kills import Kill, kill_chain, pick_faults, read_trace
 from tests.reliability.network import network_faults, source_cases
 from tests.reliability.scorecard import scorecard
@@ -74,6 +75,7 @@ def run_all(
         zpath.write_bytes(env.zip_bytes)
         results["damage"] = damage_cases(workdir / "damage", zpath.as_uri(), reference)
         results["bad_inputs"] = bad_inputs(workdir / "bad", env.url)
+        results["full_disk"] = full_disk(env, workdir / "full-disk", reference)
     results["seconds"] = time.monotonic() - t0
     return results
 
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         + sum(not r["handled"] for r in results["network"])
         + sum(not r["detected"] for r in results["damage"])
         + sum(not r["ok"] for r in results["bad_inputs"])
+        + (results["full_disk"]["ok"] is False)
         + len(results["watcher"]["violations"])
     )
     print(f"{len(results['kills'])} kills, {bad} failure(s); {results['seconds']:.0f} s", file=sys.stderr)

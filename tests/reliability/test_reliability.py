@@ -1,5 +1,6 @@
 """The reliability harness's fast subset: one kill per stage, two runs at once, every network fault, damage
-case and bad input, against one uninterrupted reference run (the long run: ``python -m tests.reliability.harness``)."""
+case and bad input, and a full disk, against one uninterrupted reference run (the long run:
+``python -m tests.reliability.harness``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.reliability.bad_inputs import bad_inputs
 from tests.reliability.damage import damage_cases
 from tests.reliability.digests import all_digests
 from tests.reliability.environment import environment, run_pipeline
+from tests.reliability.full_disk import full_disk
 from tests.reliability.kills import FAST_FAULTS, Kill, kill_chain, read_trace
 from tests.reliability.network import network_faults, source_cases
 from tests.reliability.scorecard import scorecard
@@ -199,9 +201,17 @@ def test_damaged_artifacts_are_detected_logged_and_rebuilt(harness):
 def test_bad_inputs_are_refused_with_their_exact_message_and_publish_nothing(harness):
     env, _, _, workdir = harness
     rows = bad_inputs(workdir / "bad", env.url)
-    assert len(rows) >= 45
+    assert len(rows) >= 91
     bad = [r for r in rows if not r["ok"]]
     assert not bad, json.dumps(bad, indent=1, ensure_ascii=False)
+
+
+def test_a_full_disk_is_one_error_publishes_nothing_and_a_rerun_on_the_freed_disk_recovers(harness):
+    env, reference, _, workdir = harness
+    row = full_disk(env, workdir / "full-disk", reference)
+    if row["ok"] is None:
+        pytest.skip(row["outcome"])
+    assert row["ok"], json.dumps(row, indent=1)
 
 
 def test_scorecard_renders(harness):
