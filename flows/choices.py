@@ -31,7 +31,7 @@ def chosen_groups(args) -> dict[str, dict]:
         for group, values in Pipeline.group_flat(flat).items():
             for field, value in values.items():
                 before = groups.get(group, {}).get(field, value)
-                if before != value:  # a setting the user gave is used or refused, never dropped
+                if before != value and before == before:  # used or refused, never dropped (NaN is no second value)
                     raise UserError(
                         f"{group}.{field} is given twice: {_shown(before)} and {_shown(value)} by --param/--params; "
                         "give it once"
