@@ -28,6 +28,7 @@ from tasks.core.stage import Stage
 from tasks.core.urls import address_sha256, file_path, redact_text, redact_url
 from tasks.sources.allowed import RedirectRefused
 from tasks.sources.download import DeadlinePassed, SourceMissing, SourceUnreachable, TooBig, probe
+from tasks.sources.downloads_gc import untouched_files
 from tasks.sources.fallback import FALLBACK_PROBE_ATTEMPTS, last_served_version
 from tasks.sources.fetched import stage_knobs, stage_sources
 from tasks.store import ArtifactStore
@@ -153,18 +154,8 @@ def stopped_downloads(stage_dir: Path) -> Iterator[tuple[Path, int, str]]:
     """gc's leftovers of the tokenizer stage (``stage_dir``): each file of a download a stopped run left in
     :func:`staging_dir`, untouched for :data:`UNTOUCHED_SECONDS` (a rerun of that source would resume it; a run
     deletes its copy once read)."""
-    folder = stage_dir / ".sources" / "downloads"
-    if folder.is_symlink() or folder.parent.is_symlink() or not folder.is_dir():
-        return  # not a folder the stage made: not ours to judge or delete
-    for path in sorted(folder.iterdir()):
-        if not _DOWNLOAD_RE.fullmatch(path.name) or path.is_symlink() or not path.is_file():
-            continue  # a name the stage never writes: not ours
-        try:
-            info = path.stat()
-        except FileNotFoundError:
-            continue
-        if time.time() - info.st_mtime > UNTOUCHED_SECONDS:
-            yield path, info.st_size, "a tokenizer.source download a stopped run left (a rerun would resume it)"
+    why = "a tokenizer.source download a stopped run left (a rerun would resume it)"
+    return untouched_files(stage_dir / ".sources" / "downloads", _DOWNLOAD_RE, UNTOUCHED_SECONDS, why)
 
 
 def _told(e: UserError, url: str) -> str:
@@ -415,7 +406,6 @@ def write_byte_level(ctx, tok: ByteBPETokenizer, text: str, used: int, head: dic
     """Write a byte-level tokenizer (trained or pretrained) as the stage's ``tokenizer.json`` and ``stats.json``:
     ``head`` (what only its kind knows), then what both kinds report of it over the slice ``text`` (``used``
     bytes) -- one home, so the report reads the same fields whichever kind made it. Returns the stats."""
-    import time
 
     from mygpt.tokenizers.files import save_tokenizer_file
 
