@@ -5,8 +5,6 @@
     wiki-pipeline artifacts [--stage S] [--json]       versions, sizes and lineage in the artifact store (stale marked)
     wiki-pipeline gc [--stale] [--yes]                 what no run needs (unfinished builds, ...): listed; --yes deletes
     wiki-pipeline params [--tiny] [--param K=V ...]    the flow parameters as JSON (for prefect deployment run --params)
-    wiki-pipeline wait FLOW_RUN_ID [--log PATH]        follow a flow run (e.g. one started by the deployment), live;
-                                                       at its end one line per stage, and why it failed if it did
 
 ``--param KEY=VALUE`` takes a flat key (``steps=100``: the field of whichever stage has it; ``seed``, ``device``
 and ``precision`` set the model's and the samples'), a dotted one (``samples.seed=7``) or a whole stage
@@ -20,7 +18,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flows.follow import cmd_wait
 from flows.prefect_api import unauthorized
 from flows.run_commands import DEPLOYMENT, cmd_params, cmd_run, cmd_serve
 from flows.store_commands import cmd_artifacts, cmd_gc, cmd_pull
@@ -65,15 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
     params = sub.add_parser("params", help="print the chosen parameters as JSON")
     add_params(params)
     params.set_defaults(func=cmd_params)
-
-    wait = sub.add_parser("wait", help="follow a flow run until it ends (exit 0 when Completed)")
-    wait.add_argument("flow_run_id")
-    wait.add_argument("--timeout", type=float, default=0, help="give up after this many seconds (0 = never)")
-    wait.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
-    wait.add_argument(
-        "--log", metavar="PATH", help="where the run's full log is, named when it fails (e.g. the runner's log)"
-    )
-    wait.set_defaults(func=cmd_wait)
 
     art = sub.add_parser("artifacts", help="list published versions, sizes and lineage")
     art.add_argument("--artifacts-dir", help="artifact root (default: artifacts/ or $WIKI_PIPELINE_ARTIFACTS)")

@@ -127,7 +127,6 @@ def cmd_serve(args) -> int:
     from flows.allowed import allow_served
     from flows.server import HEARTBEAT_TAG, watched_runs
     from flows.settings import source_urls
-    from flows.warm_start import install as start_runs_warm
     from flows.wiki_pipeline import wiki_pipeline
     from tasks.sources.download import DownloadKnobs
 
@@ -136,7 +135,6 @@ def cmd_serve(args) -> int:
     allow_served(settings.run.root(), source_urls(dict(settings)).values())  # the operator's own choices
     parameters = flow_parameters(settings)
     DownloadKnobs.from_env()  # the runner's environment is what its flow runs download with
-    print(start_runs_warm(), file=sys.stderr, flush=True)  # each run's process forks from a preloaded one
     # Prefect's runner (what `flow.serve` starts), asking the server for runs to start every POLL_SECONDS
     # (Prefect's default, 10 s, would be most of a cached rerun's time); the deployment's parameters are the
     # chosen settings, so a bare `prefect deployment run wiki-pipeline/wiki-pipeline` and the UI's Run button

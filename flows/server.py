@@ -20,6 +20,12 @@ from mygpt.training.orphan_guard import die_with_parent
 START_TIMEOUT = 240.0  # seconds: a first start's migrations, on a busy machine
 SERVER_AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"  # Prefect's basic auth: ``user:password`` the server demands
 CLIENT_AUTH_ENV = "PREFECT_API_AUTH_STRING"  # ... and what its clients (CLI, runner, worker, flow runs) send
+#: The server streams each run's log lines to its watchers (off in Prefect by default): `prefect deployment run
+#: --watch` then shows them beside the run's state changes, a stage's progress lines among them.
+LOG_STREAMING = {
+    "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
+    "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true",
+}
 
 # Crashed runs (a SIGKILLed run, a lost machine): the flow runs we start send Prefect's flow-run heartbeat every
 # HEARTBEAT_SECONDS and carry HEARTBEAT_TAG; the server's automation CRASH_AUTOMATION (Prefect's documented
@@ -52,6 +58,7 @@ class PrefectServer:
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_UI_ENABLED": "true" if ui else "false",
             "PREFECT_LOGGING_LEVEL": "INFO",
+            **LOG_STREAMING,
         }
         if self.env.get(SERVER_AUTH_ENV):  # a server with basic auth: our clients of it send the same string
             self.env[CLIENT_AUTH_ENV] = self.env[SERVER_AUTH_ENV]

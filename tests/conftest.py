@@ -26,7 +26,6 @@ LONGEST_FILES = (
     "tests/flows/test_small_truths.py",
     "tests/tasks/store/test_s3_lease.py",
     "tests/tasks/test_s3_pipeline.py",
-    "tests/flows/test_warm_start.py",
     "tests/reliability/test_model_nproc.py",
     "tests/tasks/test_dask_encode.py",
     "tests/flows/test_worker_job_variables.py",

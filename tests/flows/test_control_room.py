@@ -1,14 +1,13 @@
 """The Prefect UI and the terminal as the pipeline's control room, through a real Prefect server, the
 real deployment runner (`wiki-pipeline serve --tiny --source-url <loopback mirror>`, what `scripts/pipeline
---demo` starts), the real `prefect deployment run` command and `wiki-pipeline wait`:
+--demo` starts) and the real `prefect deployment run --watch` command:
 
 - a bare `prefect deployment run wiki-pipeline/wiki-pipeline` (what the UI's Run button does) runs the tiny
   preset offline, because the deployment's defaults are what `serve` was given;
-- `wait` ends with one line per stage (built or Cached, version, size, duration) and, for a failed run, the
-  reason on one line and where the full log is;
+- each stage's task run ends built (Completed) or Cached, its message naming the version and size (what
+  `scripts/pipeline` prints per stage); `--watch` of a failed run shows the reason and exits 1;
 - every run publishes `wiki-run-summary` (built vs Cached per stage) and the model/tokenizer comparisons;
-- the runner's flow runs start warm, forked from its fork server (``flows.warm_start``), and one cancelled
-  through the API (what the UI's Cancel button does) ends Cancelled with its process gone.
+- a run cancelled through the API (what the UI's Cancel button does) ends Cancelled with its process gone.
 """
 
 from __future__ import annotations
@@ -19,16 +18,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from flows.settings import TINY
 from tasks.registry import NAMES, open_store
-from tests.support import REPO
-from tests.support.runner import alive, fork_server_of, serving_process
+from tests.support.runner import alive, serving_process
 from tests.support.wait import wait_for
 
 STAGES = NAMES
-LINE = re.compile(r"^  (\w+) +(built|Cached) +(\w+)/([0-9a-f]{12}) · [\d.]+ \w?B · [\d.]+ s$")
+MESSAGE = re.compile(r"^(built|reused) (\w+)/([0-9a-f]{12}) · [\d.]+ \w?B$")
 
 
 @pytest.fixture(scope="module")
@@ -47,23 +46,21 @@ PARTIAL_MODEL = {"steps": 20, "warmup": 20}
 
 
 @pytest.fixture(scope="module")
-def two_runs(served) -> tuple[str, subprocess.CompletedProcess, str, subprocess.CompletedProcess]:
-    """(first run id, its `wait`, rerun id, its `wait`): a bare `prefect deployment run` (the deployment's defaults),
-    then one with ``--param model='<PARTIAL_MODEL>'``. Two whole pipeline runs, built once for the tests that read
-    them (the built/Cached report and comparisons; the partial group's effective settings)."""
+def two_runs(served) -> tuple[str, str]:
+    """(first run id, rerun id): a bare `prefect deployment run` (the deployment's defaults), then one with
+    ``--param model='<PARTIAL_MODEL>'``. Two whole pipeline runs, built once for the tests that read them (the
+    built/Cached report and comparisons; the partial group's effective settings)."""
     env, _, runner_log, _ = served
-    first = deployment_run(env, runner_log)
-    first_wait = wait_output(env, first)
-    second = deployment_run(env, runner_log, "--param", "model=" + json.dumps(PARTIAL_MODEL))
-    return first, first_wait, second, wait_output(env, second)
+    first = deployment_run(env, runner_log)[0]
+    return first, deployment_run(env, runner_log, "--param", "model=" + json.dumps(PARTIAL_MODEL))[0]
 
 
-def deployment_run(env: dict, runner_log: Path, *args: str, ok: bool = True) -> str:
-    """`prefect deployment run wiki-pipeline/wiki-pipeline ARGS --watch`; returns the flow run id."""
+def deployment_run(env: dict, runner_log: Path, *args: str, ok: bool = True) -> tuple[str, str]:
+    """`prefect deployment run wiki-pipeline/wiki-pipeline ARGS --watch`: (the flow run id, what it printed)."""
     prefect = str(Path(sys.executable).with_name("prefect"))
     done = subprocess.run(
         [prefect, "deployment", "run", "wiki-pipeline/wiki-pipeline", *args, "--watch", "--watch-timeout", "300"],
-        env={**env, "DO_NOT_TRACK": "1"},
+        env={**env, "DO_NOT_TRACK": "1", "COLUMNS": "400"},
         capture_output=True,
         text=True,
         timeout=360,
@@ -72,18 +69,7 @@ def deployment_run(env: dict, runner_log: Path, *args: str, ok: bool = True) -> 
     assert found and (done.returncode == 0) == ok, (
         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\nrunner:\n{runner_log.read_text()[-3000:]}"
     )
-    return found.group(1)
-
-
-def wait_output(env: dict, flow_run_id: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", "wait", flow_run_id, "--interval", "0.3", "--timeout", "60", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return found.group(1), done.stdout + done.stderr
 
 
 def artifact(flow_run_id: str, key: str):
@@ -100,14 +86,19 @@ def artifact(flow_run_id: str, key: str):
     return found[0]
 
 
-def stage_lines(stdout: str) -> dict[str, tuple[str, str]]:
-    """{stage: (built|Cached, version)} from `wait`'s closing lines."""
+def stage_ends(flow_run_id: str) -> dict[str, tuple[str, str]]:
+    """{stage: (built|Cached, version)} from the run's task runs, in start order: each final state's name and its
+    message (``built model/<version> · 70.8 KB``, ``reused ...`` when Cached), as `scripts/pipeline` prints them."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     found = {}
-    for line in stdout.splitlines():
-        m = LINE.match(line)
-        if m:
-            assert m.group(1) == m.group(3), line
-            found[m.group(1)] = (m.group(2), m.group(4))
+    for t in sorted(runs, key=lambda t: t.expected_start_time or t.created):
+        m = MESSAGE.match(t.state.message or "")
+        assert m and m.group(2) == t.name and t.state.name == {"built": "Completed", "reused": "Cached"}[m[1]], t.state
+        found[t.name] = ("built" if m.group(1) == "built" else "Cached", m.group(3))
     return found
 
 
@@ -118,21 +109,19 @@ def test_the_demo_deployment_runs_offline_and_reports_built_cached_and_compariso
         deployment = client.read_deployment_by_name("wiki-pipeline/wiki-pipeline")
     assert deployment.parameters["model"]["steps"] == TINY["model"]["steps"], "the UI form's defaults: the tiny preset"
 
-    first, done, second, done2 = two_runs  # first: bare, the deployment's defaults, the loopback mirror
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = stage_lines(done.stdout)
-    assert list(lines) == list(STAGES) and {v for v, _ in lines.values()} == {"built"}, done.stdout
+    first, second = two_runs  # first: bare, the deployment's defaults, the loopback mirror
+    lines = stage_ends(first)
+    assert list(lines) == list(STAGES) and {v for v, _ in lines.values()} == {"built"}, lines
     summary = artifact(first, "wiki-run-summary")
     assert summary.data.count("| **built** |") == len(STAGES) and "| Cached |" not in summary.data, summary.data
     link = re.search(rf"\[{lines['model'][1]}\]\(/artifacts/artifact/([0-9a-f-]{{36}})\)", summary.data)
     assert link, f"the model's version links no artifact:\n{summary.data}"
 
     # second: fewer steps (PARTIAL_MODEL)
-    assert done2.returncode == 0, done2.stdout + done2.stderr
-    lines2 = stage_lines(done2.stdout)
+    lines2 = stage_ends(second)
     before_model = STAGES[: STAGES.index("model")]  # corpus, tokenizer, shards: reused; the model and after: built
     assert {s: v for s, (v, _) in lines2.items()} == {s: "Cached" if s in before_model else "built" for s in STAGES}, (
-        done2.stdout
+        lines2
     )
     assert lines2["corpus"][1] == lines["corpus"][1]
     summary = artifact(second, "wiki-run-summary")
@@ -154,15 +143,12 @@ def test_the_demo_deployment_runs_offline_and_reports_built_cached_and_compariso
     assert len([r for r in tokenizers.splitlines() if r.startswith("| [")]) == 1, tokenizers
 
 
-def test_wait_names_the_reason_a_run_failed_and_where_the_log_is(served):
+def test_watching_a_failed_run_shows_the_reason_and_exits_1(served):
     env, _, runner_log, _ = served
     bad = {**TINY["model"], "num_heads": 5}
-    run_id = deployment_run(env, runner_log, "--params", json.dumps({"model": bad}), ok=False)
-    done = wait_output(env, run_id, "--log", str(runner_log))
-    assert done.returncode == 1
-    errors = [line for line in done.stdout.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "num_heads (5) must divide embed_dim (32)" in errors[0], done.stdout
-    assert f"full log: {runner_log}" in done.stdout.splitlines(), done.stdout
+    run_id, shown = deployment_run(env, runner_log, "--params", json.dumps({"model": bad}), ok=False)
+    assert "num_heads (5) must divide embed_dim (32)" in shown, shown
+    assert "Flow run finished in state 'Failed'" in shown, shown
     summary = artifact(run_id, "wiki-run-summary")  # refused before any stage: the summary says why
     assert summary.description.startswith("Failed: no stage ran"), summary.description
     assert "before any stage: its settings were refused" in summary.data, summary.data
@@ -174,9 +160,7 @@ def test_a_run_that_fails_in_a_stage_summarises_what_it_got_through(served):
     env, _, runner_log, _ = served
     run_id = deployment_run(
         env, runner_log, "--params", json.dumps({"samples": {"prompt": ["\u2603\u2603"]}}), ok=False
-    )
-    done = wait_output(env, run_id)
-    assert done.returncode == 1, done.stdout
+    )[0]
     summary = artifact(run_id, "wiki-run-summary")
     assert summary.description.startswith("Failed: "), summary.description
     rows = {r.split(" | ")[0].strip("| "): r for r in summary.data.splitlines() if r.startswith("| ")}
@@ -189,7 +173,7 @@ def test_only_runs_get_their_summary_too(served):
     env, root, runner_log, _ = served
     run_id = deployment_run(
         env, runner_log, "--params", json.dumps({"run": {"artifacts_dir": str(root), "only": "samples"}})
-    )
+    )[0]
     summary = artifact(run_id, "wiki-run-summary")
     rows = [r for r in summary.data.splitlines() if r.startswith("| samples |")]
     assert len(rows) == 1 and "/artifacts/artifact/" in rows[0], summary.data
@@ -197,7 +181,7 @@ def test_only_runs_get_their_summary_too(served):
 
     empty = root / "empty-root"  # nothing published there: only=model cannot start
     run = {"artifacts_dir": str(empty), "only": "model"}
-    failed = deployment_run(env, runner_log, "--params", json.dumps({"run": run}), ok=False)
+    failed = deployment_run(env, runner_log, "--params", json.dumps({"run": run}), ok=False)[0]
     summary = artifact(failed, "wiki-run-summary").data
     assert "**Failed before any stage ran**: UserError: only='model' needs a published shards version" in summary
     assert "| stage |" not in summary and "Built: made by this run" not in summary, summary
@@ -208,7 +192,7 @@ def test_a_partial_group_at_run_time_changes_only_the_fields_it_names(served, tw
     whole group: the run trained the chapter's model); a warmup not shorter than the steps is a warning in the
     log and the run summary; the log shows every group's effective settings."""
     _, root, runner_log, _ = served
-    run_id = two_runs[2]  # the rerun with --param model='<PARTIAL_MODEL>'
+    run_id = two_runs[1]  # the rerun with --param model='<PARTIAL_MODEL>'
     steps, warmup = PARTIAL_MODEL["steps"], PARTIAL_MODEL["warmup"]
     summary = artifact(run_id, "wiki-run-summary").data
     model_row = next(r for r in summary.splitlines() if r.startswith("| model |"))
@@ -232,13 +216,9 @@ def flow_run_state(flow_run_id: str) -> str:
     return state.name if state else "?"
 
 
-def test_runs_fork_from_the_runners_fork_server_and_a_cancelled_one_ends_with_its_process(served):
+def test_a_run_cancelled_through_the_api_ends_cancelled_with_its_process(served):
     """Last in this module: it leaves a cancelled model build behind."""
     env, _, runner_log, runner_pid = served
-    fork_server = fork_server_of(runner_pid)
-    assert "flows.wiki_pipeline" in " ".join(fork_server.cmdline())
-    assert "flow runs start warm" in runner_log.read_text()
-
     prefect = str(Path(sys.executable).with_name("prefect"))
     long_model = {**TINY["model"], "steps": 100_000}  # trains until cancelled
     started = subprocess.run(
@@ -250,10 +230,11 @@ def test_runs_fork_from_the_runners_fork_server_and_a_cancelled_one_ends_with_it
     )
     assert started.returncode == 0, started.stdout + started.stderr
     run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)
-    flow_process = wait_for(fork_server.children, "the flow run's process", every=0.2)[0]
     after_start = lambda: runner_log.read_text().partition(run_id)[2]  # noqa: E731 - this run's log lines
     wait_for(lambda: "step 10: loss" in after_start(), "the model's training loop", every=0.3)
     assert flow_run_state(run_id) == "Running"
+    runs = [p for p in psutil.Process(runner_pid).children() if "spawn_main" in " ".join(p.cmdline())]
+    assert len(runs) == 1, "the run's process: spawned by the runner"
 
     cancel = subprocess.run(
         [prefect, "flow-run", "cancel", run_id],
@@ -264,8 +245,4 @@ def test_runs_fork_from_the_runners_fork_server_and_a_cancelled_one_ends_with_it
     )
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     wait_for(lambda: flow_run_state(run_id) == "Cancelled", "the run to end Cancelled", every=0.3)
-    done = wait_output(env, run_id)
-    assert done.returncode == 1 and "error:" not in done.stdout, done.stdout
-    assert "cancelled: the flow run was cancelled during stage model" in done.stdout, done.stdout
-    wait_for(lambda: not alive(flow_process), "the cancelled run's process to end", timeout=60, every=0.2)
-    assert alive(fork_server), "the fork server outlives a cancelled run, for the next one"
+    wait_for(lambda: not alive(runs[0]), "the cancelled run's process to end", timeout=60, every=0.2)

@@ -185,10 +185,10 @@ def test_two_runs_at_once_through_a_worker_on_postgres(team_server, tmp_path):
         )
         assert sorted(x.key for x in arts) == sorted(f"wiki-{s}" for s in NAMES)  # one build per stage
 
-    # the CLI follows a run with the string (exit 0: Completed)
-    wiki = str(Path(sys.executable).with_name("wiki-pipeline"))
+    # Prefect's CLI follows a run with the string (exit 0: Completed)
+    prefect = str(Path(sys.executable).with_name("prefect"))
     done_cli = subprocess.run(
-        [wiki, "wait", str(ids[0])], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [prefect, "flow-run", "watch", str(ids[0])], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
     assert done_cli.returncode == 0 and "Completed" in done_cli.stdout, done_cli.stdout + done_cli.stderr
 
@@ -229,7 +229,7 @@ def _assert_refused_without_auth(api_url: str, env: dict) -> None:
     no_auth = {k: v for k, v in env.items() if k != "PREFECT_API_AUTH_STRING"}
     wiki = str(Path(sys.executable).with_name("wiki-pipeline"))
     refused = subprocess.run(
-        [wiki, "wait", str(uuid.uuid4())], cwd=REPO, env=no_auth, capture_output=True, text=True, timeout=120
+        [wiki, "serve", "--tiny"], cwd=REPO, env=no_auth, capture_output=True, text=True, timeout=120
     )
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert refused.stderr.strip().splitlines()[-1] == (

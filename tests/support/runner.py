@@ -1,4 +1,4 @@
-"""`wiki-pipeline serve` as its own process for the tests that trigger deployment runs, and its fork server."""
+"""`wiki-pipeline serve` as its own process for the tests that trigger deployment runs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import psutil
 
 from tests.support import REPO
 from tests.support.processes import stop_processes
-from tests.support.wait import wait_for
 
 
 @contextlib.contextmanager
@@ -54,15 +53,3 @@ def alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def fork_server_of(runner_pid: int) -> psutil.Process:
-    """The fork server a runner started (``flows.warm_start``): its child running ``multiprocessing.forkserver``."""
-
-    def found():
-        for child in psutil.Process(runner_pid).children():
-            if "multiprocessing.forkserver" in " ".join(child.cmdline()):
-                return child
-        return None
-
-    return wait_for(found, f"the fork server of the runner {runner_pid}", timeout=60, every=0.2)
