@@ -1,12 +1,12 @@
 """A loopback stand-in for the wikitext-103 mirror: a zip shaped like ``wikitext-103-raw-v1.zip`` built from
 ``../shared/data`` (:func:`build_wikitext_zip`), served on 127.0.0.1 with ``Range`` and an ``ETag`` (:class:`Mirror`).
 
-    python -m flows.mirror --write-zip /tmp/wikitext-mini.zip
     python -m flows.mirror --serve --port 8765 [--zip PATH]"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import io
 import os
@@ -282,21 +282,21 @@ class Mirror:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flows.mirror", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write-zip", metavar="PATH", help="write the wikitext-103-style zip to PATH")
-    ap.add_argument("--serve", action="store_true", help="serve the zip on 127.0.0.1 until Ctrl-C")
+    ap.add_argument("--serve", action="store_true", required=True, help="serve the zip on 127.0.0.1 until Ctrl-C")
     ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--zip", metavar="PATH", help="serve this zip instead of building one")
-    ap.add_argument("--with-shakespeare", action="store_true", help="append tinyshakespeare to train")
-    ap.add_argument("--data-dir", default=None, help=f"folder with wikitext2-valid.txt (default {SHARED_DATA})")
+    ap.add_argument("--zip", metavar="PATH", help="serve this zip instead of building one from the shared data")
     args = ap.parse_args(argv)
-    if not args.write_zip and not args.serve:
-        ap.error("give --write-zip PATH and/or --serve")
     try:
-        return _run(args)
+        data = Path(args.zip).read_bytes() if args.zip else build_wikitext_zip()
+        with Mirror({"/" + ZIP_NAME: data}, port=args.port) as m:
+            print(m.url(), flush=True)
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(3600)
     except FileNotFoundError as e:  # the shared data or --zip is not there
         print(
-            f"error: {e}; the mirror builds its zip from wikitext2-valid.txt in {args.data_dir or SHARED_DATA} "
-            "(--data-dir or WIKI_PIPELINE_SHARED_DATA name another folder)",
+            f"error: {e}; the mirror builds its zip from wikitext2-valid.txt in {SHARED_DATA} "
+            "(WIKI_PIPELINE_SHARED_DATA names another folder)",
             file=sys.stderr,
         )
         return 2
@@ -311,25 +311,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"error: {e}", file=sys.stderr)
         return 2
-
-
-def _run(args) -> int:
-    data = None
-    if args.write_zip:
-        data = build_wikitext_zip(args.write_zip, data_dir=args.data_dir, with_shakespeare=args.with_shakespeare)
-        print(f"wrote {args.write_zip} ({len(data):,} bytes)")
-    if args.serve:
-        if args.zip:
-            data = Path(args.zip).read_bytes()
-        elif data is None:
-            data = build_wikitext_zip(data_dir=args.data_dir, with_shakespeare=args.with_shakespeare)
-        with Mirror({"/" + ZIP_NAME: data}, port=args.port) as m:
-            print(m.url(), flush=True)
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
-                pass
     return 0
 
 
