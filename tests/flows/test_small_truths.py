@@ -202,7 +202,7 @@ def test_a_runner_serving_a_run_is_not_restarted_under_it(demo):
 
 
 def test_stop_ends_the_runner_and_a_run_in_flight(demo):
-    """`--stop` while a demo run trains: the runner, its fork server and the run's process all end."""
+    """`--stop` while a demo run trains: the runner, the run's process and what it started all end."""
     import psutil
 
     from tests.support.wait import wait_for
@@ -215,7 +215,7 @@ def test_stop_ends_the_runner_and_a_run_in_flight(demo):
     in_flight = lambda: log.read_text().rpartition("---- wiki-pipeline serve")[2]  # noqa: E731
     wait_for(lambda: "step 10: loss" in in_flight(), "the demo run's training", timeout=180, every=0.5)
     group = [p for p in psutil.process_iter() if _pgid(p.pid) == runner.pid]
-    assert len(group) >= 3, "the runner, its fork server and the run's process"
+    assert len(group) >= 3, "the runner, the run's process and what it started"
 
     try:
         stopped = subprocess.run([script, "--stop"], env=env, capture_output=True, text=True, timeout=120)
