@@ -82,11 +82,12 @@ def wikitext2_text(wikitext2_path: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def wiki_zip(wikitext2_path: Path) -> bytes:
-    """A wikitext-103-style zip built from the shared text."""
-    from flows.mirror import build_wikitext_zip
+def wiki_zip() -> bytes:
+    """The tiny corpus's wikitext-103-style zip, from the shared text (the demo mirror's zip, byte for byte)."""
+    from tests.support.corpora import shared_splits
+    from tests.support.zips import wikitext_zip
 
-    return build_wikitext_zip(data_dir=wikitext2_path.parent)
+    return wikitext_zip(shared_splits())
 
 
 @pytest.fixture(scope="module")

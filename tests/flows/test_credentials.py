@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from flows.mirror import ZIP_NAME, Mirror, build_wikitext_zip
+from flows.mirror import ZIP_NAME, Mirror
 from tests.support.tiny import tiny_flow_parameters
 
 
@@ -30,12 +30,12 @@ def _what_prefect_keeps(flow_run_id) -> str:
     return "\n".join([parameters, *logs, *artifacts])
 
 
-def test_the_flow_keeps_no_credentials(prefect_server, tmp_path):
+def test_the_flow_keeps_no_credentials(prefect_server, tmp_path, wiki_zip):
     from flows.server import drain_prefect_queues
     from flows.settings import Pipeline
     from flows.wiki_pipeline import wiki_pipeline
 
-    with Mirror({"/" + ZIP_NAME: build_wikitext_zip()}) as m:
+    with Mirror({"/" + ZIP_NAME: wiki_zip}) as m:
         url = f"http://alice:S3CRET@127.0.0.1:{m.port}/{ZIP_NAME}?token=T0KEN-abc"
         # as `wiki-pipeline run` calls the flow: with the settings objects (a deployment run gets JSON from its
         # caller, which Prefect stores as given: docs/PIPELINE.md says to keep credentials out of those)

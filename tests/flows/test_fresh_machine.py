@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from flows.mirror import ZIP_NAME, build_wikitext_zip
+from flows.mirror import ZIP_NAME
 from tests.support import REPO
 from tests.support.mirror_faults import Faults, FaultyMirror
 
@@ -35,13 +35,13 @@ def _listening_children(proc: psutil.Process) -> list[psutil.Process]:
     return found
 
 
-def test_a_sigkilled_run_leaves_no_server_behind(prefect_server, tmp_path):
+def test_a_sigkilled_run_leaves_no_server_behind(prefect_server, tmp_path, wiki_zip):
     home = tmp_path / "home"
     home.mkdir()
     with sqlite3.connect(prefect_server.home / "prefect.db") as src, sqlite3.connect(home / "prefect.db") as dst:
         src.backup(dst)  # an already migrated database: the server starts in seconds
     # the corpus stage's first request never gets its body: the run is still going when it is killed
-    with FaultyMirror({"/" + ZIP_NAME: build_wikitext_zip()}, faults=Faults(stall=120, stall_times=-1)) as mirror:
+    with FaultyMirror({"/" + ZIP_NAME: wiki_zip}, faults=Faults(stall=120, stall_times=-1)) as mirror:
         log = tmp_path / "run.log"
         with open(log, "w") as out:
             run = subprocess.Popen(

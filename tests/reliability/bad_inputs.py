@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 from string import Template
 
-from flows.mirror import ZIP_NAME, make_zip
+from flows.mirror import ZIP_NAME
 from tasks.core.report import human_bytes
 from tasks.registry import open_store
 from tests.reliability.environment import env_vars
@@ -69,12 +69,7 @@ def _files(tmp: Path, url: str, drip: str) -> dict[str, str]:
     missing = tmp / "absent.zip"
     (tmp / "not-a.zip").write_bytes(b"<html>not a zip</html>")
     (tmp / "latin1.zip").write_bytes(
-        make_zip(
-            {
-                f"wikitext-103-raw/wiki.{s}.raw": (" caf\xe9 \n".encode("latin-1") if s == "train" else b" ok .\n")
-                for s in ("train", "valid", "test")
-            }
-        )
+        zips.wikitext_zip({s: " caf\xe9 \n".encode("latin-1") if s == "train" else b" ok .\n" for s in zips.SPLITS})
     )
     (tmp / "encrypted.zip").write_bytes(zips.encrypted_zip())
     (tmp / "deflate64.zip").write_bytes(zips.deflate64_zip())

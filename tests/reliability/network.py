@@ -9,12 +9,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flows.mirror import ZIP_NAME, Mirror, make_zip
+from flows.mirror import ZIP_NAME, Mirror
 from tasks.registry import open_store
 from tasks.store import MANIFEST
 from tests.reliability.digests import stage_digests
 from tests.reliability.environment import captured_logs, env_vars
 from tests.support.mirror_faults import FaultyMirror
+from tests.support.zips import SPLITS, wikitext_zip
 
 
 @dataclass
@@ -30,7 +31,7 @@ def network_cases(zip_bytes: bytes) -> list[NetCase]:
     """The cases; a fault meant for the download is set for 2 responses, the first being the probe."""
     size = len(zip_bytes)
     sha = hashlib.sha256(zip_bytes).hexdigest()
-    other = make_zip({"wikitext-103-raw/wiki.train.raw": " = A = \n not the corpus .\n"})
+    other = wikitext_zip({"train": " = A = \n not the corpus .\n"})
     flipped = bytearray(zip_bytes)
     flipped[size // 2] ^= 0xFF
     return [
@@ -166,9 +167,7 @@ def source_cases(workdir: Path, zip_bytes: bytes, reference_corpus: dict) -> lis
     from tests.support.stages import corpus as download
 
     rows = []
-    other = make_zip(
-        {f"wikitext-103-raw/wiki.{s}.raw": f" = New {s} = \n new text .\n" for s in ("train", "valid", "test")}
-    )
+    other = wikitext_zip({s: f" = New {s} = \n new text .\n" for s in SPLITS})
     root = Path(workdir) / "changed"
     with Mirror({"/" + ZIP_NAME: zip_bytes}) as m:
         first = download(root, source_url=m.url())

@@ -1,4 +1,4 @@
-"""Helpers for the corpus stage's tests: tiny wikitext-shaped zips, the chapter's own output, what a run wrote."""
+"""Helpers for the corpus stage's tests: the chapter's own output from a zip, what a run wrote."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import re
 import zipfile
 from pathlib import Path
 
-from flows.mirror import MEMBER, make_zip
-
 CHAPTER_RE = re.compile(r"^\s*=+ [^=]+ =+\s*$\n?", flags=re.MULTILINE)  # the chapter's regex, verbatim
 
 
 def chapter_wikipedia_txt(zip_bytes: bytes, workdir: Path) -> bytes:
+    """The chapter's ``wikipedia.txt`` from ``zip_bytes``, made as the chapter makes it (unzip, strip, join): the
+    reference a wikitext corpus is compared with."""
+
     def _strip_wikitext_markup(text: str) -> str:
         return re.sub(r"^\s*=+ [^=]+ =+\s*$\n?", "", text, flags=re.MULTILINE)
 
@@ -47,27 +48,8 @@ def metrics(ref) -> dict:
     return json.loads((Path(ref["path"]) / "manifest.json").read_text())["metrics"]
 
 
-def tiny_zip(word: str) -> bytes:
-    return make_zip(
-        {
-            MEMBER.format(split=s): f" = {word} {s} = \n {word} text of the {s} split .\n"
-            for s in ("train", "valid", "test")
-        }
-    )
-
-
 def train_text(ref) -> str:
     return (Path(ref["path"]) / "wiki.train.txt").read_text(encoding="utf-8")
-
-
-def stored_zip(splits: dict[str, str]) -> bytes:
-    """A wikitext-103-shaped zip, members stored (not deflated): the same text with one letter's case changed is
-    a zip of the same size."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as z:
-        for s in ("train", "valid", "test"):
-            z.writestr(zipfile.ZipInfo(MEMBER.format(split=s), date_time=(2016, 9, 26, 0, 0, 0)), splits[s])
-    return buf.getvalue()
 
 
 def all_text_under(root: Path) -> str:

@@ -1,4 +1,4 @@
-"""The tiny pipeline for tests: the tiny preset's settings and a wikitext-style zip from ../shared/data."""
+"""The tiny pipeline for tests: the tiny preset's settings and its corpus source, made from ../shared/data."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from flows.settings import TINY, Pipeline
 from tasks.core.settings import RunOptions
-from tests.support.shared_data import absent
+from tests.support import corpora
 
 SETTINGS = Pipeline.parse(**TINY)  # the tiny preset, checked: SETTINGS.model, SETTINGS.samples, ...
 
@@ -18,14 +18,9 @@ def run_in(root, **options) -> RunOptions:
 
 
 def tiny_zip_url(tmp: Path) -> str:
-    """A wikitext-103-style zip built from ../shared/data, as a file:// URL (no HTTP needed)."""
-    from flows.mirror import build_wikitext_zip
-
-    try:
-        build_wikitext_zip(tmp / "wikitext-103-raw-v1.zip")
-    except FileNotFoundError as e:
-        absent(str(e))
-    return (tmp / "wikitext-103-raw-v1.zip").as_uri()
+    """The tiny corpus's source: the real test text's three splits (:func:`~tests.support.corpora.shared_splits`)
+    as a wikitext-103-style zip in ``tmp``, a file:// URL (no HTTP needed)."""
+    return corpora.source_url(tmp, corpora.shared_splits())
 
 
 def tiny_flow_parameters(source_url: str, root, **groups) -> dict:

@@ -1,4 +1,6 @@
-"""Zips a user could be handed by mistake: encrypted, deflate64, a member that lies about its size, a zip bomb."""
+"""The wikitext-103-raw-v1 zip as the tests about the zip build it (:func:`wikitext_zip`, the one builder), and zips
+a user could be handed by mistake: encrypted, deflate64, a member that lies about its size, a zip bomb. A test that
+only needs a corpus states its text through :mod:`tests.support.corpora` instead and never names a member."""
 
 from __future__ import annotations
 
@@ -6,14 +8,36 @@ import io
 import struct
 import zipfile
 import zlib
+from collections.abc import Mapping
 
-from flows.mirror import MEMBER, make_zip
+from tasks.corpora.wikitext import MEMBERS
 
-TRAIN = MEMBER.format(split="train")
+SPLITS = tuple(MEMBERS)  # the zip's splits, in the order the adapter lists them
+TRAIN = MEMBERS["train"]
 
 
-def small_members(repeat: int = 50) -> dict[str, str]:
-    return {MEMBER.format(split=s): f" = T{s} = \n text {s} .\n" * repeat for s in ("train", "valid", "test")}
+def wikitext_zip(splits: Mapping[str, str | bytes], *, method: int = zipfile.ZIP_DEFLATED) -> bytes:
+    """A zip shaped like wikitext-103-raw-v1.zip: each split of ``splits`` (``{split: raw text}``, a str as UTF-8)
+    as the adapter's member for it (``wikitext-103-raw/wiki.{split}.raw``), in the order given, compressed with
+    ``method``. Timestamps are fixed, so the same splits give the same bytes (deflated: the demo mirror's zip)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for split, text in splits.items():
+            info = zipfile.ZipInfo(MEMBERS[split], date_time=(2016, 9, 26, 0, 0, 0))
+            info.compress_type = method
+            info.external_attr = 0o644 << 16
+            z.writestr(info, text.encode("utf-8") if isinstance(text, str) else text)
+    return buf.getvalue()
+
+
+def tiny_zip(word: str) -> bytes:
+    """A zip of three one-line articles naming ``word`` (``" {word} text of the train split ."``): as many bytes
+    for any word of the same length."""
+    return wikitext_zip({s: f" = {word} {s} = \n {word} text of the {s} split .\n" for s in SPLITS})
+
+
+def small_splits(repeat: int = 50) -> dict[str, str]:
+    return {s: f" = T{s} = \n text {s} .\n" * repeat for s in SPLITS}
 
 
 def patch_member(
@@ -57,44 +81,39 @@ def _central_entries(data: bytes):
 
 def encrypted_zip() -> bytes:
     """The train member marked encrypted (general purpose flag bit 0), as ``zip -e`` marks it."""
-    return patch_member(make_zip(small_members()), TRAIN, flag_bits=0x1)
+    return patch_member(wikitext_zip(small_splits()), TRAIN, flag_bits=0x1)
 
 
 def deflate64_zip() -> bytes:
     """The train member marked Deflate64 (method 9), what Windows Explorer writes for large files."""
-    return patch_member(make_zip(small_members()), TRAIN, method=9)
+    return patch_member(wikitext_zip(small_splits()), TRAIN, method=9)
 
 
 def bomb_zip(mib: int = 30) -> bytes:
     """A train member of ``mib`` MiB of one letter: ~1000x smaller deflated."""
-    return make_zip(dict(small_members(), **{TRAIN: "a" * (mib << 20)}))
+    return wikitext_zip(dict(small_splits(), train="a" * (mib << 20)))
 
 
 def lying_size_zip() -> bytes:
     """A stored train member whose headers declare 10 bytes (it holds more)."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as z:
-        for name, text in small_members().items():
-            z.writestr(name, text)
-    return patch_member(buf.getvalue(), TRAIN, file_size=10)
-
-
-def _zip_with(train: bytes, method: int) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=method) as z:
-        for name, text in small_members().items():
-            z.writestr(name, train if name == TRAIN else text.encode())
-    return buf.getvalue()
+    return patch_member(wikitext_zip(small_splits(), method=zipfile.ZIP_STORED), TRAIN, file_size=10)
 
 
 def raised_compressed_size_zip(method: int = zipfile.ZIP_BZIP2, mib: int = 8) -> bytes:
     """A train member of ``mib`` MiB whose compressed size is raised to size/19: its declared ratio passes the
     zip-bomb check."""
     size = mib << 20
-    return patch_member(_zip_with(b"a" * size, method), TRAIN, compress_size=size // 19)
+    return patch_member(
+        wikitext_zip(dict(small_splits(), train=b"a" * size), method=method), TRAIN, compress_size=size // 19
+    )
 
 
 def understated_size_zip(method: int = zipfile.ZIP_BZIP2, declared: int = 600_000, mib: int = 16) -> bytes:
     """A train member that declares ``declared`` bytes (and their CRC-32) but inflates to ``mib`` MiB."""
     body = b"a" * (mib << 20)
-    return patch_member(_zip_with(body, method), TRAIN, file_size=declared, crc=zlib.crc32(body[:declared]))
+    return patch_member(
+        wikitext_zip(dict(small_splits(), train=body), method=method),
+        TRAIN,
+        file_size=declared,
+        crc=zlib.crc32(body[:declared]),
+    )

@@ -8,22 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from flows.mirror import MEMBER, Mirror, make_zip
+from flows.mirror import Mirror
 from mygpt.errors import UserError
 from tasks import corpus as D
-from tasks.corpora import wikitext
 from tasks.sources.download import ENV_ATTEMPTS, ENV_BASE_DELAY
+from tests.support.corpora import corpus_from_text, shared_splits
 from tests.support.corpus_runs import (
     all_text_under,
     chapter_wikipedia_txt,
     joined_splits,
     metrics,
     published,
-    tiny_zip,
     train_text,
     written_forms,
 )
 from tests.support.stages import corpus as download
+from tests.support.zips import tiny_zip, wikitext_zip
 
 
 def test_http_download_is_byte_identical_to_the_chapter(tmp_path, mirror, wiki_zip):
@@ -53,7 +53,7 @@ def test_http_download_is_byte_identical_to_the_chapter(tmp_path, mirror, wiki_z
     assert not [k for st in m["splits"].values() for k in st if "sha256" in k], m
 
 
-def test_the_text_files_are_hashed_as_written_and_not_read_back_to_publish(tmp_path, wiki_zip, monkeypatch):
+def test_the_text_files_are_hashed_as_written_and_not_read_back_to_publish(tmp_path, monkeypatch):
     from tasks.store import build as build_module
 
     read_back: list[str] = []
@@ -64,9 +64,7 @@ def test_the_text_files_are_hashed_as_written_and_not_read_back_to_publish(tmp_p
         return real(path)
 
     monkeypatch.setattr(build_module, "sha256_file", recorded)
-    zpath = tmp_path / "w.zip"
-    zpath.write_bytes(wiki_zip)
-    ref = download(tmp_path / "art", source_url=zpath.as_uri(), article_index=True)
+    ref = corpus_from_text(tmp_path / "art", tmp_path / "src", shared_splits(), article_index=True)
     out = Path(ref["path"])
     files = json.loads((out / "manifest.json").read_text())["files"]
     assert files == {
@@ -81,13 +79,13 @@ def test_the_text_files_are_hashed_as_written_and_not_read_back_to_publish(tmp_p
 
 def test_newlines_and_odd_headers_match_the_chapter(tmp_path):
     """CRLF, lone CR, Unicode whitespace, headers at the very start/end, no final newline."""
-    members = {
-        MEMBER.format(split="train"): " = Head = \r\n \r\n Text with crlf .\r\nlone\rcr\r\n = = Sub = = \r\n"
+    splits = {
+        "train": " = Head = \r\n \r\n Text with crlf .\r\nlone\rcr\r\n = = Sub = = \r\n"
         "\xa0= Nbsp header =\xa0\n Body ü 戦場 .\n = open\nnot closed\n end = \n",
-        MEMBER.format(split="valid"): "= Top =\n\n\n = Two =\n = Three = \r",
-        MEMBER.format(split="test"): " no newline at end = x",
+        "valid": "= Top =\n\n\n = Two =\n = Three = \r",
+        "test": " no newline at end = x",
     }
-    data = make_zip(members)
+    data = wikitext_zip(splits)
     zpath = tmp_path / "odd.zip"
     zpath.write_bytes(data)
     ref = download(tmp_path / "art", source_url=zpath.as_uri())
@@ -221,42 +219,36 @@ def test_a_file_url_with_user_info_is_refused_without_showing_it():
     assert "cannot name a host ('host')" in str(e.value) and "PW" not in str(e.value)
 
 
-def test_article_index_marks_where_each_article_starts(tmp_path, wiki_zip):
+def test_article_index_marks_where_each_article_starts(tmp_path):
     """article_index=true: per split, the byte offsets where each `` = Title = `` line was stripped; the text files
     are the same bytes as without it, and a corpus without it keeps the version id it had before the setting."""
     import re
-    import zipfile
 
     import numpy as np
 
     from tasks.corpora.header_strip import HEADER_RE
 
-    zpath = tmp_path / "w.zip"
-    zpath.write_bytes(wiki_zip)
-    plain = download(tmp_path / "a", source_url=zpath.as_uri())
-    ref = download(tmp_path / "b", source_url=zpath.as_uri(), article_index=True)
+    splits = shared_splits()
+    plain = corpus_from_text(tmp_path / "a", tmp_path / "src", splits)
+    ref = corpus_from_text(tmp_path / "b", tmp_path / "src", splits, article_index=True)
     assert ref["version"] != plain["version"]
     inputs, source = {}, {"sha256": "0" * 64}
     assert D.STAGE.version(D.CorpusSettings().resolved(), inputs, source) == "2e7bf32754ac"  # from the code before
     a, b = Path(plain["path"]), Path(ref["path"])
     assert not list(a.glob("*.npy"))
-    with zipfile.ZipFile(zpath) as zf:
-        for split in ("train", "valid", "test"):
-            assert (b / f"wiki.{split}.txt").read_bytes() == (a / f"wiki.{split}.txt").read_bytes()
-            starts = np.load(b / f"wiki.{split}.articles.npy")
-            raw = zf.read(wikitext.MEMBERS[split]).decode("utf-8")
-            titles = re.findall(r"^ = [^=]+ = $", raw, flags=re.MULTILINE)
-            assert starts.dtype == np.uint64 and len(starts) == len(titles) > 0
-            data = (b / f"wiki.{split}.txt").read_bytes()
-            # each article is the text between its start and the next: it opens with the first paragraph, never
-            # with the previous article's last one
-            assert starts[0] == 0 and all(0 < x < len(data) for x in starts[1:].tolist())
-            assert all(data[x - 1 : x] == b"\n" for x in starts[1:].tolist())
-            after = [
-                raw[m.end() : m.end() + 40] for m in HEADER_RE.finditer(raw) if m.group().lstrip().startswith("= ")
-            ]
-            assert [data[x : x + 40].decode("utf-8", "ignore") for x in starts.tolist()] == [
-                t.encode("utf-8")[:40].decode("utf-8", "ignore") for t in after
-            ]
-            assert metrics(ref)["splits"][split]["articles"] == len(titles)
+    for split, raw in splits.items():
+        assert (b / f"wiki.{split}.txt").read_bytes() == (a / f"wiki.{split}.txt").read_bytes()
+        starts = np.load(b / f"wiki.{split}.articles.npy")
+        titles = re.findall(r"^ = [^=]+ = $", raw, flags=re.MULTILINE)
+        assert starts.dtype == np.uint64 and len(starts) == len(titles) > 0
+        data = (b / f"wiki.{split}.txt").read_bytes()
+        # each article is the text between its start and the next: it opens with the first paragraph, never
+        # with the previous article's last one
+        assert starts[0] == 0 and all(0 < x < len(data) for x in starts[1:].tolist())
+        assert all(data[x - 1 : x] == b"\n" for x in starts[1:].tolist())
+        after = [raw[m.end() : m.end() + 40] for m in HEADER_RE.finditer(raw) if m.group().lstrip().startswith("= ")]
+        assert [data[x : x + 40].decode("utf-8", "ignore") for x in starts.tolist()] == [
+            t.encode("utf-8")[:40].decode("utf-8", "ignore") for t in after
+        ]
+        assert metrics(ref)["splits"][split]["articles"] == len(titles)
     assert joined_splits(b) == joined_splits(a)

@@ -3,12 +3,11 @@ corpus version follows the bytes, not the URL -- run here through the real stage
 
 from __future__ import annotations
 
-from flows.mirror import Mirror, build_wikitext_zip
+from flows.mirror import Mirror
 from tests.support.stages import corpus, shards, tokenizer
 
 
-def test_the_same_zip_on_another_port_reuses_every_stage(tmp_path, wikitext2_path):
-    data = build_wikitext_zip(data_dir=wikitext2_path.parent)
+def test_the_same_zip_on_another_port_reuses_every_stage(tmp_path, wiki_zip):
     root = tmp_path / "art"
 
     def chain(url: str) -> dict:
@@ -17,7 +16,7 @@ def test_the_same_zip_on_another_port_reuses_every_stage(tmp_path, wikitext2_pat
         s = shards(root, c, t, shard_tokens=100_000)
         return {"corpus": c, "tokenizer": t, "shards": s}
 
-    with Mirror({"/wikitext-103-raw-v1.zip": data}) as one, Mirror({"/wikitext-103-raw-v1.zip": data}) as two:
+    with Mirror({"/wikitext-103-raw-v1.zip": wiki_zip}) as one, Mirror({"/wikitext-103-raw-v1.zip": wiki_zip}) as two:
         assert two.url() != one.url(), "another port: another URL"
         first = chain(one.url())
         second = chain(two.url())

@@ -16,13 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flows.mirror import build_wikitext_zip
 from flows.server import free_port
 from mygpt.errors import UserError
 from tasks import shards
 from tasks.core.settings import RunOptions
 from tasks.dask import work as dask_work
 from tests.support import REPO, stages
+from tests.support.corpora import corpus_from_text, shared_splits
 from tests.support.processes import stop_processes
 from tests.support.wait import wait_for
 
@@ -144,10 +144,9 @@ class ExternalCluster:
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory, wikitext2_path):
+def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dask-art")
-    build_wikitext_zip(root / "w.zip", data_dir=wikitext2_path.parent)
-    corpus = stages.corpus(root, source_url=(root / "w.zip").as_uri())
+    corpus = corpus_from_text(root, tmp_path_factory.mktemp("dask-src"), shared_splits())
     tokenizer = stages.tokenizer(root, corpus, num_merges=64, bpe_train_bytes=60_000, run={"workers": 1})
     return root, corpus, tokenizer
 
@@ -460,9 +459,8 @@ def test_an_external_cluster_with_no_shared_disk_reads_its_chunks_from_the_bucke
     (tmp_path / "cluster").mkdir()
     cluster = ExternalCluster(tmp_path / "cluster", env=env, cwd=elsewhere)
     try:
-        src = Path(inputs[0])
         run = {"dask_address": cluster.address, "chunk_bytes": CHUNK}
-        corpus = stages.corpus(s3_root, source_url=(src / "w.zip").as_uri())
+        corpus = corpus_from_text(s3_root, tmp_path / "src", shared_splits())
         tokenizer = stages.tokenizer(s3_root, corpus, num_merges=64, bpe_train_bytes=60_000, run=run)
         ref = stages.shards(s3_root, corpus, tokenizer, shard_tokens=SHARD, run=run)
         store = open_store(s3_root)

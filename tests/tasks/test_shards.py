@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.mirror import build_wikitext_zip
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
 from tasks import shards as E
@@ -19,7 +18,7 @@ from tasks.core import shard_format as SF
 from tasks.core.settings import RunOptions
 from tasks.dask import work as dask_work
 from tests.support import stages
-from tests.support.corpora import corpus_from_text
+from tests.support.corpora import corpus_from_text, shared_splits
 from tests.support.corpus_runs import joined_splits
 
 SHARD = 20_000
@@ -27,11 +26,9 @@ CHUNK = 100_000  # several chunks for train (~930 KB), one each for valid and te
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory, wikitext2_path):
+def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("enc-art")
-    zpath = root / "w.zip"
-    build_wikitext_zip(zpath, data_dir=wikitext2_path.parent)
-    corpus = stages.corpus(root, source_url=zpath.as_uri())
+    corpus = corpus_from_text(root, tmp_path_factory.mktemp("enc-src"), shared_splits())
     tokenizer = stages.tokenizer(
         root,
         corpus,
@@ -403,13 +400,12 @@ def test_huge_shard_tokens_is_refused_before_any_stage(tmp_path, capsys, monkeyp
     assert "Traceback" not in err and not (tmp_path / "art").exists()
 
 
-def test_byte_kind_shards_end_each_article_with_endoftext(inputs, tmp_path, wikitext2_path):
+def test_byte_kind_shards_end_each_article_with_endoftext(inputs, tmp_path):
     """tokenizer.kind=byte: each split's shards are, article by article (from the corpus's article index), the
     byte-level BPE's ids of the article then <|endoftext|>, whatever the chunks (cut only where both split patterns
     end a pre-token, mostly inside articles), on one worker or a local cluster of two."""
     root, _, _ = inputs
-    zpath = Path(root) / "w.zip"
-    corpus = stages.corpus(root, source_url=zpath.as_uri(), article_index=True)
+    corpus = corpus_from_text(root, tmp_path / "src", shared_splits(), article_index=True)
     tokenizer = stages.tokenizer(root, corpus, kind="byte", num_merges=40, bpe_train_bytes=60_000, run={"workers": 1})
     tok = E.load_tokenizer(Path(tokenizer["path"]))
     eot = tok.special_ids["<|endoftext|>"]
@@ -434,9 +430,9 @@ def test_byte_kind_shards_end_each_article_with_endoftext(inputs, tmp_path, wiki
     assert manifest(one)["metrics"]["vocab_size"] == 256 + 40 + 1
 
 
-def test_byte_kind_needs_the_corpus_article_index(inputs):
+def test_byte_kind_needs_the_corpus_article_index(inputs, tmp_path):
     root, corpus, _ = inputs  # a byte-level tokenizer from a corpus with the index, shards from one without
-    indexed = stages.corpus(root, source_url=(root / "w.zip").as_uri(), article_index=True)
+    indexed = corpus_from_text(root, tmp_path / "src", shared_splits(), article_index=True)
     tokenizer = stages.tokenizer(root, indexed, kind="byte", num_merges=8, bpe_train_bytes=20_000, run={"workers": 1})
     with pytest.raises(
         UserError,

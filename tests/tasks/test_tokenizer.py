@@ -9,20 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from flows.mirror import build_wikitext_zip
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
 from tasks import tokenizer as B
 from tests.support import stages
-from tests.support.corpora import corpus_from_text
+from tests.support.corpora import corpus_from_text, shared_splits
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, wikitext2_path):
+def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("bpe-art")
-    zpath = root / "w.zip"
-    build_wikitext_zip(zpath, data_dir=wikitext2_path.parent)
-    return root, stages.corpus(root, source_url=zpath.as_uri(), article_index=True)
+    return root, corpus_from_text(root, tmp_path_factory.mktemp("bpe-src"), shared_splits(), article_index=True)
 
 
 def test_tokenizer_and_stats(corpus):
@@ -159,7 +156,7 @@ def test_byte_kind_equals_the_library_trained_on_the_same_slice(corpus):
 def test_a_byte_level_kind_over_a_corpus_without_the_article_index_names_the_command(corpus, tmp_path, kind):
     """Its shards could not be built, so no tokenizer is published; the error says what to run."""
     root, indexed = corpus
-    bare = stages.corpus(root, source_url=(root / "w.zip").as_uri())  # the same zip, built without the index
+    bare = corpus_from_text(root, tmp_path / "src", shared_splits())  # the same text, built without the index
     assert bare["version"] != indexed["version"]
     source = {}
     if kind == "pretrained":

@@ -6,16 +6,17 @@ import queue
 import threading
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.mirror import MEMBER, make_zip
 from mygpt.errors import UserError
 from tasks.corpora.unzip import read_ahead, utf8_pieces
 from tasks.corpora.wikitext import extract_zip as extract_corpus
+from tests.support import zips
 from tests.support.corpus_runs import CHAPTER_RE
 
 
@@ -24,18 +25,9 @@ def joined_splits_of(out, m) -> bytes:
     return b"".join((out / f["text"]).read_bytes() for f in m["split_files"])
 
 
-def _zip(tmp_path, train: str, **extra) -> str:
+def _zip(tmp_path, train: str) -> Path:
     path = tmp_path / "w.zip"
-    path.write_bytes(
-        make_zip(
-            {
-                MEMBER.format(split="train"): train,
-                MEMBER.format(split="valid"): " = V = \n v\n",
-                MEMBER.format(split="test"): " t\n",
-                **extra,
-            }
-        )
-    )
+    path.write_bytes(zips.wikitext_zip({"train": train, "valid": " = V = \n v\n", "test": " t\n"}))
     return path
 
 
@@ -56,7 +48,7 @@ def test_a_damaged_member_fails_in_the_reader_thread_and_writes_nothing(tmp_path
     zpath = _zip(tmp_path, wikitext2_text)
     data = bytearray(zpath.read_bytes())
     with zipfile.ZipFile(zpath) as z:
-        info = z.getinfo(MEMBER.format(split="train"))
+        info = z.getinfo(zips.TRAIN)
     start = info.header_offset + 30 + len(info.filename) + 2000  # inside the deflate stream
     data[start : start + 64] = bytes(64)
     zpath.write_bytes(bytes(data))
@@ -195,11 +187,10 @@ def test_a_member_refused_as_not_utf8_lets_its_reader_thread_end(tmp_path):
 
     body = bytearray(b"word " * ((5 << 20) // 5))
     body[100] = 0xFF
-    zpath = tmp_path / "w.zip"
-    with zipfile.ZipFile(zpath, "w", zipfile.ZIP_STORED) as zf:
-        zf.writestr(MEMBER.format(split="train"), bytes(body))  # five pieces of 1 MiB: the error in the first
-        zf.writestr(MEMBER.format(split="valid"), b" v\n")
-        zf.writestr(MEMBER.format(split="test"), b" t\n")
+    zpath = tmp_path / "w.zip"  # five pieces of 1 MiB: the error in the first
+    zpath.write_bytes(
+        zips.wikitext_zip({"train": bytes(body), "valid": b" v\n", "test": b" t\n"}, method=zipfile.ZIP_STORED)
+    )
     out = tmp_path / "out"
     out.mkdir()
     seen: list = []

@@ -7,25 +7,24 @@ from collections.abc import Callable
 
 import pytest
 
-from flows.mirror import MEMBER, Mirror, make_zip
+from flows.mirror import Mirror
 from mygpt.errors import UserError
 from tasks.corpora import unzip
 from tests.support import zips
-from tests.support.corpus_runs import published, tiny_zip
+from tests.support.corpus_runs import published
 from tests.support.stages import corpus as download
 
 
 def _bad_archives() -> dict[str, tuple[bytes, str]]:
-    good = {MEMBER.format(split=s): f" = T{s} = \n text {s} .\n" for s in ("train", "valid", "test")}
+    good: dict[str, str | bytes] = dict(zips.small_splits(1))
     missing = dict(good)
-    del missing[MEMBER.format(split="valid")]
-    bad_utf8 = dict(good)
-    bad_utf8[MEMBER.format(split="test")] = b" caf\xc3\xa9 ok\n bad \xff here\n"
+    del missing["valid"]
+    bad_utf8 = dict(good, test=b" caf\xc3\xa9 ok\n bad \xff here\n")
     return {
         "not-a-zip": (b"<html>Not the file you wanted</html>", "is not a zip archive"),
-        "missing-member": (make_zip(missing), "has no member 'wikitext-103-raw/wiki.valid.raw'"),
+        "missing-member": (zips.wikitext_zip(missing), "has no member 'wikitext-103-raw/wiki.valid.raw'"),
         "not-utf8": (
-            make_zip(bad_utf8),
+            zips.wikitext_zip(bad_utf8),
             r"wikitext-103-raw/wiki.test.raw in .* is not valid UTF-8: byte 0xff at offset 15",
         ),
     }
@@ -123,7 +122,7 @@ def test_zip_members_are_checked_before_anything_is_unzipped(tmp_path, case):
 
 def test_unzipped_total_is_bounded(tmp_path, monkeypatch):
     zpath = tmp_path / "w.zip"
-    zpath.write_bytes(tiny_zip("Total"))
+    zpath.write_bytes(zips.tiny_zip("Total"))
     monkeypatch.setattr(unzip, "MAX_UNZIPPED_BYTES", 64)
     with pytest.raises(UserError, match=r"would unzip to \d+ B, more than the 64 B this stage accepts"):
         download(tmp_path / "art", source_url=zpath.as_uri())

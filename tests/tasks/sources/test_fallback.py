@@ -12,10 +12,11 @@ import pytest
 from flows.mirror import Mirror
 from mygpt.errors import UserError
 from tasks.sources.download import ENV_ATTEMPTS, ENV_BASE_DELAY
-from tests.support.corpus_runs import all_text_under, tiny_zip
+from tests.support.corpus_runs import all_text_under
 from tests.support.http_servers import AcceptAndClose, QueryMirror
 from tests.support.mirror_faults import Faults, FaultyMirror
 from tests.support.stages import corpus as download
+from tests.support.zips import tiny_zip
 
 
 def test_offline_the_bytes_the_address_served_last_are_reused(tmp_path, fast_retries, caplog):

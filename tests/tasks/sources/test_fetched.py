@@ -10,8 +10,9 @@ from tasks.core.urls import address_sha256
 from tasks.registry import open_store
 from tasks.sources.fetched import stage_sources
 from tasks.sources.source_index import SourceIndex
-from tests.support.corpus_runs import tiny_zip, train_text
+from tests.support.corpus_runs import train_text
 from tests.support.stages import corpus as download
+from tests.support.zips import tiny_zip
 
 
 def test_a_stray_download_at_the_address_s_path_is_not_taken_for_the_version_s_bytes(tmp_path):

@@ -7,24 +7,25 @@ import json
 import os
 import re
 from pathlib import Path
+from zipfile import ZIP_STORED
 
 import pytest
 
 from flows.mirror import Mirror
 from mygpt.errors import UserError
+from tests.support.corpora import shared_splits
 from tests.support.corpus_runs import (
     all_text_under,
     chapter_wikipedia_txt,
     joined_splits,
     metrics,
     published,
-    stored_zip,
-    tiny_zip,
     train_text,
 )
 from tests.support.http_servers import FixedETagMirror, QueryMirror, dir_server
 from tests.support.mirror_faults import Faults, FaultyMirror
 from tests.support.stages import corpus as download
+from tests.support.zips import tiny_zip, wikitext_zip
 
 
 def test_new_content_in_the_same_file_is_a_new_version(tmp_path):
@@ -125,14 +126,12 @@ def test_a_server_whose_etag_changes_on_every_request_completes(tmp_path, caplog
     assert not list((tmp_path / "art" / "corpus" / ".sources").glob("*.json")), "such answers are not recorded"
 
 
-def test_last_modified_alone_does_not_name_a_content(tmp_path, wikitext2_path, caplog):
+def test_last_modified_alone_does_not_name_a_content(tmp_path, caplog):
     """Only a Last-Modified (one-second resolution, a weak validator: RFC 9110 8.8.2.2): other bytes of the same
     size with the same mtime (``cp -p``, ``rsync -t``, ``tar x``) are a new version."""
-    from flows.mirror import wikitext_splits
-
-    splits = wikitext_splits(wikitext2_path.parent)
+    splits = shared_splits()
     changed = dict(splits, train=splits["train"].replace(" the ", " THE ", 1))
-    zip_a, zip_b = stored_zip(splits), stored_zip(changed)
+    zip_a, zip_b = wikitext_zip(splits, method=ZIP_STORED), wikitext_zip(changed, method=ZIP_STORED)
     assert len(zip_a) == len(zip_b) and zip_a != zip_b
     want_a = chapter_wikipedia_txt(zip_a, tmp_path / "ch-a")
     want_b = chapter_wikipedia_txt(zip_b, tmp_path / "ch-b")
@@ -206,7 +205,8 @@ def test_new_bytes_under_an_unchanged_etag_are_found_by_a_forced_rebuild(tmp_pat
 def test_a_damaged_download_is_not_remembered(tmp_path):
     """A damaged zip's sha256 is not kept under the server's ETag: the rerun, sent the good bytes under the same
     ETag, completes."""
-    good = stored_zip({s: f" = Head {s} = \n Damage text of the {s} split .\n" for s in ("train", "valid", "test")})
+    splits = {s: f" = Head {s} = \n Damage text of the {s} split .\n" for s in ("train", "valid", "test")}
+    good = wikitext_zip(splits, method=ZIP_STORED)
     at = good.index(b"Damage text of the train")
     bad = good[:at] + b"d" + good[at + 1 :]  # the same size, one letter off: the member's CRC-32 fails
     root = tmp_path / "art"

@@ -14,9 +14,8 @@ import pytest
 from mygpt.errors import UserError
 from tasks.sources.allowed import ENV_SOURCES, RedirectRefused, SourcePolicy
 from tasks.sources.download import DownloadKnobs, probe
-from tests.support import stages
+from tests.support import corpora, stages
 from tests.support.http_servers import Loopback
-from tests.support.tiny import tiny_zip_url
 
 
 class Site(Loopback):
@@ -85,8 +84,8 @@ def sites(tmp_path, shakespeare_text):
     (tmp_path / "train.txt").write_text(shakespeare_text[:20_000], encoding="utf-8")
     mygpt_train(tmp_path / "train.txt", tmp_path / "tok")
     shutil.copy(tmp_path / "tok" / "tokenizer.json", folder / "tokenizer.json")
-    zip_path = Path(tiny_zip_url(tmp_path).removeprefix("file://"))
-    shutil.copy(zip_path, folder / zip_path.name)
+    name, data = corpora.source_file(corpora.shared_splits())
+    (folder / name).write_bytes(data)
     try:
         evil = Site("127.0.0.2", folder)
     except OSError as e:  # pragma: no cover - a loopback without 127.0.0.2
@@ -127,7 +126,7 @@ def test_an_allowed_redirect_is_followed_without_the_sources_credentials(sites, 
     good, evil = sites
     monkeypatch.setenv(ENV_SOURCES, f"{good.url('')} {evil.url('')} file:///")
     root = tmp_path / "art"
-    corpus = stages.corpus(root, source_url=tiny_zip_url(tmp_path), article_index=True)
+    corpus = corpora.corpus_from_text(root, tmp_path / "src", corpora.shared_splits(), article_index=True)
     secret = "http://alice:s3cret@" + good.url("go/tokenizer.json").removeprefix("http://")
     ref = stages.tokenizer(root, corpus, kind="pretrained", source=secret, bpe_train_bytes=20_000)
     assert ref["version"]
