@@ -18,7 +18,6 @@ from mygpt.errors import UserError, describe_chars
 from mygpt.tokenizers.bpe_words import PIECE_CHARS, WordTable, pieces
 
 _SHIFT = 32
-_NO_RANK = 1 << 62
 
 
 @dataclass
@@ -62,11 +61,9 @@ class WordEncoder:
 
     def __init__(self, tokenizer, cache_limit: int = 250_000) -> None:
         stoi = tokenizer.stoi
-        self.vocab = tokenizer.vocab
         self.byte_fallback = tokenizer.byte_fallback
         self.byte_offset = tokenizer.byte_offset
         self.dtype = tokenizer.id_dtype
-        self.char_id: dict[str, int] = {c: stoi[c] for c in tokenizer.chars}
         # Symbols are canonical ids (stoi of the symbol string), so equal strings are equal symbols.
         ranks: dict[int, int] = {}
         merged: dict[int, int] = {}
@@ -74,8 +71,6 @@ class WordEncoder:
             k = (stoi[a] << _SHIFT) | stoi[b]
             ranks[k] = r  # a repeated merge keeps its last rank, like the chapter's merge_ranks dict
             merged[k] = stoi[a + b]
-        self.ranks = ranks
-        self.merged = merged
         # The same tables as sorted numpy arrays, for the batched (vectorised) word encoder.
         keys = np.array(sorted(ranks), dtype=np.int64)
         self._pair_keys = keys
@@ -114,59 +109,14 @@ class WordEncoder:
         # the words of slots 0 .. len - 1 (an Arrow binary array, at most HOT_WORDS): found by Arrow's hash table
         self._hot = None
 
-    # -- one word ---------------------------------------------------------------------------------
-    def _symbol_ids(self, word: str) -> list[int]:
-        """The chapter's ``_encode_word`` on canonical ids; unknown characters get negative ids (never merged)."""
-        cid = self.char_id
-        s = [cid.get(c, -1 - ord(c)) for c in word]
-        rget = self.ranks.get
-        merged = self.merged
-        none = _NO_RANK
-        while len(s) > 1:
-            best_r = none
-            best_i = -1
-            prev = s[0]
-            for i, x in enumerate(s[1:]):
-                r = rget((prev << 32) | x, none)
-                if r < best_r:
-                    best_r = r
-                    best_i = i
-                prev = x
-            if best_i < 0:
-                break
-            a = s[best_i]
-            b = s[best_i + 1]
-            m = merged[(a << 32) | b]
-            out = s[:best_i]
-            out.append(m)
-            i = best_i + 2
-            n = len(s)
-            while i < n:
-                x = s[i]
-                if x == a and i + 1 < n and s[i + 1] == b:
-                    out.append(m)
-                    i += 2
-                else:
-                    out.append(x)
-                    i += 1
-            s = out
-        return s
-
-    def encode_word_symbols(self, word: str) -> list[str]:
-        """The chapter's ``_encode_word``: symbol strings (unknown characters stay as themselves)."""
-        vocab = self.vocab
-        return [vocab[i] if i >= 0 else chr(-1 - i) for i in self._symbol_ids(word)]
-
-    def word_ids(self, word: str) -> list[int]:
-        """Final ids of one word (unknown characters dropped, or byte tokens with byte fallback)."""
-        s = self._symbol_ids(word)
-        if not s or min(s) >= 0:
-            return s
+    # -- words ------------------------------------------------------------------------------------
+    def _known_ids(self, symbols: list[int]) -> list[int]:
+        """A word's final ids from its symbols (unknown characters, negative, dropped or spelled as byte tokens)."""
         if not self.byte_fallback:
-            return [i for i in s if i >= 0]
+            return [i for i in symbols if i >= 0]
         off = self.byte_offset
         out: list[int] = []
-        for i in s:
+        for i in symbols:
             if i >= 0:
                 out.append(i)
             else:
@@ -174,8 +124,8 @@ class WordEncoder:
         return out
 
     def batch_symbol_ids(self, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """``_symbol_ids`` for many words at once with numpy, one merge round of the chapter's loop for all of them at a
-        time: ``(flat ids, lengths)``."""
+        """The chapter's ``_encode_word`` for many words at once with numpy, one merge round for all of them at a time:
+        ``(flat symbol ids, lengths)``; an unknown character is ``-1 - code point`` (never merged)."""
         nw = len(words)
         lens = np.fromiter(map(len, words), dtype=np.int64, count=nw)
         cps = np.frombuffer("".join(words).encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.int64)
@@ -249,12 +199,7 @@ class WordEncoder:
             self._length = np.resize(self._length, cap)
             self._has_unknown = np.resize(self._has_unknown, cap)
             self._has_unknown[slot:] = False
-        if n_new < 8 and sum(map(len, words)) < 256:  # a few short words: the plain loop is faster
-            per = [self._symbol_ids(w) for w in words]
-            lens_a = np.fromiter(map(len, per), dtype=np.int64, count=n_new)
-            flat = np.fromiter(itertools.chain.from_iterable(per), dtype=np.int64, count=int(lens_a.sum()))
-        else:
-            flat, lens_a = self.batch_symbol_ids(words)
+        flat, lens_a = self.batch_symbol_ids(words)
         if flat.size and flat.min() < 0:  # words with unknown characters (rare): fix them up one by one
             ends = np.cumsum(lens_a)
             bad_words = np.unique(np.searchsorted(ends, np.flatnonzero(flat < 0), side="right"))
@@ -265,7 +210,7 @@ class WordEncoder:
                 s = flat[ends[k] - lens_a[k] : ends[k]].tolist()
                 self.unknown[slot + k] = tuple(chr(-1 - i) for i in s if i < 0)
                 self._has_unknown[slot + k] = True
-                fixed = self.word_ids(words[k])
+                fixed = self._known_ids(s)
                 pieces.append(flat[prev : ends[k] - lens_a[k]])
                 pieces.append(np.array(fixed, dtype=np.int64))
                 new_lens[k] = len(fixed)

@@ -228,14 +228,6 @@ def distinct_pretokens(piece: str) -> tuple[list[str], np.ndarray] | None:
     return [piece[s:e] for s, e in zip(starts[first].tolist(), ends[first].tolist())], group
 
 
-def _count_piece(piece: str) -> dict[str, int]:
-    found = distinct_pretokens(piece)
-    if found is None:  # a hash collision: count this piece plainly
-        return dict(collections.Counter(regex.findall(GPT2_PATTERN, piece)))
-    distinct, group = found
-    return dict(zip(distinct, np.bincount(group, minlength=len(distinct)).tolist()))
-
-
 def pretoken_spans(cps: np.ndarray, bounds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(starts, lengths)`` of the GPT-2 pattern's matches in the code points ``cps``; ``bounds``: where documents
     start (:func:`pretoken_starts`)."""
