@@ -22,8 +22,11 @@ __all__ = [
     "SLICE_BYTES",
     "WIDE_LEADS",
     "char_count",
+    "count_distinct",
+    "count_words",
     "distinct_words",
     "is_utf8",
+    "utf8_offsets",
     "whitespace_mask",
     "word_starts",
 ]
@@ -113,6 +116,38 @@ def char_count(u: np.ndarray) -> int:
     """Characters in the valid UTF-8 text ``u`` (uint8): the bytes that do not continue a character. A continuation
     byte (0x80-0xBF) is one compare as int8 (-128..-65): one pass, and numpy lets go of the GIL."""
     return int(u.size - np.count_nonzero(u.view(np.int8) < -64))
+
+
+def count_words(text: str) -> dict[str, int]:
+    """``Counter(WORD_RE.findall(text))`` as a dict (first-seen order): the words of each piece of the text's UTF-8
+    found by :func:`word_starts` and told apart by Arrow's hash table (:func:`distinct_words`), one Python string
+    made per distinct word; a lone surrogate passes as its three bytes."""
+    from mygpt.tokenizers.bpe_words import pieces
+
+    total: dict[bytes, int] = {}
+    for piece in pieces(text):
+        data = piece.encode("utf-8", "surrogatepass")
+        count_distinct(data, word_starts(np.frombuffer(data, dtype=np.uint8)), total)
+    return {w.decode("utf-8", "surrogatepass"): n for w, n in total.items()}
+
+
+def count_distinct(data: bytes, offsets: np.ndarray, total: dict[bytes, int]) -> None:
+    """Add how often each distinct word ``data[offsets[i]:offsets[i + 1]]`` occurs into ``total`` (bytes -> count,
+    first seen first)."""
+    dictionary, index = distinct_words(data, offsets)
+    get = total.get
+    for word, n in zip(dictionary.to_pylist(), np.bincount(index, minlength=len(dictionary)).tolist()):
+        total[word] = get(word, 0) + n
+
+
+def utf8_offsets(cps: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The UTF-8 byte offsets of the code-point positions ``starts`` of the text ``cps`` (no lone surrogates), then
+    its byte length: the offsets :func:`distinct_words` takes for the spans between them."""
+    size = np.ones(len(cps) + 1, dtype=np.int64)
+    size[0] = 0
+    size[1:] += (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)
+    at = np.cumsum(size)
+    return np.append(at[starts], at[-1]).astype(np.int32 if at[-1] < 1 << 31 else np.int64)
 
 
 def distinct_words(data: bytes, offsets: np.ndarray, known=None) -> tuple:
