@@ -21,6 +21,7 @@ __all__ = [
     "HOT_WORDS",
     "SLICE_BYTES",
     "WIDE_LEADS",
+    "add_counts",
     "char_count",
     "count_distinct",
     "count_words",
@@ -131,23 +132,32 @@ def count_words(text: str) -> dict[str, int]:
     return {w.decode("utf-8", "surrogatepass"): n for w, n in total.items()}
 
 
+def add_counts(total: dict, more: dict) -> dict:
+    """Add the counts ``more`` into ``total`` (in place; the reduce step of counting chunk by chunk)."""
+    get = total.get
+    for key, n in more.items():
+        total[key] = get(key, 0) + n
+    return total
+
+
 def count_distinct(data: bytes, offsets: np.ndarray, total: dict[bytes, int]) -> None:
     """Add how often each distinct word ``data[offsets[i]:offsets[i + 1]]`` occurs into ``total`` (bytes -> count,
     first seen first)."""
     dictionary, index = distinct_words(data, offsets)
-    get = total.get
-    for word, n in zip(dictionary.to_pylist(), np.bincount(index, minlength=len(dictionary)).tolist()):
-        total[word] = get(word, 0) + n
+    add_counts(total, dict(zip(dictionary.to_pylist(), np.bincount(index, minlength=len(dictionary)).tolist())))
 
 
 def utf8_offsets(cps: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """The UTF-8 byte offsets of the code-point positions ``starts`` of the text ``cps`` (no lone surrogates), then
     its byte length: the offsets :func:`distinct_words` takes for the spans between them."""
-    size = np.ones(len(cps) + 1, dtype=np.int64)
-    size[0] = 0
-    size[1:] += (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)
-    at = np.cumsum(size)
-    return np.append(at[starts], at[-1]).astype(np.int32 if at[-1] < 1 << 31 else np.int64)
+    pos = np.append(starts, len(cps)).astype(np.int64)
+    at = pos.copy()
+    for lowest in (0x80, 0x800, 0x10000):  # a character from each of these on takes one byte more
+        wider = np.flatnonzero(cps >= lowest)
+        if not wider.size:
+            break
+        at += np.searchsorted(wider, pos)
+    return at.astype(np.int32 if at[-1] < 1 << 31 else np.int64)
 
 
 def distinct_words(data: bytes, offsets: np.ndarray, known=None) -> tuple:

@@ -118,7 +118,8 @@ class PretokenIds:
     (:meth:`documents`).
 
     Each piece's pre-tokens are told apart by their UTF-8 bytes in Arrow's hash table
-    (:func:`mygpt.tokenizers.bpe_bytes.distinct_words`) and looked up once each; a new one is encoded once by
+    (:func:`mygpt.tokenizers.bpe_bytes.distinct_words`, the first ones met put ahead, so they come out as their
+    slots) and the others looked up once each; a new one is encoded once by
     ``hf``'s BPE model, and a text's ids gathered in numpy. Why: a corpus's documents share most pre-tokens, so
     after the first chunks the work per text is a few array passes, not a step per document or per pre-token.
     Emptied past :data:`CACHE_PRETOKENS`; one lock, so threads may share it."""
@@ -133,6 +134,7 @@ class PretokenIds:
 
     def _reset(self) -> None:
         self._slot: dict[bytes, int] = {}  # a pre-token's UTF-8 -> its slot
+        self._hot = None  # the pre-tokens of slots 0, 1, ... (the first met: the frequent ones), an Arrow array
         # slot -> its ids at _flat[_start[slot]:][:_len[slot]]
         self._flat: np.ndarray = np.zeros(1 << 16, dtype=self._dtype)
         self._start = np.zeros(0, dtype=np.int64)
@@ -170,18 +172,23 @@ class PretokenIds:
 
     def _ids(self, data: bytes, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, ids per pre-token)`` of the pre-tokens ``data[offsets[i]:offsets[i + 1]]``."""
-        from mygpt.tokenizers.bpe_bytes import distinct_words
+        from mygpt.tokenizers.bpe_bytes import HOT_WORDS, distinct_words
 
-        dictionary, index = distinct_words(data, offsets)
-        words = dictionary.to_pylist()
         with self._lock:
             if len(self._slot) > CACHE_PRETOKENS:
                 self._reset()
+            ahead = 0 if self._hot is None else len(self._hot)
+            dictionary, index = distinct_words(data, offsets, self._hot)  # the hot ones come out as their slots
+            rest = dictionary.slice(ahead).to_pylist()
             get = self._slot.get
-            slots = np.fromiter((get(w, -1) for w in words), dtype=np.int64, count=len(words))
+            slots = np.arange(ahead + len(rest), dtype=np.int64)
+            slots[ahead:] = np.fromiter((get(w, -1) for w in rest), dtype=np.int64, count=len(rest))
             new = np.flatnonzero(slots < 0)
             if new.size:
-                slots[new] = self._add([words[i] for i in new.tolist()])
+                first = len(self._slot)
+                slots[new] = self._add([rest[i - ahead] for i in new.tolist()])
+                if first == ahead < HOT_WORDS:  # every known pre-token is hot: the new ones follow in slot order
+                    self._hot = dictionary.slice(0, min(HOT_WORDS, slots.size))
             slots = slots[index]
             out_lens = self._len[slots]
             total = int(out_lens.sum())

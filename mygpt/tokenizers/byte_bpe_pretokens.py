@@ -25,7 +25,7 @@ from typing import TypeVar
 import numpy as np
 import regex
 
-from mygpt.tokenizers.bpe_bytes import count_distinct, utf8_offsets
+from mygpt.tokenizers.bpe_bytes import add_counts, count_distinct, utf8_offsets
 from mygpt.tokenizers.byte_bpe_reference import GPT2_PATTERN
 
 __all__ = [
@@ -194,10 +194,8 @@ def _count_pieces(texts: list[str], pattern: str, piece_chars: int = PIECE_CHARS
         every_piece = (piece for text in texts for piece in pieces(text, piece_chars))
         tables = map_in_order(lambda piece: collections.Counter(regex.findall(pattern, piece)), every_piece)
     total: dict[str, int] = {}
-    get = total.get
     for counts in tables:  # a few pieces at a time: memory stays near the text's
-        for tok, c in counts.items():
-            total[tok] = get(tok, 0) + c
+        add_counts(total, counts)
     return total
 
 
@@ -231,10 +229,8 @@ def count_pretokens(
     with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("spawn")) as pool:
         tables = list(pool.map(_count_pieces, shares, *args))
     total = tables[0]
-    get = total.get
     for table in tables[1:]:
-        for tok, c in table.items():
-            total[tok] = get(tok, 0) + c
+        add_counts(total, table)
     return total
 
 
