@@ -69,7 +69,7 @@ class WordEncoder:
         merged: dict[int, int] = {}
         for r, (a, b) in enumerate(tokenizer.merges):
             k = (stoi[a] << _SHIFT) | stoi[b]
-            ranks[k] = r  # a repeated merge keeps its last rank, like the chapter's merge_ranks dict
+            ranks[k] = r  # a repeated merge keeps its last rank, like the chapter's dict comprehension
             merged[k] = stoi[a + b]
         # The same tables as sorted numpy arrays, for the batched (vectorised) word encoder.
         keys = np.array(sorted(ranks), dtype=np.int64)
