@@ -13,8 +13,8 @@ Part 1, real text (../shared/data/wikitext2-valid.txt, 1.1 MB), 1024 merges:
 Part 2, generated corpus (bench/make_corpus.py, seed 0, git-ignored bench/out/):
   * train 1024 merges on the first 50 MB;
   * encode a 20 MB slice in memory: chapter ``encode_corpus`` vs ours;
-  * encode the whole file in 8 MB chunks with workers=1 (``iter_encode_file``, in process) and workers=2 (the
-    chunks on a local Dask cluster, ``tasks.dask.work``, as the shards stage runs them), each in a
+  * encode the whole file in 8 MB chunks with workers=1 (``chunk_bounds`` + ``encode_chunk``, in process) and
+    workers=2 (the chunks on a local Dask cluster, ``tasks.dask.work``, as the shards stage runs them), each in a
     fresh child process: MB/s, peak RSS (sum over the process tree, sampled every 50 ms with psutil, and
     the largest single process from ``getrusage``), and a checksum showing both runs give the same ids.
 Timings are wall-clock, best of ``--repeat`` where repeated; the machine's other load shows up in them.
@@ -38,7 +38,7 @@ from bench.memwatch import run_watched
 from flows.mirror import REPO, SHARED_DATA
 from mygpt.tokenizers import bpe_reference
 from mygpt.tokenizers.bpe import BPETokenizer
-from mygpt.tokenizers.bpe_chunks import iter_encode_file
+from mygpt.tokenizers.bpe_chunks import chunk_bounds, encode_chunk
 
 OUT = REPO / "bench" / "out"
 WIKITEXT = SHARED_DATA / "wikitext2-valid.txt"
@@ -184,11 +184,12 @@ def encode_child(path: str, tok_path: str, workers: int, chunk_bytes: int) -> No
     stats = EncodeStats()
     with contextlib.ExitStack() as stack:
         if workers == 1:
-            parts = iter_encode_file(tok, path, chunk_bytes=chunk_bytes)
+            parts = (  # in process, chunk by chunk in order
+                (i, s, e, *encode_chunk(tok, path, s, e)) for i, s, e in chunk_bounds(path, chunk_bytes)
+            )
         else:  # the chunks on a local Dask cluster of `workers` processes, as the shards stage runs them
             import logging
 
-            from mygpt.tokenizers.bpe_chunks import chunk_bounds
             from tasks.core.settings import RunOptions
             from tasks.dask import work as dask_work
 
@@ -293,7 +294,7 @@ def part2(
         res = run_encode_child(big, tok_path, w, chunk_bytes)
         runs[w] = res
         print(
-            f"  iter_encode_file {r['bytes'] / 1e6:.0f} MB workers={w}: {res['seconds']:.1f} s "
+            f"  encode_chunk {r['bytes'] / 1e6:.0f} MB workers={w}: {res['seconds']:.1f} s "
             f"({mb(r['bytes'], res['seconds']):.1f} MB/s; CPU {res['cpu_s']:.1f} s), tokens={res['tokens']:,}, "
             f"chunks={res['chunks']}, checksum {res['checksum']}\n"
             f"      peak memory of the {res['processes']} processes: PSS sum {res['tree_peak_pss_mb']:.0f} MB, "

@@ -12,6 +12,7 @@ import re
 
 import torch
 
+from mygpt import limits
 from mygpt.errors import UserError
 from mygpt.limits import PRECISIONS, accelerator_evidence, precision_name
 
@@ -23,7 +24,6 @@ __all__ = [
     "bf16_cpu_warning",
     "bf16_native",
     "compile_unavailable",
-    "cpu_has_native_bf16",
     "deterministic_mode",
     "device_warnings",
     "mps_available",
@@ -177,25 +177,6 @@ def autocast(device: str | torch.device, precision: str):
     return contextlib.nullcontext()
 
 
-def cpu_has_native_bf16() -> bool | None:
-    """True/False where the CPU's bf16 support is known (x86: AVX512-BF16 or AMX-BF16; Linux arm64: the
-    ``bf16`` feature), ``None`` where it cannot be told."""
-    machine = platform.machine().lower()
-    if machine in ("x86_64", "amd64", "i386", "i686"):
-        try:
-            c = torch.cpu.get_capabilities()
-        except Exception:  # pragma: no cover - defensive
-            return None
-        return bool(c.get("avx512_bf16") or c.get("amx_bf16"))
-    if machine in ("aarch64", "arm64"):
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as f:
-                return any(line.startswith("Features") and " bf16" in line for line in f)
-        except OSError:
-            return None
-    return None
-
-
 def _cpu_name() -> str:
     try:
         name = torch.cpu.get_capabilities().get("cpu_name")
@@ -207,7 +188,7 @@ def _cpu_name() -> str:
 def bf16_cpu_warning(device: str | torch.device, requested: str) -> str | None:
     """The warning for an explicit ``precision="bf16"`` on a CPU without native bf16, else ``None``."""
     device = as_device(device)
-    if device.type != "cpu" or (requested or "").strip().lower() != "bf16" or cpu_has_native_bf16() is not False:
+    if device.type != "cpu" or (requested or "").strip().lower() != "bf16" or not limits.cpu_lacks_bf16():
         return None
     return (
         f"precision bf16 on {_cpu_name()}, a CPU without native bf16 (no AVX512-BF16/AMX): autocast emulates "

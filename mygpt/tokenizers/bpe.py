@@ -59,9 +59,6 @@ class BPETokenizer:
             vocab = base + [f"<0x{b:02X}>" for b in range(NUM_BYTE_TOKENS)]
         self.vocab: list[str] = vocab
         self.vocab_size: int = len(vocab)
-        # merge_ranks[(a, b)] = rank (lower = applied first); a repeated merge keeps its last rank, as in
-        # the chapter's dict comprehension.
-        self.merge_ranks: dict[tuple[str, str], int] = {m: i for i, m in enumerate(merges)}
         self._charset = frozenset(chars)
         self._fast: WordEncoder | None = None  # lazily built WordEncoder
 
@@ -197,10 +194,6 @@ class BPETokenizer:
         else:
             ids = [stoi[s] for s in symbols]
         return torch.tensor(ids, dtype=torch.long)
-
-    def _encode_word(self, word: str) -> list[str]:
-        """The chapter's per-word encoder: merge the lowest-rank adjacent pair until none applies; symbol strings."""
-        return self._fast_encoder().encode_word_symbols(word)
 
     def _fast_encoder(self) -> WordEncoder:
         if self._fast is None:

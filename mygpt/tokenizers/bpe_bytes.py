@@ -21,9 +21,13 @@ __all__ = [
     "HOT_WORDS",
     "SLICE_BYTES",
     "WIDE_LEADS",
+    "add_counts",
     "char_count",
+    "count_distinct",
+    "count_words",
     "distinct_words",
     "is_utf8",
+    "utf8_offsets",
     "whitespace_mask",
     "word_starts",
 ]
@@ -113,6 +117,47 @@ def char_count(u: np.ndarray) -> int:
     """Characters in the valid UTF-8 text ``u`` (uint8): the bytes that do not continue a character. A continuation
     byte (0x80-0xBF) is one compare as int8 (-128..-65): one pass, and numpy lets go of the GIL."""
     return int(u.size - np.count_nonzero(u.view(np.int8) < -64))
+
+
+def count_words(text: str) -> dict[str, int]:
+    """``Counter(WORD_RE.findall(text))`` as a dict (first-seen order): the words of each piece of the text's UTF-8
+    found by :func:`word_starts` and told apart by Arrow's hash table (:func:`distinct_words`), one Python string
+    made per distinct word; a lone surrogate passes as its three bytes."""
+    from mygpt.tokenizers.bpe_words import pieces
+
+    total: dict[bytes, int] = {}
+    for piece in pieces(text):
+        data = piece.encode("utf-8", "surrogatepass")
+        count_distinct(data, word_starts(np.frombuffer(data, dtype=np.uint8)), total)
+    return {w.decode("utf-8", "surrogatepass"): n for w, n in total.items()}
+
+
+def add_counts(total: dict, more: dict) -> dict:
+    """Add the counts ``more`` into ``total`` (in place; the reduce step of counting chunk by chunk)."""
+    get = total.get
+    for key, n in more.items():
+        total[key] = get(key, 0) + n
+    return total
+
+
+def count_distinct(data: bytes, offsets: np.ndarray, total: dict[bytes, int]) -> None:
+    """Add how often each distinct word ``data[offsets[i]:offsets[i + 1]]`` occurs into ``total`` (bytes -> count,
+    first seen first)."""
+    dictionary, index = distinct_words(data, offsets)
+    add_counts(total, dict(zip(dictionary.to_pylist(), np.bincount(index, minlength=len(dictionary)).tolist())))
+
+
+def utf8_offsets(cps: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The UTF-8 byte offsets of the code-point positions ``starts`` of the text ``cps`` (no lone surrogates), then
+    its byte length: the offsets :func:`distinct_words` takes for the spans between them."""
+    pos = np.append(starts, len(cps)).astype(np.int64)
+    at = pos.copy()
+    for lowest in (0x80, 0x800, 0x10000):  # a character from each of these on takes one byte more
+        wider = np.flatnonzero(cps >= lowest)
+        if not wider.size:
+            break
+        at += np.searchsorted(wider, pos)
+    return at.astype(np.int32 if at[-1] < 1 << 31 else np.int64)
 
 
 def distinct_words(data: bytes, offsets: np.ndarray, known=None) -> tuple:

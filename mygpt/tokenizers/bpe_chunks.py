@@ -16,7 +16,7 @@ from typing import IO, Any
 import numpy as np
 import regex
 
-from mygpt.errors import UserError, check_int
+from mygpt.errors import UserError
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 from mygpt.tokenizers.bpe_words import SAFE_CUT_RE
 
@@ -143,7 +143,7 @@ def encode_chunk(
     opener: Callable[[Any], IO[bytes]] | None = None,
     ends: Sequence[int] = (),
 ) -> tuple[np.ndarray, EncodeStats]:
-    """Encode bytes ``start..end`` of a UTF-8 file: ``(ids, stats)``. One chunk of :func:`iter_encode_file`, for a
+    """Encode bytes ``start..end`` of a UTF-8 file: ``(ids, stats)``. One chunk of :func:`chunk_bounds`, for a
     caller that spreads the chunks over processes or machines (the pipeline does, on Dask); the tokenizer's
     word cache carries over from one call to the next in the same process. ``opener``: see :func:`read_chunk`.
     A byte-level BPE encodes every character (``unk_policy`` has nothing to do); ``ends``: the file offsets in
@@ -181,32 +181,3 @@ def _encode_documents(tokenizer, text: str, start: int, ends: Sequence[int]) -> 
         at = at - np.searchsorted(inside, at)
     ids = tokenizer.encode_documents(text, at)
     return ids, EncodeStats(chars=len(text), tokens=int(ids.size))
-
-
-def iter_encode_file(
-    tokenizer,
-    path,
-    *,
-    chunk_bytes: int = 8 << 20,
-    unk_policy: str = "skip",
-    start_chunk: int = 0,
-) -> Iterator[tuple[int, int, int, np.ndarray, EncodeStats]]:
-    """Encode a UTF-8 file chunk by chunk; yield ``(chunk_index, byte_start, byte_end, ids, stats)``.
-
-    The concatenated ids equal ``tokenizer.encode_corpus(whole_text, unk_policy)`` for any ``chunk_bytes``;
-    ``start_chunk`` skips the chunks before it (resume). Memory: one chunk. Not UTF-8: ``UserError`` naming the
-    file and the byte offset."""
-    if unk_policy not in ("skip", "error"):
-        raise UserError(f"unk_policy must be 'skip' or 'error', got {unk_policy!r}")
-    for name, v, lo in (("chunk_bytes", chunk_bytes, 1), ("start_chunk", start_chunk, 0)):
-        check_int(name, v, lo)
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise UserError(f"input file {path!r} does not exist")
-    enc = tokenizer._fast_encoder()
-    with open(path, "rb") as f:
-        for idx, start, end in chunk_bounds(path, chunk_bytes):
-            if idx < start_chunk:
-                continue
-            ids, stats = _encode_bytes(enc, f, path, start, end, unk_policy)
-            yield idx, start, end, ids, stats

@@ -12,7 +12,8 @@ import heapq
 
 import numpy as np
 
-from mygpt.tokenizers import bpe_words
+from mygpt.tokenizers import bpe_bytes
+from mygpt.tokenizers.bpe_bytes import add_counts
 
 __all__ = ["add_counts", "count_words", "gc_paused", "train_and_count_tokens", "train_bpe", "train_from_word_counts"]
 
@@ -24,15 +25,7 @@ def count_words(text: str) -> dict[str, int]:
     """Pre-tokenise ``text`` with the chapter's regex and count each unique word
     (``Counter(WORD_RE.findall(text))``)."""
     with gc_paused():
-        return bpe_words.count_words(text)
-
-
-def add_counts(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
-    """Add the word counts ``more`` into ``total`` (in place; the reduce step of counting chunk by chunk)."""
-    get = total.get
-    for word, n in more.items():
-        total[word] = get(word, 0) + n
-    return total
+        return bpe_bytes.count_words(text)
 
 
 def train_bpe(text: str, num_merges: int) -> tuple[list[str], list[tuple[str, str]]]:

@@ -1,9 +1,9 @@
 """The fast BPE encoder behind ``BPETokenizer.encode_corpus``: each distinct word encoded once, ids gathered with numpy.
 
-Text is cut into the words of the chapter's pre-tokeniser ``\\s*\\S+|\\s+`` and each word found in a table of the
-words seen so far (:class:`mygpt.tokenizers.bpe_words.WordTable`); a new word is encoded once with the chapter's
-``_encode_word`` rule, in numpy batches, and the ids of a piece are gathered from one flat store. Pieces of about
-``PIECE_CHARS`` characters keep memory bounded; the table holds at most ``cache_limit`` words (then is emptied).
+Text (as UTF-8) is cut into the words of the chapter's pre-tokeniser ``\\s*\\S+|\\s+`` and each distinct word looked
+up among the words seen so far (:mod:`mygpt.tokenizers.bpe_bytes`); a new word is encoded once with the chapter's
+``_encode_word`` rule, in numpy batches, and the ids are gathered from one flat store. At most ``cache_limit``
+words are kept (then the cache is emptied).
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from mygpt.errors import UserError, describe_chars
-from mygpt.tokenizers.bpe_words import PIECE_CHARS, WordTable, pieces
+from mygpt.tokenizers.bpe_words import pieces
 
 _SHIFT = 32
-_NO_RANK = 1 << 62
 
 
 @dataclass
@@ -62,20 +61,16 @@ class WordEncoder:
 
     def __init__(self, tokenizer, cache_limit: int = 250_000) -> None:
         stoi = tokenizer.stoi
-        self.vocab = tokenizer.vocab
         self.byte_fallback = tokenizer.byte_fallback
         self.byte_offset = tokenizer.byte_offset
         self.dtype = tokenizer.id_dtype
-        self.char_id: dict[str, int] = {c: stoi[c] for c in tokenizer.chars}
         # Symbols are canonical ids (stoi of the symbol string), so equal strings are equal symbols.
         ranks: dict[int, int] = {}
         merged: dict[int, int] = {}
         for r, (a, b) in enumerate(tokenizer.merges):
             k = (stoi[a] << _SHIFT) | stoi[b]
-            ranks[k] = r  # a repeated merge keeps its last rank, like the chapter's merge_ranks dict
+            ranks[k] = r  # a repeated merge keeps its last rank, like the chapter's dict comprehension
             merged[k] = stoi[a + b]
-        self.ranks = ranks
-        self.merged = merged
         # The same tables as sorted numpy arrays, for the batched (vectorised) word encoder.
         keys = np.array(sorted(ranks), dtype=np.int64)
         self._pair_keys = keys
@@ -98,9 +93,7 @@ class WordEncoder:
         self._reset_cache()
 
     def _reset_cache(self) -> None:
-        # The distinct words seen so far (slot -> word, found by hash: mygpt.tokenizers.bpe_words.WordTable), and for
-        # each slot its ids at store[start[slot] : start[slot] + length[slot]].
-        self.table = WordTable()
+        # For each distinct word seen so far (its slot) its ids at store[start[slot] : start[slot] + length[slot]].
         self._start = np.zeros(1024, dtype=np.int64)
         self._length = np.zeros(1024, dtype=np.int64)
         self._has_unknown = np.zeros(1024, dtype=bool)
@@ -108,65 +101,19 @@ class WordEncoder:
         self._used = 0  # ids in the store
         # slot -> the unknown characters of that word (with repeats); only words that have any.
         self.unknown: dict[int, tuple[str, ...]] = {}
-        # encode_bytes's words (UTF-8) -> slot; the slots are either these or the table's (the other path empties
-        # the cache first)
+        # the words seen so far (UTF-8) -> slot
         self._slot_of_bytes: dict[bytes, int] = {}
         # the words of slots 0 .. len - 1 (an Arrow binary array, at most HOT_WORDS): found by Arrow's hash table
         self._hot = None
 
-    # -- one word ---------------------------------------------------------------------------------
-    def _symbol_ids(self, word: str) -> list[int]:
-        """The chapter's ``_encode_word`` on canonical ids; unknown characters get negative ids (never merged)."""
-        cid = self.char_id
-        s = [cid.get(c, -1 - ord(c)) for c in word]
-        rget = self.ranks.get
-        merged = self.merged
-        none = _NO_RANK
-        while len(s) > 1:
-            best_r = none
-            best_i = -1
-            prev = s[0]
-            for i, x in enumerate(s[1:]):
-                r = rget((prev << 32) | x, none)
-                if r < best_r:
-                    best_r = r
-                    best_i = i
-                prev = x
-            if best_i < 0:
-                break
-            a = s[best_i]
-            b = s[best_i + 1]
-            m = merged[(a << 32) | b]
-            out = s[:best_i]
-            out.append(m)
-            i = best_i + 2
-            n = len(s)
-            while i < n:
-                x = s[i]
-                if x == a and i + 1 < n and s[i + 1] == b:
-                    out.append(m)
-                    i += 2
-                else:
-                    out.append(x)
-                    i += 1
-            s = out
-        return s
-
-    def encode_word_symbols(self, word: str) -> list[str]:
-        """The chapter's ``_encode_word``: symbol strings (unknown characters stay as themselves)."""
-        vocab = self.vocab
-        return [vocab[i] if i >= 0 else chr(-1 - i) for i in self._symbol_ids(word)]
-
-    def word_ids(self, word: str) -> list[int]:
-        """Final ids of one word (unknown characters dropped, or byte tokens with byte fallback)."""
-        s = self._symbol_ids(word)
-        if not s or min(s) >= 0:
-            return s
+    # -- words ------------------------------------------------------------------------------------
+    def _known_ids(self, symbols: list[int]) -> list[int]:
+        """A word's final ids from its symbols (unknown characters, negative, dropped or spelled as byte tokens)."""
         if not self.byte_fallback:
-            return [i for i in s if i >= 0]
+            return [i for i in symbols if i >= 0]
         off = self.byte_offset
         out: list[int] = []
-        for i in s:
+        for i in symbols:
             if i >= 0:
                 out.append(i)
             else:
@@ -174,8 +121,8 @@ class WordEncoder:
         return out
 
     def batch_symbol_ids(self, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """``_symbol_ids`` for many words at once with numpy, one merge round of the chapter's loop for all of them at a
-        time: ``(flat ids, lengths)``."""
+        """The chapter's ``_encode_word`` for many words at once with numpy, one merge round for all of them at a time:
+        ``(flat symbol ids, lengths)``; an unknown character is ``-1 - code point`` (never merged)."""
         nw = len(words)
         lens = np.fromiter(map(len, words), dtype=np.int64, count=nw)
         cps = np.frombuffer("".join(words).encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.int64)
@@ -249,12 +196,7 @@ class WordEncoder:
             self._length = np.resize(self._length, cap)
             self._has_unknown = np.resize(self._has_unknown, cap)
             self._has_unknown[slot:] = False
-        if n_new < 8 and sum(map(len, words)) < 256:  # a few short words: the plain loop is faster
-            per = [self._symbol_ids(w) for w in words]
-            lens_a = np.fromiter(map(len, per), dtype=np.int64, count=n_new)
-            flat = np.fromiter(itertools.chain.from_iterable(per), dtype=np.int64, count=int(lens_a.sum()))
-        else:
-            flat, lens_a = self.batch_symbol_ids(words)
+        flat, lens_a = self.batch_symbol_ids(words)
         if flat.size and flat.min() < 0:  # words with unknown characters (rare): fix them up one by one
             ends = np.cumsum(lens_a)
             bad_words = np.unique(np.searchsorted(ends, np.flatnonzero(flat < 0), side="right"))
@@ -265,7 +207,7 @@ class WordEncoder:
                 s = flat[ends[k] - lens_a[k] : ends[k]].tolist()
                 self.unknown[slot + k] = tuple(chr(-1 - i) for i in s if i < 0)
                 self._has_unknown[slot + k] = True
-                fixed = self.word_ids(words[k])
+                fixed = self._known_ids(s)
                 pieces.append(flat[prev : ends[k] - lens_a[k]])
                 pieces.append(np.array(fixed, dtype=np.int64))
                 new_lens[k] = len(fixed)
@@ -283,44 +225,35 @@ class WordEncoder:
 
     # -- text -------------------------------------------------------------------------------------
     def encode_text(self, text: str, unk_policy: str = "skip") -> tuple[np.ndarray, EncodeStats]:
-        """Encode ``text`` -> (ids array, stats); processes pieces of ~``PIECE_CHARS`` characters."""
-        from mygpt.tokenizers.bpe_train import gc_paused
-
-        with gc_paused():
-            return self._encode_text(text, unk_policy)
-
-    def _encode_text(self, text: str, unk_policy: str) -> tuple[np.ndarray, EncodeStats]:
+        """The ids and stats of ``text``: :meth:`encode_bytes` of its UTF-8, piece by piece (about ``PIECE_CHARS``
+        characters each, cut at safe points: bounded memory); a lone surrogate passes as the three bytes the byte
+        fallback spells it with."""
         stats = EncodeStats()
-        parts = [self._encode_piece(piece, unk_policy, stats) for piece in pieces(text, PIECE_CHARS)]
-        if not parts:
-            return np.zeros(0, dtype=self.dtype), stats
-        ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        parts = [self._encode_utf8(p.encode("utf-8", "surrogatepass"), unk_policy, stats) for p in pieces(text)]
+        ids = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, dtype=self.dtype)
         stats.tokens = int(ids.size)
         return ids, stats
 
-    def _encode_piece(self, piece: str, unk_policy: str, stats: EncodeStats) -> np.ndarray:
-        stats.chars += len(piece)
-        if len(self.table) > self.cache_limit or self._slot_of_bytes:  # full, or slots numbered by encode_bytes
-            self._reset_cache()
-        known = len(self.table)
-        slots = self.table.slots(piece)  # one per word, in order; new words get new slots
-        if not slots.size:
-            return np.zeros(0, dtype=self.dtype)
-        if len(self.table) > known:
-            self._add_words(self.table.words[known:], known)
-        return self._gather(slots, unk_policy, stats)
-
     def encode_bytes(self, data: bytes, unk_policy: str = "skip") -> tuple[np.ndarray, EncodeStats]:
-        """:meth:`encode_text` of ``data.decode("utf-8")``, from the bytes: the words found and mapped once per group
-        of :data:`~mygpt.tokenizers.bpe_bytes.GROUP_WORDS` by :mod:`mygpt.tokenizers.bpe_bytes` (no ``str`` of the
-        text is made); bytes that are not UTF-8 raise the decoder's own ``UnicodeDecodeError``."""
+        """:meth:`encode_text` of ``data.decode("utf-8")``, from the bytes (no ``str`` of the text is made); bytes
+        that are not UTF-8 raise the decoder's own ``UnicodeDecodeError``."""
         from mygpt.tokenizers import bpe_bytes
-        from mygpt.tokenizers.bpe_train import gc_paused
 
         if not bpe_bytes.is_utf8(data):
             data.decode("utf-8")  # raises, with the offset of the first bad byte
+        stats = EncodeStats()
+        ids = self._encode_utf8(data, unk_policy, stats)
+        stats.tokens = int(ids.size)
+        return ids, stats
+
+    def _encode_utf8(self, data: bytes, unk_policy: str, stats: EncodeStats) -> np.ndarray:
+        """The ids of the UTF-8 ``data``: the words found and mapped once per group of
+        :data:`~mygpt.tokenizers.bpe_bytes.GROUP_WORDS` by :mod:`mygpt.tokenizers.bpe_bytes`."""
+        from mygpt.tokenizers import bpe_bytes
+        from mygpt.tokenizers.bpe_train import gc_paused
+
         u = np.frombuffer(data, dtype=np.uint8)
-        stats = EncodeStats(chars=bpe_bytes.char_count(u))
+        stats.chars += bpe_bytes.char_count(u)
         offsets = bpe_bytes.word_starts(u)
         step = bpe_bytes.GROUP_WORDS
         with gc_paused():
@@ -328,19 +261,16 @@ class WordEncoder:
                 self._encode_group(data, offsets[g : g + step + 1], unk_policy, stats)
                 for g in range(0, offsets.size - 1, step)
             ]
-        ids = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, dtype=self.dtype)
-        stats.tokens = int(ids.size)
-        return ids, stats
+        return np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, dtype=self.dtype)
 
     def _encode_group(self, data: bytes, offsets: np.ndarray, unk_policy: str, stats: EncodeStats) -> np.ndarray:
         """The ids of the words ``data[offsets[i]:offsets[i + 1]]``: each distinct word looked up once, the new
         ones encoded (:meth:`_add_words`) and remembered."""
         from mygpt.tokenizers.bpe_bytes import HOT_WORDS, distinct_words
 
-        known = self._slot_of_bytes
-        if len(known) > self.cache_limit or len(self.table):  # full, or slots numbered by encode_text's table
+        if len(self._slot_of_bytes) > self.cache_limit:
             self._reset_cache()
-            known = self._slot_of_bytes
+        known = self._slot_of_bytes
         hot = self._hot
         ahead = 0 if hot is None else len(hot)
         dictionary, index = distinct_words(data, offsets, hot)
@@ -353,7 +283,7 @@ class WordEncoder:
         if new:  # slots numbered in order of arrival: the next is len(known)
             first = len(known)
             words = [rest[i - ahead] for i in new]
-            self._add_words([w.decode("utf-8") for w in words], first)
+            self._add_words([w.decode("utf-8", "surrogatepass") for w in words], first)
             dslots[new] = np.arange(first, first + len(new))
             known.update(zip(words, range(first, first + len(new))))
             if first == ahead < HOT_WORDS:  # every known word is hot, so the new ones are the rest, in slot order
@@ -385,22 +315,6 @@ class WordEncoder:
         shift = np.repeat(firsts[index] - (out_end - word_lens), word_lens)
         shift += np.arange(shift.size, dtype=shift.dtype)
         return local[shift]
-
-    def _gather(self, slots: np.ndarray, unk_policy: str, stats: EncodeStats) -> np.ndarray:
-        """The ids of the words in ``slots`` put end to end (their unknown characters counted into ``stats``)."""
-        if not slots.size:
-            return np.zeros(0, dtype=self.dtype)
-        if self.unknown:
-            unk_pos = np.flatnonzero(self._has_unknown[slots])
-            if unk_pos.size:
-                self._account_unknown(*np.unique(slots[unk_pos], return_counts=True), unk_policy, stats)
-        lens = self._length[slots]
-        out_end = np.cumsum(lens)
-        total = int(out_end[-1])
-        # ids of word k are store[start_k : start_k + len_k]; gather them all at once
-        shift = np.repeat(self._start[slots] - (out_end - lens), lens)
-        shift += np.arange(total, dtype=np.int64)
-        return self._store[shift]
 
     def _account_unknown(self, slots: np.ndarray, freq: np.ndarray, unk_policy: str, stats: EncodeStats) -> None:
         """Count the unknown characters of the distinct words ``slots``, met ``freq`` times each (or raise)."""

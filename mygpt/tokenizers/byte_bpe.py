@@ -7,9 +7,9 @@ vocabulary) and ``decode(encode(text)) == text``.
 Encoding runs on Hugging Face ``tokenizers`` loading this tokenizer's own ``tokenizer.json``
 (:func:`mygpt.tokenizers.byte_bpe_files.hf_tokenizer`): for a merge list its BPE is the reference's rule, merge the
 lowest-ranked pair first, and the tests prove the ids equal on real text. With the GPT-2 pattern the pre-tokens
-are found in numpy and HF encodes each distinct one once (HF's own regex split is the slow part of its encoder);
-a text of many documents (a chunk of the shards stage) is encoded in one pass, its pre-tokens looked up in a table
-kept between texts (:class:`PretokenIds`), each document's ids still those it has alone.
+are found in numpy and HF encodes each distinct one once (HF's own regex split is the slow part of its encoder),
+kept between texts (:class:`PretokenIds`); a text of many documents (a chunk of the shards stage) is encoded in one
+pass, each document's ids still those it has alone.
 Specials are cut out here, never by HF (its added-token matching is switched off), so ``<|endoftext|>`` in a
 user's text is ordinary bytes unless the caller allows specials.
 """
@@ -63,22 +63,22 @@ def encode_with(
     pattern: str | None,
     dtype: type,
     piece_chars: int = 0,
-    cache: dict[str, list[int]] | None = None,
-    threads: int | None = None,
+    cache: PretokenIds | None = None,
 ) -> np.ndarray:
     """``text``'s ids under the HF tokenizer ``hf`` that splits by ``pattern`` (``gpt2``, ``gpt4`` or ``None``:
     unknown): the ``specials`` (``{content: id}``) become their ids only when allowed, everything else is ordinary
     text. With a known pattern the text is encoded in pieces cut where that pattern always ends a pre-token; with
-    GPT-2's each distinct pre-token is encoded once (:func:`_encode_gpt2_piece`) and kept in ``cache`` (pre-token ->
-    ids; a caller that encodes many texts passes the same one: a new dict when None); ``piece_chars``: the pieces'
-    size (0: the default); ``threads``: how many find the pre-tokens (None: the default)."""
-    from mygpt.tokenizers.byte_bpe_pretokens import PIECE_CHARS, map_in_order, pieces
+    GPT-2's each distinct pre-token is encoded once (``cache``, a :class:`PretokenIds` for ``hf`` and ``dtype``
+    that a caller encoding many texts passes each time: a new one when None); ``piece_chars``: the pieces' size
+    (0: the default)."""
+    from mygpt.tokenizers.byte_bpe_pretokens import PIECE_CHARS, pieces
 
     size = piece_chars or PIECE_CHARS
     hf.encode_special_tokens = True  # the specials are cut out here, by the caller's choice
     out: list[np.ndarray] = []
     batch: list[str] = []
-    cache = {} if cache is None else cache
+    if cache is None and pattern == "gpt2":
+        cache = PretokenIds(hf, dtype)
 
     def flush() -> None:
         if batch:
@@ -89,10 +89,10 @@ def encode_with(
         if allowed_special and part in specials:
             flush()
             out.append(np.asarray([specials[part]], dtype=dtype))
-        elif pattern == "gpt2":
+        elif cache is not None:  # GPT-2's pattern
             flush()
-            for found, piece in map_in_order(_distinct_of, pieces(part, size), threads):
-                out.append(_encode_gpt2_piece(hf, piece, found, cache, dtype))
+            ids = cache.documents(part, _NO_ENDS, 0, size)
+            out.append(ids if ids is not None else np.asarray(hf.encode(part, add_special_tokens=False).ids, dtype))
         else:
             for piece in pieces(part, size >> 4) if pattern else [part]:
                 batch.append(piece)
@@ -100,6 +100,9 @@ def encode_with(
                     flush()
     flush()
     return np.concatenate(out) if out else np.zeros(0, dtype=dtype)
+
+
+_NO_ENDS = np.zeros(0, dtype=np.int64)
 
 
 @functools.lru_cache(maxsize=1)
@@ -110,46 +113,15 @@ def _byte_chars() -> dict[int, str]:
     return {b: c for b, c in bytes_to_unicode().items()}
 
 
-def _distinct_of(piece: str) -> tuple[tuple[list[str], np.ndarray] | None, str]:
-    from mygpt.tokenizers.byte_bpe_pretokens import distinct_pretokens
-
-    return distinct_pretokens(piece), piece
-
-
-def _encode_gpt2_piece(
-    hf: Tokenizer,
-    piece: str,
-    found: tuple[list[str], np.ndarray] | None,
-    cache: dict[str, list[int]],
-    dtype: type,
-) -> np.ndarray:
-    """The ids of ``piece`` from its distinct pre-tokens ``found`` (found in numpy, on threads): each distinct one
-    encoded once by ``hf``'s BPE model (``cache`` keeps them for the next piece), the ids laid out in order: what
-    ``hf`` does after its split, since BPE never merges across pre-tokens."""
-    if found is None:  # a hash collision: the plain way
-        return np.asarray(hf.encode(piece, add_special_tokens=False).ids, dtype=dtype)
-    distinct, group = found
-    tokenize, to_byte_chars = hf.model.tokenize, _byte_chars()
-    for t in distinct:
-        if t not in cache:  # the BPE model alone: a pre-token is what it gets from the split
-            cache[t] = [x.id for x in tokenize(t.encode("utf-8").decode("latin-1").translate(to_byte_chars))]
-    lists = [cache[t] for t in distinct]
-    lens = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
-    flat: np.ndarray = np.fromiter(itertools.chain.from_iterable(lists), dtype=dtype, count=int(lens.sum()))
-    out_lens = lens[group]
-    total = int(out_lens.sum())
-    out_starts = np.cumsum(out_lens) - out_lens
-    src = np.repeat((np.cumsum(lens) - lens)[group] - out_starts, out_lens) + np.arange(total)
-    return flat[src]
-
-
 class PretokenIds:
-    """The ids of each distinct GPT-2 pre-token met so far, for texts cut into documents (:meth:`documents`).
+    """The ids of each distinct GPT-2 pre-token met so far, for one text or a text cut into documents
+    (:meth:`documents`).
 
-    Pre-tokens are found by hash in a :class:`~mygpt.tokenizers.bpe_words.WordTable` (checked character by
-    character: a collision costs time, never a wrong id), each new one encoded once by ``hf``'s BPE model, and a
-    text's ids gathered from the table in numpy. Why: a corpus's documents share most pre-tokens, so after the
-    first chunks the work per text is a few array passes, not a step per document or per distinct pre-token.
+    Each piece's pre-tokens are told apart by their UTF-8 bytes in Arrow's hash table
+    (:func:`mygpt.tokenizers.bpe_bytes.distinct_words`, the first ones met put ahead, so they come out as their
+    slots) and the others looked up once each; a new one is encoded once by
+    ``hf``'s BPE model, and a text's ids gathered in numpy. Why: a corpus's documents share most pre-tokens, so
+    after the first chunks the work per text is a few array passes, not a step per document or per pre-token.
     Emptied past :data:`CACHE_PRETOKENS`; one lock, so threads may share it."""
 
     def __init__(self, hf: Tokenizer, dtype: type) -> None:
@@ -157,35 +129,39 @@ class PretokenIds:
         self._lock = threading.Lock()
         self._reset()
 
-    def _reset(self) -> None:
-        from mygpt.tokenizers.bpe_words import WordTable
+    def __len__(self) -> int:
+        return len(self._slot)
 
-        self._table = WordTable()
+    def _reset(self) -> None:
+        self._slot: dict[bytes, int] = {}  # a pre-token's UTF-8 -> its slot
+        self._hot = None  # the pre-tokens of slots 0, 1, ... (the first met: the frequent ones), an Arrow array
         # slot -> its ids at _flat[_start[slot]:][:_len[slot]]
         self._flat: np.ndarray = np.zeros(1 << 16, dtype=self._dtype)
         self._start = np.zeros(0, dtype=np.int64)
         self._len = np.zeros(0, dtype=np.int64)
 
-    def documents(self, text: str, ends: np.ndarray, eot: int) -> np.ndarray | None:
+    def documents(self, text: str, ends: np.ndarray, eot: int, piece_chars: int = 0) -> np.ndarray | None:
         """The ids of ``text`` with ``eot`` after each document end (``ends``: sorted character offsets, an offset
-        twice for an empty document): each document's ids are its ids alone. ``None`` where a pre-token may be
-        longer than :data:`~mygpt.tokenizers.byte_bpe_pretokens.MAX_PRETOKEN_BYTES` (the caller encodes document by
-        document, which refuses it or encodes it)."""
+        twice for an empty document): each document's ids are its ids alone. ``None`` where a pre-token is longer
+        than :data:`~mygpt.tokenizers.byte_bpe_pretokens.MAX_PRETOKEN_BYTES` (the caller encodes document by
+        document, which refuses it). ``piece_chars``: the size of the pieces it is found in (0: the default)."""
+        from mygpt.tokenizers.bpe_bytes import utf8_offsets
         from mygpt.tokenizers.bpe_words import code_points
-        from mygpt.tokenizers.byte_bpe_pretokens import MAX_PRETOKEN_BYTES, piece_bounds, pretoken_spans
+        from mygpt.tokenizers.byte_bpe_pretokens import MAX_PRETOKEN_BYTES, PIECE_CHARS, piece_bounds, pretoken_spans
 
         parts: list[np.ndarray] = []
         at_token: list[np.ndarray] = [np.zeros(int(np.searchsorted(ends, 0, "right")), dtype=np.int64)]
         base = 0
-        for s, e in piece_bounds(text) if text else ():
+        for s, e in piece_bounds(text, piece_chars or PIECE_CHARS) if text else ():
             lo, hi = np.searchsorted(ends, [s, e], "right")
             bounds = ends[lo:hi] - s
             piece = text[s:e]
             cps = code_points(piece)
-            starts, lens = pretoken_spans(cps, bounds)
-            if lens.size and int(lens.max()) * 4 > MAX_PRETOKEN_BYTES:
+            starts, _ = pretoken_spans(cps, bounds)
+            offsets = utf8_offsets(cps, starts)
+            if starts.size and int(np.diff(offsets).max()) > MAX_PRETOKEN_BYTES:
                 return None
-            ids, out_lens = self._ids(piece, cps, starts, lens)
+            ids, out_lens = self._ids(piece.encode("utf-8"), offsets)
             before = np.zeros(len(out_lens) + 1, dtype=np.int64)
             np.cumsum(out_lens, out=before[1:])
             at_token.append(base + before[np.searchsorted(starts, bounds, "left")])
@@ -194,24 +170,36 @@ class PretokenIds:
         ids = np.concatenate(parts) if parts else np.zeros(0, dtype=self._dtype)
         return np.insert(ids, np.concatenate(at_token), np.asarray(eot, dtype=self._dtype))
 
-    def _ids(self, piece: str, cps: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, ids per pre-token)`` of the pre-tokens ``starts``/``lens`` of ``piece``."""
+    def _ids(self, data: bytes, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, ids per pre-token)`` of the pre-tokens ``data[offsets[i]:offsets[i + 1]]``."""
+        from mygpt.tokenizers.bpe_bytes import HOT_WORDS, distinct_words
+
         with self._lock:
-            if len(self._table) > CACHE_PRETOKENS:
+            if len(self._slot) > CACHE_PRETOKENS:
                 self._reset()
-            known = len(self._table)
-            slots = self._table.slots(piece, cps, (starts, lens))
-            if len(self._table) > known:
-                self._add(self._table.words[known:])
+            ahead = 0 if self._hot is None else len(self._hot)
+            dictionary, index = distinct_words(data, offsets, self._hot)  # the hot ones come out as their slots
+            rest = dictionary.slice(ahead).to_pylist()
+            get = self._slot.get
+            slots = np.arange(ahead + len(rest), dtype=np.int64)
+            slots[ahead:] = np.fromiter((get(w, -1) for w in rest), dtype=np.int64, count=len(rest))
+            new = np.flatnonzero(slots < 0)
+            if new.size:
+                first = len(self._slot)
+                slots[new] = self._add([rest[i - ahead] for i in new.tolist()])
+                if first == ahead < HOT_WORDS:  # every known pre-token is hot: the new ones follow in slot order
+                    self._hot = dictionary.slice(0, min(HOT_WORDS, slots.size))
+            slots = slots[index]
             out_lens = self._len[slots]
             total = int(out_lens.sum())
             out_starts = np.cumsum(out_lens) - out_lens
             src = np.repeat(self._start[slots] - out_starts, out_lens) + np.arange(total)
             return self._flat[src], out_lens
 
-    def _add(self, words: list[str]) -> None:
+    def _add(self, words: list[bytes]) -> np.ndarray:
+        """Encode the new pre-tokens ``words`` and give them the next slots (returned)."""
         tokenize, to_byte_chars = self._hf.model.tokenize, _byte_chars()
-        lists = [[x.id for x in tokenize(w.encode("utf-8").decode("latin-1").translate(to_byte_chars))] for w in words]
+        lists = [[x.id for x in tokenize(w.decode("latin-1").translate(to_byte_chars))] for w in words]
         lens = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
         used = int(self._start[-1] + self._len[-1]) if self._len.size else 0
         end = used + int(lens.sum())
@@ -220,6 +208,9 @@ class PretokenIds:
         self._flat[used:end] = np.fromiter(itertools.chain.from_iterable(lists), dtype=self._dtype, count=end - used)
         self._start = np.append(self._start, used + np.cumsum(lens) - lens)
         self._len = np.append(self._len, lens)
+        first = len(self._slot)
+        self._slot.update(zip(words, range(first, first + len(words))))
+        return np.arange(first, first + len(words), dtype=np.int64)
 
 
 def check_pretokens(text: str, specials: Iterable[str], pattern: str, what: str) -> None:
@@ -334,21 +325,11 @@ class ByteBPETokenizer:
 
         return hf_tokenizer(self)
 
-    @functools.cached_property
-    def _pretoken_ids(self) -> dict[str, list[int]]:
-        """The ids of the pre-tokens encoded so far (GPT-2 pattern), for the next text; emptied past
-        :data:`CACHE_PRETOKENS`. Why: a corpus is encoded document by document, and its documents share most words."""
-        return {}
-
-    def encode_array(self, text: str, allowed_special: bool = False, threads: int | None = None) -> np.ndarray:
+    def encode_array(self, text: str, allowed_special: bool = False) -> np.ndarray:
         """The ids of ``text`` (``uint16`` while the vocabulary fits, else ``uint32``); ``allowed_special`` turns
-        the specials in it into their ids (else they are ordinary bytes); ``threads``: how many threads find the
-        pre-tokens (None: :data:`~mygpt.tokenizers.byte_bpe_pretokens.THREADS`; 1 where processes share the cores)."""
+        the specials in it into their ids (else they are ordinary bytes)."""
         check_text(text, "text to encode")
         check_pretokens(text, self.specials if allowed_special else (), self.pattern, "text to encode")
-        cache = self._pretoken_ids
-        if len(cache) > CACHE_PRETOKENS:
-            cache.clear()
         return encode_with(
             self._hf,
             text,
@@ -356,8 +337,7 @@ class ByteBPETokenizer:
             allowed_special,
             self.pattern,
             id_dtype(self.vocab_size),
-            cache=cache,
-            threads=threads,
+            cache=self._document_ids if self.pattern == "gpt2" else None,
         )
 
     @functools.cached_property
@@ -381,10 +361,10 @@ class ByteBPETokenizer:
         dtype = id_dtype(self.vocab_size)
         parts: list[np.ndarray] = []
         for a, b in zip([0, *at.tolist()], at.tolist()):
-            parts += [self.encode_array(text[a:b], threads=1), np.asarray([eot], dtype=dtype)]
+            parts += [self.encode_array(text[a:b]), np.asarray([eot], dtype=dtype)]
         tail = int(at[-1]) if at.size else 0
         if tail < len(text):
-            parts.append(self.encode_array(text[tail:], threads=1))
+            parts.append(self.encode_array(text[tail:]))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
     def encode(self, text: str):

@@ -8,27 +8,24 @@ matches follow from the class runs of the text: a run of one class is a pre-toke
 * an apostrophe that starts a pre-token and is followed by ``s d m t`` or ``ll ve re`` is a contraction (``"'s"``),
   and the letters after it start a new pre-token.
 
-Counting keeps one table of the distinct pre-tokens per thread (:class:`mygpt.tokenizers.bpe_words.WordTable`, cut by
-:func:`pretoken_spans`): each pre-token is found by a 64-bit hash and checked character by character against the
-table's copy, so a collision costs time, never a wrong count, and one string is made per distinct pre-token, not per
-piece. The text is counted in pieces cut before a space that follows a non-whitespace character, where every pattern
-here ends a pre-token; each thread takes a run of consecutive pieces. Other patterns (GPT-4's) are counted with the
-regex. :func:`distinct_pretokens` (the encoder's) tells a piece's pre-tokens apart by their hash the same way and
-falls back to the regex on a collision.
+Counting finds the pre-tokens of a piece (:func:`pretoken_spans`) and tells them apart by their UTF-8 bytes in
+Arrow's hash table (:func:`mygpt.tokenizers.bpe_bytes.count_distinct`, which compares the bytes: no collision can
+mislead it). The text is counted in pieces cut before a space that follows a non-whitespace character, where every
+pattern here ends a pre-token; each thread takes a run of consecutive pieces. Other patterns (GPT-4's) are counted
+with the regex.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 import numpy as np
 import regex
 
-from mygpt.tokenizers.bpe_words import WordTable
+from mygpt.tokenizers.bpe_bytes import add_counts, count_distinct, utf8_offsets
 from mygpt.tokenizers.byte_bpe_reference import GPT2_PATTERN
 
 __all__ = [
@@ -36,7 +33,6 @@ __all__ = [
     "THREADS",
     "classes",
     "count_pretokens",
-    "distinct_pretokens",
     "map_in_order",
     "overlong_pretoken",
     "piece_bounds",
@@ -57,9 +53,6 @@ PIECE_CHARS = 1 << 20
 #: takes about 0.9 GB, of 10 MB more than 6 GB): a text past this bound is refused, not cut, so what is trained or
 #: encoded is always exactly the text.
 MAX_PRETOKEN_BYTES = 1 << 20
-_P = np.uint64(0x9E3779B97F4A7C15)  # odd: invertible modulo 2**64
-_P_INV = np.uint64(pow(int(_P), -1, 1 << 64))
-_LEN_MIX = np.uint64(0xBF58476D1CE4E5B9)
 _CUT = regex.compile(r"\S ")  # a space after a non-whitespace character (``\s`` is the class table's whitespace)
 _CONTRACTIONS = {ord(c) for c in "sdmt"}
 _CONTRACTIONS_2 = [(ord(a), ord(b)) for a, b in ("ll", "ve", "re")]
@@ -157,28 +150,6 @@ def pretoken_starts(cps: np.ndarray, bounds: np.ndarray | None = None) -> np.nda
     return start
 
 
-_POWERS: list[np.ndarray] = []
-_POWERS_LOCK = threading.Lock()
-
-
-def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``P**j`` and ``P**-j`` modulo 2**64 for ``j < n`` (kept for the next piece; threads share them)."""
-    with _POWERS_LOCK:
-        return _grown_powers(n)
-
-
-def _grown_powers(n: int) -> tuple[np.ndarray, np.ndarray]:
-    if not _POWERS or len(_POWERS[0]) < n:
-        size = max(n, PIECE_CHARS + (PIECE_CHARS >> 3))
-        _POWERS.clear()
-        for base in (_P, _P_INV):
-            table = np.ones(size, dtype=np.uint64)
-            with np.errstate(over="ignore"):
-                np.cumprod(np.full(size - 1, base, dtype=np.uint64), out=table[1:])
-            _POWERS.append(table)
-    return _POWERS[0][:n], _POWERS[1][:n]
-
-
 def map_in_order(fn: Callable[[_T], _R], items: Iterable[_T], threads: int | None = None) -> Iterator[_R]:
     """``map(fn, items)`` on ``threads`` threads (default :data:`THREADS`), results in order, at most
     ``2 * threads`` pieces in flight (so memory stays at a few pieces' work whatever the text's size)."""
@@ -196,46 +167,6 @@ def map_in_order(fn: Callable[[_T], _R], items: Iterable[_T], threads: int | Non
             yield pending.popleft().result()
 
 
-def distinct_pretokens(piece: str) -> tuple[list[str], np.ndarray] | None:
-    """``(distinct, sequence)``: the distinct GPT-2 pre-tokens of ``piece`` and, for each pre-token in order, its
-    index in ``distinct``; ``None`` on a hash collision (the caller then falls back to the regex)."""
-    cps = _code_points(piece)
-    n = len(cps)
-    if n == 0:
-        return [], np.zeros(0, dtype=np.int64)
-    starts = np.flatnonzero(pretoken_starts(cps))
-    ends = np.append(starts[1:], n)
-    with np.errstate(over="ignore"):
-        powers, inverse = _powers(n)
-        prefix = np.zeros(n + 1, dtype=np.uint64)
-        np.cumsum(cps.astype(np.uint64) * powers, out=prefix[1:])
-        lengths = ends - starts
-        h = (prefix[ends] - prefix[starts]) * inverse[starts]  # sum of c[j] * P**(j - start)
-        h ^= lengths.astype(np.uint64) * _LEN_MIX
-    order = np.argsort(h)  # any member may stand for its group: the check below compares every one to it
-    sorted_h = h[order]
-    new_group = np.ones(len(h), dtype=bool)
-    new_group[1:] = sorted_h[1:] != sorted_h[:-1]
-    first = order[new_group]
-    group = np.empty(len(h), dtype=np.int64)
-    group[order] = np.cumsum(new_group) - 1
-    rep = first[group]  # the pre-token that stands for this one's hash
-    if not (lengths == lengths[rep]).all():
-        return None
-    src = np.arange(n) + np.repeat(starts[rep] - starts, lengths)  # each character's twin in the first pre-token
-    if not (cps == cps[src]).all():
-        return None
-    return [piece[s:e] for s, e in zip(starts[first].tolist(), ends[first].tolist())], group
-
-
-def _count_piece(piece: str) -> dict[str, int]:
-    found = distinct_pretokens(piece)
-    if found is None:  # a hash collision: count this piece plainly
-        return dict(collections.Counter(regex.findall(GPT2_PATTERN, piece)))
-    distinct, group = found
-    return dict(zip(distinct, np.bincount(group, minlength=len(distinct)).tolist()))
-
-
 def pretoken_spans(cps: np.ndarray, bounds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(starts, lengths)`` of the GPT-2 pattern's matches in the code points ``cps``; ``bounds``: where documents
     start (:func:`pretoken_starts`)."""
@@ -244,17 +175,14 @@ def pretoken_spans(cps: np.ndarray, bounds: np.ndarray | None = None) -> tuple[n
 
 
 def _count_gpt2(text: str, bounds: list[tuple[int, int]]) -> dict[str, int]:
-    """The GPT-2 pre-tokens of ``text[s:e]`` for each ``(s, e)`` of ``bounds``, counted in one table of distinct
-    pre-tokens (each found by hash and checked character by character; one string made per distinct pre-token)."""
-    table = WordTable(pretoken_spans)
-    counts = np.zeros(0, dtype=np.int64)
+    """The GPT-2 pre-tokens of ``text[s:e]`` for each ``(s, e)`` of ``bounds``, counted by their UTF-8 bytes in
+    Arrow's hash table (one string made per distinct pre-token)."""
+    total: dict[bytes, int] = {}
     for start, end in bounds:
-        slots = table.slots(text[start:end])
-        if slots.size:
-            c = np.bincount(slots, minlength=len(table))
-            c[: counts.size] += counts
-            counts = c
-    return dict(zip(table.words, counts.tolist()))
+        piece = text[start:end]
+        cps = _code_points(piece)
+        count_distinct(piece.encode("utf-8"), utf8_offsets(cps, pretoken_spans(cps)[0]), total)
+    return {t.decode("utf-8"): n for t, n in total.items()}
 
 
 def _count_pieces(texts: list[str], pattern: str, piece_chars: int = PIECE_CHARS) -> dict[str, int]:
@@ -266,10 +194,8 @@ def _count_pieces(texts: list[str], pattern: str, piece_chars: int = PIECE_CHARS
         every_piece = (piece for text in texts for piece in pieces(text, piece_chars))
         tables = map_in_order(lambda piece: collections.Counter(regex.findall(pattern, piece)), every_piece)
     total: dict[str, int] = {}
-    get = total.get
     for counts in tables:  # a few pieces at a time: memory stays near the text's
-        for tok, c in counts.items():
-            total[tok] = get(tok, 0) + c
+        add_counts(total, counts)
     return total
 
 
@@ -303,10 +229,8 @@ def count_pretokens(
     with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("spawn")) as pool:
         tables = list(pool.map(_count_pieces, shares, *args))
     total = tables[0]
-    get = total.get
     for table in tables[1:]:
-        for tok, c in table.items():
-            total[tok] = get(tok, 0) + c
+        add_counts(total, table)
     return total
 
 

@@ -229,9 +229,9 @@ def test_a_micro_batch_as_large_as_a_process_s_rows_is_unset_in_the_version(monk
 def test_bf16_on_a_cpu_without_native_bf16_warns_once(upstream, monkeypatch, caplog):
     import logging
 
-    import mygpt.device
+    import mygpt.limits
 
-    monkeypatch.setattr(mygpt.device, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(mygpt.limits, "cpu_lacks_bf16", lambda: True)
     root, _, tokenizer, shards = upstream
     settings = TINY_MODEL.model_copy(
         update={

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
-from mygpt.tokenizers.bpe_chunks import chunk_bounds, encode_chunk, iter_encode_file
+from mygpt.tokenizers.bpe_chunks import chunk_bounds, encode_chunk
 from mygpt.tokenizers.bpe_word_encoder import EncodeStats
 from mygpt.tokenizers.bpe_words import SAFE_CUT_RE
+from tests.support.bpe_words import iter_encode_file
 
 
 def _concat(parts, dtype=np.uint16):
@@ -85,18 +86,13 @@ def test_chunks_encoded_in_any_order_by_fresh_encoders_match(multibyte_file, tok
     np.testing.assert_array_equal(np.concatenate([got[i][0] for i in sorted(got)]), tok.encode_corpus(body))
 
 
-def test_tiny_chunks_and_resume(multibyte_file, tok):
+def test_tiny_chunks(multibyte_file, tok):
     path, body = multibyte_file
     small = body[:30_000]
     p2 = path.parent / "small.txt"
     p2.write_bytes(small.encode("utf-8"))
     parts = list(iter_encode_file(tok, p2, chunk_bytes=64))
     np.testing.assert_array_equal(_concat(parts), tok.encode_corpus(small))
-    # resume from chunk k: the same tail
-    k = len(parts) // 2
-    tail = list(iter_encode_file(tok, p2, chunk_bytes=64, start_chunk=k))
-    assert [p[:3] for p in tail] == [p[:3] for p in parts[k:]]
-    np.testing.assert_array_equal(_concat(tail), _concat(parts[k:]))
 
 
 def test_bounds_of_a_prefix_end_there(multibyte_file):
@@ -142,16 +138,11 @@ def test_not_utf8_names_file_and_offset(tmp_path, tok):
         encode_chunk(tok, path, 0, len(data))
 
 
-def test_error_policy_and_bad_arguments(tmp_path, tok):
+def test_error_policy(tmp_path, tok):
     path = tmp_path / "unk.txt"
     path.write_text("the cat 你好 sat", encoding="utf-8")
     with pytest.raises(UserError, match="U\\+4F60"):
         list(iter_encode_file(tok, path, unk_policy="error"))
-    for kwargs in ({"chunk_bytes": 0}, {"start_chunk": -1}, {"unk_policy": "drop"}):
-        with pytest.raises(UserError):
-            list(iter_encode_file(tok, path, **kwargs))
-    with pytest.raises(UserError, match="does not exist"):
-        list(iter_encode_file(tok, tmp_path / "missing.txt"))
 
 
 def test_byte_fallback_file_round_trip(multibyte_file, wikitext2_text):

@@ -1,20 +1,17 @@
-"""The vectorised pre-tokeniser and word table (mygpt.tokenizers.bpe_words) and the trainer's token-count shortcut,
-each proved equal to the plain computation: ``WORD_RE.findall``, ``Counter``, a real ``encode_corpus``."""
+"""The word counter (words found in the UTF-8 bytes, told apart by Arrow) and the trainer's token-count shortcut,
+each proved equal to the plain computation: ``Counter(WORD_RE.findall(...))``, a real ``encode_corpus``."""
 
 from __future__ import annotations
 
 import collections
 
-import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mygpt.tokenizers import bpe_words
 from mygpt.tokenizers.bpe import BPETokenizer
 from mygpt.tokenizers.bpe_reference import WORD_RE
 from mygpt.tokenizers.bpe_train import count_words, train_and_count_tokens
-from mygpt.tokenizers.bpe_words import WS_LIMIT, WordTable, code_points, word_spans
+from mygpt.tokenizers.bpe_words import WS_LIMIT
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # whitespace of every kind, repeated words, non-BMP characters, lone surrogates
@@ -24,35 +21,6 @@ _TEXT = st.text(st.sampled_from(list("ab \n\t\r\x0b\x0c\x1c\x85\xa0\u2028\u3000Ã
 def test_every_whitespace_character_is_below_the_table_limit():
     assert [c for c in range(WS_LIMIT, 0x110000) if chr(c).isspace()] == []
     assert chr(0x3000).isspace()
-
-
-@SETTINGS
-@given(_TEXT)
-def test_word_spans_are_findall(text):
-    starts, lens = word_spans(code_points(text))
-    assert [text[s : s + n] for s, n in zip(starts.tolist(), lens.tolist())] == WORD_RE.findall(text)
-
-
-@SETTINGS
-@given(st.lists(_TEXT, min_size=1, max_size=6))
-def test_word_table_slots_name_the_words(texts):
-    table = WordTable()
-    for text in texts:
-        slots = table.slots(text)
-        assert [table.words[k] for k in slots.tolist()] == WORD_RE.findall(text)
-    assert len(set(table.words)) == len(table.words)  # each distinct word once
-
-
-def test_hash_collisions_cost_time_never_a_wrong_word(monkeypatch, wikitext2_text):
-    """With a hash that collides all the time (8 values), the table still names every word right."""
-    real = bpe_words.word_hashes
-    monkeypatch.setattr(bpe_words, "word_hashes", lambda cps, s, n: real(cps, s, n) & np.uint64(7))
-    table = WordTable()
-    text = wikitext2_text[:40_000]
-    for piece in (text[:20_000], text[20_000:], text):
-        slots = table.slots(piece)
-        assert [table.words[k] for k in slots.tolist()] == WORD_RE.findall(piece)
-    assert len(set(table.words)) == len(table.words) > 1000
 
 
 def test_count_words_is_counter_of_findall(wikitext2_text, shakespeare_text):
@@ -96,15 +64,3 @@ def test_count_tokens_with_unknown_characters_follows_the_policy(wikitext2_text)
     assert tok.count_tokens(count_words(text)) == len(tok.encode_corpus(text))
     fb = BPETokenizer.from_corpus(wikitext2_text[:50_000], 100, byte_fallback=True)
     assert fb.count_tokens(count_words(text)) == len(fb.encode_corpus(text))
-
-
-@pytest.mark.parametrize("bits", [4, 12])
-def test_hash_index_get_and_put(bits):
-    rng = np.random.default_rng(0)
-    keys = np.unique(rng.integers(0, 2**63, 5000, dtype=np.int64).astype(np.uint64))
-    index = bpe_words.HashIndex(bits)
-    index.put(keys[:3000], np.arange(3000))
-    index.put(keys[3000:], np.arange(3000, keys.size))  # grows on the way
-    assert len(index) == keys.size
-    np.testing.assert_array_equal(index.get(keys), np.arange(keys.size))
-    assert (index.get(np.array([1, 2, 3], dtype=np.uint64)) == -1).all() or not {1, 2, 3} & set(keys.tolist())

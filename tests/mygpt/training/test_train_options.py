@@ -64,7 +64,7 @@ def test_compile_unavailable_warns_and_trains_eagerly(data, monkeypatch):
 
 @pytest.mark.parametrize("native", [False, True])
 def test_explicit_bf16_on_a_cpu_without_native_bf16_warns_once(data, monkeypatch, native):
-    monkeypatch.setattr("mygpt.device.cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr("mygpt.limits.cpu_lacks_bf16", lambda: not native)
     lines = []
     _, result = _run(data, log=lines.append, steps=6, print_every=2, precision="bf16")
     assert result.precision == "bf16" and math.isfinite(result.final_loss)
