@@ -114,9 +114,6 @@ class Versions:
     def staging_path(self, stage: str, version: str) -> Path:
         return self.files.local / self._staging_key(stage, version)
 
-    def lock_path(self, stage: str, version: str) -> Path:
-        return self.files.local / self._lock_key(stage, version)
-
     # ---- reading -----------------------------------------------------------------------------
     def read_manifest(self, stage: str, version: str) -> dict | None:
         """The manifest of the published ``stage/version``, or None when there is none or it is damaged."""
