@@ -10,8 +10,6 @@ credentials in the URL are used to download and shown nowhere. The design: docs/
 
 from __future__ import annotations
 
-import re
-
 from pydantic import Field, field_validator, model_validator
 
 from tasks.core.report import Markdown, md_code, md_row, md_text, summary_table
@@ -27,12 +25,12 @@ from tasks.corpora.writer import write_corpus
 from tasks.sources.download import MAX_ZIP_BYTES
 from tasks.sources.fetched import source_line
 from tasks.store import ArtifactStore
+from tasks.store.manifest_schema import SHA256_RE
 
 #: the corpus kinds, by ``corpus.kind``: one adapter module each
 KINDS = {source.kind: source for source in (wikitext.SOURCE, text.SOURCE, dump.SOURCE)}
 DEFAULT_URL = wikitext.DEFAULT_URL
 PINNED_BYTES = wikitext.PINNED_BYTES
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 #: a source without its own splits: the share of documents in valid and in test (by a hash of each id)
 VALID_FRACTION = 0.05
 TEST_FRACTION = 0.05
@@ -44,6 +42,7 @@ class CorpusSettings(DumpFields, Settings):
     (its adapter's ``fields``); one it does not read, given another value than its default, is refused."""
 
     URL_FIELDS = frozenset({"source_url"})
+    LATER_FIELDS = frozenset({"article_index"})
     kind: str = Field(
         "wikitext",
         description="the kind of corpus: wikitext (the wikitext-103-raw-v1 zip), or another adapter's: text (your "
@@ -104,7 +103,7 @@ class CorpusSettings(DumpFields, Settings):
     @field_validator("expected_sha256")
     @classmethod
     def _check_sha256(cls, value: str | None) -> str | None:
-        if value is not None and not _SHA256_RE.match(value.strip().lower()):
+        if value is not None and not SHA256_RE.fullmatch(value.strip().lower()):
             raise ValueError(f"expected_sha256 must be 64 hexadecimal digits (the output of sha256sum), got {value!r}")
         return value.strip().lower() if value is not None else None
 
@@ -139,15 +138,12 @@ class CorpusSettings(DumpFields, Settings):
         return self
 
     def version_params(self) -> dict:
-        """Without ``source_url``: it says where the source comes from; :func:`source_identity` says what it is. And
-        ``article_index`` only when set: a corpus without it keeps the version id it had before the setting.
+        """Without ``source_url``: it says where the source comes from; :func:`source_identity` says what it is.
         Of the others, only those the kind reads, and the kind only when not ``wikitext``: the default run keeps the
         version id it had before there were kinds."""
         reads = KINDS[self.kind].fields
         params = {k: v for k, v in super().version_params().items() if k in reads or (k == "kind" and v != "wikitext")}
         params.pop("source_url", None)
-        if not params.get("article_index"):
-            params.pop("article_index", None)
         return params
 
     def resolved(self) -> CorpusSettings:

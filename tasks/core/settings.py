@@ -42,6 +42,9 @@ class Settings(BaseModel):
     #: The fields that hold a source's address: their JSON form (version id, manifest, UI, Prefect's parameters)
     #: never carries its credentials (:func:`tasks.core.urls.stored_url`).
     URL_FIELDS: typing.ClassVar[frozenset[str]] = frozenset()
+    #: Fields added after versions were published: out of the version id while unset (null, 0, false), so a
+    #: version built without them keeps the id it had before they existed.
+    LATER_FIELDS: typing.ClassVar[frozenset[str]] = frozenset()
     _resolved: bool = PrivateAttr(False)
 
     @field_validator("*", mode="before")
@@ -126,8 +129,9 @@ class Settings(BaseModel):
         return []
 
     def version_params(self) -> dict:
-        """What this stage's version id is computed from (all fields, JSON-shaped)."""
-        return self.model_dump(mode="json")
+        """What this stage's version id is computed from (all fields, JSON-shaped; those of :data:`LATER_FIELDS`
+        only where set)."""
+        return {k: v for k, v in self.model_dump(mode="json").items() if v or k not in self.LATER_FIELDS}
 
     def progress_unit(self) -> tuple[str, float] | None:
         """``(unit, units per progress step)`` for the build's rate (``("B", 1)``); None: only the ETA."""
