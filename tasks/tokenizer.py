@@ -40,8 +40,6 @@ from tasks.sources.pretrained_tokenizer import (
     write_stats,
 )
 
-DEFAULT_CHUNK_BYTES = 8 << 20
-
 
 class TokenizerSettings(Settings):
     """Which BPE (the chapter's word-level one, the byte-level one, or a byte-level one made elsewhere), how many
@@ -210,7 +208,7 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
     t0 = time.monotonic()
     try:
         where = ctx.worker_path("corpus", train_path.name)
-        counts = count_slice(ctx, train_path, used, ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES, where)
+        counts = count_slice(ctx, train_path, used, dask_work.chunk_bytes(ctx.run), where)
     except dask_work.ClusterError:
         raise  # the cluster's, not the corpus's: its message says what to do
     except UserError as e:
