@@ -66,7 +66,7 @@ def top(profile: cProfile.Profile, n: int) -> str:
 def main(argv=None) -> int:
     from mygpt.tokenizers.bpe_chunks import chunk_bounds, encode_chunk
     from tasks.core import shard_format
-    from tasks.shards import DEFAULT_CHUNK_BYTES
+    from tasks.dask.work import DEFAULT_CHUNK_BYTES
     from tasks.tokenizer import load_tokenizer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -10,15 +10,12 @@ credentials in the URL are used to download and shown nowhere. The design: docs/
 
 from __future__ import annotations
 
-import re
-import urllib.parse
-
-from pydantic import Field, field_validator, model_serializer, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tasks.core.report import Markdown, md_code, md_row, md_text, summary_table
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
-from tasks.core.urls import address_sha256, redact_url, stored_url
+from tasks.core.urls import address_sha256, check_url, redact_url
 from tasks.corpora import text, wikitext
 from tasks.corpora.dump import adapter as dump
 from tasks.corpora.dump.settings import DumpFields
@@ -28,12 +25,12 @@ from tasks.corpora.writer import write_corpus
 from tasks.sources.download import MAX_ZIP_BYTES
 from tasks.sources.fetched import source_line
 from tasks.store import ArtifactStore
+from tasks.store.manifest_schema import SHA256_RE
 
 #: the corpus kinds, by ``corpus.kind``: one adapter module each
 KINDS = {source.kind: source for source in (wikitext.SOURCE, text.SOURCE, dump.SOURCE)}
 DEFAULT_URL = wikitext.DEFAULT_URL
 PINNED_BYTES = wikitext.PINNED_BYTES
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 #: a source without its own splits: the share of documents in valid and in test (by a hash of each id)
 VALID_FRACTION = 0.05
 TEST_FRACTION = 0.05
@@ -44,6 +41,8 @@ class CorpusSettings(DumpFields, Settings):
     """Which corpus source (``kind``), where it comes from and how it is checked. Each kind reads some of these
     (its adapter's ``fields``); one it does not read, given another value than its default, is refused."""
 
+    URL_FIELDS = frozenset({"source_url"})
+    LATER_FIELDS = frozenset({"article_index"})
     kind: str = Field(
         "wikitext",
         description="the kind of corpus: wikitext (the wikitext-103-raw-v1 zip), or another adapter's: text (your "
@@ -90,39 +89,7 @@ class CorpusSettings(DumpFields, Settings):
     @field_validator("source_url")
     @classmethod
     def _check_url(cls, url: str) -> str:
-        url = url.strip()
-        if not url:
-            raise ValueError("source_url must be an http(s):// or file:// URL of the corpus source, got ''")
-        shown = redact_url(url)
-        odd = sorted({c for c in url if c == "\\" or c.isspace() or not c.isprintable()})
-        if odd:  # parsers disagree on these (requests ends the host at a backslash, urllib.parse does not)
-            raise ValueError(
-                f"source_url {shown!r} holds {', '.join(map(repr, odd))}, which a URL cannot hold as it is; "
-                "percent-encode it (e.g. %5C for a backslash, %20 for a space)"
-            )
-        parsed = urllib.parse.urlparse(url)
-        scheme = parsed.scheme.lower()
-        try:
-            parsed.port  # noqa: B018 (raises for a port that is not a number in 0..65535)
-        except ValueError:
-            raise ValueError(f"source_url {shown!r} has a port that is not a number from 1 to 65535") from None
-        if scheme not in ("http", "https", "file"):
-            raise ValueError(
-                f"source_url {shown!r} has scheme {parsed.scheme or '(none)'!r}; use an http://, "
-                "https:// or file:// URL (for a local zip: "
-                "file:///absolute/path/to/wikitext-103-raw-v1.zip)"
-            )
-        if scheme in ("http", "https") and not parsed.hostname:
-            raise ValueError(f"source_url {shown!r} has no host; write it as {scheme}://host/path")
-        if scheme == "file":
-            if parsed.netloc not in ("", "localhost"):
-                raise ValueError(
-                    f"source_url {shown!r}: a file:// URL cannot name a host ({parsed.hostname or redact_url(url)!r}); "
-                    "use file:///absolute/path"
-                )
-            if not parsed.path.startswith("/"):
-                raise ValueError(f"source_url {shown!r}: a file:// URL needs an absolute path (file:///...)")
-        return url
+        return check_url(url, "source_url", " (for a local zip: file:///absolute/path/to/wikitext-103-raw-v1.zip)")
 
     @field_validator("expected_bytes", mode="before")
     @classmethod
@@ -136,7 +103,7 @@ class CorpusSettings(DumpFields, Settings):
     @field_validator("expected_sha256")
     @classmethod
     def _check_sha256(cls, value: str | None) -> str | None:
-        if value is not None and not _SHA256_RE.match(value.strip().lower()):
+        if value is not None and not SHA256_RE.fullmatch(value.strip().lower()):
             raise ValueError(f"expected_sha256 must be 64 hexadecimal digits (the output of sha256sum), got {value!r}")
         return value.strip().lower() if value is not None else None
 
@@ -170,24 +137,13 @@ class CorpusSettings(DumpFields, Settings):
             raise ValueError(f"corpus.kind={self.kind} needs corpus.source_url: the file, folder or URL of its text")
         return self
 
-    @model_serializer(mode="wrap")
-    def _without_credentials(self, handler, info):
-        """The JSON form (version id, manifest, UI, Prefect's parameters) never carries credentials."""
-        data = handler(self)
-        if info.mode_is_json() and "source_url" in data:
-            data["source_url"] = stored_url(data["source_url"])
-        return data
-
     def version_params(self) -> dict:
-        """Without ``source_url``: it says where the source comes from; :func:`source_identity` says what it is. And
-        ``article_index`` only when set: a corpus without it keeps the version id it had before the setting.
+        """Without ``source_url``: it says where the source comes from; :func:`source_identity` says what it is.
         Of the others, only those the kind reads, and the kind only when not ``wikitext``: the default run keeps the
         version id it had before there were kinds."""
         reads = KINDS[self.kind].fields
         params = {k: v for k, v in super().version_params().items() if k in reads or (k == "kind" and v != "wikitext")}
         params.pop("source_url", None)
-        if not params.get("article_index"):
-            params.pop("article_index", None)
         return params
 
     def resolved(self) -> CorpusSettings:

@@ -29,6 +29,8 @@ from tasks.store import MANIFEST
 class EvaluateSettings(DeviceSettings):
     """How much of the test split to evaluate; ``device``/``precision``: DeviceSettings."""
 
+    LATER_FIELDS = frozenset({"max_bytes"})
+
     max_tokens: int | None = Field(
         None,
         ge=2,
@@ -50,13 +52,6 @@ class EvaluateSettings(DeviceSettings):
                 "one (max_bytes compares models with different tokenizers over the same text)"
             )
         return self
-
-    def version_params(self) -> dict:
-        """All fields, ``max_bytes`` only when set: a version without it keeps the id it had before the field."""
-        params = super().version_params()
-        if params.get("max_bytes") is None:
-            params.pop("max_bytes", None)
-        return params
 
 
 def build_evaluate(ctx: BuildContext, settings: EvaluateSettings, corpus: Path, shards: Path, model: Path) -> dict:

@@ -104,6 +104,9 @@ class ModelSettingsBase(DeviceSettings):
     """The chapter's model (§28.6) and its training recipe. ``device``/``precision`` come from DeviceSettings;
     ``nproc``/``compile`` say how it runs on them (and, resolved, enter the version like them)."""
 
+    #: accumulating gradients (micro_batch_size) changes the weights' last bits: in the version only where set
+    LATER_FIELDS = frozenset({"micro_batch_size"})
+
     nproc: int | Literal["auto"] = Field(
         1,
         description="training processes on this node, data parallel under torchrun (NCCL on cuda, gloo on cpu); "
@@ -167,14 +170,6 @@ class ModelSettingsBase(DeviceSettings):
             )
         except UserError as e:
             raise UserError(f"model.{e}" if not str(e).startswith("the ") else f"model: {e}") from None
-
-    def version_params(self) -> dict:
-        """All fields, but ``micro_batch_size`` only where it is set: accumulating gradients changes the weights'
-        last bits, and without it a version keeps the id it had before the setting existed."""
-        params = super().version_params()
-        if params.get("micro_batch_size") == 0:
-            del params["micro_batch_size"]
-        return params
 
     def warnings(self) -> list[str]:
         from mygpt.limits import cpu_lacks_bf16, resolves_to_cpu

@@ -31,7 +31,6 @@ from tasks.dask import work as dask_work
 from tasks.sources.pretrained_tokenizer import check_specials_absent
 from tasks.tokenizer import load_tokenizer
 
-DEFAULT_CHUNK_BYTES = 8 << 20
 PROGRESS_FILE = "progress.json"
 RECORD_FORMAT = 1
 MAX_SHARD_TOKENS = 1_000_000_000  # a shard is built in memory: 2 GB of uint16 ids at this size
@@ -189,7 +188,7 @@ def build_shards(ctx: BuildContext, settings: ShardsSettings, corpus: Path, toke
     tok_ref = ctx.inputs["tokenizer"]
     tokenizer_key = f"{tok_ref['version']}.{tok_ref['build_id']}"
     dtype = shard_format.dtype_for_vocab(tok.vocab_size)
-    chunk_bytes = ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES
+    chunk_bytes = dask_work.chunk_bytes(ctx.run)
     splits = corpus_splits(ctx.store, ctx.inputs["corpus"])  # the corpus manifest's splits, in its order
     files = {s: corpus / f.text for s, f in splits.items()}  # this process cuts the chunks from these
     urls = {s: ctx.worker_path("corpus", f.text) for s, f in splits.items()}  # the workers read their ranges here

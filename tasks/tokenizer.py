@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_serializer, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe import BPETokenizer
@@ -29,7 +29,6 @@ from mygpt.tokenizers.files import load_tokenizer_file
 from tasks.core.report import Markdown, md_code, md_text, number, summary_table
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
-from tasks.core.urls import stored_url
 from tasks.corpora.splits import TRAIN, corpus_splits
 from tasks.dask import work as dask_work
 from tasks.sources.pretrained_tokenizer import (
@@ -41,13 +40,12 @@ from tasks.sources.pretrained_tokenizer import (
     write_stats,
 )
 
-DEFAULT_CHUNK_BYTES = 8 << 20
-
 
 class TokenizerSettings(Settings):
     """Which BPE (the chapter's word-level one, the byte-level one, or a byte-level one made elsewhere), how many
     merges, from how much text."""
 
+    URL_FIELDS = frozenset({"source"})
     kind: Literal["chapter", "byte", "pretrained"] = Field(
         "chapter",
         description="chapter: the chapter's word-level BPE; byte: GPT-2's byte-level BPE (any text encodes, "
@@ -93,14 +91,6 @@ class TokenizerSettings(Settings):
                 f"kind=pretrained, or leave source out to train the {self.kind} kind"
             )
         return self
-
-    @model_serializer(mode="wrap")
-    def _without_credentials(self, handler, info):
-        """The JSON form (logs, UI, Prefect's parameters) never carries credentials of ``source``."""
-        data = handler(self)
-        if info.mode_is_json() and data.get("source"):
-            data["source"] = stored_url(data["source"])
-        return data
 
     def warnings(self) -> list[str]:
         """For ``kind=pretrained``, each field that only the trained kinds use (``num_merges``, ``pattern``) given
@@ -218,7 +208,7 @@ def build_tokenizer(ctx: BuildContext, settings: TokenizerSettings, corpus: Path
     t0 = time.monotonic()
     try:
         where = ctx.worker_path("corpus", train_path.name)
-        counts = count_slice(ctx, train_path, used, ctx.run.chunk_bytes or DEFAULT_CHUNK_BYTES, where)
+        counts = count_slice(ctx, train_path, used, dask_work.chunk_bytes(ctx.run), where)
     except dask_work.ClusterError:
         raise  # the cluster's, not the corpus's: its message says what to do
     except UserError as e:

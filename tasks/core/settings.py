@@ -23,10 +23,12 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
 from mygpt.errors import UserError
+from tasks.core.urls import stored_url
 
 
 class Settings(BaseModel):
@@ -37,6 +39,12 @@ class Settings(BaseModel):
     #: The fields that hold free text (a prompt), where a tab or a newline may be meant; every other string is a
     #: path, URL or name, where no control character is.
     TEXT_FIELDS: typing.ClassVar[frozenset[str]] = frozenset()
+    #: The fields that hold a source's address: their JSON form (version id, manifest, UI, Prefect's parameters)
+    #: never carries its credentials (:func:`tasks.core.urls.stored_url`).
+    URL_FIELDS: typing.ClassVar[frozenset[str]] = frozenset()
+    #: Fields added after versions were published: out of the version id while unset (null, 0, false), so a
+    #: version built without them keeps the id it had before they existed.
+    LATER_FIELDS: typing.ClassVar[frozenset[str]] = frozenset()
     _resolved: bool = PrivateAttr(False)
 
     @field_validator("*", mode="before")
@@ -60,6 +68,14 @@ class Settings(BaseModel):
                 what = "a control character" if found else "an invisible, bidi-control or line-separator character"
                 raise ValueError(f"{field} holds {what} {where}, which no path, URL or name has; remove it")
         return value
+
+    @model_serializer(mode="wrap")
+    def _without_credentials(self, handler, info):
+        data = handler(self)
+        if info.mode_is_json():
+            for name in self.URL_FIELDS & data.keys():
+                data[name] = data[name] and stored_url(data[name])
+        return data
 
     @classmethod
     def parse(cls, value: Any, name: str = "") -> typing.Self:
@@ -113,8 +129,9 @@ class Settings(BaseModel):
         return []
 
     def version_params(self) -> dict:
-        """What this stage's version id is computed from (all fields, JSON-shaped)."""
-        return self.model_dump(mode="json")
+        """What this stage's version id is computed from (all fields, JSON-shaped; those of :data:`LATER_FIELDS`
+        only where set)."""
+        return {k: v for k, v in self.model_dump(mode="json").items() if v or k not in self.LATER_FIELDS}
 
     def progress_unit(self) -> tuple[str, float] | None:
         """``(unit, units per progress step)`` for the build's rate (``("B", 1)``); None: only the ETA."""

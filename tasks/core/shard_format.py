@@ -117,13 +117,6 @@ def shard_tokens_in(path: str | os.PathLike) -> int:
     return pq.ParquetFile(path).metadata.num_rows
 
 
-def shard_dtype(path: str | os.PathLike) -> np.dtype:
-    import pyarrow.parquet as pq
-
-    arrow = pq.read_schema(path).field(COLUMN).type
-    return np.dtype(arrow.to_pandas_dtype())
-
-
 def read_shard(path: str | os.PathLike) -> np.ndarray:
     """A shard's token ids as a 1-D numpy array (uint16 or uint32), read batch by batch (``pq.read_table`` would
     import pandas)."""
@@ -158,31 +151,6 @@ def shard_paths(shards_dir: str | os.PathLike, split: str) -> list[Path]:
             "the version is incomplete: rebuild the shards stage"
         )
     return [found[i] for i in sorted(found)]
-
-
-def materialize_tokens(shards_dir: str | os.PathLike, split: str, dest: str | os.PathLike) -> np.ndarray:
-    """A split's ids in one flat native-order file ``dest`` (written atomically unless it has the right size),
-    memory-mapped read-only; an empty split gives an empty array (an empty file cannot be mapped)."""
-    paths = shard_paths(shards_dir, split)
-    dtype = shard_dtype(paths[0])
-    total = 0
-    for p in paths:
-        if shard_dtype(p) != dtype:
-            raise UserError(f"{p} has token type {shard_dtype(p)}, {paths[0].name} has {dtype}; rebuild the shards")
-        total += shard_tokens_in(p)
-    if total == 0:
-        return np.zeros(0, dtype)
-    dest = Path(dest)
-    want = total * dtype.itemsize
-    if not (dest.is_file() and dest.stat().st_size == want):
-        written = 0
-        with atomic_open(dest, "wb") as f:
-            for p in paths:
-                written += _write_flat(p, dtype, f)
-        if written != total:  # pragma: no cover - footer and data disagree
-            dest.unlink(missing_ok=True)
-            raise UserError(f"shards in {shards_dir} hold {written} {split} tokens, their footers say {total}")
-    return np.memmap(dest, dtype=dtype, mode="r", shape=(total,))
 
 
 def _write_flat(path, dtype: np.dtype, f, name: object = None) -> int:

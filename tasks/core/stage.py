@@ -181,7 +181,7 @@ class Stage:
     chart: Callable[[list], str] | None = None  # versions -> a markdown chart atop this stage's comparison
     shared_flat: tuple[str, ...] = ()  # fields a flat name (``--param seed=``) sets here and in other stages
     tiny: dict = field(default_factory=dict, compare=False)  # this stage's part of the tiny preset
-    #: Inputs the build reads file by file as it needs them (``ctx.store.fetch_file``), never copied whole first.
+    #: Inputs the build reads file by file as it needs them (``ctx.store.fetch_bytes``), never copied whole first.
     streamed: tuple[str, ...] = ()
     #: The stage's Prefect task, bound by :func:`stage_task`: ``task(*inputs, settings, run) -> StageRef``.
     task: Any = field(default=None, init=False, compare=False, repr=False)

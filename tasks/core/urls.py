@@ -177,6 +177,42 @@ def stored_url(url: str) -> str:
     return url if _REVEAL_URL.get() else redact_url(url)
 
 
+def check_url(url: str, field: str, scheme_hint: str = "") -> str:
+    """``url`` (stripped) when it is an ``http(s)://`` URL with a host or a ``file:///absolute/path``, else
+    ``ValueError`` naming ``field`` and what to give (``scheme_hint``: what a wrong scheme's message adds). The one
+    check of a source's address, shown redacted."""
+    url, shown = url.strip(), redact_url(url.strip())
+    if not url:
+        raise ValueError(f"{field} must be an http(s):// or file:// URL of the source, got ''")
+    odd = sorted({c for c in url if c == "\\" or c.isspace() or not c.isprintable()})
+    if odd:  # parsers disagree on these (requests ends the host at a backslash, urllib.parse does not)
+        raise ValueError(
+            f"{field} {shown!r} holds {', '.join(map(repr, odd))}, which a URL cannot hold as it is; "
+            "percent-encode it (e.g. %5C for a backslash, %20 for a space)"
+        )
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        parsed.port  # noqa: B018 (raises for a port that is not a number in 0..65535)
+    except ValueError:
+        raise ValueError(f"{field} {shown!r} has a port that is not a number from 1 to 65535") from None
+    scheme = parsed.scheme.lower()
+    if scheme not in ("http", "https", "file"):
+        raise ValueError(
+            f"{field} {shown!r} has scheme {parsed.scheme or '(none)'!r}; use an http://, https:// or file:// URL"
+            + scheme_hint
+        )
+    if scheme != "file" and not parsed.hostname:
+        raise ValueError(f"{field} {shown!r} has no host; write it as {scheme}://host/path")
+    if scheme == "file" and parsed.netloc not in ("", "localhost"):
+        raise ValueError(
+            f"{field} {shown!r}: a file:// URL cannot name a host ({parsed.hostname or shown!r}); "
+            "use file:///absolute/path"
+        )
+    if scheme == "file" and not parsed.path.startswith("/"):
+        raise ValueError(f"{field} {shown!r}: a file:// URL needs an absolute path (file:///...)")
+    return url
+
+
 def file_path(url: str) -> Path:
     """The local path a ``file://`` URL names."""
     return Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))

@@ -8,13 +8,11 @@ from __future__ import annotations
 import contextlib
 import zipfile
 from collections.abc import Iterator
-from pathlib import Path
 
 from mygpt.errors import UserError
-from tasks.corpora.header_strip import BLOCK_CHARS
 from tasks.corpora.source import Document, SourceContext
 from tasks.corpora.unzip import check_members, member_utf8, open_zip
-from tasks.corpora.writer import ZIP_DAMAGED, Hashed, SplitStream, write_splits
+from tasks.corpora.writer import ZIP_DAMAGED, SplitStream
 from tasks.sources.allowed import WIKITEXT_103_URL
 from tasks.sources.fetched import fetched_file
 from tasks.sources.identity import fetched_identity
@@ -77,34 +75,6 @@ def zip_streams(zf: zipfile.ZipFile, source: str) -> list[SplitStream]:
         )
         for split, member in MEMBERS.items()
     ]
-
-
-def extract_zip(
-    zip_path: Path,
-    out_dir: Path,
-    *,
-    source: str,
-    progress=None,
-    block_chars: int = BLOCK_CHARS,
-    article_index: bool = False,
-    hashed: Hashed | None = None,
-) -> dict:
-    """The zip at ``zip_path`` (checked) through the writer into ``out_dir``: what the stage's build does once the
-    zip is fetched (its metrics: ``splits`` and ``split_files``)."""
-    check_members(zip_path, source, MEMBERS.values())
-    with open_zip(zip_path, source) as zf:
-        streams = zip_streams(zf, source)
-        return write_splits(
-            streams,
-            out_dir,
-            raw_total=sum(s.raw_bytes for s in streams),
-            progress=progress,
-            block_chars=block_chars,
-            article_index=article_index,
-            hashed=hashed,
-            damaged=ZIP_DAMAGED,
-            damaged_hint=DAMAGED_HINT,
-        )
 
 
 SOURCE = WikitextSource()

@@ -21,6 +21,7 @@ from typing import Any
 
 from mygpt.errors import UserError
 
+DEFAULT_CHUNK_BYTES = 8 << 20  # bytes of text per chunk unless run.chunk_bytes says otherwise
 CONNECT_TIMEOUT_S = 10  # how long to try to reach run.dask_address before giving up
 SCHEMES = ("tcp", "tls")  # the Dask protocols dask_address may name (none = tcp)
 TLS_SETTINGS = (
@@ -42,6 +43,11 @@ def default_workers() -> int:
 def local_workers(run) -> int:
     """How many workers ``run``'s local cluster has."""
     return run.workers or default_workers()
+
+
+def chunk_bytes(run) -> int:
+    """How many bytes of text ``run``'s chunks hold (the tokenizer's word counts, the shards' encoding)."""
+    return run.chunk_bytes or DEFAULT_CHUNK_BYTES
 
 
 # ---- what the workers run ------------------------------------------------------------------------------
@@ -165,14 +171,6 @@ def _security() -> Any:
     return Security()
 
 
-@contextlib.contextmanager
-def _quiet_distributed() -> Iterator[None]:
-    """``distributed``'s INFO lines (cluster start and stop, every connection: a few dozen a stage) out of the log;
-    its warnings and errors still show."""
-    with _raised_level("distributed", logging.WARNING):
-        yield
-
-
 _LEVELS_LOCK = threading.Lock()
 _RAISED: dict[str, list[int]] = {}  # logger name -> [blocks holding it raised, the level to restore]
 
@@ -204,7 +202,8 @@ def dask_client(run, log, *, needs: Iterable[str] = ()) -> Iterator[Any]:
     must read (checked up front on an existing cluster)."""
     from distributed import Client
 
-    with _quiet_distributed():
+    # distributed's INFO lines (cluster start and stop, every connection: a few dozen a stage) out of the log
+    with _raised_level("distributed", logging.WARNING):
         if run.dask_address:
             client = _connect(run.dask_address)
             try:

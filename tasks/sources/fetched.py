@@ -70,13 +70,9 @@ def check_fetched(path: Path, settings: FetchedSource, *, ours: bool) -> tuple[i
             "if you trust it"
         )
     sha = sha256_file(path)
-    if settings.expected_sha256 and sha != settings.expected_sha256:
-        if ours:
-            path.unlink(missing_ok=True)
-        raise UserError(
-            f"{shown} has sha256 {sha} but expected_sha256 is {settings.expected_sha256}; check "
-            "source_url, or pass the right expected_sha256"
-        )
+    if ours and settings.expected_sha256 and sha != settings.expected_sha256:
+        path.unlink(missing_ok=True)
+    checked({"sha256": sha}, settings)
     return size, sha
 
 

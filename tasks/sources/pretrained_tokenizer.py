@@ -17,7 +17,6 @@ import hashlib
 import os
 import re
 import time
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from mygpt.errors import UserError
 from mygpt.regular_files import open_regular
 from mygpt.tokenizers.byte_bpe import DEFAULT_SPECIALS, ByteBPETokenizer
 from tasks.core.stage import Stage
-from tasks.core.urls import address_sha256, file_path, redact_text, redact_url
+from tasks.core.urls import address_sha256, check_url, file_path, redact_text, redact_url
 from tasks.sources.allowed import RedirectRefused
 from tasks.sources.download import DeadlinePassed, SourceMissing, SourceUnreachable, TooBig, probe
 from tasks.sources.downloads_gc import untouched_files
@@ -59,19 +58,7 @@ def check_source(value: str) -> str:
                 "file:///absolute/path/tokenizer.json or an http(s):// URL"
             )
         return value
-    try:
-        parsed = urllib.parse.urlsplit(value)
-        parsed.port  # noqa: B018 (raises for a port that is not a number)
-    except ValueError:
-        raise ValueError(f"source {shown!r} is not a valid URL (its host or port); fix it") from None
-    scheme = parsed.scheme.lower()
-    if scheme not in ("http", "https", "file"):
-        raise ValueError(f"source {shown!r} has scheme {parsed.scheme!r}; use an http://, https:// or file:// URL")
-    if scheme != "file" and not parsed.hostname:
-        raise ValueError(f"source {shown!r} has no host; write it as {scheme}://host/path")
-    if scheme == "file" and (parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/")):
-        raise ValueError(f"source {shown!r}: a file:// URL names no host and an absolute path (file:///...)")
-    return value
+    return check_url(value, "source")
 
 
 def source_url(source: str) -> str:

@@ -7,15 +7,13 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from mygpt.atomic import atomic_write_text
 from tasks.store import canonical_json
-
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+from tasks.store.manifest_schema import SHA256_RE
 
 
 def trusted(validators: dict) -> bool:
@@ -40,7 +38,7 @@ class SourceIndex:
             entry = json.loads(self._path(key).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        if not isinstance(entry, dict) or entry.get("key") != key or not _SHA256_RE.match(str(entry.get("sha256"))):
+        if not isinstance(entry, dict) or entry.get("key") != key or not SHA256_RE.fullmatch(str(entry.get("sha256"))):
             return None
         return {"sha256": entry["sha256"], "bytes": entry.get("bytes")}
 
@@ -65,7 +63,7 @@ class SourceIndex:
         return {
             sha: float(t)
             for sha, t in found["served"].items()
-            if _SHA256_RE.match(str(sha)) and isinstance(t, int | float)
+            if SHA256_RE.fullmatch(str(sha)) and isinstance(t, int | float)
         }
 
     def mark_served(self, address: str, sha256: str, forget: bool = False) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from mygpt.atomic import atomic_write_text, sha256_file
 from mygpt.errors import UserError
 from tasks.store.files import FILES_UNDER, MANIFEST, MAX_MANIFEST_BYTES
+from tasks.store.manifest_schema import CREATED_AT_FORMAT
 from tasks.store.versions import Versions
 
 MANIFEST_FORMAT = 1
@@ -148,7 +149,7 @@ class Build:
             "files": files,
             "metrics": metrics or {},
             "timings": timings or {},
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "created_at": time.strftime(CREATED_AT_FORMAT, time.gmtime()),
             "host": socket.gethostname(),
             **({FILES_UNDER: under} if under else {}),
             **(extra or {}),

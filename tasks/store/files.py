@@ -117,7 +117,7 @@ class Files(Protocol):
 
     def fetch(self, key: str, dest: Path) -> Path:
         """A local file holding the object ``key``: on a directory root the file itself, on an object store a
-        download to ``dest`` (the caller's to delete). Unchecked: ``Versions.fetch_file`` checks it."""
+        download to ``dest`` (the caller's to delete). Unchecked: ``Versions.fetch_bytes`` checks it."""
         ...
 
     def local_copy(self, key: str, full: bool = False) -> Path:

@@ -64,17 +64,18 @@ class ObjectFiles:
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
-        """A failure of the object store as a ``UserError`` naming the root and ``what``; a FileNotFoundError
-        passes (an object that is not there) unless it is the bucket's."""
+        """A failure of the object store as a ``UserError`` naming the root and ``what`` (a missing bucket's:
+        :meth:`_missing_bucket`); a FileNotFoundError passes (an object that is not there) unless it is the
+        bucket's."""
         try:
             yield
-        except FileNotFoundError as exc:
-            if no_bucket(exc):
-                raise self._missing_bucket(what) from None
-            raise
         except UserError:
             raise
         except Exception as exc:
+            if no_bucket(exc):
+                raise self._missing_bucket(what) from None
+            if isinstance(exc, FileNotFoundError):
+                raise
             why = scrub(str(exc))
             raise UserError(
                 f"the artifact store {self.display} failed while {what}: {type(exc).__name__}: {why}. Check the "
@@ -445,24 +446,15 @@ class ObjectFiles:
         """Whether no object at all lies under the root (one request, whatever the root holds)."""
         prefix = f"{self.prefix.strip('/')}/" if self.prefix.strip("/") else ""
         with self._errors("listing the root"):
-            try:
-                return not self._call("list_objects_v2", Prefix=prefix, MaxKeys=1).get("Contents")
-            except OSError as exc:
-                if no_bucket(exc):
-                    raise self._missing_bucket("listing the root") from None
-                raise
+            return not self._call("list_objects_v2", Prefix=prefix, MaxKeys=1).get("Contents")
 
     def check_bucket(self) -> None:
         """``UserError`` naming the bucket when it does not exist (its listing would read as empty)."""
         with self._errors("looking for the bucket"):
             try:
                 self._call("head_bucket")
-            except FileNotFoundError:
+            except FileNotFoundError:  # a HEAD's 404 carries no error code
                 raise self._missing_bucket("looking for the bucket") from None
-            except OSError as exc:
-                if no_bucket(exc):
-                    raise self._missing_bucket("looking for the bucket") from None
-                raise
 
 
 def abort_unfinished(files: Any, folder: str, still_held: Callable[[], None] | None = None) -> int:

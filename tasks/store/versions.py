@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mygpt.atomic import sha256_file
 from mygpt.errors import UserError
 from tasks.store.files import MANIFEST, UnreadableManifest, files_prefix, parse_manifest, safe_rel
 from tasks.store.layout import STAGE_NAME_RE, VERSION_RE
@@ -114,9 +113,6 @@ class Versions:
     def staging_path(self, stage: str, version: str) -> Path:
         return self.files.local / self._staging_key(stage, version)
 
-    def lock_path(self, stage: str, version: str) -> Path:
-        return self.files.local / self._lock_key(stage, version)
-
     # ---- reading -----------------------------------------------------------------------------
     def read_manifest(self, stage: str, version: str) -> dict | None:
         """The manifest of the published ``stage/version``, or None when there is none or it is damaged."""
@@ -208,37 +204,12 @@ class Versions:
             raise UserError(f"{self.location(stage, version)}: its manifest does not say where {rel!r} lies")
         return self.files.where(f"{self._version_key(stage, version)}/{prefix}{rel}")
 
-    def fetch_file(self, stage: str, version: str, rel: str, folder: Path, manifest: dict | None = None) -> Path:
-        """A local file holding the file ``rel`` of the published ``stage/version``, checked against its size and
-        sha256 in the manifest before anyone reads it: the published file itself on a directory root, a download
-        into ``folder`` on an object store (the caller deletes it once read). ``UserError`` naming the file when
-        it does not match (it was changed after publication): training must never read a damaged shard.
-        ``manifest``: the version's, where the caller has it (one read for many files). A reader that must be
-        sure it reads the checked bytes (a directory root's file may change after the check) uses
-        :meth:`fetch_bytes`."""
-        key, meta, manifest = self._file_key(stage, version, rel, manifest)
-        folder.mkdir(parents=True, exist_ok=True)
-        dest = folder / f".{Path(rel).name}.{uuid.uuid4().hex[:8]}.part"
-        cached = self._from_cache(stage, version, rel, manifest, meta)
-        if cached is not None:
-            dest.write_bytes(cached)
-            return dest
-        local = self.files.fetch(key, dest)
-        try:
-            size = local.stat().st_size
-            problem = self._mismatch(meta, size, lambda: sha256_file(local))
-        except OSError as exc:
-            problem = f"it cannot be read ({exc.strerror or exc})"
-        if problem and self.remote:
-            local.unlink(missing_ok=True)
-        self._refuse(stage, version, key, problem)
-        return local
-
     def fetch_bytes(self, stage: str, version: str, rel: str, folder: Path, manifest: dict | None = None) -> bytes:
         """The bytes of the file ``rel`` of the published ``stage/version``, read once and checked against its
-        size and sha256 in the manifest (see :meth:`fetch_file`): what the caller gets is exactly what was
-        hashed, so a change to the file after the check cannot reach it. ``folder``: where an object store's
-        download goes (deleted here)."""
+        size and sha256 in the manifest before anyone reads them: what the caller gets is exactly what was hashed,
+        so a change to the file after the check cannot reach it; ``UserError`` naming the file when it does not
+        match (training must never read a damaged shard). ``manifest``: the version's, where the caller has it
+        (one read for many files); ``folder``: where an object store's download goes (deleted here)."""
         key, meta, manifest = self._file_key(stage, version, rel, manifest)
         cached = self._from_cache(stage, version, rel, manifest, meta)
         if cached is not None:

@@ -67,8 +67,8 @@ def _index(store, shards) -> dict:
     import json
 
     manifest = store.get("shards", shards["version"]).manifest
-    local = store.fetch_file("shards", shards["version"], "shards.json", Path(store.files.local) / "t", manifest)
-    return json.loads(local.read_text())
+    folder = Path(store.files.local) / "t"
+    return json.loads(store.fetch_bytes("shards", shards["version"], "shards.json", folder, manifest))
 
 
 def _train_shards(store, shards) -> list[dict]:

@@ -224,21 +224,6 @@ def test_missing_characters_are_the_chapters_analysis(inputs, baseline):
     assert "missing from the tokenizer's alphabet" in E.STAGE.report(manifest(baseline))
 
 
-def test_materialize_tokens(baseline, tmp_path):
-    out = Path(baseline["path"])
-    dest = tmp_path / "train.bin"
-    mm = SF.materialize_tokens(out, "train", dest)
-    assert isinstance(mm, np.memmap) and mm.dtype == np.uint16 and not mm.flags.writeable
-    assert np.array_equal(mm, np.concatenate([SF.read_shard(p) for p in SF.shard_paths(out, "train")]))
-    assert dest.stat().st_size == mm.size * 2
-    stamp = (dest.stat().st_ino, dest.stat().st_mtime_ns)
-    again = SF.materialize_tokens(out, "train", dest)
-    assert (dest.stat().st_ino, dest.stat().st_mtime_ns) == stamp and np.array_equal(again, mm)
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-    with pytest.raises(UserError, match="no test shards"):
-        SF.materialize_tokens(tmp_path, "test", tmp_path / "x.bin")
-
-
 def test_unk_policy_error_names_the_characters(inputs, tmp_path):
     _, corpus, tokenizer = same_inputs_under(inputs, tmp_path / "art")
     with pytest.raises(UserError, match=r"wiki\.train\.txt: .*characters not in the tokenizer's vocabulary"):
@@ -256,7 +241,6 @@ def test_empty_split_gets_one_empty_shard_and_vocab_dtype(tmp_path):
     ref = stages.shards(root, corpus, tokenizer, shard_tokens=40, run={"workers": 1})
     paths = SF.shard_paths(ref["path"], "valid")
     assert [p.name for p in paths] == ["valid-00000.parquet"] and SF.read_shard(paths[0]).size == 0
-    assert SF.materialize_tokens(ref["path"], "valid", tmp_path / "v.bin").size == 0
     sizes = [SF.read_shard(p).size for p in SF.shard_paths(ref["path"], "train")]
     assert len(sizes) > 2 and set(sizes[:-1]) == {40} and 1 <= sizes[-1] <= 40
 
@@ -289,8 +273,8 @@ def test_a_shard_with_nulls_or_of_another_type_is_refused_naming_it(tmp_path, va
     want += "(run with --force shards)"
     with pytest.raises(UserError) as read:
         SF.read_shard(path)
-    with pytest.raises(UserError) as flat:
-        SF.materialize_tokens(tmp_path, "train", tmp_path / "train.bin")
+    with pytest.raises(UserError) as flat:  # training's reader: the column's own type, so the dtype check passes
+        SF.flatten_shard(path, tmp_path / "train.bin", pq.read_schema(path).field(SF.COLUMN).type.to_pandas_dtype(), 3)
     assert str(read.value) == str(flat.value) == want
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train-00000.parquet"]
 

@@ -14,10 +14,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mygpt.errors import UserError
-from tasks.corpora.unzip import read_ahead, utf8_pieces
-from tasks.corpora.wikitext import extract_zip as extract_corpus
+from tasks.corpora.unzip import check_members, open_zip, read_ahead, utf8_pieces
+from tasks.corpora.wikitext import DAMAGED_HINT, MEMBERS, zip_streams
+from tasks.corpora.writer import ZIP_DAMAGED, write_splits
 from tests.support import zips
 from tests.support.corpus_runs import CHAPTER_RE
+
+
+def extract_corpus(zip_path, out_dir, *, source: str, **options) -> dict:
+    """The zip at ``zip_path`` (checked) through the writer into ``out_dir``: what the corpus stage's build does
+    once the zip is fetched (its metrics: ``splits`` and ``split_files``)."""
+    check_members(zip_path, source, MEMBERS.values())
+    with open_zip(zip_path, source) as zf:
+        streams = zip_streams(zf, source)
+        raw = sum(s.raw_bytes for s in streams)
+        return write_splits(streams, out_dir, raw_total=raw, damaged=ZIP_DAMAGED, damaged_hint=DAMAGED_HINT, **options)
 
 
 def joined_splits_of(out, m) -> bytes:

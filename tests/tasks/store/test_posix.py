@@ -48,7 +48,7 @@ def test_a_second_builder_really_waits_until_the_first_releases(tmp_path):
         # the kernel shows the second process blocked on our lock file (a lock that never blocks shows no waiter
         # and lets the second one in while "first-holds" still exists)
         wait_for(
-            lambda: _flock_waiters(store.lock_path("corpus", "v1")) or second.poll() is not None,
+            lambda: _flock_waiters(store.files.path(store._lock_key("corpus", "v1"))) or second.poll() is not None,
             "the second builder to block on the lock",
         )
         holding.unlink()
@@ -71,7 +71,7 @@ def test_a_builder_that_locked_a_file_gc_deleted_starts_over(tmp_path):
     thread = threading.Thread(target=builder)
     with store.try_lock("corpus", "v1") as taken:  # gc collecting corpus/v1
         assert taken
-        path = store.lock_path("corpus", "v1")
+        path = store.files.path(store._lock_key("corpus", "v1"))
         old_inode = os.stat(path).st_ino
         thread.start()
         wait_for(lambda: _flock_waiters(path), "the builder to block on the old lock file")
