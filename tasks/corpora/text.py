@@ -23,6 +23,9 @@ from tasks.sources.fetched import checked, fetched_file
 from tasks.sources.identity import fetched_identity
 
 _TITLE_RE = re.compile(r"^ = ([^=].*?) = $")
+#: what the reading makes of a file's bytes; a change to it is a new number (a new version): 2, a leading byte order
+#: mark is not text
+READING_VERSION = 2
 
 
 class TextSource:
@@ -34,11 +37,12 @@ class TextSource:
         if folder is None:  # the name too (its sha256: a URL's last segment may be a token), as it is the
             # documents' doc_id, which picks their splits
             name_sha256 = hashlib.sha256(_file_name(settings).encode("utf-8")).hexdigest()
-            return {**fetched_identity(settings, ctx.store, ctx.log, ctx.stage), "name_sha256": name_sha256}
+            identity = fetched_identity(settings, ctx.store, ctx.log, ctx.stage)
+            return {**identity, "name_sha256": name_sha256, "reading": READING_VERSION}
         listing = _listing(folder, settings, ctx.store)
         digest = _digest(listing)
         total = sum((folder / rel).stat().st_size for rel, _ in listing)
-        return checked({"sha256": digest, "bytes": total, "files": len(listing)}, settings)
+        return checked({"sha256": digest, "bytes": total, "files": len(listing), "reading": READING_VERSION}, settings)
 
     def documents(self, settings, ctx) -> Iterator[Document]:
         folder = _folder(settings)
@@ -143,12 +147,13 @@ def _changed(shown: str) -> str:
 
 def _read(path: Path, shown: str, sha256: str) -> str:
     """The text of ``path``, whose bytes must be the ones named by ``sha256`` (hashed when the version was named:
-    a file rewritten since would give a version other bytes than its id names)."""
+    a file rewritten since would give a version other bytes than its id names); a leading UTF-8 byte order mark
+    (which Windows editors write) is not text."""
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != sha256:
         raise UserError(_changed(shown))
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise UserError(
             f"{path.name} of {shown} is not valid UTF-8 (byte {e.object[e.start]:#04x} at offset {e.start:,}); "

@@ -194,11 +194,6 @@ def test_a_folder_that_holds_the_artifact_root_is_refused(tmp_path):
     assert stages_corpus(tmp_path / "elsewhere", folder.as_uri())["version"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a UTF-8 byte order mark (Windows editors write one) is kept as text, so the first ' = Title = ' line is "
-    "not seen as a title: it and the BOM stay in the corpus text",
-)
 def test_a_byte_order_mark_is_not_text(tmp_path):
     from tests.support.corpus_runs import metrics
 
