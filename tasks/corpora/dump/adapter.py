@@ -26,7 +26,7 @@ from tasks.corpora.dump.extract import Progress, RangeResult, extract_range, ext
 from tasks.corpora.dump.index import StreamIndex, read_index
 from tasks.corpora.dump.names import DumpNames, dump_names, sha1_from_sums, short_form_url
 from tasks.corpora.dump.pages import DumpError, SiteInfo, parse_header
-from tasks.corpora.dump.streams import STREAMS_PER_RANGE, StreamRange, decompressed_streams, stream_ranges
+from tasks.corpora.dump.streams import StreamRange, decompressed_streams, stream_ranges
 from tasks.corpora.dump.wikitext import SiteNames
 from tasks.corpora.source import Document
 
@@ -50,14 +50,14 @@ class LocalDump:
 
 class DumpSource:
     """The adapter (``tasks.corpora.source.CorpusSource``). ``streams_per_range`` is how many bz2 streams one
-    worker task (and one checkpoint) holds: any value gives the same documents."""
+    worker task (and one checkpoint) holds (None: ``streams.range_size``): any value gives the same documents."""
 
     kind = "dump"
     fields = frozenset(
         {"source_url", "expected_sha1", "wiki", "dump_date", "article_index", "valid_fraction", "test_fraction"}
     )
 
-    def __init__(self, streams_per_range: int = STREAMS_PER_RANGE) -> None:
+    def __init__(self, streams_per_range: int | None = None) -> None:
         self.streams_per_range = streams_per_range
 
     # ---- what the bytes are ------------------------------------------------------------------------------------
@@ -87,18 +87,20 @@ class DumpSource:
         n = len(local.index.offsets)
         starts = {r.number: local.index.offsets[r.first : r.first + r.count] for r in ranges}
 
+        def args(item: tuple[int, int, int]) -> tuple:
+            return dump, item[1], item[2], starts[item[0]], item[2] == total, site, where
+
         def run_ranges(todo: list[StreamRange]) -> Iterator[str]:
             from tasks.dask.work import dask_client, local_workers, ordered_results
 
             items = [(r.number, r.start, r.end) for r in todo]
+            if ctx.run.dask_address is None and min(local_workers(ctx.run), len(items)) == 1:
+                # one process would do (one local worker, or one range left): no cluster to start
+                yield from (extract_range(*args(item)) for item in items)
+                return
             with dask_client(ctx.run, ctx.log) as client:
                 for _, text in ordered_results(
-                    client,
-                    extract_range,
-                    items,
-                    lambda item: (dump, item[1], item[2], starts[item[0]], item[2] == total, site, where),
-                    window=2 * local_workers(ctx.run),
-                    name="dump-extract",
+                    client, extract_range, items, args, window=2 * local_workers(ctx.run), name="dump-extract"
                 ):
                     yield text
 
