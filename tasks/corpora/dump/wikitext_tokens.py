@@ -15,7 +15,6 @@ from mwparserfromhell.parser._tokenizer import CTokenizer
 
 from tasks.corpora.dump.wikitext_rules import DROPPED_TAGS, LINE_TAGS, SiteNames, heading_line, link_shown
 
-_TOKENIZER = CTokenizer()
 _TEXT = T.Text
 
 
@@ -25,7 +24,9 @@ class Unexpected(Exception):
 
 def walk(wikitext: str, site: SiteNames, out: list[str]) -> None:
     """Append the text pieces of ``wikitext`` to ``out``, as the tree's walk appends them."""
-    toks = _TOKENIZER.tokenize(wikitext, 0, True)  # context 0, skip_style_tags: as mwparserfromhell.parse(..., True)
+    # context 0, skip_style_tags: as mwparserfromhell.parse(..., True); a tokenizer per call, as parse() makes one:
+    # a CTokenizer holds its state in itself, so two threads of one Dask worker must not share one
+    toks = CTokenizer().tokenize(wikitext, 0, True)
     if _seq(toks, 0, site, out, None) != len(toks):
         raise Unexpected("tokens left over")
 

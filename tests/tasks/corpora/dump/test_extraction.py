@@ -64,6 +64,20 @@ def test_same_documents_for_any_worker_count_and_chunking(dump, tmp_path, refere
     assert docs == reference[0]
 
 
+def test_on_an_existing_dask_cluster_the_same_documents(dump, tmp_path, reference):
+    """Local workers are a process pool; a ``run.dask_address`` sends the ranges to that cluster's workers."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=None) as c:
+        ctx = context(tmp_path / "w", 2)
+        ctx.run = ctx.run.model_copy(update={"dask_address": c.scheduler_address})
+        (tmp_path / "w").mkdir()
+        docs = list(DumpSource(3).documents(DumpSettings(source_url=dump.dump.as_uri()), ctx))
+        on_the_cluster = "dump-extract" in c.scheduler.task_prefixes  # the ranges' tasks, as Dask names them
+    assert on_the_cluster
+    assert docs == reference[0]
+
+
 def test_a_small_dump_is_cut_into_ranges_of_fewer_streams():
     assert [range_size(n) for n in (1, 5, 31, 32, 47, 256, 10**6)] == [1, 1, 1, 2, 2, 16, 16]
 
