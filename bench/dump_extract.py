@@ -4,7 +4,7 @@ of bz2, peak RSS (the whole process tree, sampled), and the markup each leaves i
     flock /tmp/wiki-bench.lock .venv/bin/python -m bench.dump_extract DUMP.xml.bz2 [--cores 2] [--rounds 1]
 
 DUMP: a ``<wiki>-<date>-pages-articles-multistream.xml.bz2`` with its index and sha1sums beside it (e.g. from
-``bench.make_dump``). Ours: ``python -m tasks.corpora.dump`` with ``--cores`` local Dask workers, from a fresh work
+``bench.make_dump``). Ours: ``python -m tasks.corpora.dump`` with ``--cores`` local workers, from a fresh work
 folder. wikiextractor (PyPI ``wikiextractor``, a reference, not a dependency): ``--processes CORES --no-templates``
 (its faster mode: template expansion off, as ours drops templates). The runs alternate, ours first, ``--rounds``
 times; the load average is printed before and after each.
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         "--streams-per-range",
         type=int,
         default=None,
-        help="ours: bz2 streams per Dask task (default: the adapter's; a small dump needs fewer to use every core)",
+        help="ours: bz2 streams per worker task (default: the adapter's, streams.range_size)",
     )
     args = p.parse_args(argv)
     if not args.dump.is_file() or args.cores < 1 or args.rounds < 1:

@@ -19,7 +19,7 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tasks.corpora.dump.sample import sample_pages, write_dump
+    from tests.support.dump_sample import sample_pages, write_dump
 
     p = argparse.ArgumentParser(prog="python -m bench.make_dump", description=__doc__)
     p.add_argument("--mb", type=float, default=60.0, help="the dump's size in MB of bz2 (approximately, from above)")

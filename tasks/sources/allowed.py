@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import sys
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,7 +51,13 @@ def same_origin_only(field: str, from_url: str, to_url: str) -> None:
 
 def in_deployment_run() -> bool:
     """Whether this process runs a flow run of a deployment (triggered by a client of this machine's runner or
-    worker), not a person's own ``wiki-pipeline run``."""
+    worker), not a person's own ``wiki-pipeline run``. Prefect is not imported to ask a process that has not
+    (importing it costs seconds, e.g. ``python -m tasks.corpora.dump``) and has none of the variables Prefect
+    answers from outside a flow: such a process runs no flow run."""
+    if "prefect" not in sys.modules and not any(
+        k == "PREFECT__FLOW_RUN_ID" or k.startswith("PREFECT__RUNTIME__DEPLOYMENT__") for k in os.environ
+    ):
+        return False
     from prefect.runtime import deployment
 
     return deployment.id is not None

@@ -1,5 +1,5 @@
 """``python -m tasks.corpora.dump URL --work DIR --out FILE``: a dump's documents as one text file, each article
-a `` = Title = `` line and its text, on a local Dask cluster, resumable from ``--work`` (the adapter alone, without
+a `` = Title = `` line and its text, on local worker processes, resumable from ``--work`` (the adapter alone, without
 the corpus stage: for the benchmark and for looking at what an extraction keeps)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("url", help="the URL of <wiki>-<date>-pages-articles-multistream.xml.bz2 (http(s):// or file://)")
     p.add_argument("--work", type=Path, required=True, help="downloads and per-range checkpoints (kept to resume)")
     p.add_argument("--out", type=Path, required=True, help="the text file to write (atomically)")
-    p.add_argument("--workers", type=int, default=1, help="local Dask workers")
+    p.add_argument("--workers", type=int, default=1, help="local worker processes")
     p.add_argument("--streams-per-range", type=int, default=None, help="bz2 streams per task and checkpoint")
     p.add_argument("--expected-sha1", default=None, help="the dump's sha1, when no sha1sums.txt is beside it")
     args = p.parse_args(argv)

@@ -22,11 +22,11 @@ from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
 from tasks.core.report import human_bytes
 from tasks.core.urls import redact_url
-from tasks.corpora.dump.extract import Progress, RangeResult, extract_range, extracted
+from tasks.corpora.dump.extract import Progress, RangeResult, extract_range, extracted, pooled
 from tasks.corpora.dump.index import StreamIndex, read_index
 from tasks.corpora.dump.names import DumpNames, dump_names, sha1_from_sums, short_form_url
 from tasks.corpora.dump.pages import DumpError, SiteInfo, parse_header
-from tasks.corpora.dump.streams import STREAMS_PER_RANGE, StreamRange, decompressed_streams, stream_ranges
+from tasks.corpora.dump.streams import StreamRange, decompressed_streams, stream_ranges
 from tasks.corpora.dump.wikitext import SiteNames
 from tasks.corpora.source import Document
 
@@ -50,14 +50,14 @@ class LocalDump:
 
 class DumpSource:
     """The adapter (``tasks.corpora.source.CorpusSource``). ``streams_per_range`` is how many bz2 streams one
-    worker task (and one checkpoint) holds: any value gives the same documents."""
+    worker task (and one checkpoint) holds (None: ``streams.range_size``): any value gives the same documents."""
 
     kind = "dump"
     fields = frozenset(
         {"source_url", "expected_sha1", "wiki", "dump_date", "article_index", "valid_fraction", "test_fraction"}
     )
 
-    def __init__(self, streams_per_range: int = STREAMS_PER_RANGE) -> None:
+    def __init__(self, streams_per_range: int | None = None) -> None:
         self.streams_per_range = streams_per_range
 
     # ---- what the bytes are ------------------------------------------------------------------------------------
@@ -87,18 +87,23 @@ class DumpSource:
         n = len(local.index.offsets)
         starts = {r.number: local.index.offsets[r.first : r.first + r.count] for r in ranges}
 
+        def args(item: tuple[int, int, int]) -> tuple:
+            return dump, item[1], item[2], starts[item[0]], item[2] == total, site, where
+
         def run_ranges(todo: list[StreamRange]) -> Iterator[str]:
             from tasks.dask.work import dask_client, local_workers, ordered_results
 
             items = [(r.number, r.start, r.end) for r in todo]
+            if ctx.run.dask_address is None:  # local: this process, or a pool of them (no cluster to start)
+                workers = min(local_workers(ctx.run), len(items))
+                if workers == 1:
+                    yield from (extract_range(*args(item)) for item in items)
+                else:
+                    yield from pooled(extract_range, map(args, items), workers)
+                return
             with dask_client(ctx.run, ctx.log) as client:
                 for _, text in ordered_results(
-                    client,
-                    extract_range,
-                    items,
-                    lambda item: (dump, item[1], item[2], starts[item[0]], item[2] == total, site, where),
-                    window=2 * local_workers(ctx.run),
-                    name="dump-extract",
+                    client, extract_range, items, args, window=2 * local_workers(ctx.run), name="dump-extract"
                 ):
                     yield text
 

@@ -18,8 +18,10 @@ from tasks.corpora.dump.pages import DumpError
 
 #: the most one stream (~100 pages) may decompress to: 100 pages at MediaWiki's 2 MiB page limit, rounded up
 MAX_STREAM_BYTES = 256 << 20
-#: how many streams a range (one task, one checkpoint) holds: ~1,600 pages, ~20-40 MB of text for English
+#: the most streams a range (one task, one checkpoint) holds: ~1,600 pages, ~20-40 MB of text for English
 STREAMS_PER_RANGE = 16
+#: a dump of fewer than this many times STREAMS_PER_RANGE streams is cut into this many ranges (or one per stream)
+MIN_RANGES = 16
 READ_BLOCK = 1 << 20
 
 
@@ -39,9 +41,18 @@ class StreamRange:
         return f"{self.start:012d}-{self.end:012d}"
 
 
-def stream_ranges(index: StreamIndex, streams_per_range: int = STREAMS_PER_RANGE) -> list[StreamRange]:
-    """The dump's page streams in ranges of ``streams_per_range`` (the last may be shorter), in dump order."""
+def range_size(streams: int) -> int:
+    """How many streams a range of a dump of ``streams`` streams holds: :data:`STREAMS_PER_RANGE`, or fewer so
+    that the dump has :data:`MIN_RANGES` ranges. Why: a small dump in a few big ranges leaves workers idle; the
+    size depends on the dump alone, so a resumed build cuts the same ranges with any worker count."""
+    return max(1, min(STREAMS_PER_RANGE, streams // MIN_RANGES))
+
+
+def stream_ranges(index: StreamIndex, streams_per_range: int | None = None) -> list[StreamRange]:
+    """The dump's page streams in ranges of ``streams_per_range`` (default :func:`range_size`; the last may be
+    shorter), in dump order."""
     n = len(index.offsets)
+    streams_per_range = streams_per_range or range_size(n)
     out = []
     for number, first in enumerate(range(0, n, streams_per_range)):
         count = min(streams_per_range, n - first)

@@ -99,12 +99,12 @@ def _link(node, site: SiteNames, out: list[str]) -> None:
 def _layout(raw: str) -> str:
     """Lines stripped, blank runs collapsed, paragraphs and headings apart by one blank line, empty sections gone."""
     blocks: list[tuple[int, str]] = []  # (heading level or 0 for text, text)
-    for line in _STYLE_QUOTES.sub("", _MAGIC_WORD.sub("", raw)).split("\n"):
+    for line in SPACES.sub(" ", _STYLE_QUOTES.sub("", _MAGIC_WORD.sub("", raw))).split("\n"):
         level = 0
         if line.startswith("\x00"):  # a heading, as _walk marks it: NUL, its level, \x01, its line
             mark, _, line = line[1:].partition("\x01")
             level = int(mark)
-        line = SPACES.sub(" ", line).strip()
+        line = line.strip()
         if line:
             blocks.append((level, line))
     kept: list[str] = []

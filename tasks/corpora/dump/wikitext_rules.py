@@ -5,6 +5,7 @@ content goes, the links that go, and how a heading line is written (docs/CORPUS.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ def heading_line(level: int, title_parts: list[str]) -> str | None:
     return f"\n\x00{level}\x01{marks} {text} {marks}\n"
 
 
+@functools.lru_cache(maxsize=1 << 16)  # an article links to the same pages again and again
 def link_shown(target: str, site: SiteNames) -> str | None:
     """What a wikilink to ``target`` (its raw title) shows when it has no text: None when the link is dropped (a
     file, a category, an interlanguage link), else the target without its leading colon and its #section."""

@@ -15,7 +15,7 @@ from mwparserfromhell.parser._tokenizer import CTokenizer
 
 from tasks.corpora.dump.wikitext_rules import DROPPED_TAGS, LINE_TAGS, SiteNames, heading_line, link_shown
 
-_TOKENIZER = CTokenizer()
+_TEXT = T.Text
 
 
 class Unexpected(Exception):
@@ -24,7 +24,9 @@ class Unexpected(Exception):
 
 def walk(wikitext: str, site: SiteNames, out: list[str]) -> None:
     """Append the text pieces of ``wikitext`` to ``out``, as the tree's walk appends them."""
-    toks = _TOKENIZER.tokenize(wikitext, 0, True)  # context 0, skip_style_tags: as mwparserfromhell.parse(..., True)
+    # context 0, skip_style_tags: as mwparserfromhell.parse(..., True); a tokenizer per call, as parse() makes one:
+    # a CTokenizer holds its state in itself, so two threads of one Dask worker must not share one
+    toks = CTokenizer().tokenize(wikitext, 0, True)
     if _seq(toks, 0, site, out, None) != len(toks):
         raise Unexpected("tokens left over")
 
@@ -32,36 +34,26 @@ def walk(wikitext: str, site: SiteNames, out: list[str]) -> None:
 def _seq(toks: list, i: int, site: SiteNames, out: list[str], stop: type | None) -> int:
     """Walk from ``toks[i]`` to the token of type ``stop`` (returned: its index) or the end (``stop`` None)."""
     n = len(toks)
+    append = out.append
     while i < n:
         tok = toks[i]
         kind = type(tok)
-        if kind is T.Text:
-            out.append(tok.text)
+        if kind is _TEXT:
+            append(tok["text"])
             i += 1
         elif kind is stop:
             return i
-        elif kind is T.TemplateOpen:
-            i = _skip(toks, i, T.TemplateOpen, T.TemplateClose)
-        elif kind is T.WikilinkOpen:
-            i = _wikilink(toks, i, site, out)
-        elif kind is T.TagOpenOpen:
-            i = _tag(toks, i, site, out)
-        elif kind is T.CommentStart:
-            i = _skip(toks, i, T.CommentStart, T.CommentEnd)
         elif kind is T.HeadingStart:
             title: list[str] = []
             i = _seq(toks, i + 1, site, title, T.HeadingEnd) + 1
-            line = heading_line(tok.level, title)
+            line = heading_line(tok["level"], title)
             if line:
-                out.append(line)
-        elif kind is T.ExternalLinkOpen:
-            i = _external_link(toks, i, site, out)
-        elif kind is T.HTMLEntityStart:
-            i = _entity(toks, i, out)
-        elif kind is T.ArgumentOpen:
-            i = _skip(toks, i, T.ArgumentOpen, T.ArgumentClose)
+                append(line)
         else:
-            raise Unexpected(kind.__name__)
+            step = _STEPS.get(kind)
+            if step is None:
+                raise Unexpected(kind.__name__)
+            i = step(toks, i, site, out)
     if stop is not None:
         raise Unexpected(f"no {stop.__name__}")
     return i
@@ -83,12 +75,14 @@ def _skip(toks: list, i: int, open_: type, close: type) -> int:
 
 def _texts(toks: list, i: int, ends: tuple[type, ...]) -> tuple[str, int]:
     """The raw text of ``toks[i:]`` up to a token of a type in ``ends`` (its index); only Text tokens allowed."""
-    parts = []
     n = len(toks)
+    if i + 1 < n and type(toks[i]) is _TEXT and type(toks[i + 1]) in ends:  # most often: one Text, then the end
+        return toks[i]["text"], i + 1
+    parts = []
     while i < n:
         tok = toks[i]
-        if type(tok) is T.Text:
-            parts.append(tok.text)
+        if type(tok) is _TEXT:
+            parts.append(tok["text"])
         elif type(tok) in ends:
             return "".join(parts), i
         else:
@@ -112,7 +106,7 @@ def _wikilink(toks: list, i: int, site: SiteNames, out: list[str]) -> int:
 
 
 def _external_link(toks: list, i: int, site: SiteNames, out: list[str]) -> int:
-    brackets = toks[i].brackets
+    brackets = toks[i].get("brackets")
     url, i = _texts(toks, i + 1, (T.ExternalLinkSeparator, T.ExternalLinkClose))
     if type(toks[i]) is T.ExternalLinkClose:
         if not brackets:
@@ -129,11 +123,11 @@ def _entity(toks: list, i: int, out: list[str]) -> int:
         prefix += "#"
         j += 1
         if type(toks[j]) is T.HTMLEntityHex:
-            prefix += toks[j].char
+            prefix += toks[j]["char"]
             j += 1
-    if type(toks[j]) is not T.Text or type(toks[j + 1]) is not T.HTMLEntityEnd:
+    if type(toks[j]) is not _TEXT or type(toks[j + 1]) is not T.HTMLEntityEnd:
         raise Unexpected("entity")
-    out.append(html.unescape(f"{prefix}{toks[j].text};"))
+    out.append(html.unescape(f"{prefix}{toks[j]['text']};"))
     return j + 2
 
 
@@ -174,3 +168,19 @@ def _tag(toks: list, i: int, site: SiteNames, out: list[str]) -> int:
     if line:
         out.append("\n")
     return i + 1
+
+
+def _skipper(open_: type, close: type):
+    return lambda toks, i, site, out: _skip(toks, i, open_, close)
+
+
+#: what each token that opens a construct starts (a heading and text are read in _seq itself)
+_STEPS = {
+    T.TemplateOpen: _skipper(T.TemplateOpen, T.TemplateClose),
+    T.ArgumentOpen: _skipper(T.ArgumentOpen, T.ArgumentClose),
+    T.CommentStart: _skipper(T.CommentStart, T.CommentEnd),
+    T.WikilinkOpen: _wikilink,
+    T.TagOpenOpen: _tag,
+    T.ExternalLinkOpen: _external_link,
+    T.HTMLEntityStart: lambda toks, i, site, out: _entity(toks, i, out),
+}

@@ -1,4 +1,4 @@
-"""Multistream dumps the tests build from ../shared/data's text (tasks.corpora.dump.sample), and a context that
+"""Multistream dumps the tests build from ../shared/data's text (tests.support.dump_sample), and a context that
 runs the adapter without the corpus stage."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from tasks.core.settings import RunOptions
-from tasks.corpora.dump.sample import DumpFiles, SamplePage, articles, sample_pages, write_dump
+from tests.support.dump_sample import DumpFiles, SamplePage, articles, sample_pages, write_dump
 
 DATA = Path(__file__).resolve().parents[4].parent / "shared" / "data"
 ARTICLES = 12  # of wikitext2-valid.txt: with the other pages, ~20 streams of 5 pages

@@ -12,8 +12,8 @@ from mygpt.errors import UserError
 from tasks.corpora.dump import streams
 from tasks.corpora.dump.adapter import DumpSource
 from tasks.corpora.dump.pages import parse_pages
-from tasks.corpora.dump.sample import SamplePage, header_xml, write_dump
 from tasks.corpora.dump.settings import DumpSettings
+from tests.support.dump_sample import SamplePage, header_xml, write_dump
 
 from .conftest import context
 

@@ -17,6 +17,7 @@ import pytest
 from mygpt.errors import UserError
 from tasks.corpora.dump.adapter import CHECKPOINTS, DumpSource
 from tasks.corpora.dump.settings import DumpSettings
+from tasks.corpora.dump.streams import range_size
 from tasks.corpora.dump.wikitext import plain_text
 from tests.support.mirror_faults import FaultyMirror
 
@@ -25,7 +26,7 @@ from .conftest import context
 REPO = Path(__file__).resolve().parents[4]
 
 
-def extract(url: str, work: Path, workers: int = 1, streams_per_range: int = 2, **settings):
+def extract(url: str, work: Path, workers: int = 1, streams_per_range: int | None = 2, **settings):
     work.mkdir(parents=True, exist_ok=True)
     source = DumpSource(streams_per_range)
     ctx = context(work, workers)
@@ -57,10 +58,28 @@ def test_articles_in_dump_order_with_the_drop_counts(dump, pages, reference):
     assert f"{m['streams']}/{m['streams']} streams" in message and f"{len(pages)} pages" in message
 
 
-@pytest.mark.parametrize(("workers", "streams_per_range"), [(1, 1), (2, 3), (3, 7)])
+@pytest.mark.parametrize(("workers", "streams_per_range"), [(1, 1), (2, 3), (3, 7), (2, None)])
 def test_same_documents_for_any_worker_count_and_chunking(dump, tmp_path, reference, workers, streams_per_range):
     docs, _, _ = extract(dump.dump.as_uri(), tmp_path / "w", workers, streams_per_range)
     assert docs == reference[0]
+
+
+def test_on_an_existing_dask_cluster_the_same_documents(dump, tmp_path, reference):
+    """Local workers are a process pool; a ``run.dask_address`` sends the ranges to that cluster's workers."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=None) as c:
+        ctx = context(tmp_path / "w", 2)
+        ctx.run = ctx.run.model_copy(update={"dask_address": c.scheduler_address})
+        (tmp_path / "w").mkdir()
+        docs = list(DumpSource(3).documents(DumpSettings(source_url=dump.dump.as_uri()), ctx))
+        on_the_cluster = "dump-extract" in c.scheduler.task_prefixes  # the ranges' tasks, as Dask names them
+    assert on_the_cluster
+    assert docs == reference[0]
+
+
+def test_a_small_dump_is_cut_into_ranges_of_fewer_streams():
+    assert [range_size(n) for n in (1, 5, 31, 32, 47, 256, 10**6)] == [1, 1, 1, 2, 2, 16, 16]
 
 
 def test_identity_is_the_dumps_sha1_and_size_not_its_url(dump, tmp_path):

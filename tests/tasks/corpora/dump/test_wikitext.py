@@ -8,8 +8,8 @@ import random
 import pytest
 
 from tasks.corpora.dump import wikitext_tokens
-from tasks.corpora.dump.sample import articles, marked_up, sample_pages
 from tasks.corpora.dump.wikitext import SiteNames, plain_text
+from tests.support.dump_sample import articles, marked_up, sample_pages
 
 from .conftest import sample_text
 

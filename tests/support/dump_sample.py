@@ -1,8 +1,8 @@
 """A real multistream dump built from plain text: Wikimedia's file layout (the dump, its index, its sha1sums) with
 the pages wrapped in MediaWiki XML and the article text in real markup (infoboxes, references, tables, links,
-files, categories, interlanguage links), beside redirects and pages of other namespaces. For the loopback demo,
-the tests and ``bench/make_dump.py``; :func:`marked_up` keeps every word of the text it wraps, so what the
-extraction must give back is known.
+files, categories, interlanguage links), beside redirects and pages of other namespaces. For the tests and
+``bench/make_dump.py`` (the one module of tests/ that bench/ imports); :func:`marked_up` keeps every word of the
+text it wraps, so what the extraction must give back is known.
 """
 
 from __future__ import annotations
