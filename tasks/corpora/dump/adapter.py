@@ -22,7 +22,7 @@ from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
 from tasks.core.report import human_bytes
 from tasks.core.urls import redact_url
-from tasks.corpora.dump.extract import Progress, RangeResult, extract_range, extracted, pooled
+from tasks.corpora.dump.extract import Progress, RangeResult, extract_range, extracted
 from tasks.corpora.dump.index import StreamIndex, read_index
 from tasks.corpora.dump.names import DumpNames, dump_names, sha1_from_sums, short_form_url
 from tasks.corpora.dump.pages import DumpError, SiteInfo, parse_header
@@ -94,12 +94,9 @@ class DumpSource:
             from tasks.dask.work import dask_client, local_workers, ordered_results
 
             items = [(r.number, r.start, r.end) for r in todo]
-            if ctx.run.dask_address is None:  # local: this process, or a pool of them (no cluster to start)
-                workers = min(local_workers(ctx.run), len(items))
-                if workers == 1:
-                    yield from (extract_range(*args(item)) for item in items)
-                else:
-                    yield from pooled(extract_range, map(args, items), workers)
+            if ctx.run.dask_address is None and min(local_workers(ctx.run), len(items)) == 1:
+                # one process would do (one local worker, or one range left): no cluster to start
+                yield from (extract_range(*args(item)) for item in items)
                 return
             with dask_client(ctx.run, ctx.log) as client:
                 for _, text in ordered_results(

@@ -1,5 +1,5 @@
-"""The extraction, parallel by range of streams: :func:`extract_range` is what a worker runs (it reads its byte
-range of the dump itself; :func:`pooled` runs it on local processes, a Dask cluster's workers otherwise),
+"""The extraction, parallel by range of streams: :func:`extract_range` is what a Dask worker runs (it reads its
+byte range of the dump itself; one local worker, or one range to do, runs it in the stage's own process),
 :func:`extracted` hands the ranges back in dump order, each saved as a checkpoint in the build's work folder first,
 so a killed build resumes with the ranges not yet done. The output depends only on the dump: the same documents,
 in the same order, for any worker count and any chunking.
@@ -10,12 +10,10 @@ Prefect.
 
 from __future__ import annotations
 
-import collections
-import itertools
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,31 +72,6 @@ def extract_range(
             else:
                 result.articles.append((page.page_id, page.title, text))
     return result.to_json()
-
-
-def pooled(fn: Callable[..., str], calls: Iterable[tuple], workers: int) -> Iterator[str]:
-    """``fn(*call)`` for each call, on ``workers`` local processes, yielded in order, at most ``2 * workers``
-    ahead; the calls not started are cancelled when the caller stops. Why not a local Dask cluster: its scheduler
-    and its workers' imports cost seconds of CPU a small dump never wins back; these processes are forked from a
-    server that imported this module once (``forkserver``: a fresh, single-threaded process, safe to fork)."""
-    import concurrent.futures
-    import multiprocessing
-
-    mp = multiprocessing.get_context("forkserver")
-    mp.set_forkserver_preload([__name__, "tasks.corpora.dump.wikitext_tokens", "tasks.dask.work"])
-    todo = iter(calls)
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=mp) as pool:
-        pending = collections.deque(pool.submit(fn, *call) for call in itertools.islice(todo, 2 * workers))
-        try:
-            while pending:
-                result = pending.popleft().result()
-                call = next(todo, None)
-                if call is not None:
-                    pending.append(pool.submit(fn, *call))
-                yield result
-        finally:
-            for future in pending:
-                future.cancel()
 
 
 def _dropped(page) -> str | None:

@@ -65,7 +65,7 @@ def test_same_documents_for_any_worker_count_and_chunking(dump, tmp_path, refere
 
 
 def test_on_an_existing_dask_cluster_the_same_documents(dump, tmp_path, reference):
-    """Local workers are a process pool; a ``run.dask_address`` sends the ranges to that cluster's workers."""
+    """A ``run.dask_address`` sends the ranges to that cluster's workers."""
     from distributed import LocalCluster
 
     with LocalCluster(n_workers=2, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=None) as c:
