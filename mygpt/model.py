@@ -294,5 +294,28 @@ class GPT(nn.Module):
         logits = F.linear(x, self.token_embedding.weight)  # tied LM head
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+            flat = logits.float().view(-1, logits.size(-1))
+            loss = cast(torch.Tensor, _CrossEntropy.apply(flat, targets.reshape(-1)))
         return logits, loss
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """``F.cross_entropy(logits, targets)`` (the mean over rows; every target a real id) with its backward written
+    out: ``(softmax - onehot) / rows`` from the saved log-probabilities in two passes over the logits, where
+    autograd's zero-filled ``nll_loss`` gradient and ``log_softmax``'s backward take three. The loss's bits, the
+    gradient within float rounding (tested)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(logits, dim=-1)
+        ctx.save_for_backward(logp, targets)
+        return F.nll_loss(logp, targets)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (grad,) = grads
+        logp, targets = ctx.saved_tensors
+        scale = grad / logp.size(0)
+        grad_logits = torch.exp(logp).mul_(scale)
+        grad_logits[torch.arange(logp.size(0), device=logp.device), targets] -= scale
+        return grad_logits, None

@@ -84,6 +84,19 @@ def test_rms_norm_is_the_four_op_formula_bit_for_bit_forward_and_within_rounding
         torch.testing.assert_close(f, p, rtol=1e-5, atol=1e-6)
 
 
+def test_the_models_loss_is_cross_entropys_bits_and_its_gradient_within_rounding():
+    torch.manual_seed(0)
+    model = GPT(vocab_size=3046, **TINY_MODEL)
+    idx, targets = torch.randint(0, 3046, (4, 32)), torch.randint(0, 3046, (4, 32))
+    logits, loss = model(idx, targets)
+    (fast,) = torch.autograd.grad(loss, logits)
+    plain_loss = F.cross_entropy(logits.view(-1, 3046), targets.reshape(-1))
+    (plain,) = torch.autograd.grad(plain_loss, logits)
+    assert torch.equal(loss, plain_loss)
+    assert plain.abs().max() > 1e-3  # the targets' entries: (p - 1) / rows
+    torch.testing.assert_close(fast, plain, rtol=0, atol=1e-9)
+
+
 @pytest.mark.parametrize(
     "shape",
     [
