@@ -280,8 +280,8 @@ def stage_details(refs: dict) -> dict:
         "tokenizer": "; ".join(tok_parts) + f" (slice {t['train_bytes'] / 1e6:.0f} MB)",
         "shards": f"{s['encoded_bytes_this_run'] / 1e6:.0f} MB at {s['mb_per_s']} MB/s with {s['workers']} worker(s); "
         f"{len(s['shards'])} shards",
-        "model": f"before the loop {build['model'] - mo['train_seconds']:.1f} (init; the first block streams "
-        f"meanwhile); step 1 (waiting for its block) + 1 eval batch + checkpoint {mo['train_seconds']:.1f}",
+        "model": f"before the loop {build['model'] - mo['train_seconds']:.1f} (init; every shard fetched and "
+        f"checked); step 1 + 1 eval batch + checkpoint {mo['train_seconds']:.1f}",
         "build_seconds": build,
     }
 
