@@ -24,8 +24,9 @@ __all__ = ["GPT", "KVCache", "RMSNorm"]
 class RMSNorm(nn.Module):
     """Root-mean-square norm: ``x / rms(x) * weight`` (no mean subtraction, no bias), in fp32.
 
-    ``F.rms_norm`` computes it in one call: the same bits as the four-op formula (``x * rsqrt(mean(x**2) + eps) *
-    weight``, tested, forward and backward) with one dispatch instead of four."""
+    The forward pass is the four-op formula's bits (``x * rsqrt(mean(x**2) + eps) * weight``, tested); the
+    backward pass is written out (:class:`_RMSNormFunction`): seven kernels instead of the dozen autograd derives
+    from the formula, the same gradients within float rounding (tested)."""
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
@@ -33,7 +34,32 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x.float(), (x.size(-1),), self.weight.float(), self.eps).to(x.dtype)
+        y = cast(torch.Tensor, _RMSNormFunction.apply(x.float(), self.weight.float(), self.eps))
+        return y.to(x.dtype)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """``x * rstd * weight`` with ``rstd = rsqrt(mean(x**2) + eps)`` per row; it keeps ``xhat = x * rstd``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        rstd = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True).add_(eps))
+        xhat = x * rstd
+        ctx.save_for_backward(xhat, rstd, weight)
+        return xhat * weight
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        # d/dx of xhat * w: rstd * (g*w - xhat * mean(g*w * xhat)); d/dw: the sum of g * xhat over the rows
+        (grad,) = grads
+        xhat, rstd, weight = ctx.saved_tensors
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            gw = grad * weight
+            grad_x = torch.addcmul(gw, xhat, (gw * xhat).mean(dim=-1, keepdim=True), value=-1).mul_(rstd)
+        if ctx.needs_input_grad[1]:
+            grad_weight = (grad * xhat).reshape(-1, xhat.size(-1)).sum(dim=0)
+        return grad_x, grad_weight, None
 
 
 def make_norm(norm_type: str, dim: int) -> nn.Module:
@@ -64,13 +90,13 @@ def rotation_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
-    """:func:`apply_rope` as ``x * cos2 + swap_halves(x) * sin2`` (tables from :func:`rotation_tables`): four
-    kernels instead of seven, and the same bits forward and backward (``a - b == a + (-b)`` and a sum of two terms
-    is the same either way round in IEEE arithmetic; tested)."""
-    half = x.size(-1) // 2
+    """:func:`apply_rope` as ``x * cos2 + swap_halves(x) * sin2`` (tables from :func:`rotation_tables`, shaped to
+    broadcast over ``x``'s position and head dims): four kernels instead of seven, and the same bits forward and
+    backward (``a - b == a + (-b)`` and a sum of two terms is the same either way round in IEEE arithmetic;
+    tested). Swapping the halves is a roll by D/2, whose gradient is the opposite roll (one kernel, not two
+    slices' zero-filled copies)."""
     xf = x.float()
-    swapped = torch.cat((xf[..., half:], xf[..., :half]), dim=-1)
-    return (xf * cos2 + swapped * sin2).to(x.dtype)
+    return (xf * cos2 + torch.roll(xf, x.size(-1) // 2, dims=-1) * sin2).to(x.dtype)
 
 
 @dataclass
@@ -85,15 +111,16 @@ class KVCache:
         return 0 if not self.keys else self.keys[0].size(2)
 
 
-def native_gqa_on(device: torch.device) -> bool:
-    """Whether attention hands the key/value groups to ``scaled_dot_product_attention(enable_gqa=True)`` on
-    ``device`` (accelerators: flash attention serves the groups without copying K/V, under bf16 too) rather than
-    copying each kv head ``num_heads // num_kv_heads`` times (the CPU: the same numbers, tested, and bit for bit
-    what earlier versions computed)."""
-    return device.type != "cpu"
-
-
 class CausalSelfAttention(nn.Module):
+    """Grouped-query attention, bias free: ``num_kv_heads`` key/value heads, each serving a consecutive group of
+    ``num_heads // num_kv_heads`` query heads.
+
+    The step computes q, k and v in one matmul (the three weights concatenated: the parameters, their init and
+    the state_dict keys stay three) and rotates q and k together in one :func:`rotate`, and hands the kv groups to
+    ``scaled_dot_product_attention(enable_gqa=True)``, which serves them without copying K/V. The plain step
+    (three projections, K/V repeated per group) gives the same loss and gradients within float rounding
+    (tests/mygpt/training/test_fast_step.py)."""
+
     def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: int, dropout: float) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -107,13 +134,16 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x, rope=None, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        """``rope``: the :func:`rotation_tables`, shaped (T, 1, head_dim)."""
         B, T, E = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        H, KV = self.num_heads, self.num_kv_heads
+        weight = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
+        qkv = F.linear(x, weight).view(B, T, H + 2 * KV, self.head_dim)
+        qk, v = qkv.split((H + KV, KV), dim=2)  # split, not slices: its gradient is one cat
         if rope is not None:
-            cos2, sin2 = rope
-            q, k = rotate(q, cos2, sin2), rotate(k, cos2, sin2)
+            qk = rotate(qk, *rope)
+        q, k = qk.split((H, KV), dim=2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
             if len(cache.keys) > layer:
                 k = torch.cat((cache.keys[layer], k), dim=2)
@@ -122,12 +152,6 @@ class CausalSelfAttention(nn.Module):
             else:
                 cache.keys.append(k)
                 cache.values.append(v)
-        gqa = self.num_kv_heads != self.num_heads  # each kv head serves a group of query heads
-        native_gqa = gqa and native_gqa_on(x.device)
-        if gqa and not native_gqa:
-            group = self.num_heads // self.num_kv_heads
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
         T_k = k.size(2)
         mask, is_causal = None, False
         if T_k == T:
@@ -142,7 +166,7 @@ class CausalSelfAttention(nn.Module):
             attn_mask=mask,
             is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
-            **({"enable_gqa": True} if native_gqa else {}),
+            enable_gqa=KV != H,
         )
         y = y.transpose(1, 2).contiguous().view(B, T, E)
         return self.resid_dropout(self.o_proj(y))
@@ -261,7 +285,8 @@ class GPT(nn.Module):
             pos = torch.arange(start, start + T, device=idx.device)
             x = x + self.position_embedding(pos)
         else:
-            rope = rotation_tables(self.rope_cos[start : start + T], self.rope_sin[start : start + T])
+            cos2, sin2 = rotation_tables(self.rope_cos[start : start + T], self.rope_sin[start : start + T])
+            rope = cos2[:, None, :], sin2[:, None, :]  # (T, 1, D): over the (B, T, heads, D) projections
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = block(x, rope=rope, cache=kv_cache, layer=i)
@@ -269,5 +294,28 @@ class GPT(nn.Module):
         logits = F.linear(x, self.token_embedding.weight)  # tied LM head
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+            flat = logits.float().view(-1, logits.size(-1))
+            loss = cast(torch.Tensor, _CrossEntropy.apply(flat, targets.reshape(-1)))
         return logits, loss
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """``F.cross_entropy(logits, targets)`` (the mean over rows; every target a real id) with its backward written
+    out: ``(softmax - onehot) / rows`` from the saved log-probabilities in two passes over the logits, where
+    autograd's zero-filled ``nll_loss`` gradient and ``log_softmax``'s backward take three. The loss's bits, the
+    gradient within float rounding (tested)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(logits, dim=-1)
+        ctx.save_for_backward(logp, targets)
+        return F.nll_loss(logp, targets)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (grad,) = grads
+        logp, targets = ctx.saved_tensors
+        scale = grad / logp.size(0)
+        grad_logits = torch.exp(logp).mul_(scale)
+        grad_logits[torch.arange(logp.size(0), device=logp.device), targets] -= scale
+        return grad_logits, None

@@ -1,6 +1,5 @@
 """What a GPU would trip on, checked on the CPU: the product's sources read for device mistakes, the chapter's and a
-124M-parameter model built on the ``meta`` device for shapes and memory, and GQA's accelerator path equal to the
-CPU's."""
+124M-parameter model built on the ``meta`` device for shapes and memory."""
 
 from __future__ import annotations
 
@@ -127,29 +126,6 @@ def test_a_124m_model_fits_a_free_h100_and_not_a_busy_one(monkeypatch):
     with pytest.raises(UserError, match=r"^seq_len \(1,024\) makes training need at least .* set micro_batch_size"):
         limits.check_memory(config, 16, 1024, device=gpu, precision="bf16")
     limits.check_memory(config, 16, 1024, device=gpu, precision="bf16", micro_batch_size=2)
-
-
-def test_gqa_through_sdpa_enable_gqa_equals_copying_the_kv_heads(monkeypatch):
-    """The accelerators' path (``enable_gqa``), forced on the CPU, gives the CPU path's loss and gradients."""
-    from mygpt import model as model_mod
-
-    config = GPTConfig(**{**CH28_MODEL, "vocab_size": 97, "num_layers": 2, "max_seq_len": 64})
-    torch.manual_seed(0)
-    model = GPT(config)
-    idx = torch.randint(0, 97, (3, 64))
-    chooses = model_mod.native_gqa_on
-    assert chooses(torch.device("cuda")) and not chooses(torch.device("cpu"))
-    results = []
-    for native in (False, True):
-        monkeypatch.setattr(model_mod, "native_gqa_on", lambda device, native=native: native)
-        model.zero_grad()
-        _, loss = model(idx, idx)
-        loss.backward()
-        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
-    (copied, copied_grads), (native, native_grads) = results
-    torch.testing.assert_close(native, copied, rtol=0, atol=1e-6)
-    for a, b in zip(native_grads, copied_grads):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_the_gpu_check_plans_its_rows_on_the_cpu(shakespeare_path):
