@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,13 +42,54 @@ sleep 300
 """
 
 
+def _task_run(name: str, minute: int, state: str, state_name: str, message: str) -> dict:
+    return {
+        "id": f"01a234d3-6186-7a67-8c44-4a6665c3ea{minute:02d}",
+        "name": name,
+        "flow_run_id": UUID,
+        "task_key": f"{name}-53eff2e8",
+        "dynamic_key": "0",
+        "expected_start_time": f"2026-12-02T03:{minute:02d}:00Z",
+        "state": {
+            "type": state,
+            "name": state_name,
+            "message": message,
+            "timestamp": f"2026-12-02T03:{minute:02d}:01Z",
+        },
+    }
+
+
+#: What a real server held for a run whose process was SIGKILLed in the model stage (a Crashed flow run): the
+#: stage it died in stays Running.
+CRASHED_IN_MODEL = [
+    _task_run("corpus", 30, "COMPLETED", "Cached", "reused corpus/4edfe463fdda · 1.1 MB"),
+    _task_run("model", 31, "RUNNING", "Running", ""),
+]
+
+
 class _Health(http.server.BaseHTTPRequestHandler):
-    """``/health`` answers; anything else (the task runs the script reads) is a 503, as a server going down."""
+    """``/health`` answers; the task runs the script reads are :data:`CRASHED_IN_MODEL` when the server's
+    ``task_runs`` is set, else a 503, as a server going down."""
+
+    task_runs: list | None = None
 
     def do_GET(self):
-        self.send_response(200 if self.path.endswith("/health") else 503)
+        if self.path.endswith("/health"):
+            self.send_response(200)
+        elif "/csrf-token" in self.path and self.task_runs is not None:  # what a server without CSRF says
+            self.send_response(422)
+        elif self.path.endswith("/task_runs/filter") and self.task_runs is not None:
+            body = json.dumps(self.task_runs).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        else:
+            self.send_response(503)
         self.end_headers()
-        self.wfile.write(b"true")
+        self.wfile.write(b'{"detail": "CSRF protection is disabled."}' if "/csrf-token" in self.path else b"true")
 
     do_POST = do_GET
 
@@ -70,11 +113,11 @@ def _fake_repo(root: Path) -> Path:
     return root
 
 
-def _script(tmp_path: Path, **env_more: str):
+def _script(tmp_path: Path, task_runs: list | None = None, **env_more: str):
     """(the script's process, its PREFECT_HOME, the fake server), in a fake repo under ``tmp_path``."""
     repo = _fake_repo(tmp_path / "repo")
     home = tmp_path / "prefect-home"
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_Health,), {"task_runs": task_runs}))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("PREFECT", "WIKI_PIPELINE_"))},
@@ -137,3 +180,21 @@ def test_a_run_whose_stages_cannot_be_read_still_ends_with_its_status_and_where_
     assert proc.returncode == watch_exit, shown
     assert "Prefect UI:" in shown and "runner log:" in shown, shown
     assert not (home / "run.out").exists()
+
+
+def test_a_crashed_run_names_the_stage_it_died_in():
+    """The reviewer's: a flow run SIGKILLed in the model stage ends Crashed, and its model task run stays Running
+    on the server (nothing finishes it); the stage lines listed final states only, so they named the stages that
+    were reused and said nothing of the one the run died in."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, home, server = _script(Path(tmp), CRASHED_IN_MODEL, FAKE_WATCH_EXIT="1")
+        try:
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            _stop(proc, home, server)
+    shown = out.decode(errors="replace")
+    assert proc.returncode == 1, shown
+    assert "  corpus     reused corpus/4edfe463fdda · 1.1 MB" in shown, shown
+    assert re.search(r"^  model +Running: did not finish", shown, re.M), shown
