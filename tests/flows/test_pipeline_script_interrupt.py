@@ -179,6 +179,8 @@ def test_a_run_whose_stages_cannot_be_read_still_ends_with_its_status_and_where_
     shown = out.decode(errors="replace")
     assert proc.returncode == watch_exit, shown
     assert "Prefect UI:" in shown and "runner log:" in shown, shown
+    # the parameters Prefect prints of the created run: the source_url's credentials out (the reviewer's too)
+    assert "https://***@mirror.example.org/w.zip?token=***" in shown and "S3CRET" not in shown, shown
     assert not (home / "run.out").exists()
 
 
