@@ -192,9 +192,16 @@ def check_url(url: str, field: str, scheme_hint: str = "") -> str:
         )
     try:
         parsed = urllib.parse.urlsplit(url)
-        parsed.port  # noqa: B018 (raises for a port that is not a number in 0..65535)
-    except ValueError:
-        raise ValueError(f"{field} {shown!r} has a port that is not a number from 1 to 65535") from None
+    except ValueError:  # a bracketed host that is not an IPv6 address, or an unbalanced "[" or "]"
+        raise ValueError(
+            f"{field} {shown!r} has a host that is not valid (a '[' or ']' around what is not an IPv6 address); fix it"
+        ) from None
+    try:
+        port_zero = parsed.port == 0  # no server listens on port 0
+    except ValueError:  # a port that is not a number in 0..65535
+        port_zero = True
+    if port_zero:
+        raise ValueError(f"{field} {shown!r} has a port that is not a number from 1 to 65535")
     scheme = parsed.scheme.lower()
     if scheme not in ("http", "https", "file"):
         raise ValueError(

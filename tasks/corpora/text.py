@@ -8,6 +8,7 @@ file is another corpus."""
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
@@ -152,11 +153,12 @@ def _read(path: Path, shown: str, sha256: str) -> str:
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != sha256:
         raise UserError(_changed(shown))
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
+        return data[bom:].decode("utf-8")
+    except UnicodeDecodeError as e:  # the offset in the file, the mark counted
         raise UserError(
-            f"{path.name} of {shown} is not valid UTF-8 (byte {e.object[e.start]:#04x} at offset {e.start:,}); "
+            f"{path.name} of {shown} is not valid UTF-8 (byte {e.object[e.start]:#04x} at offset {bom + e.start:,}); "
             "give UTF-8 text"
         ) from None
 

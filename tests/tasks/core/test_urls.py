@@ -74,3 +74,24 @@ def test_a_secret_with_spaces_written_with_plus_outside_a_url_is_redacted():
     shown = redact_text(message, url)
     assert shown == "POST body token=***&x=***; later the value alone: *** (retrying)"
     assert "sesame" not in redact_text("userinfo form: open+sesame+42", "https://alice:open%20sesame%2042@h/w.zip")
+
+
+@pytest.mark.parametrize(
+    "url, why",
+    [
+        ("http://[::1/w.zip", r"has a host that is not valid"),  # was: 'has a port that is not a number'
+        ("http://[zz]/w.zip", r"has a host that is not valid"),
+        ("http://127.0.0.1:0/w.zip", r"has a port that is not a number from 1 to 65535"),  # was: accepted
+        ("http://127.0.0.1:65536/w.zip", r"has a port that is not a number from 1 to 65535"),
+    ],
+)
+def test_the_one_address_check_names_what_is_wrong(url, why):
+    """The reviewer's: check_url (corpus.source_url and tokenizer.source) blamed the port for a bad bracketed host,
+    and let port 0 (which its own message excludes) through."""
+    from tasks.core.urls import check_url
+    from tasks.sources.pretrained_tokenizer import check_source
+
+    for check in (lambda u: check_url(u, "source_url"), check_source):
+        with pytest.raises(ValueError, match=why):
+            check(url)
+    assert check_url("http://[::1]:8765/w.zip", "source_url") == "http://[::1]:8765/w.zip"

@@ -210,3 +210,15 @@ def corpus_from_text_bom(tmp_path, text: str):
     from tests.support.corpora import corpus_from_text
 
     return corpus_from_text(tmp_path / "art", tmp_path / "src", kind="text", text=text)
+
+
+def test_a_bad_byte_after_a_byte_order_mark_is_named_at_its_offset_in_the_file(tmp_path):
+    """The reviewer's: the mark dropped, the refusal still names the bad byte's offset in the file (5 here), not
+    in the text after the mark (2)."""
+    from mygpt.errors import UserError
+
+    path = tmp_path / "src" / "corpus.txt"
+    path.parent.mkdir()
+    path.write_bytes(b"\xef\xbb\xbfab\xffcd\n")
+    with pytest.raises(UserError, match=r"is not valid UTF-8 \(byte 0xff at offset 5\)"):
+        stages_corpus(tmp_path / "art", path.as_uri())
