@@ -140,26 +140,25 @@ def test_sigkill_mid_extraction_resumes_from_the_checkpoints_with_the_same_bytes
 def test_a_download_whose_sha1_is_wrong_is_fetched_again_by_the_rerun(dump, tmp_path, reference):
     """The error says "download it again": the rerun (the same version, so the same work folder) must, not reuse
     the damaged copy for ever once the server serves the right bytes."""
-    good = dump.dump.read_bytes()
-    bad = bytearray(good)
+    bad = bytearray(dump.dump.read_bytes())
     bad[len(bad) // 2] ^= 0xFF  # the same size: only the sha1 tells
-    files = {f"/{p.name}": p for p in (dump.index, dump.sha1sums)}
-    with FaultyMirror({**files, f"/{dump.dump.name}": bytes(bad)}) as mirror:
-        url = f"{mirror.base_url}/{dump.dump.name}"
-        with pytest.raises(UserError, match=r"its sha1 is [0-9a-f]{40}, not the"):
-            extract(url, tmp_path / "w")
-        mirror.add(f"/{dump.dump.name}", good)
-        docs, _, _ = extract(url, tmp_path / "w")
+    docs = _rerun_after_damaged(dump, tmp_path, dump.dump, bytes(bad), r"its sha1 is [0-9a-f]{40}, not the")
     assert docs == reference[0]
 
 
 def test_a_downloaded_index_that_is_not_whole_is_fetched_again_by_the_rerun(dump, tmp_path, reference):
-    good = dump.index.read_bytes()
-    files = {f"/{p.name}": p for p in (dump.dump, dump.sha1sums)}
-    with FaultyMirror({**files, f"/{dump.index.name}": good[: len(good) // 2]}) as mirror:
+    half = dump.index.read_bytes()[: dump.index.stat().st_size // 2]
+    assert _rerun_after_damaged(dump, tmp_path, dump.index, half, r"not a whole bz2 file") == reference[0]
+
+
+def _rerun_after_damaged(dump, tmp_path, damaged, bad: bytes, refusal: str) -> list:
+    """The documents of a rerun that finds ``damaged`` served whole, after a first run that got ``bad`` for it and
+    was refused with ``refusal``: the two runs share the version's work folder."""
+    files = {f"/{p.name}": p for p in (dump.dump, dump.index, dump.sha1sums) if p != damaged}
+    with FaultyMirror({**files, f"/{damaged.name}": bad}) as mirror:
         url = f"{mirror.base_url}/{dump.dump.name}"
-        with pytest.raises(UserError, match=r"not a whole bz2 file"):
+        with pytest.raises(UserError, match=refusal):
             extract(url, tmp_path / "w")
-        mirror.add(f"/{dump.index.name}", good)
+        mirror.add(f"/{damaged.name}", damaged.read_bytes())
         docs, _, _ = extract(url, tmp_path / "w")
-    assert docs == reference[0]
+    return docs
