@@ -7,6 +7,7 @@ Design: docs/TRAINING.md ("The shards training reads").
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import os
@@ -25,6 +26,8 @@ from tasks.store import ArtifactStore
 
 ENV_CACHE_MAX = "WIKI_PIPELINE_CACHE_MAX"
 INDEX = "shards.json"
+#: Shards fetched at once: reading, hashing, Parquet decoding and downloads let go of the GIL.
+FETCH_THREADS = 4
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE | re.ASCII)
 _UNITS = " kmgt"
 
@@ -88,13 +91,13 @@ class FetchedShards:
 
 
 def fetch_shards(store: ArtifactStore, version: str, folder: Path, splits: tuple[str, ...]) -> FetchedShards:
-    """Every shard of ``splits`` and of ``valid`` of ``shards/<version>`` as a flat token file in ``folder``:
-    each read once through :meth:`ArtifactStore.fetch_bytes` (the manifest's size and sha256 checked; a mismatch
-    is a ``UserError`` naming the file) and flattened from the very bytes that were hashed, so a file changed
-    after the check cannot reach training. What ``folder`` holds from an earlier (killed) run is deleted first,
-    never trusted by its size: every file training reads was checked by this call. ``UserError`` before anything
-    is fetched when ``WIKI_PIPELINE_CACHE_MAX`` cannot hold the token files (and, on an object store, one
-    download)."""
+    """Every shard of ``splits`` and of ``valid`` of ``shards/<version>`` as a flat token file in ``folder``: each read
+    once through :meth:`ArtifactStore.fetch_bytes`, :data:`FETCH_THREADS` at a time (the manifest's size and sha256
+    checked; a mismatch is a ``UserError`` naming the file) and flattened from the very bytes that were hashed, so a
+    file changed after the check cannot reach training. What ``folder`` holds from an earlier (killed) run is
+    deleted first, never trusted by its size: every file training reads was checked by this call. ``UserError``
+    before anything is fetched when ``WIKI_PIPELINE_CACHE_MAX`` cannot hold the token files (and, on an object
+    store, one download)."""
     t0 = time.perf_counter()
     incoming = folder / ".incoming"
     manifest = store.get("shards", version).manifest
@@ -111,11 +114,17 @@ def fetch_shards(store: ArtifactStore, version: str, folder: Path, splits: tuple
     dtype = np.dtype(index["dtype"])
     _check_budget(cache_budget(), [*train, *valid], dtype, store.remote)
     _clear(folder)
+
+    def fetch(shard: Shard) -> None:
+        data = store.fetch_bytes("shards", version, shard.name, incoming, manifest)
+        flatten_shard(data, folder / shard.flat, dtype, shard.tokens, name=shard.name)
+
+    pool = concurrent.futures.ThreadPoolExecutor(min(FETCH_THREADS, os.cpu_count() or 1), "fetch-shard")
     try:
-        for shard in [*train, *valid]:
-            data = store.fetch_bytes("shards", version, shard.name, incoming, manifest)
-            flatten_shard(data, folder / shard.flat, dtype, shard.tokens, name=shard.name)
+        for _ in pool.map(fetch, [*train, *valid]):  # the first failure in index order is raised
+            pass
     finally:
+        pool.shutdown(cancel_futures=True)  # after a failure: the shards not yet started are not fetched
         shutil.rmtree(incoming, ignore_errors=True)
     return FetchedShards(
         train=[str(folder / s.flat) for s in train],

@@ -14,7 +14,9 @@ import itertools
 import logging
 import os
 import pickle
+import sys
 import threading
+import types
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -247,8 +249,30 @@ def _local_cluster(n: int) -> Any:
     # Dask's nannies set MALLOC_TRIM_THRESHOLD_=65536 in their workers, which turns off glibc's adaptive mmap
     # threshold: every numpy temporary of the chunk work is then mmap'ed and unmapped again, page faults and
     # all, and the chunks run at half speed. Leave malloc alone.
-    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+    with (
+        dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}),
+        _main_module_hidden(),
+    ):
         return LocalCluster(n_workers=n, processes=True, host="127.0.0.1", **common)
+
+
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """``sys.modules["__main__"]`` replaced by an empty module for the block, so the worker processes
+    multiprocessing spawns meanwhile do not import this process's main module first. Why: that is the flow's
+    entry point (``prefect.engine``, the CLI, a bench script), which imports Prefect and the whole pipeline: about
+    3 s of CPU per worker, paid at every cluster start, for nothing the workers run (they unpickle functions from
+    this module, which imports only ``mygpt``). A worker the nanny restarts later imports it as usual."""
+    with _MAIN_LOCK:
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = main
 
 
 def _probe(address: str, security: Any) -> str:

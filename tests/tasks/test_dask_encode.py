@@ -236,6 +236,31 @@ def test_local_cluster_listens_on_loopback_only():
     )
 
 
+MAIN_SCRIPT = """
+import logging, os, sys
+with open(os.environ["IMPORTS_LOG"], "a") as f:
+    f.write(__name__ + "\\n")
+if __name__ == "__main__":
+    from tasks.core.settings import RunOptions
+    from tasks.dask import work
+    with work.dask_client(RunOptions(workers=2), logging.getLogger("test")) as client:
+        seen = client.run(lambda: "prefect" in sys.modules)
+    print(sorted(seen.values()))
+"""
+
+
+def test_local_cluster_workers_do_not_import_the_main_module(tmp_path):
+    """The workers unpickle functions from ``tasks.dask.work``; the flow process's entry point (which imports
+    Prefect) is not run again in each of them."""
+    script, log = tmp_path / "entry.py", tmp_path / "imports.log"
+    script.write_text("import prefect  # the entry point's weight\n" + MAIN_SCRIPT)
+    env = {**os.environ, "IMPORTS_LOG": str(log), "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[False, False]"  # two workers, neither has Prefect
+    assert log.read_text().split() == ["__main__"]  # imported once: here, as the entry point
+
+
 def test_sigkill_one_worker_mid_encode_still_gives_the_same_shards(inputs, baseline, cluster, tmp_path):
     """Runs last in this module: it kills one of the module cluster's two workers for good."""
     root, corpus, tokenizer = copy_inputs(inputs, tmp_path / "art")
