@@ -51,7 +51,9 @@ def flops(params: int, layers: int, width: int, seq_len: int) -> int:
 
 
 def contenders(nanogpt_path: str, model: GPTConfig, batch: int, seq_len: int, compile_: bool) -> list[Contender]:
-    """nanoGPT, mygpt's plain step (``fused=False``), mygpt's default step, and (``compile_``) it compiled."""
+    """nanoGPT, mygpt's plain step (``fused=False``, the logits kept), its default step with the logits kept
+    (the LM head and loss of ``forward``), its default step (the training step's: the blockwise head and loss),
+    and (``compile_``) that compiled."""
     ng = load_nanogpt(nanogpt_path)
     x = torch.randint(0, model.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
     y = torch.roll(x, -1, dims=1)
@@ -71,7 +73,7 @@ def contenders(nanogpt_path: str, model: GPTConfig, batch: int, seq_len: int, co
     nano_params = sum(p.numel() for p in nano.parameters()) - nano.transformer.wpe.weight.numel()
     out = [Contender("nanoGPT", nano_step, flops(nano_params, model.num_layers, model.embed_dim, seq_len))]
 
-    def ours(name: str, fused: bool, compiled: bool) -> Contender:
+    def ours(name: str, fused: bool, compiled: bool, keep_logits: bool = False) -> Contender:
         torch.manual_seed(0)
         gpt = GPT(model)
         config = TrainConfig(batch_size=batch, seq_len=seq_len, lr=3e-4, max_grad_norm=1.0, fused=fused)
@@ -80,13 +82,14 @@ def contenders(nanogpt_path: str, model: GPTConfig, batch: int, seq_len: int, co
 
         def step() -> None:
             optimizer.zero_grad(set_to_none=True)
-            forward(x, y)[1].backward()
+            forward(x, y, keep_logits=keep_logits)[1].backward()
             clip_gradients(gpt, config)
             optimizer.step()
 
         return Contender(name, step, flops(gpt.num_params(), model.num_layers, model.embed_dim, seq_len))
 
-    out += [ours("mygpt plain", False, False), ours("mygpt", True, False)]
+    out += [ours("mygpt plain", False, False, True), ours("logits kept", True, False, True)]
+    out.append(ours("mygpt", True, False))
     if compile_:
         out.append(ours("mygpt compiled", True, True))
     return out

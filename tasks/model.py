@@ -481,11 +481,12 @@ def curves_chart(versions: list) -> str:
 #: code version 4: each step's windows drawn uniformly from the whole train split (no block sampler), and fused
 #: AdamW with a foreach clip (TrainConfig.fused), which moves the weights' last bits. 5: the model's faster step
 #: (one q/k/v matmul, SDPA's own GQA on the CPU too, RMSNorm's written-out backward): the same batches, gradients
-#: within float rounding of 4's.
+#: within float rounding of 4's. 6: the training step's blockwise LM head and loss on the CPU (fp32): the same
+#: batches, the loss and gradients within float rounding of 5's.
 STAGE = Stage(
     name="model",
     settings=ModelSettings,
-    code_version="5",
+    code_version="6",
     build=build_model,
     streamed=("shards",),
     check_environment=cache_budget,

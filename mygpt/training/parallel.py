@@ -116,7 +116,7 @@ def forward_backward(
         no_sync = model.no_sync() if (not sync and hasattr(model, "no_sync")) else contextlib.nullcontext()
         with no_sync:
             with autocast(device, precision):
-                loss = model(xb, yb)[1]  # the logits are not kept: the backward pass never needs them
+                loss = model(xb, yb, keep_logits=False)[1]  # the backward pass never needs the logits
             scale = share * world.size
             (loss * scale if scale != 1.0 else loss).backward()
         part = loss.detach() * share if share != 1.0 else loss.detach()

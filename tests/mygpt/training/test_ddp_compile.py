@@ -51,8 +51,8 @@ def test_compile_is_applied_to_the_ddp_module_not_inside_it(monkeypatch, shakesp
             super().__init__()
             self.inner = inner
 
-        def forward(self, *args):
-            return self.inner(*args)
+        def forward(self, *args, **kwargs):
+            return self.inner(*args, **kwargs)
 
     compiled_what = []
     monkeypatch.setattr(train_mod, "compile_unavailable", lambda device: None)

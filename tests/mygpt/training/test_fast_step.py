@@ -28,7 +28,7 @@ def _plain_norm(norm, x: torch.Tensor) -> torch.Tensor:
 class PlainGPT(GPT):
     """:class:`GPT`'s parameters, the plain step's forward (dropout 0 only)."""
 
-    def forward(self, idx, targets=None, kv_cache=None):
+    def forward(self, idx, targets=None, kv_cache=None, keep_logits=True):
         assert kv_cache is None and self.dropout == 0
         B, T = idx.shape
         x = self.token_embedding(idx)
@@ -116,15 +116,49 @@ def test_the_models_step_gives_the_plain_steps_loss_and_gradients_within_roundin
     plain.load_state_dict(model.state_dict())
     idx, targets = torch.randint(0, 97, (3, 64)), torch.randint(0, 97, (3, 64))
     losses, grads = [], []
-    for m in (model, plain):
-        loss = m(idx, targets)[1]
+    for m, keep in ((model, False), (model, True), (plain, True)):  # the training step's call, then forward's
+        loss = m(idx, targets, keep_logits=keep)[1] if m is model else m(idx, targets)[1]
         losses.append(loss.detach())
         grads.append(torch.autograd.grad(loss, list(m.parameters())))
-    torch.testing.assert_close(losses[0], losses[1], rtol=0, atol=1e-6)
-    for (name, _), fast, slow in zip(model.named_parameters(), *grads):
-        assert slow.abs().max() > 0, name
-        # each gradient within 1e-5 of its own largest entry (measured: under 1e-6)
-        torch.testing.assert_close(fast, slow, rtol=0, atol=1e-5 * slow.abs().max().item(), msg=name)
+    for fast_loss, fast_grads in zip(losses[:2], grads[:2]):
+        torch.testing.assert_close(fast_loss, losses[2], rtol=0, atol=1e-6)
+        for (name, _), fast, slow in zip(model.named_parameters(), fast_grads, grads[2]):
+            assert slow.abs().max() > 0, name
+            # each gradient within 1e-5 of its own largest entry (measured: under 1e-6)
+            torch.testing.assert_close(fast, slow, rtol=0, atol=1e-5 * slow.abs().max().item(), msg=name)
+
+
+@pytest.mark.parametrize("rows", [512, 100, 7])  # the default, and blocks that do not divide the 4 x 64 rows
+def test_the_blockwise_head_and_loss_give_cross_entropys_loss_and_gradients_within_rounding(rows, monkeypatch):
+    from mygpt.model import _LinearCrossEntropy
+
+    monkeypatch.setattr(_LinearCrossEntropy, "ROWS", rows)
+    torch.manual_seed(0)
+    x = torch.randn(4 * 64, 192, requires_grad=True)
+    weight = (0.3 * torch.randn(3046, 192)).requires_grad_()
+    targets = torch.randint(0, 3046, (4 * 64,))
+    plain = F.cross_entropy(F.linear(x, weight), targets)
+    plain_grads = torch.autograd.grad(3 * plain, (x, weight))  # a loss scaled as the step scales it
+    assert _LinearCrossEntropy.applies(x, weight)
+    fast = _LinearCrossEntropy.apply(x, weight, targets)
+    fast_grads = torch.autograd.grad(3 * fast, (x, weight))
+    torch.testing.assert_close(fast, plain, rtol=1e-6, atol=0)
+    for f, p in zip(fast_grads, plain_grads):
+        assert p.abs().max() > 1e-4
+        torch.testing.assert_close(f, p, rtol=0, atol=1e-5 * p.abs().max().item())  # measured: under 2e-6
+
+
+def test_the_blockwise_loss_is_not_used_where_it_is_not_measured_faster():
+    from mygpt.device import autocast
+    from mygpt.model import _LinearCrossEntropy
+
+    x, weight = torch.randn(4, 8), torch.randn(5, 8)
+    assert _LinearCrossEntropy.applies(x, weight)
+    with torch.no_grad():
+        assert not _LinearCrossEntropy.applies(x, weight)  # evaluation: the plain loss, no gradients made
+    with autocast("cpu", "bf16"):
+        assert not _LinearCrossEntropy.applies(x, weight)
+    assert not _LinearCrossEntropy.applies(x.double(), weight.double())
 
 
 def test_foreach_clip_gives_the_loops_bits():
