@@ -121,6 +121,11 @@ def is_title(header: AnyStr) -> bool:
     return _lstrip(header)[:2] == f.eq + f.space
 
 
+def count_titles(text: AnyStr) -> int:
+    """How many level-1 ``= Title =`` lines the strip removes from ``text`` on its own."""
+    return sum(1 for m in _form(text).header.finditer(text) if is_title(m.group()))
+
+
 def strip_block(text: AnyStr, line_start: bool = True, articles: list[int] | None = None) -> tuple[AnyStr, int]:
     """``HEADER_RE.subn("", text)``, trying the pattern only at the first line start of each ``\\n\\s*=+ [^=]`` run (the
     same matches, docs/CORPUS.md). ``line_start=False``: ``text`` continues a line (no match starts at its position 0).

@@ -21,7 +21,7 @@ import numpy as np
 from mygpt.atomic import atomic_open
 from mygpt.errors import UserError
 from mygpt.tokenizers.bpe_bytes import char_count
-from tasks.corpora.header_strip import BLOCK_CHARS, strip_headers
+from tasks.corpora.header_strip import BLOCK_CHARS, count_titles, strip_headers
 from tasks.corpora.source import SPLIT_NAMES, Document, split_of
 from tasks.corpora.splits import SplitFiles, split_file_names
 from tasks.corpora.unzip import BlockWriter, utf8_pieces
@@ -40,6 +40,9 @@ class SplitStream:
     name: str
     raw_bytes: int = 0
     info: dict | None = None
+    #: for rendered documents: how many ``= Title =`` lines the strip removes from each, its own title line first;
+    #: the article index then marks only each document's own title (None: every ``= Title =`` line starts one)
+    titles: list[int] | None = None
 
 
 def write_splits(
@@ -114,6 +117,7 @@ def _write_split(
     raw_last = b""
     articles: list[int] | None = [] if names.articles else None
     starts: list[int] = []
+    keep = _document_titles(stream.titles)
     raw_seen = 0
 
     def raw_pieces():
@@ -136,7 +140,7 @@ def _write_split(
             try:
                 pieces = strip_headers(raw_pieces(), block_chars, name=stream.name, articles=articles)
                 for data, n in pieces:
-                    starts.extend(st["bytes"] + a for a in articles or ())
+                    starts.extend(st["bytes"] + a for a in articles or () if keep())
                     writer.write(data, f, after=written)
                     st["bytes"] += len(data)
                     st["headers_stripped"] += n
@@ -162,6 +166,25 @@ def _write_split(
             np.save(f, found)
         st["articles"] = int(found.size)
     return st
+
+
+def _document_titles(titles: list[int] | None) -> Callable[[], bool]:
+    """Asked once per removed ``= Title =`` line, in order: whether it starts an article. Without ``titles``
+    every one does; with them (see :attr:`SplitStream.titles`) only the first of each document's."""
+    if titles is None:
+        return lambda: True
+    counts = iter(titles)
+    left = 0  # removed title lines still to come in the current document
+
+    def keep() -> bool:
+        nonlocal left
+        starts = left == 0
+        if starts:
+            left = next(counts, 1)  # past the last document: never (the strip removes no more than counted)
+        left -= 1
+        return starts
+
+    return keep
 
 
 #: exceptions of reading a zip member that mean its bytes are damaged
@@ -195,6 +218,7 @@ def write_documents(
     in each: the tokenizer trains on train, the model validates on valid, evaluate reads test)."""
     raws = {split: work / f"{split}.raw" for split in SPLIT_NAMES}
     counts = dict.fromkeys(SPLIT_NAMES, 0)
+    titles: dict[str, list[int] | None] = {split: [] if article_index else None for split in SPLIT_NAMES}
     handles = {split: open(path, "wb") for split, path in raws.items()}  # noqa: SIM115 (closed below)
     try:
         for doc in documents:
@@ -202,8 +226,12 @@ def write_documents(
             if split not in handles:
                 raise UserError(f"{source}: document {doc.doc_id!r} names split {split!r}; use one of {SPLIT_NAMES}")
             text = doc.text.replace("\r\n", "\n").replace("\r", "\n")
-            handles[split].write(title_line(doc) + text.encode("utf-8") + (b"" if text.endswith("\n") else b"\n"))
+            rendered = title_line(doc) + text.encode("utf-8") + (b"" if text.endswith("\n") else b"\n")
+            handles[split].write(rendered)
             counts[split] += 1
+            doc_titles = titles[split]
+            if doc_titles is not None:
+                doc_titles.append(count_titles(rendered))  # a document's own: the same inside its split
     finally:
         for f in handles.values():
             f.close()
@@ -223,6 +251,7 @@ def write_documents(
             f"the {split} documents of {source}",
             raws[split].stat().st_size,
             {"documents": counts[split]},
+            titles[split],
         )
         for split in SPLIT_NAMES
     ]

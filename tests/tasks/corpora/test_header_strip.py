@@ -271,3 +271,25 @@ def test_a_header_candidate_that_never_ends_is_refused_in_bytes():
     pieces = ["= Title that never closes "] + ["wörd " * 1000] * 50
     with pytest.raises(UserError, match=r"wiki.train.raw has a line .* more than 100,000 bytes without deciding"):
         _utf8_strip(pieces, 1000, name="wiki.train.raw", max_pending=100_000)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.tuples(st.text(st.sampled_from(list("ab= \n")), max_size=6), st.lists(_LINES, max_size=8)), max_size=6)
+)
+def test_a_rendered_documents_titles_are_counted_the_same_alone_and_inside_its_split(docs):
+    """What the corpus writer's article index rests on: the strip removes as many ``= Title =`` lines from a
+    document rendered by ``title_line`` (a blank line, its title line, its text ending in a newline) on its own as
+    it does from it among the others of its split, whatever the text holds."""
+    from tasks.corpora.header_strip import count_titles
+    from tasks.corpora.source import Document
+    from tasks.corpora.writer import title_line
+
+    rendered = []
+    for title, lines in docs:
+        text = "".join(lines)
+        rendered.append(
+            title_line(Document("id", title, text)) + (text + ("" if text.endswith("\n") else "\n")).encode()
+        )
+    assert all(count_titles(r) >= 1 for r in rendered)  # its own title line at least
+    assert count_titles(b"".join(rendered)) == sum(count_titles(r) for r in rendered)

@@ -137,11 +137,6 @@ def test_a_folder_file_rewritten_after_its_version_was_named_is_refused_not_read
         next(docs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the article index marks every line the chapter's header strip removes, so a document's own '= Notes ='"
-    " line starts another article (and a byte-level tokenizer's shards put <|endoftext|> inside the document)",
-)
 def test_a_documents_own_header_shaped_line_starts_no_article(tmp_path):
     from tests.support.corpora import corpus_from_text
     from tests.support.corpus_runs import metrics
