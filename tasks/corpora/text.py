@@ -25,8 +25,8 @@ from tasks.sources.identity import fetched_identity
 
 _TITLE_RE = re.compile(r"^ = ([^=].*?) = $")
 #: what the reading makes of a file's bytes; a change to it is a new number (a new version): 2, a leading byte order
-#: mark is not text
-READING_VERSION = 2
+#: mark is not text; 3, the article index marks only each document's own title line
+READING_VERSION = 3
 
 
 class TextSource:

@@ -30,8 +30,9 @@ from tasks.corpora.dump.streams import StreamRange, decompressed_streams, stream
 from tasks.corpora.dump.wikitext import SiteNames
 from tasks.corpora.source import Document
 
-#: what the extraction makes of a dump's bytes; a change to what is kept or dropped is a new number (a new version)
-EXTRACTION_VERSION = 1
+#: what the extraction makes of a dump's bytes; a change to what is kept or dropped is a new number (a new version):
+#: 2, the article index marks only each page's own title line, not a level-1 heading in its text
+EXTRACTION_VERSION = 2
 #: the largest dump a download may bring (English is ~25 GB)
 MAX_DUMP_BYTES = 64 << 30
 MAX_SMALL_FILE_BYTES = 64 << 20  # the sha1sums file; an index is ~1/20 of its dump, bounded by that
