@@ -21,7 +21,8 @@ ENV_SOURCES = "WIKI_PIPELINE_ALLOWED_SOURCES"
 DEFAULT = "default"  # in the list: the defaults
 WIKITEXT_103_URL = "https://wikitext.smerity.com/wikitext-103-raw-v1.zip"  # the chapter's zip: corpus.kind=wikitext
 DEMO_PORT = 8765  # the loopback mirror of --mirror and scripts/pipeline --demo
-DEFAULT_SOURCES = (WIKITEXT_103_URL, f"http://127.0.0.1:{DEMO_PORT}/")
+WIKIMEDIA_DUMPS = "https://dumps.wikimedia.org"  # Wikimedia's own dump server: corpus.kind=dump's short form
+DEFAULT_SOURCES = (WIKITEXT_103_URL, f"{WIKIMEDIA_DUMPS}/", f"http://127.0.0.1:{DEMO_PORT}/")
 
 #: ``(field, from_url, to_url) -> None``: asked before a download follows each redirect, ``from_url`` the hop that
 #: redirected (same origin too: an allow-list may name a path); raises :class:`RedirectRefused` to refuse it.

@@ -10,9 +10,10 @@ import urllib.parse
 from dataclasses import dataclass
 
 from mygpt.errors import UserError
+from tasks.sources.allowed import WIKIMEDIA_DUMPS
 
-#: Wikimedia's own dump server, where the short form points (any mirror keeps its layout: <wiki>/<date>/<files>)
-DEFAULT_MIRROR = "https://dumps.wikimedia.org"
+#: where the short form points (any mirror keeps Wikimedia's layout: <wiki>/<date>/<files>)
+DEFAULT_MIRROR = WIKIMEDIA_DUMPS
 DUMP_SUFFIX = "-pages-articles-multistream.xml.bz2"
 INDEX_SUFFIX = "-pages-articles-multistream-index.txt.bz2"
 _DUMP_NAME = re.compile(r"(?P<wiki>[a-z][a-z0-9_]*)-(?P<date>\d{8}|latest)" + re.escape(DUMP_SUFFIX))

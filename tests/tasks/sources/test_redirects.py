@@ -167,3 +167,18 @@ def test_a_refused_hop_is_named_in_the_message_without_credentials(sites, monkey
     ), e.value
     assert "s3cret" not in str(e.value) and "alice" not in str(e.value)
     assert [path for path, _ in good.requests] == ["/pub/a", "/pub/b"] and evil.requests == []
+
+
+def test_a_deployment_run_with_no_list_may_read_wikimedias_dumps_and_the_chapters_zip_only(monkeypatch):
+    from tasks.corpora.dump.names import short_form_url
+    from tasks.sources.allowed import WIKITEXT_103_URL
+
+    monkeypatch.delenv(ENV_SOURCES, raising=False)
+    policy = SourcePolicy.from_env(deployment=True)
+    short_form = short_form_url("dewiki", "20261101")  # corpus.wiki=dewiki corpus.dump_date=20261101
+    assert short_form.startswith("https://dumps.wikimedia.org/dewiki/20261101/")
+    assert policy.admits(short_form) and policy.admits(WIKITEXT_103_URL)
+    assert not policy.admits("https://dumps.wikimedia.org.evil.example/dewiki/20261101/x.xml.bz2")
+    assert not policy.admits(
+        "https://mirror.example/dewiki/20261101/dewiki-20261101-pages-articles-multistream.xml.bz2"
+    )
