@@ -114,6 +114,7 @@ def fetch_shards(store: ArtifactStore, version: str, folder: Path, splits: tuple
     dtype = np.dtype(index["dtype"])
     _check_budget(cache_budget(), [*train, *valid], dtype, store.remote)
     _clear(folder)
+    shutil.rmtree(incoming, ignore_errors=True)  # the downloads a killed run left: not in the budget
 
     def fetch(shard: Shard) -> None:
         data = store.fetch_bytes("shards", version, shard.name, incoming, manifest)

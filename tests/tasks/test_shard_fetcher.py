@@ -219,3 +219,26 @@ def test_a_damaged_shard_among_many_is_named_and_the_other_fetches_are_stopped(u
     assert not [t for t in threading.enumerate() if t.name.startswith("fetch-shard")]
     assert not (folder / ".incoming").exists()
     assert len(started) <= 6 < len(train), started  # the shards after the failure and its neighbours: not fetched
+
+
+def test_the_downloads_a_killed_run_left_are_deleted_before_the_next_fetch_starts(upstream, tmp_path, monkeypatch):
+    """Review: a run killed (SIGKILL) mid-fetch on an object store leaves up to one download a fetch thread in
+    ``.incoming``; they were deleted only at the end of the next fetch, on disk beside the budget meanwhile."""
+    root, _, _, shards = upstream
+    store = open_store(root)
+    folder = tmp_path / "t"
+    leftover = folder / ".incoming" / ".train-00000.parquet.0123abcd.part"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"half a download")
+    seen: list[bool] = []
+    real = store.fetch_bytes
+
+    def watched(stage, version, rel, *args, **kwargs):
+        if rel.endswith(".parquet"):  # a shard (the index is read before anything is fetched)
+            seen.append(leftover.exists())
+        return real(stage, version, rel, *args, **kwargs)
+
+    monkeypatch.setattr(store, "fetch_bytes", watched)
+    fetch_shards(store, shards["version"], folder, ("train",))
+    assert seen and not any(seen)
+    assert not (folder / ".incoming").exists()
