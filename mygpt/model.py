@@ -282,6 +282,8 @@ class GPT(nn.Module):
         positions ``kv_cache.length ..``) and the cache grows in place. ``keep_logits=False`` (with ``targets``):
         ``(None, loss)``, the loss from :class:`_LinearCrossEntropy` where it applies (fp32 on the CPU, gradients
         on), which never holds all the logits; the training step asks for this."""
+        if targets is None and not keep_logits:
+            raise ValueError("keep_logits=False without targets: there would be neither logits nor a loss")
         _B, T = idx.shape
         start = kv_cache.length if kv_cache is not None else 0
         if start + T > self.max_seq_len:

@@ -97,7 +97,7 @@ def fetch_shards(store: ArtifactStore, version: str, folder: Path, splits: tuple
     file changed after the check cannot reach training. What ``folder`` holds from an earlier (killed) run is
     deleted first, never trusted by its size: every file training reads was checked by this call. ``UserError``
     before anything is fetched when ``WIKI_PIPELINE_CACHE_MAX`` cannot hold the token files (and, on an object
-    store, one download)."""
+    store, the downloads in flight at once)."""
     t0 = time.perf_counter()
     incoming = folder / ".incoming"
     manifest = store.get("shards", version).manifest
@@ -114,12 +114,13 @@ def fetch_shards(store: ArtifactStore, version: str, folder: Path, splits: tuple
     dtype = np.dtype(index["dtype"])
     _check_budget(cache_budget(), [*train, *valid], dtype, store.remote)
     _clear(folder)
+    shutil.rmtree(incoming, ignore_errors=True)  # the downloads a killed run left: not in the budget
 
     def fetch(shard: Shard) -> None:
         data = store.fetch_bytes("shards", version, shard.name, incoming, manifest)
         flatten_shard(data, folder / shard.flat, dtype, shard.tokens, name=shard.name)
 
-    pool = concurrent.futures.ThreadPoolExecutor(min(FETCH_THREADS, os.cpu_count() or 1), "fetch-shard")
+    pool = concurrent.futures.ThreadPoolExecutor(fetch_threads(), "fetch-shard")
     try:
         for _ in pool.map(fetch, [*train, *valid]):  # the first failure in index order is raised
             pass
@@ -136,20 +137,30 @@ def fetch_shards(store: ArtifactStore, version: str, folder: Path, splits: tuple
     )
 
 
+def fetch_threads() -> int:
+    """How many shards :func:`fetch_shards` fetches at once: :data:`FETCH_THREADS`, at most one a CPU."""
+    return min(FETCH_THREADS, os.cpu_count() or 1)
+
+
 def _check_budget(budget: int | None, shards: list[Shard], dtype: np.dtype, remote: bool) -> None:
-    """``UserError`` when ``budget`` cannot hold every token file (and, on an object store, the largest download
-    while it becomes one)."""
+    """``UserError`` when ``budget`` cannot hold every token file (and, on an object store, the largest downloads
+    that can be on disk at once: one a fetch thread, each while it becomes a token file)."""
     if budget is None:
         return
-    download = max((s.parquet_bytes for s in shards), default=0) if remote else 0
+    largest = sorted((s.parquet_bytes for s in shards), reverse=True)[: fetch_threads()] if remote else []
+    download = sum(largest)
     need = sum(s.tokens for s in shards) * dtype.itemsize + download
     if need > budget:
         raise UserError(
             f"{ENV_CACHE_MAX}={os.environ.get(ENV_CACHE_MAX)} ({human_bytes(budget)}) cannot hold what training "
             f"reads: {human_bytes(need)} (every training and validation shard as a token file: each step draws "
-            f"from the whole split{', and one download' if download else ''}); raise it to at least "
+            f"from the whole split{_downloads(len(largest)) if download else ''}); raise it to at least "
             f"{size_at_least(need)} ({need:,} bytes), or unset it"
         )
+
+
+def _downloads(n: int) -> str:
+    return ", and one download" if n == 1 else f", and {n} downloads at once"
 
 
 def _clear(folder: Path) -> None:

@@ -12,11 +12,10 @@ import concurrent.futures
 import contextlib
 import itertools
 import logging
+import multiprocessing.spawn
 import os
 import pickle
-import sys
 import threading
-import types
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -257,22 +256,35 @@ def _local_cluster(n: int) -> Any:
 
 
 _MAIN_LOCK = threading.Lock()
+#: The name distributed's nanny gives the worker process it spawns.
+_WORKER_PROCESS = "Dask Worker process (from Nanny)"
 
 
 @contextlib.contextmanager
 def _main_module_hidden() -> Iterator[None]:
-    """``sys.modules["__main__"]`` replaced by an empty module for the block, so the worker processes
-    multiprocessing spawns meanwhile do not import this process's main module first. Why: that is the flow's
-    entry point (``prefect.engine``, the CLI, a bench script), which imports Prefect and the whole pipeline: about
-    3 s of CPU per worker, paid at every cluster start, for nothing the workers run (they unpickle functions from
-    this module, which imports only ``mygpt``). A worker the nanny restarts later imports it as usual."""
+    """The worker processes the nannies spawn during the block are prepared without this process's main module
+    (``multiprocessing.spawn.get_preparation_data`` less its ``init_main_from_*``), so they do not import it
+    first. Why: that is the flow's entry point (``prefect.engine``, the CLI, a bench script), which imports Prefect
+    and the whole pipeline: about 3 s of CPU per worker, paid at every cluster start, for nothing the workers run
+    (they unpickle functions from this module, which imports only ``mygpt``). Only those spawns are changed:
+    ``sys.modules["__main__"]`` stays, for whatever else this process reads or pickles by reference from it
+    meanwhile (another thread, another flow run), and any other process spawned meanwhile is prepared as usual.
+    A worker the nanny restarts later imports it as usual."""
     with _MAIN_LOCK:
-        main = sys.modules["__main__"]
-        sys.modules["__main__"] = types.ModuleType("__main__")
+        real = multiprocessing.spawn.get_preparation_data
+
+        def without_main(name: str) -> dict[str, Any]:
+            data = real(name)
+            if name == _WORKER_PROCESS:
+                data.pop("init_main_from_path", None)
+                data.pop("init_main_from_name", None)
+            return data
+
+        multiprocessing.spawn.get_preparation_data = without_main
         try:
             yield
         finally:
-            sys.modules["__main__"] = main
+            multiprocessing.spawn.get_preparation_data = real
 
 
 def _probe(address: str, security: Any) -> str:

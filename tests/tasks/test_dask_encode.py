@@ -261,6 +261,68 @@ def test_local_cluster_workers_do_not_import_the_main_module(tmp_path):
     assert log.read_text().split() == ["__main__"]  # imported once: here, as the entry point
 
 
+MAIN_PICKLER = """
+import logging, pickle, sys, threading
+from tasks.core.settings import RunOptions
+from tasks.dask import work
+
+
+class Params:  # a user's flow script: an object of its own, pickled by reference
+    pass
+
+
+failures, done = [], threading.Event()
+
+
+def pickle_meanwhile():  # another flow run, or Prefect, in another thread of the same process
+    while not done.is_set():
+        try:
+            pickle.loads(pickle.dumps(Params()))
+        except Exception as exc:
+            failures.append(repr(exc))
+
+
+if __name__ == "__main__":
+    t = threading.Thread(target=pickle_meanwhile)
+    t.start()
+    try:
+        with work.dask_client(RunOptions(workers=2), logging.getLogger("test")) as client:
+            seen = client.run(lambda: "prefect" in sys.modules)
+    finally:
+        done.set()
+        t.join()
+    print(sorted(seen.values()), sys.modules["__main__"].Params is Params, failures[:1])
+"""
+
+
+def test_the_main_module_is_still_there_for_other_threads_while_a_local_cluster_starts(tmp_path):
+    """Review: ``_main_module_hidden`` replaced ``sys.modules["__main__"]`` for the whole process while the cluster
+    started, so anything another thread pickled by reference from the entry point meanwhile (an object of a
+    user's flow script, with the standard pickle) failed: "attribute lookup Params on __main__ failed". The
+    workers must still not import the main module, and nothing else in the flow process may notice."""
+    script = tmp_path / "flow_script.py"
+    script.write_text(MAIN_PICKLER)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[False, False] True []"
+
+
+def test_only_a_nanny_s_worker_is_spawned_without_the_main_module_and_an_error_restores_it():
+    """Review: a process another thread spawns while the cluster starts is prepared as usual (it may need the
+    entry point), and an exception during the start puts multiprocessing back as it was."""
+    import multiprocessing.spawn
+
+    real = multiprocessing.spawn.get_preparation_data
+    with pytest.raises(RuntimeError, match="start failed"), dask_work._main_module_hidden():
+        patched = multiprocessing.spawn.get_preparation_data
+        assert patched("another process") == real("another process")
+        worker = patched(dask_work._WORKER_PROCESS)
+        assert not {"init_main_from_path", "init_main_from_name"} & set(worker)
+        raise RuntimeError("start failed")
+    assert multiprocessing.spawn.get_preparation_data is real
+
+
 def test_sigkill_one_worker_mid_encode_still_gives_the_same_shards(inputs, baseline, cluster, tmp_path):
     """Runs last in this module: it kills one of the module cluster's two workers for good."""
     root, corpus, tokenizer = copy_inputs(inputs, tmp_path / "art")

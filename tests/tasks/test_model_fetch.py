@@ -76,11 +76,15 @@ def _train_shards(store, shards) -> list[dict]:
 
 
 def _need(store, shards) -> int:
-    """The budget that holds exactly the token files (uint16) of train and valid and the largest download."""
+    """The budget that holds exactly the token files (uint16) of train and valid and the largest downloads that
+    can be in flight at once (one a fetch thread)."""
+    from tasks.core.shard_fetch import fetch_threads
+
     splits = _index(store, shards)["splits"]
     files = store.get("shards", shards["version"]).manifest["files"]
     every = splits["train"]["shards"] + splits["valid"]["shards"]
-    return 2 * sum(s["tokens"] for s in every) + max(files[s["file"]]["size"] for s in every)
+    largest = sorted((files[s["file"]]["size"] for s in every), reverse=True)[: fetch_threads()]
+    return 2 * sum(s["tokens"] for s in every) + sum(largest)
 
 
 def test_every_shard_is_local_before_the_first_step_within_a_budget_of_exactly_that(many_shards, monkeypatch):

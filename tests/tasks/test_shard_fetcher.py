@@ -160,3 +160,85 @@ def test_a_token_file_a_killed_run_was_writing_is_deleted_when_the_next_run_star
     _fetch(upstream, folder)
     left = {p.name for p in folder.iterdir()}
     assert partial[0] not in left and set(kept) <= left
+
+
+def test_the_budget_holds_every_download_in_flight_at_once_on_an_object_store(monkeypatch):
+    """Review: the shards are fetched ``fetch_threads()`` at a time, each download a file in ``.incoming`` until it
+    is flattened; a budget that holds the token files and only one download let the fetch go past it."""
+    import tasks.core.shard_fetch as shard_fetch
+
+    monkeypatch.setattr(shard_fetch, "FETCH_THREADS", 4)
+    monkeypatch.setattr(shard_fetch.os, "cpu_count", lambda: 8)
+    assert shard_fetch.fetch_threads() == 4
+    shards = [shard_fetch.Shard(f"train-{i:05d}.parquet", tokens=100, parquet_bytes=1000 + i) for i in range(8)]
+    tokens = 8 * 100 * 2
+    in_flight = 1007 + 1006 + 1005 + 1004  # the four largest downloads, on disk at once
+    shard_fetch._check_budget(tokens + in_flight, shards, np.dtype(np.uint16), remote=True)
+    with pytest.raises(UserError, match=r"and 4 downloads at once\); raise it to at least \S+ \(5,622 bytes\)"):
+        shard_fetch._check_budget(tokens + in_flight - 1, shards, np.dtype(np.uint16), remote=True)
+    shard_fetch._check_budget(tokens, shards, np.dtype(np.uint16), remote=False)  # a directory root: no download
+    monkeypatch.setattr(shard_fetch.os, "cpu_count", lambda: 1)  # one thread: one download
+    with pytest.raises(UserError, match=r"and one download\)"):
+        shard_fetch._check_budget(tokens + 1006, shards, np.dtype(np.uint16), remote=True)
+
+
+def test_a_damaged_shard_among_many_is_named_and_the_other_fetches_are_stopped(upstream, tmp_path, monkeypatch):
+    """Review: with four fetch threads, a shard whose bytes are not the manifest's is the same clear error naming
+    it; when it returns no fetch thread is still running, the shards not yet started were never fetched, and
+    ``.incoming`` is gone."""
+    import threading
+
+    import tasks.core.shard_fetch as shard_fetch
+
+    root, _, _, shards = upstream
+    art = tmp_path / "art"
+    shutil.copytree(root, art, ignore=shutil.ignore_patterns("model", "samples", "export", "evaluate"))
+    store = open_store(art)
+    names = sorted(store.get("shards", shards["version"]).manifest["files"])
+    train = [n for n in names if n.startswith("train-") and n.endswith(".parquet")]
+    assert len(train) >= 8
+    damaged = train[2]
+    published = Path(str(shards["path"]).replace(str(root), str(art))) / damaged
+    data = bytearray(published.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    published.write_bytes(bytes(data))
+    monkeypatch.setattr(shard_fetch, "FETCH_THREADS", 2)
+    started: list[str] = []
+    real = store.fetch_bytes
+
+    def slow(stage, version, rel, *args, **kwargs):
+        started.append(rel)
+        if rel != damaged:
+            threading.Event().wait(0.3)
+        return real(stage, version, rel, *args, **kwargs)
+
+    monkeypatch.setattr(store, "fetch_bytes", slow)
+    folder = tmp_path / "t"
+    with pytest.raises(UserError, match=re.escape(damaged)):
+        fetch_shards(store, shards["version"], folder, ("train",))
+    assert not [t for t in threading.enumerate() if t.name.startswith("fetch-shard")]
+    assert not (folder / ".incoming").exists()
+    assert len(started) <= 6 < len(train), started  # the shards after the failure and its neighbours: not fetched
+
+
+def test_the_downloads_a_killed_run_left_are_deleted_before_the_next_fetch_starts(upstream, tmp_path, monkeypatch):
+    """Review: a run killed (SIGKILL) mid-fetch on an object store leaves up to one download a fetch thread in
+    ``.incoming``; they were deleted only at the end of the next fetch, on disk beside the budget meanwhile."""
+    root, _, _, shards = upstream
+    store = open_store(root)
+    folder = tmp_path / "t"
+    leftover = folder / ".incoming" / ".train-00000.parquet.0123abcd.part"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"half a download")
+    seen: list[bool] = []
+    real = store.fetch_bytes
+
+    def watched(stage, version, rel, *args, **kwargs):
+        if rel.endswith(".parquet"):  # a shard (the index is read before anything is fetched)
+            seen.append(leftover.exists())
+        return real(stage, version, rel, *args, **kwargs)
+
+    monkeypatch.setattr(store, "fetch_bytes", watched)
+    fetch_shards(store, shards["version"], folder, ("train",))
+    assert seen and not any(seen)
+    assert not (folder / ".incoming").exists()

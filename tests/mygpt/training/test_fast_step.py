@@ -161,6 +161,50 @@ def test_the_blockwise_loss_is_not_used_where_it_is_not_measured_faster():
     assert not _LinearCrossEntropy.applies(x.double(), weight.double())
 
 
+@pytest.mark.parametrize("bad", [-1, -100, 3046])
+def test_the_blockwise_loss_refuses_a_target_that_is_not_an_id_as_loudly_as_cross_entropy(bad):
+    """Review: -1, -100 (cross_entropy's ignore_index) or an id past the vocabulary: an error, never garbage read
+    from the neighbouring row or column."""
+    from mygpt.model import _LinearCrossEntropy
+
+    x, weight = torch.randn(600, 16, requires_grad=True), torch.randn(3046, 16, requires_grad=True)
+    targets = torch.randint(0, 3046, (600,))
+    targets[550] = bad  # in the second block
+    with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
+        _LinearCrossEntropy.apply(x, weight, targets)
+
+
+def test_the_blockwise_loss_used_twice_and_backward_twice_gives_cross_entropys_gradients():
+    """Review: a loss used twice in one graph, and ``backward(retain_graph=True)`` then ``backward()`` again (the
+    gradients accumulate): those of F.cross_entropy, within rounding."""
+    from mygpt.model import _LinearCrossEntropy
+
+    torch.manual_seed(0)
+    x, weight = torch.randn(700, 32, requires_grad=True), torch.randn(211, 32, requires_grad=True)
+    targets = torch.randint(0, 211, (700,))
+    grads = []
+    for loss_of in (
+        lambda: _LinearCrossEntropy.apply(x, weight, targets),
+        lambda: F.cross_entropy(x @ weight.t(), targets),
+    ):
+        x.grad = weight.grad = None
+        loss = loss_of()
+        (2 * loss + loss * loss).backward(retain_graph=True)
+        loss.backward()
+        grads.append((x.grad.clone(), weight.grad.clone()))
+    for f, p in zip(*grads):
+        torch.testing.assert_close(f, p, rtol=0, atol=1e-5 * p.abs().max().item())
+
+
+def test_asking_for_neither_logits_nor_a_loss_is_an_error():
+    """Review: ``model(idx, keep_logits=False)`` without targets returned ``(None, None)``, silently."""
+    model = GPT(vocab_size=97, **TINY_MODEL)
+    with pytest.raises(ValueError, match="keep_logits=False without targets"):
+        model(torch.zeros(1, 4, dtype=torch.long), keep_logits=False)
+    logits, loss = model(torch.zeros(1, 4, dtype=torch.long))  # generation: unchanged
+    assert logits.shape[:2] == (1, 4) and loss is None
+
+
 def test_foreach_clip_gives_the_loops_bits():
     torch.manual_seed(0)
     models = [GPT(vocab_size=50, **TINY_MODEL) for _ in range(2)]
