@@ -211,6 +211,14 @@ def test_unreachable_dask_address_fails_fast_naming_it(inputs, tmp_path, monkeyp
     assert not [p for p in (root / "shards").iterdir() if not p.name.startswith(".")]
 
 
+def _cmdline(p: psutil.Process) -> list[str]:
+    """``p``'s command line; none for a child that has ended (a zombie not yet reaped, or gone)."""
+    try:
+        return p.cmdline()
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return []
+
+
 def test_local_cluster_listens_on_loopback_only():
     import logging
 
@@ -221,7 +229,7 @@ def test_local_cluster_listens_on_loopback_only():
         assert all(a.startswith("tcp://127.0.0.1:") for a in client.scheduler_info()["workers"])
         kids = me.children(recursive=True)
         assert loopback_only([me.pid, *(p.pid for p in kids)]) == []
-        workers = [p.pid for p in kids if "spawn_main" in " ".join(p.cmdline())]  # not multiprocessing's tracker
+        workers = [p.pid for p in kids if "spawn_main" in " ".join(_cmdline(p))]  # not multiprocessing's tracker
         assert len(workers) == 2
     wait_for(
         lambda: (

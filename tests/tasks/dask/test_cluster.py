@@ -4,6 +4,7 @@ process) leave the logger's level as it was."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
@@ -18,12 +19,23 @@ LOG = logging.getLogger("test")
 
 
 def _worker_pids() -> set[int]:
-    me = psutil.Process()
-    return {p.pid for p in me.children(recursive=True) if "spawn_main" in " ".join(p.cmdline())}
+    """This process's Dask worker processes; a child that has ended (a zombie not yet reaped, or gone) is none."""
+    found = set()
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.ZombieProcess, psutil.NoSuchProcess):
+            if "spawn_main" in " ".join(p.cmdline()):
+                found.add(p.pid)
+    return found
 
 
 def _gone(pids: set[int]) -> bool:
-    return not [p for p in psutil.process_iter() if p.pid in pids and p.status() != psutil.STATUS_ZOMBIE]
+    def alive(p: psutil.Process) -> bool:
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return not [p for p in psutil.process_iter() if p.pid in pids and alive(p)]
 
 
 def test_a_stages_cluster_ends_its_workers_when_the_block_ends_a_failed_one_too(caplog):
