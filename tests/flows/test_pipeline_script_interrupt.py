@@ -132,6 +132,9 @@ def _script(tmp_path: Path, task_runs: list | None = None, **env_more: str):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, as a terminal's foreground job is
+        # the signals at their defaults, as a terminal starts it: a signal this process ignores (one an earlier test
+        # or library set) would be ignored by the script too, and a shell cannot trap one ignored on entry
+        preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)],
     )
     return proc, home, server
 
