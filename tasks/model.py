@@ -482,11 +482,12 @@ def curves_chart(versions: list) -> str:
 #: AdamW with a foreach clip (TrainConfig.fused), which moves the weights' last bits. 5: the model's faster step
 #: (one q/k/v matmul, SDPA's own GQA on the CPU too, RMSNorm's written-out backward): the same batches, gradients
 #: within float rounding of 4's. 6: the training step's blockwise LM head and loss on the CPU (fp32): the same
-#: batches, the loss and gradients within float rounding of 5's.
+#: batches, the loss and gradients within float rounding of 5's. 7: RMS norm's backward through layer norm's
+#: fused kernel: the same batches, gradients within float rounding of 6's.
 STAGE = Stage(
     name="model",
     settings=ModelSettings,
-    code_version="6",
+    code_version="7",
     build=build_model,
     streamed=("shards",),
     check_environment=cache_budget,
