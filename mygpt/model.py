@@ -15,6 +15,7 @@ from typing import cast
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from mygpt.gpt_config import GPTConfig
 
@@ -50,6 +51,7 @@ class _RMSNormFunction(torch.autograd.Function):
         return x.mul(rstd).mul_(weight)
 
     @staticmethod
+    @once_differentiable  # the written-out gradient has no graph of its own: a second derivative would be wrong
     def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         # With xhat = x * rstd and gw = g * w, RMS norm's d/dx is rstd * (gw - xhat * mean(gw * xhat)); layer
         # norm's, given mean 0 and this rstd, is that minus rstd * mean(gw), which is added back (mean(gw) is the
@@ -59,12 +61,13 @@ class _RMSNormFunction(torch.autograd.Function):
         need_x, need_w = ctx.needs_input_grad[:2]
         if not (need_x or need_w):
             return None, None, None
-        grad = grad.contiguous()
-        grad_x, grad_weight, _ = torch.ops.aten.native_layer_norm_backward(
-            grad, x, [x.size(-1)], torch.zeros_like(rstd), rstd, weight, None, [need_x, need_w, False]
-        )
-        if need_x:
-            grad_x.addcmul_(rstd, (grad @ weight).unsqueeze(-1), value=1.0 / x.size(-1))
+        grad = grad.to(x.dtype).contiguous()
+        with torch.autocast(grad.device.type, enabled=False):  # fp32 throughout: autocast would lower the matmul
+            grad_x, grad_weight, _ = torch.ops.aten.native_layer_norm_backward(
+                grad, x, [x.size(-1)], torch.zeros_like(rstd), rstd, weight, None, [need_x, need_w, False]
+            )
+            if need_x:
+                grad_x.addcmul_(rstd, (grad @ weight).unsqueeze(-1), value=1.0 / x.size(-1))
         return grad_x, grad_weight, None
 
 
@@ -290,6 +293,11 @@ class GPT(nn.Module):
         on), which never holds all the logits; the training step asks for this."""
         if targets is None and not keep_logits:
             raise ValueError("keep_logits=False without targets: there would be neither logits nor a loss")
+        if targets is not None and (targets.shape != idx.shape or targets.dtype != torch.long):
+            raise ValueError(
+                f"targets must be token ids shaped as idx: a {torch.long} tensor of shape {tuple(idx.shape)}, "
+                f"got {targets.dtype} of shape {tuple(targets.shape)}"
+            )
         _B, T = idx.shape
         start = kv_cache.length if kv_cache is not None else 0
         if start + T > self.max_seq_len:
@@ -320,6 +328,10 @@ class GPT(nn.Module):
         return (logits if keep_logits else None), loss
 
 
+#: an ``ignore_index`` no target can equal (``nll_loss`` ignores -100 by default)
+_NO_TARGET_IGNORED = torch.iinfo(torch.long).min
+
+
 class _CrossEntropy(torch.autograd.Function):
     """``F.cross_entropy(logits, targets)`` (the mean over rows; every target a real id) with its backward written
     out: ``(softmax - onehot) / rows`` from the saved log-probabilities in two passes over the logits, where
@@ -330,9 +342,11 @@ class _CrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logp = torch.log_softmax(logits, dim=-1)
         ctx.save_for_backward(logp, targets)
-        return F.nll_loss(logp, targets)
+        # every row counts (no ignore_index): a target of -100 is out of range, as the backward assumes
+        return F.nll_loss(logp, targets, ignore_index=_NO_TARGET_IGNORED)
 
     @staticmethod
+    @once_differentiable  # the written-out gradient has no graph of its own: a second derivative would be wrong
     def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (grad,) = grads
         logp, targets = ctx.saved_tensors
@@ -344,12 +358,12 @@ class _CrossEntropy(torch.autograd.Function):
 
 class _LinearCrossEntropy(torch.autograd.Function):
     """``F.cross_entropy(x @ weight.T, targets)`` (mean over rows) and its gradients, :data:`ROWS` rows at a time:
-    each block's logits are made, turned into its share of the loss and of both gradients (``(softmax - onehot) /
-    rows``, times ``weight`` for ``x``, times ``x`` for ``weight``), and let go, all in the forward pass; the
-    backward pass scales the two gradients by the loss's. Why: a block of logits stays in the CPU's cache, where
-    the whole (rows x vocab) matrix and its gradient make four trips through memory. The loss and gradients of
-    :class:`_CrossEntropy` over ``F.linear`` within float rounding (tested); fp32 on the CPU only, where it is
-    measured faster (bench/step_vs_nanogpt.py)."""
+    each block's logits are made, turned into log-probabilities (``log_softmax``), its share of the loss and of both
+    gradients (``(softmax - onehot) / rows``, times ``weight`` for ``x``, times ``x`` for ``weight``), and let go,
+    all in the forward pass; the backward pass scales the two gradients by the loss's. Why: a block of logits
+    stays in the CPU's cache, where the whole (rows x vocab) matrix and its gradient make four trips through
+    memory. The loss and gradients of :class:`_CrossEntropy` over ``F.linear`` within float rounding (tested);
+    fp32 on the CPU only, where it is measured faster (bench/step_vs_nanogpt.py)."""
 
     ROWS = 512
 
@@ -370,11 +384,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         at = torch.arange(block, device=x.device)
         for start in range(0, rows, block):
             xs, ts = x[start : start + block], targets[start : start + block]
-            logits = xs @ weight.t()
-            lse = torch.logsumexp(logits, dim=-1)
-            # each row's loss, then their sum: the difference of two sums loses a confident row's small loss
-            total += (lse - logits.gather(1, ts[:, None]).squeeze(1)).sum()
-            grad = logits.sub_(lse[:, None]).exp_()  # softmax, in the logits' memory
+            # log-probabilities as log_softmax makes them (shifted by the row's max first), so a row's small loss
+            # keeps its digits beside large logits; then the softmax, in their memory
+            logp = torch.log_softmax(xs @ weight.t(), dim=-1)
+            total -= logp.gather(1, ts[:, None]).sum()
+            grad = logp.exp_()
             grad[at[: grad.size(0)], ts] -= 1
             grad.mul_(1.0 / rows)
             torch.mm(grad, weight, out=grad_x[start : start + block])
@@ -383,6 +397,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return total / rows
 
     @staticmethod
+    @once_differentiable  # the written-out gradient has no graph of its own: a second derivative would be wrong
     def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (grad,) = grads
         grad_x, grad_w = ctx.saved_tensors

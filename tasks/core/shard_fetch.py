@@ -112,7 +112,8 @@ def fetch_shards(store: ArtifactStore, version: str, folder: Path, splits: tuple
     train = [s for split in splits for s in shards(split)]
     valid = shards("valid")
     dtype = np.dtype(index["dtype"])
-    _check_budget(cache_budget(), [*train, *valid], dtype, store.remote)
+    wanted = list(dict.fromkeys([*train, *valid]))  # once each: training on every split reads valid's shards too
+    _check_budget(cache_budget(), wanted, dtype, store.remote)
     _clear(folder)
     shutil.rmtree(incoming, ignore_errors=True)  # the downloads a killed run left: not in the budget
 
@@ -122,7 +123,7 @@ def fetch_shards(store: ArtifactStore, version: str, folder: Path, splits: tuple
 
     pool = concurrent.futures.ThreadPoolExecutor(fetch_threads(), "fetch-shard")
     try:
-        for _ in pool.map(fetch, [*train, *valid]):  # the first failure in index order is raised
+        for _ in pool.map(fetch, wanted):  # the first failure in index order is raised
             pass
     finally:
         pool.shutdown(cancel_futures=True)  # after a failure: the shards not yet started are not fetched

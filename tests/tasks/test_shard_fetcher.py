@@ -81,6 +81,30 @@ def test_the_budget_s_advice_is_a_value_that_is_accepted(upstream, tmp_path, mon
         assert cache_budget() >= n, size_at_least(n)
 
 
+def test_training_on_every_split_fetches_each_shard_once_and_the_budget_counts_it_once(upstream, tmp_path, monkeypatch):
+    """``train_splits=all`` trains on valid's shards too: each one fetched and counted once, so the budget that
+    holds exactly the token files on disk is accepted."""
+    import tasks.core.shard_fetch as shard_fetch
+
+    root, _, _, shards = upstream
+    store, folder = open_store(root), tmp_path / "t"
+    fetched: list[str] = []
+    real = store.fetch_bytes
+
+    def counted(stage, version, rel, *args, **kwargs):
+        fetched.append(rel)
+        return real(stage, version, rel, *args, **kwargs)
+
+    monkeypatch.setattr(store, "fetch_bytes", counted)
+    data = shard_fetch.fetch_shards(store, shards["version"], folder, ("train", "valid", "test"))
+    tokens = [p for p in fetched if p.endswith(".parquet")]
+    assert len(tokens) == len(set(tokens)) and any(p.startswith("valid-") for p in tokens)
+    on_disk = sum(p.stat().st_size for p in folder.glob("*.bin"))
+    assert set(data.valid) <= set(data.train)
+    monkeypatch.setenv(ENV_CACHE_MAX, str(on_disk))
+    shard_fetch.fetch_shards(store, shards["version"], folder, ("train", "valid", "test"))  # accepted
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [

@@ -170,6 +170,25 @@ def test_the_blockwise_loss_of_confident_predictions_is_as_close_to_float64s_as_
     assert (fast.double() - exact).abs() <= max(2 * (plain.double() - exact).abs(), 1e-6 * exact)
 
 
+@pytest.mark.parametrize("offset", [0.0, 100.0, 1000.0])
+def test_the_blockwise_loss_beside_large_logits_is_within_fp32_rounding_of_float64s(offset):
+    """Review: every logit shifted by ``offset`` (the loss does not change): log-probabilities made after the
+    row's max is taken off keep the loss's digits, where a log-sum-exp of about ``offset`` minus the target's
+    logit loses them."""
+    from mygpt.model import _LinearCrossEntropy
+
+    torch.manual_seed(0)
+    rows, vocab = 1100, 256
+    weight = torch.cat((torch.ones(vocab, 1), torch.eye(vocab)), dim=1)  # logit = x[0] + x[1 + id]
+    targets = torch.randint(0, vocab, (rows,))
+    x = torch.zeros(rows, vocab + 1)
+    x[:, 0] = offset
+    x[torch.arange(rows), 1 + targets] = 8.0
+    exact = F.cross_entropy(F.linear(x.double(), weight.double()), targets)
+    fast = _LinearCrossEntropy.apply(x.requires_grad_(), weight, targets)
+    torch.testing.assert_close(fast.double(), exact, rtol=4e-6, atol=0)
+
+
 def test_the_blockwise_loss_is_not_used_where_it_is_not_measured_faster():
     from mygpt.device import autocast
     from mygpt.model import _LinearCrossEntropy
@@ -194,6 +213,47 @@ def test_the_blockwise_loss_refuses_a_target_that_is_not_an_id_as_loudly_as_cros
     targets[550] = bad  # in the second block
     with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
         _LinearCrossEntropy.apply(x, weight, targets)
+
+
+@pytest.mark.parametrize("bad", [-1, -100, 3046])
+def test_the_models_loss_on_either_path_refuses_a_target_that_is_not_an_id(bad):
+    """-100 too, which ``F.cross_entropy`` would skip: the written-out backward counts every row, so the loss must."""
+    torch.manual_seed(0)
+    model = GPT(vocab_size=3046, **TINY_MODEL)
+    idx, targets = torch.randint(0, 3046, (2, 32)), torch.randint(0, 3046, (2, 32))
+    targets[1, 5] = bad
+    for keep_logits in (True, False):
+        with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
+            model(idx, targets, keep_logits=keep_logits)
+
+
+@pytest.mark.parametrize(
+    "targets", [torch.zeros(2, 31, dtype=torch.long), torch.zeros(2, 33, dtype=torch.long), torch.zeros(2, 32).int()]
+)
+def test_the_models_loss_on_either_path_refuses_targets_not_shaped_or_typed_as_the_ids(targets):
+    """A window one token off, or ids of another dtype (uint8 would index as a mask): one clear error, on both
+    paths, never a loss over misaligned targets."""
+    model = GPT(vocab_size=3046, **TINY_MODEL)
+    for keep_logits in (True, False):
+        with pytest.raises(ValueError, match=r"targets must be token ids shaped as idx.*\(2, 32\)"):
+            model(torch.zeros(2, 32, dtype=torch.long), targets, keep_logits=keep_logits)
+
+
+def test_rms_norms_gradient_is_fp32s_inside_an_autocast_region_and_a_second_derivative_is_refused():
+    torch.manual_seed(0)
+    norm = RMSNorm(256)
+    with torch.no_grad():
+        norm.weight.add_(torch.randn(256) + 1)
+    x, grad = torch.randn(64, 256) * 3 + 1, torch.randn(64, 256)
+    x64, weight64 = x.double().requires_grad_(), norm.weight.detach().double().requires_grad_()
+    (exact,) = torch.autograd.grad(_plain_rms_norm(x64, weight64, norm.eps), x64, grad.double())
+    x.requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # a backward run inside the region: bf16 matmuls there
+        (fast,) = torch.autograd.grad(norm(x), x, grad)
+    torch.testing.assert_close(fast.double(), exact, rtol=0, atol=1e-6 * exact.abs().max().item())
+    (first,) = torch.autograd.grad(norm(x), x, grad, create_graph=True)
+    with pytest.raises(RuntimeError):
+        first.sum().backward()
 
 
 def test_the_blockwise_loss_used_twice_and_backward_twice_gives_cross_entropys_gradients():
