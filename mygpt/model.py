@@ -290,7 +290,8 @@ class GPT(nn.Module):
         """``idx`` (B, T) -> ``(logits, loss or None)``; with ``kv_cache``, ``idx`` is only the new tokens (at
         positions ``kv_cache.length ..``) and the cache grows in place. ``keep_logits=False`` (with ``targets``):
         ``(None, loss)``, the loss from :class:`_LinearCrossEntropy` where it applies (fp32 on the CPU, gradients
-        on), which never holds all the logits; the training step asks for this."""
+        on), which never holds all the logits; the training step asks for this. ``targets``: int64 ids shaped as
+        ``idx``, each one in ``[0, vocab_size)`` (no ignore index: every position counts)."""
         if targets is None and not keep_logits:
             raise ValueError("keep_logits=False without targets: there would be neither logits nor a loss")
         if targets is not None and (targets.shape != idx.shape or targets.dtype != torch.long):
