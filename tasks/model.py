@@ -483,7 +483,8 @@ def curves_chart(versions: list) -> str:
 #: (one q/k/v matmul, SDPA's own GQA on the CPU too, RMSNorm's written-out backward): the same batches, gradients
 #: within float rounding of 4's. 6: the training step's blockwise LM head and loss on the CPU (fp32): the same
 #: batches, the loss and gradients within float rounding of 5's. 7: RMS norm's backward through layer norm's
-#: fused kernel, and the blockwise loss summed row by row: the same batches, gradients within float rounding of 6's.
+#: fused kernel, and the blockwise loss from log_softmax's log-probabilities: the same batches, gradients within
+#: float rounding of 6's.
 STAGE = Stage(
     name="model",
     settings=ModelSettings,
