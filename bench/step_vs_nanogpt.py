@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from mygpt import GPT, GPTConfig, TrainConfig, UserError
+from mygpt.device import compile_options
 from mygpt.training.train import clip_gradients, make_optimizer
 
 #: A step's time by what it computes: profiler ops sorted by name and shape (see ``category``).
@@ -78,7 +79,7 @@ def contenders(nanogpt_path: str, model: GPTConfig, batch: int, seq_len: int, co
         gpt = GPT(model)
         config = TrainConfig(batch_size=batch, seq_len=seq_len, lr=3e-4, max_grad_norm=1.0, fused=fused)
         optimizer = make_optimizer(gpt, config, cpu)
-        forward = torch.compile(gpt) if compiled else gpt
+        forward = torch.compile(gpt, options=compile_options(cpu)) if compiled else gpt
 
         def step() -> None:
             optimizer.zero_grad(set_to_none=True)

@@ -23,6 +23,7 @@ __all__ = [
     "autocast",
     "bf16_cpu_warning",
     "bf16_native",
+    "compile_options",
     "compile_unavailable",
     "deterministic_mode",
     "device_warnings",
@@ -195,6 +196,14 @@ def bf16_cpu_warning(device: str | torch.device, requested: str) -> str | None:
         f"it, and fp32 measured about 10x faster on such a CPU (chapter model: ~1 s vs ~11 s per step); "
         f"use precision fp32 (or auto, which picks fp32 on CPUs)"
     )
+
+
+def compile_options(device: str | torch.device) -> dict:
+    """TorchInductor's options for a training step on ``device``: on the CPU its C++ wrapper, which calls the
+    generated kernels from C++ instead of from Python. Why: the chapter's small model makes hundreds of short
+    kernel calls a step, and the Python between them is a measurable share of the step on a CPU
+    (bench/step_vs_nanogpt.py); the kernels are the same, so the numbers are too."""
+    return {"cpp_wrapper": True} if as_device(device).type == "cpu" else {}
 
 
 def compile_unavailable(device: str | torch.device) -> str | None:

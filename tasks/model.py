@@ -90,6 +90,9 @@ CHAPTER_RUN = {
     "eval_every": 500,
     "checkpoint_every": 1000,
 }
+#: the fewest steps for which ``compile="auto"`` compiles: about where the chapter's model on a CPU has repaid the
+#: first step's compilation with its faster steps (docs/TRAINING.md, "compile")
+COMPILE_FROM_STEPS = 3000
 _MODEL = {o.name: o for o in options(GPTConfig).values()}
 _RECIPE = {o.name: o for o in options(TrainConfig).values()}
 
@@ -119,6 +122,22 @@ class ModelSettingsBase(DeviceSettings):
 
     def progress_unit(self) -> tuple[str, float]:
         return ("tokens", self.batch_size * self.seq_len)  # per step: the rate shown while training
+
+    compile: bool | Literal["auto"] = Field(
+        "auto",
+        description="torch.compile the training step (a warning and eager training where it is unavailable); "
+        f"auto = on where it is available and the run has at least {COMPILE_FROM_STEPS:,} steps, where its "
+        "one-time compilation is repaid (docs/TRAINING.md)",
+    )
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile(cls, value):
+        if value is True or value is False or value == "auto":
+            return value
+        raise ValueError(
+            f"compile must be true, false or 'auto', got {value!r} ({cls.model_fields['compile'].description})"
+        )
 
     @field_validator("nproc", mode="before")
     @classmethod
@@ -150,7 +169,12 @@ class ModelSettingsBase(DeviceSettings):
             )
         self.check_memory(s.device, s.precision, nproc)
         micro = self.micro_batch_size if self.micro_batch_size < rows_at_once(self.batch_size, nproc) else 0
-        return s.model_copy(update={"nproc": nproc, "micro_batch_size": micro})
+        compile_ = self.compile
+        if compile_ == "auto":
+            from mygpt.device import compile_unavailable
+
+            compile_ = self.steps >= COMPILE_FROM_STEPS and compile_unavailable(s.device) is None
+        return s.model_copy(update={"nproc": nproc, "micro_batch_size": micro, "compile": compile_})
 
     def check_memory(self, device: str, precision: str, nproc: int, vocab_size: int = 1) -> None:
         """``UserError`` when training this model cannot fit this machine (``mygpt.limits.check_memory``). Before
@@ -195,8 +219,8 @@ class ModelSettingsBase(DeviceSettings):
 
     def train_config(self) -> TrainConfig:
         """The recipe these (resolved) settings describe."""
-        values = {_RECIPE[name].field: getattr(self, name) for name in ("compile", *RECIPE_SETTINGS)}
-        return TrainConfig(precision=self.precision, **values)
+        values = {_RECIPE[name].field: getattr(self, name) for name in RECIPE_SETTINGS}
+        return TrainConfig(precision=self.precision, compile=self.compile is True, **values)
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSettingsBase:
@@ -214,7 +238,6 @@ else:
         "ModelSettings",
         __base__=ModelSettingsBase,
         __doc__=ModelSettingsBase.__doc__,
-        compile=_setting(_RECIPE["compile"]),
         **{name: _setting(_MODEL[name]) for name in MODEL_SETTINGS},
         **{name: _setting(_RECIPE[name], Seed if name == "seed" else None) for name in RECIPE_SETTINGS},
         train_splits=(

@@ -21,6 +21,7 @@ import torch
 
 from mygpt.checkpoint import gpt_config_from_payload, load_checkpoint_payload, save_checkpoint
 from mygpt.device import (
+    compile_options,
     compile_unavailable,
     deterministic_mode,
     device_warnings,
@@ -243,7 +244,7 @@ def train(
         if reason:
             warn(f"compile=True, but torch.compile is unavailable here: {reason}; training without it")
         else:  # around DDP, so its graph breaks at bucket boundaries let the all-reduce overlap the backward pass
-            step_model = torch.compile(step_model)
+            step_model = torch.compile(step_model, options=compile_options(dev))
             compiled = True
 
     token_bytes = None

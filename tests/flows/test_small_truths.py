@@ -141,7 +141,7 @@ def demo(prefect_server, tmp_path_factory):
             calls["runner.env"] = ((home / "runner.env").read_text(), (home / "runner.env").stat().st_mode)
         env = {**env, "MYGPT_DETERMINISTIC": "1"}  # the library's own switches reach a run through the runner too
         calls["third"] = subprocess.run(
-            [script, "--demo", "--no-wait", "--param", "steps=100000"],
+            [script, "--demo", "--no-wait", "--param", "steps=100000", "--param", "compile=false"],  # a long run, eager
             env=env,
             capture_output=True,
             text=True,

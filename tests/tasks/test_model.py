@@ -178,7 +178,8 @@ def test_chapter_defaults_and_resolved_device():
         ({"nproc": "x"}, r"^model.nproc must be an integer >= 1 or 'auto', got 'x'"),
         ({"nproc": 1.5}, r"^model.nproc must be an integer >= 1 or 'auto', got 1.5"),
         ({"nproc": True}, r"^model.nproc must be an integer >= 1 or 'auto', got True"),
-        ({"compile": "yes"}, r"^model.compile must be true or false, got 'yes'"),
+        ({"compile": "yes"}, r"^model.compile must be true, false or 'auto', got 'yes'"),
+        ({"compile": 1}, r"^model.compile must be true, false or 'auto', got 1"),
     ],
 )
 def test_settings_reject(settings, message):
@@ -203,11 +204,26 @@ def test_nproc_beyond_the_machine_is_refused_when_resolved(settings, message):
 
 
 def test_nproc_and_compile_enter_the_version_resolved():
-    base = train_stage.ModelSettings(device="cpu")
+    base = train_stage.ModelSettings(device="cpu", compile=False)
     v = base.resolved().version_params()
-    assert (v["nproc"], v["compile"]) == (1, False), "the defaults"
-    assert train_stage.ModelSettings(device="cpu", nproc="auto").resolved().version_params() == v, "auto = 1 on cpu"
+    assert (v["nproc"], v["compile"]) == (1, False)
+    assert train_stage.ModelSettings(device="cpu", nproc="auto", compile=False).resolved().version_params() == v
     assert base.model_copy(update={"compile": True}).resolved().version_params()["compile"] is True
+
+
+def test_compile_auto_compiles_a_long_run_where_torch_compile_runs(monkeypatch):
+    from mygpt import device
+
+    fewest = train_stage.COMPILE_FROM_STEPS
+    resolved = lambda **s: train_stage.ModelSettings(device="cpu", **s).resolved().version_params()["compile"]  # noqa: E731
+    monkeypatch.setattr(device, "compile_unavailable", lambda dev: None)
+    assert train_stage.ModelSettings().compile == "auto" and train_stage.ModelSettings().steps >= fewest
+    assert resolved() is True, "the chapter's run compiles"
+    assert (resolved(steps=fewest), resolved(steps=fewest - 1)) == (True, False)
+    assert resolved(steps=fewest - 1, compile=True) is True and resolved(compile=False) is False, "asked for"
+    monkeypatch.setattr(device, "compile_unavailable", lambda dev: "no C++ compiler found")
+    assert resolved() is False, "where it cannot run, auto trains eagerly (no warning: nobody asked for it)"
+    assert resolved(compile=True) is True, "asked for: the run warns and trains eagerly, as before"
     assert list(train_stage.ModelSettings.model_fields)[:4] == ["device", "precision", "nproc", "compile"]
 
 

@@ -1,5 +1,6 @@
-"""Two real gloo processes training a compiled model: the DDP module is what is compiled (so DDP's graph splitting
-lets the all-reduce overlap the backward pass), and the run equals the eager one."""
+"""A compiled training run (TorchInductor, with the options ``mygpt.device.compile_options`` gives, the pipeline's
+default for long runs) equals the eager one, in one process and in two real gloo processes; there the DDP module
+is what is compiled (so DDP's graph splitting lets the all-reduce overlap the backward pass)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,21 @@ from tests.mygpt.training.test_launcher import WORKER_ENV, assert_close_runs, fi
 #: 3 rows over 2 processes (2 + 1), micro-batches of 1 on rank 0: no_sync through the compiled module too
 SHORT = dict(steps=4, batch_size=3, micro_batch_size=1, seq_len=32, lr=3e-3, print_every=1, eval_every=2,
              eval_batches=1, seed=3)  # fmt: skip
+
+
+@pytest.mark.slow  # compiling forward and backward
+def test_one_process_compiled_equals_one_process_eager(files, tmp_path):  # noqa: F811
+    reason = compile_unavailable("cpu")
+    if reason:
+        pytest.skip(f"torch.compile cannot run on this machine: {reason}")
+    lines: list[str] = []
+    eager = run_training(make_job(files, tmp_path / "eager", **SHORT), 1, log=None, env=WORKER_ENV)
+    compiled = run_training(
+        make_job(files, tmp_path / "compiled", **SHORT, compile=True), 1, log=lines.append, env=WORKER_ENV
+    )
+    assert compiled.compiled and not eager.compiled and compiled.world_size == 1
+    assert not any(line.startswith("warning: ") for line in lines), lines
+    assert_close_runs(tmp_path / "eager" / "train.ckpt", tmp_path / "compiled" / "train.ckpt")
 
 
 @pytest.mark.slow  # two processes compiling forward and backward
@@ -57,7 +73,7 @@ def test_compile_is_applied_to_the_ddp_module_not_inside_it(monkeypatch, shakesp
     compiled_what = []
     monkeypatch.setattr(train_mod, "compile_unavailable", lambda device: None)
     monkeypatch.setattr(train_mod, "wrap_ddp", lambda model, device: Wrapper(model))
-    monkeypatch.setattr(train_mod.torch, "compile", lambda module: compiled_what.append(module) or module)
+    monkeypatch.setattr(train_mod.torch, "compile", lambda module, **options: compiled_what.append(module) or module)
     text = shakespeare_text[:5000]
     tok = CharTokenizer.from_text(text)
     model = GPT(tok.vocab_size, **TINY_MODEL)
