@@ -4,7 +4,8 @@ A version holds ``wiki.{split}.txt`` for each split the manifest lists (``split_
 :mod:`tasks.corpora.splits`, never by name), each with ``= Header =`` lines stripped; with ``article_index`` also
 ``wiki.{split}.articles.npy``, the byte offsets where each article starts. Kinds: ``wikitext`` (the chapter's
 wikitext-103-raw-v1 zip; ``cat wiki.train.txt wiki.valid.txt wiki.test.txt`` is the chapter's ``wikipedia.txt``
-byte for byte) and ``text`` (your own UTF-8 text). It names the source's content (sha256 and size), not its URL;
+byte for byte), ``text`` (your own UTF-8 text), ``dump`` (a MediaWiki dump) and ``parquet`` (a Wikipedia Parquet
+export). It names the source's content (sha256 and size), not its URL;
 credentials in the URL are used to download and shown nowhere. The design: docs/CORPUS.md.
 """
 
@@ -16,7 +17,7 @@ from tasks.core.report import Markdown, md_code, md_row, md_text, summary_table
 from tasks.core.settings import Settings
 from tasks.core.stage import BuildContext, Stage, stage_task
 from tasks.core.urls import address_sha256, check_url, redact_url
-from tasks.corpora import text, wikitext
+from tasks.corpora import parquet, text, wikitext
 from tasks.corpora.dump import adapter as dump
 from tasks.corpora.dump.settings import DumpFields
 from tasks.corpora.source import SourceContext
@@ -28,7 +29,7 @@ from tasks.store import ArtifactStore
 from tasks.store.manifest_schema import SHA256_RE
 
 #: the corpus kinds, by ``corpus.kind``: one adapter module each
-KINDS = {source.kind: source for source in (wikitext.SOURCE, text.SOURCE, dump.SOURCE)}
+KINDS = {source.kind: source for source in (wikitext.SOURCE, text.SOURCE, dump.SOURCE, parquet.SOURCE)}
 DEFAULT_URL = wikitext.DEFAULT_URL
 PINNED_BYTES = wikitext.PINNED_BYTES
 #: a source without its own splits: the share of documents in valid and in test (by a hash of each id)
@@ -47,12 +48,14 @@ class CorpusSettings(DumpFields, Settings):
         "wikitext",
         description="the kind of corpus: wikitext (the wikitext-103-raw-v1 zip), or another adapter's: text (your "
         "own UTF-8 text: a file, a folder of .txt files or an http(s) URL), dump (a Wikimedia "
-        "<wiki>-<date>-pages-articles-multistream.xml.bz2: any language's Wikipedia); docs/CORPUS.md",
+        "<wiki>-<date>-pages-articles-multistream.xml.bz2: any language's Wikipedia), parquet (a Wikipedia "
+        "Parquet export with columns id, title, text: a file, a folder of .parquet files or an http(s) URL); "
+        "docs/CORPUS.md",
     )
     source_url: str = Field(
         DEFAULT_URL,
         description="the source: an http(s):// URL, or file:///absolute/path for a local copy (kind=text: a file "
-        "or a folder of .txt files)",
+        "or a folder of .txt files; kind=parquet: a file or a folder of .parquet files)",
     )
     expected_bytes: int | None = Field(
         None,
@@ -62,7 +65,9 @@ class CorpusSettings(DumpFields, Settings):
         "others; 0 = no size check",
     )
     expected_sha256: str | None = Field(
-        None, description="the sha256 of the zip (64 hex digits, the output of sha256sum); checked when given"
+        None,
+        description="the sha256 of the zip, or of kind=text's or parquet's file (64 hex digits, the output of "
+        "sha256sum); checked when given",
     )
     article_index: bool | None = Field(
         None,
@@ -73,10 +78,11 @@ class CorpusSettings(DumpFields, Settings):
         VALID_FRACTION,
         ge=0,
         le=1,
-        description="kind=text: the share of documents in the valid split (each document's by a hash of its id)",
+        description="kind=text, dump, parquet: the share of documents in the valid split (each document's by a "
+        "hash of its id)",
     )
     test_fraction: float = Field(
-        TEST_FRACTION, ge=0, le=1, description="kind=text: the share of documents in the test split"
+        TEST_FRACTION, ge=0, le=1, description="kind=text, dump, parquet: the share of documents in the test split"
     )
 
     @field_validator("kind")
@@ -235,6 +241,14 @@ def report(manifest: dict) -> str:
             ),
             ("throughput", f"{m['dump_bytes'] / 1e6 / seconds:.2f} MB/s of bz2" if seconds else "-"),
         ]
+    if "parquet_rows" in m:  # kind=parquet: what its rows gave
+        rows.append(
+            (
+                "rows",
+                f"{m['parquet_rows']:,} in {m.get('parquet_files', 0):,} file(s): {m.get('parquet_kept', 0):,} kept; "
+                f"dropped {m.get('parquet_dropped_empty', 0):,} empty",
+            )
+        )
     rows.append(("split + strip + write", f"{m.get('extract_seconds', 0):.1f} s"))
     lines = [
         f"# corpus {md_code(manifest['version'])}",
@@ -275,5 +289,6 @@ STAGE = Stage(
 download_corpus = stage_task(
     STAGE,
     "download_corpus",
-    "Build the corpus from its source: wikitext-103-raw-v1 or your text (or reuse that version).",
+    "Build the corpus from its source: wikitext-103-raw-v1, your text, a dump or a Parquet export (or reuse that "
+    "version).",
 )

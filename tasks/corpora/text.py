@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import codecs
 import hashlib
-import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from mygpt.atomic import sha256_file
 from mygpt.errors import UserError
-from tasks.core.urls import file_path
+from tasks.corpora.folder import changed, digest, folder_identity, folder_of, listing
 from tasks.corpora.source import Document, SourceContext
-from tasks.sources.fetched import checked, fetched_file
+from tasks.sources.fetched import fetched_file
 from tasks.sources.identity import fetched_identity
 
 _TITLE_RE = re.compile(r"^ = ([^=].*?) = $")
@@ -34,24 +31,21 @@ class TextSource:
     fields = frozenset({"source_url", "expected_sha256", "article_index", "valid_fraction", "test_fraction"})
 
     def identity(self, settings, ctx: SourceContext) -> dict:
-        folder = _folder(settings)
+        folder = folder_of(settings)
         if folder is None:  # the name too (its sha256: a URL's last segment may be a token), as it is the
             # documents' doc_id, which picks their splits
             name_sha256 = hashlib.sha256(_file_name(settings).encode("utf-8")).hexdigest()
             identity = fetched_identity(settings, ctx.store, ctx.log, ctx.stage)
             return {**identity, "name_sha256": name_sha256, "reading": READING_VERSION}
-        listing = _listing(folder, settings, ctx.store)
-        digest = _digest(listing)
-        total = sum((folder / rel).stat().st_size for rel, _ in listing)
-        return checked({"sha256": digest, "bytes": total, "files": len(listing), "reading": READING_VERSION}, settings)
+        return folder_identity(folder, settings, ctx.store, ".txt", READING_VERSION)
 
     def documents(self, settings, ctx) -> Iterator[Document]:
-        folder = _folder(settings)
+        folder = folder_of(settings)
         if folder is not None:
-            listing = _listing(folder, settings, ctx.store)
-            if ctx.source and _digest(listing) != ctx.source.get("sha256"):
-                raise UserError(_changed(settings.shown_url))
-            for rel, sha in listing:
+            files = listing(folder, settings, ctx.store)
+            if ctx.source and digest(files) != ctx.source.get("sha256"):
+                raise UserError(changed(settings.shown_url))
+            for rel, sha in files:
                 yield from file_documents(rel, _read(folder / rel, settings.shown_url, sha))
             return
         with fetched_file(ctx, settings, ctx.stage) as got:
@@ -88,71 +82,13 @@ def _file_name(settings) -> str:
     return Path(settings.source_url.split("?")[0].rstrip("/")).name or "text"
 
 
-def _folder(settings) -> Path | None:
-    if not settings.is_file:
-        return None
-    path = file_path(settings.source_url)
-    return path if path.is_dir() else None
-
-
-def _listing(folder: Path, settings, store=None) -> list[tuple[str, str]]:
-    """``[(relative path, sha256)]`` of every ``.txt`` file under ``folder``, sorted; ``UserError`` for none, for a
-    name that is not UTF-8 (it is the documents' id, hashed as UTF-8), or for a file whose real path (a symbolic
-    link's target) the allowed-sources list does not admit: the list judges the folder's URL, and a link planted
-    in an allowed folder would otherwise read any file the run can; or for a folder that holds ``store``'s root
-    (each run would read the corpus files the last one published as text, a new version every run)."""
-    from tasks.sources.allowed import SourcePolicy
-
-    if store is not None and not store.remote:
-        root, top = os.path.realpath(store.root), os.path.realpath(folder)
-        if root == top or root.startswith(top.rstrip("/") + "/"):
-            raise UserError(
-                f"corpus.source_url {settings.shown_url} holds the artifact root {store.root}, whose corpus files "
-                "each run would read as your text; give a folder without it, or another run.artifacts_dir"
-            )
-
-    files = sorted((p.relative_to(folder).as_posix(), p) for p in folder.rglob("*.txt") if p.is_file())
-    if not files:
-        raise UserError(
-            f"corpus.source_url {settings.shown_url}: the folder holds no .txt file; give a folder of .txt files"
-        )
-    policy = SourcePolicy.from_env()
-    for rel, p in files:
-        try:
-            rel.encode("utf-8")
-        except UnicodeEncodeError:
-            raise UserError(
-                f"corpus.source_url {settings.shown_url}: the name {os.fsencode(rel)!r} is not UTF-8; rename the "
-                "file (its relative path is its documents' id)"
-            ) from None
-        real = Path(os.path.realpath(p)).as_uri()
-        if not policy.admits(real):
-            raise UserError(
-                f"corpus.source_url {settings.shown_url}: {rel} is a link to {real}, outside the sources this "
-                f"machine allows ({policy.shown()}); copy the file into the folder, or remove the link"
-            )
-    return [(rel, sha256_file(p)) for rel, p in files]
-
-
-def _digest(listing: list[tuple[str, str]]) -> str:
-    """A folder's identity: the sha256 of its listing."""
-    return hashlib.sha256(json.dumps(listing, ensure_ascii=False).encode("utf-8")).hexdigest()
-
-
-def _changed(shown: str) -> str:
-    return (
-        f"{shown} changed while this run was using it (its files' sha256s differ from the ones this run's version "
-        "names); rerun to use the new files"
-    )
-
-
 def _read(path: Path, shown: str, sha256: str) -> str:
     """The text of ``path``, whose bytes must be the ones named by ``sha256`` (hashed when the version was named:
     a file rewritten since would give a version other bytes than its id names); a leading UTF-8 byte order mark
     (which Windows editors write) is not text."""
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != sha256:
-        raise UserError(_changed(shown))
+        raise UserError(changed(shown))
     bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     try:
         return data[bom:].decode("utf-8")
