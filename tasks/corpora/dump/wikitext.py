@@ -99,7 +99,9 @@ def _link(node, site: SiteNames, out: list[str]) -> None:
 def _layout(raw: str) -> str:
     """Lines stripped, blank runs collapsed, paragraphs and headings apart by one blank line, empty sections gone."""
     blocks: list[tuple[int, str]] = []  # (heading level or 0 for text, text)
-    for line in SPACES.sub(" ", _STYLE_QUOTES.sub("", _MAGIC_WORD.sub("", raw))).split("\n"):
+    if "__" in raw:
+        raw = _MAGIC_WORD.sub("", raw)
+    for line in SPACES.sub(" ", _STYLE_QUOTES.sub("", raw)).split("\n"):
         level = 0
         if line.startswith("\x00"):  # a heading, as _walk marks it: NUL, its level, \x01, its line
             mark, _, line = line[1:].partition("\x01")

@@ -22,7 +22,9 @@ DROPPED_LINK_NAMESPACES = frozenset({-2, 6, 14})
 #: English aliases MediaWiki accepts in every language for those namespaces
 CANONICAL_LINK_PREFIXES = frozenset({"media", "file", "image", "category"})
 _LANGUAGE_PREFIX = re.compile(r"[a-z]{2,3}(?:-[a-z0-9]+)*")  # an interlanguage link: [[de:...]], [[zh-yue:...]]
-SPACES = re.compile(r"[ \t\u00a0]+")
+#: what is written as one space: a run of two or more spaces, tabs and no-break spaces, or one tab or no-break space
+#: (a lone space is left where it is: the same text as replacing every run, with far fewer replacements)
+SPACES = re.compile(r"[ \t\u00a0]{2,}|[\t\u00a0]")
 
 
 @dataclass(frozen=True)

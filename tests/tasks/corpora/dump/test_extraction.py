@@ -162,3 +162,35 @@ def _rerun_after_damaged(dump, tmp_path, damaged, bad: bytes, refusal: str) -> l
         mirror.add(f"/{damaged.name}", damaged.read_bytes())
         docs, _, _ = extract(url, tmp_path / "w")
     return docs
+
+
+def test_the_collector_is_off_while_a_thread_extracts_and_as_it_was_after_the_last():
+    import gc
+    import threading
+
+    from tasks.corpora.dump.extract import gc_paused
+
+    assert gc.isenabled()
+    inside, leave = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with gc_paused():
+            inside.set()
+            leave.wait(60)
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert inside.wait(60)
+    with gc_paused():
+        assert not gc.isenabled()
+    assert not gc.isenabled(), "the other thread is still inside"
+    leave.set()
+    t.join(60)
+    assert gc.isenabled(), "back on after the last one left"
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled(), "a collector that was off stays off"
+    finally:
+        gc.enable()

@@ -101,3 +101,17 @@ def test_the_token_walk_equals_the_tree_walk_on_real_shaped_pages():
 )
 def test_the_token_walk_equals_the_tree_walk_on_edge_cases(wikitext):
     assert plain_text(wikitext, fast=True) == plain_text(wikitext, fast=False)
+
+
+def test_spaces_are_written_as_replacing_every_run_of_them_writes_them():
+    """SPACES leaves a lone space alone: the same text as replacing every run of spaces, tabs and no-break spaces
+    by one space, on random strings of those characters beside others."""
+    import re
+
+    from tasks.corpora.dump.wikitext_rules import SPACES
+
+    every_run = re.compile(r"[ \t\u00a0]+")
+    rnd = random.Random(0)
+    for _ in range(5000):
+        s = "".join(rnd.choice(" \t\u00a0\u2003a'\n=") for _ in range(rnd.randint(0, 40)))
+        assert SPACES.sub(" ", s) == every_run.sub(" ", s), repr(s)
