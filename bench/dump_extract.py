@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="ours: bz2 streams per worker task (default: the adapter's, streams.range_size)",
     )
+    p.add_argument(
+        "--only", choices=("ours", "wikiextractor"), default=None, help="run one of the two (a scale run of ours)"
+    )
     args = p.parse_args(argv)
     if not args.dump.is_file() or args.cores < 1 or args.rounds < 1:
         print("error: DUMP must be a file, --cores and --rounds at least 1", file=sys.stderr)
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")])}
     rows = []
     for round_ in range(args.rounds):
-        for name in ("ours", "wikiextractor"):
+        for name in (args.only,) if args.only else ("ours", "wikiextractor"):
             with tempfile.TemporaryDirectory(prefix=f"dump-bench-{name}-") as tmp:
                 out = Path(tmp) / "out"
                 if name == "ours":
@@ -82,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             f"| {len(text.encode()) / 1e6:.1f} | {load0} -> {load1} |"
         )
     print("\nmarkup left, per MB of output (last round):")
-    print("| pattern | " + " | ".join(n for n in ("ours", "wikiextractor")) + " |")
-    print("|---|---|---|")
     last = {name: text for _, name, *_, text in rows}
+    print("| pattern | " + " | ".join(last) + " |")
+    print("|---|" + "---|" * len(last))
     for label, pattern in MARKUP.items():
         cells = [f"{len(re.findall(pattern, t)) / max(len(t.encode()) / 1e6, 1e-9):.1f}" for t in last.values()]
         print(f"| {label} | " + " | ".join(cells) + " |")

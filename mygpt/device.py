@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
 import re
@@ -206,9 +207,32 @@ def compile_options(device: str | torch.device) -> dict:
     return {"cpp_wrapper": True} if as_device(device).type == "cpu" else {}
 
 
-def compile_unavailable(device: str | torch.device) -> str | None:
-    """Why ``torch.compile`` (TorchInductor) cannot run on ``device`` here, or ``None`` when it can."""
+def compile_unavailable(device: str | torch.device, probe: bool = False) -> str | None:
+    """Why ``torch.compile`` (TorchInductor) cannot run on ``device`` here, or ``None`` when it can. ``probe``: also
+    compile and run a two-op function with :func:`compile_options` (once per process and device), so a compiler
+    that is found but cannot build (no Python headers, a broken toolchain) is a reason too, not a crash at a
+    training run's first step."""
     device = as_device(device)
+    reason = _compile_missing(device)
+    if reason is None and probe:
+        reason = _compile_probe(str(device))
+    return reason
+
+
+@functools.cache
+def _compile_probe(device: str) -> str | None:
+    try:
+        x = torch.arange(8, dtype=torch.float32, device=device)
+        fn = torch.compile(lambda t: torch.sin(t) * 2 + 1, options=compile_options(device), fullgraph=True)
+        if not torch.allclose(fn(x).cpu(), (torch.sin(x) * 2 + 1).cpu()):
+            return "torch.compile built a kernel that computed a wrong result here"
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return f"torch.compile cannot build a kernel here ({type(e).__name__}: {first})"
+    return None
+
+
+def _compile_missing(device: torch.device) -> str | None:
     try:
         from torch import _dynamo
 

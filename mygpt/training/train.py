@@ -240,7 +240,7 @@ def train(
         step_model = wrap_ddp(model, dev)
     compiled = False
     if config.compile:
-        reason = compile_unavailable(dev)
+        reason = compile_unavailable(dev, probe=True)
         if reason:
             warn(f"compile=True, but torch.compile is unavailable here: {reason}; training without it")
         else:  # around DDP, so its graph breaks at bucket boundaries let the all-reduce overlap the backward pass

@@ -6,7 +6,7 @@ already) are read; ``url`` and any other column are not. ``corpus.source_url`` n
 ``Document(str(id), title, wikitext_shape(text))``; a row whose text is blank is dropped and counted. The writer
 splits them by a hash of the id, the page id: a page keeps its split across export dates. Identity: the content
 (sha256 and size; a folder's sorted ``(relative path, sha256)`` list) and ``READING_VERSION``, never the URL.
-One row group is read at a time, and only those three columns: memory is a row group's, not a file's."""
+One row group is read at a time, and only those three columns: memory grows with a row group, never with the file."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class ParquetSource:
             yield from _read_all([(f"{rel} of {shown}", folder / rel, sha) for rel, sha in files], ctx)
             return
         with fetched_file(ctx, settings, ctx.stage) as got:  # checked against the version's sha256 already
-            yield from _read_all([(shown, got.path, None)], ctx)
+            yield from _read_all([(shown, got.path, got.sha256)], ctx)  # the bytes read are the ones it names
 
     def report_metrics(self, settings, ctx) -> dict[str, Any]:
         """What the last :meth:`documents` of this build counted (the report's rows), ``{}`` before it ended."""
@@ -112,6 +112,11 @@ def _row_groups(f, where: str, columns: tuple[str, ...]) -> Iterator[tuple[int, 
         pf = pq.ParquetFile(f)
         schema = pf.schema_arrow
         for name in columns:
+            if schema.names.count(name) > 1:
+                raise UserError(
+                    f"{where} has {schema.names.count(name)} columns named {name!r}; a Wikipedia Parquet export has "
+                    "one each of id, url, title and text: give one"
+                )
             if name not in schema.names:
                 raise UserError(
                     f"{where} has no column {name!r} (its columns: {', '.join(schema.names)}); a Wikipedia "
@@ -123,7 +128,13 @@ def _row_groups(f, where: str, columns: tuple[str, ...]) -> Iterator[tuple[int, 
                 raise UserError(f"{where}: column {name!r} is {typ}, not {_TYPES[name]}; give a Wikipedia export")
         for rg in range(pf.num_row_groups):
             table = pf.read_row_group(rg, columns=list(columns))
-            values = [table.column(name).to_pylist() for name in columns]
+            try:
+                values = [table.column(name).to_pylist() for name in columns]
+            except UnicodeDecodeError as e:  # Parquet does not check that a string column holds UTF-8
+                raise UserError(
+                    f"{where}: row group {rg} holds bytes that are not UTF-8 in a string column ({e.reason} at "
+                    f"byte {e.start} of a value); the file is damaged or not a Wikipedia export: download it again"
+                ) from None
             for name, column in zip(columns, values, strict=True):
                 if name != "title" and None in column:
                     raise UserError(
@@ -132,6 +143,11 @@ def _row_groups(f, where: str, columns: tuple[str, ...]) -> Iterator[tuple[int, 
                     )
             values[0] = [str(i) for i in values[0]]
             yield rg, pf.num_row_groups, values
+    except MemoryError:
+        raise UserError(
+            f"{where}: a row group does not fit in this machine's memory; read the export on a machine with more "
+            "memory, or rewrite it with smaller row groups (pyarrow.parquet.write_table(..., row_group_size=...))"
+        ) from None
     except (pa.ArrowException, OSError) as e:
         raise UserError(
             f"{where} is damaged or truncated ({e}); download it again (delete a partial copy first)"

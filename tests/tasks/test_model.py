@@ -216,12 +216,12 @@ def test_compile_auto_compiles_a_long_run_where_torch_compile_runs(monkeypatch):
 
     fewest = train_stage.COMPILE_FROM_STEPS
     resolved = lambda **s: train_stage.ModelSettings(device="cpu", **s).resolved().version_params()["compile"]  # noqa: E731
-    monkeypatch.setattr(device, "compile_unavailable", lambda dev: None)
+    monkeypatch.setattr(device, "compile_unavailable", lambda dev, probe=False: None)
     assert train_stage.ModelSettings().compile == "auto" and train_stage.ModelSettings().steps >= fewest
     assert resolved() is True, "the chapter's run compiles"
     assert (resolved(steps=fewest), resolved(steps=fewest - 1)) == (True, False)
     assert resolved(steps=fewest - 1, compile=True) is True and resolved(compile=False) is False, "asked for"
-    monkeypatch.setattr(device, "compile_unavailable", lambda dev: "no C++ compiler found")
+    monkeypatch.setattr(device, "compile_unavailable", lambda dev, probe=False: "no C++ compiler found")
     assert resolved() is False, "where it cannot run, auto trains eagerly (no warning: nobody asked for it)"
     assert resolved(compile=True) is True, "asked for: the run warns and trains eagerly, as before"
     assert list(train_stage.ModelSettings.model_fields)[:4] == ["device", "precision", "nproc", "compile"]

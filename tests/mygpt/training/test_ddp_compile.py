@@ -71,7 +71,7 @@ def test_compile_is_applied_to_the_ddp_module_not_inside_it(monkeypatch, shakesp
             return self.inner(*args, **kwargs)
 
     compiled_what = []
-    monkeypatch.setattr(train_mod, "compile_unavailable", lambda device: None)
+    monkeypatch.setattr(train_mod, "compile_unavailable", lambda device, probe=False: None)
     monkeypatch.setattr(train_mod, "wrap_ddp", lambda model, device: Wrapper(model))
     monkeypatch.setattr(train_mod.torch, "compile", lambda module, **options: compiled_what.append(module) or module)
     text = shakespeare_text[:5000]
@@ -81,3 +81,26 @@ def test_compile_is_applied_to_the_ddp_module_not_inside_it(monkeypatch, shakesp
     result = train_mod.train(model, tok, tok.encode_array(text), config=config, device="cpu", world=PosingWorld(size=2))
     assert result.compiled and len(compiled_what) == 1
     assert isinstance(compiled_what[0], Wrapper) and compiled_what[0].inner is model
+
+
+def test_a_compiler_that_is_found_but_cannot_build_is_a_reason_when_probed(tmp_path):
+    """A C++ compiler that answers for its version and fails every build (as g++ without Python's headers does):
+    the quick check passes, the probe says why compile cannot run, so ``compile=auto`` trains eagerly."""
+    import subprocess
+    import sys
+
+    from tests.support import REPO
+
+    cxx = tmp_path / "g++"
+    cxx.write_text(
+        '#!/bin/sh\nfor a in "$@"; do [ "$a" = "--version" ] && exec g++ --version; done\n'
+        'echo "fatal error: Python.h: No such file or directory" >&2\nexit 1\n'
+    )
+    cxx.chmod(0o755)
+    code = "from mygpt.device import compile_unavailable as u; print(u('cpu')); print(u('cpu', probe=True))"
+    env = {"PATH": "/usr/bin:/bin", "CXX": str(cxx), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    quick, probed = out.stdout.splitlines()[-2:]
+    assert quick == "None"
+    assert probed.startswith("torch.compile cannot build a kernel here (InductorError: CppCompileError"), probed

@@ -191,6 +191,13 @@ def _bad(tmp: Path, case: str, rows: list[dict]) -> Path:
         return _write(tmp / "x.parquet", few, text=[r["text"] if i != 10 else None for i, r in enumerate(few)])
     if case == "null id":
         return _write(tmp / "x.parquet", few, id=[r["id"] if i != 3 else None for i, r in enumerate(few)])
+    if case == "text not utf-8":  # Parquet stores a string column's bytes unchecked
+        bad = pa.array([r["text"].encode() if i != 5 else b"\xff\xfe bad\n" for i, r in enumerate(few)], pa.binary())
+        return _write(tmp / "x.parquet", few, text=bad.view(pa.string()))
+    if case == "text twice":
+        table = pa.table({k: [r[k] for r in few] for k in ("id", "title", "text")})
+        pq.write_table(table.append_column("text", table.column("text")), tmp / "x.parquet")
+        return tmp / "x.parquet"
     if case == "no parquet in folder":
         (tmp / "notes.txt").write_text("a\n", encoding="utf-8")
         return tmp
@@ -208,6 +215,8 @@ BAD = {
     "id of floats": r"column 'id' is double, not an integer or a string",
     "null text": r"row 2 of row group 1 has no text \(null\)",
     "null id": r"row 3 of row group 0 has no id \(null\)",
+    "text not utf-8": r"x.parquet: row group 0 holds bytes that are not UTF-8 in a string column \(invalid start byte",
+    "text twice": r"x.parquet has 2 columns named 'text'",
     "no parquet in folder": r"the folder holds no .parquet file; give a folder of .parquet files",
     "an id twice": r"id '1010' is in two rows \(row 4 of row group 1 of a.parquet of .*, and row 4 of row group 2 "
     r"of b.parquet of .*\); an id is a page id",
@@ -220,6 +229,28 @@ def test_bad_input_is_one_user_error_naming_it_and_nothing_is_published(tmp_path
     src.mkdir()
     path = _bad(src, case, rows)
     with pytest.raises(UserError, match=BAD[case]):
+        corpus(tmp_path / "art", path.as_uri())
+    assert not _published(tmp_path / "art")
+
+
+def test_a_file_that_changes_after_its_version_was_named_is_refused(tmp_path, rows, monkeypatch):
+    """The bytes read are checked against the version's sha256, not only the bytes fetched."""
+    import contextlib
+
+    from tasks.corpora import parquet
+
+    path = _write(tmp_path / "src" / "train.parquet", rows[:20])
+    other = _write(tmp_path / "other.parquet", rows[20:40]).read_bytes()
+    fetched = parquet.fetched_file
+
+    @contextlib.contextmanager
+    def swapped(*args, **kwargs):
+        with fetched(*args, **kwargs) as got:
+            Path(got.path).write_bytes(other)  # a late writer, between the check and the read
+            yield got
+
+    monkeypatch.setattr(parquet, "fetched_file", swapped)
+    with pytest.raises(UserError, match=r"changed while this run was using it"):
         corpus(tmp_path / "art", path.as_uri())
     assert not _published(tmp_path / "art")
 
