@@ -22,6 +22,7 @@ __all__ = [
     "check_memory",
     "check_nproc",
     "check_seq_len",
+    "compile_may_run",
     "cpu_precision",
     "micro_batch_hint",
     "precision_name",
@@ -70,6 +71,24 @@ def resolves_to_cpu(device: str, dev: str = "/dev", proc: str = "/proc", sys_roo
     if name != "auto" or not sys.platform.startswith("linux"):
         return False
     return accelerator_evidence(dev, proc, sys_root) is None
+
+
+def compile_may_run(device: str) -> bool:
+    """Whether ``torch.compile`` may run on ``device`` (resolved: ``cpu``, ``cuda``, ``cuda:1``, ``mps``), told
+    without importing torch: on the CPU a C++ compiler (``$CXX``, else ``g++``, ``clang++`` or ``c++``) on the
+    PATH, on CUDA Triton installed, never on MPS. Why torch-free: a cached rerun's flow process resolves the
+    settings and must not pay for torch; the training process checks for real
+    (``mygpt.device.compile_unavailable(probe=True)``) and trains eagerly, with a warning, where it cannot."""
+    import importlib.util
+    import shutil
+
+    kind = device.split(":")[0]
+    if kind == "cpu":
+        cxx = os.environ.get("CXX")
+        return any(shutil.which(c) for c in ([cxx] if cxx else ["g++", "clang++", "c++"]))
+    if kind == "cuda":
+        return importlib.util.find_spec("triton") is not None
+    return False
 
 
 def precision_name(precision: str) -> str:

@@ -152,7 +152,7 @@ class ModelSettingsBase(DeviceSettings):
         """Device and precision (DeviceSettings), then ``nproc`` as a number this machine can run: the one place
         the pipeline resolves it; the stage passes the number on. A ``micro_batch_size`` no smaller than the rows
         a process runs is unset (0): it computes the same, so it gives the same version."""
-        from mygpt.limits import check_nproc, rows_at_once
+        from mygpt.limits import check_nproc, compile_may_run, rows_at_once
         from mygpt.training.launcher import resolve_nproc
 
         s = super().resolved()
@@ -171,11 +171,7 @@ class ModelSettingsBase(DeviceSettings):
         micro = self.micro_batch_size if self.micro_batch_size < rows_at_once(self.batch_size, nproc) else 0
         compile_ = self.compile
         if compile_ == "auto":
-            from mygpt.device import compile_unavailable
-
-            if self.steps >= COMPILE_FROM_STEPS:
-                use_inductor_cache()
-            compile_ = self.steps >= COMPILE_FROM_STEPS and compile_unavailable(s.device, probe=True) is None
+            compile_ = self.steps >= COMPILE_FROM_STEPS and compile_may_run(s.device)
         return s.model_copy(update={"nproc": nproc, "micro_batch_size": micro, "compile": compile_})
 
     def check_memory(self, device: str, precision: str, nproc: int, vocab_size: int = 1) -> None:

@@ -116,3 +116,20 @@ print(sorted(m for m in ("torch", "prefect") if m in sys.modules))
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_compile_may_run_is_told_without_torch(monkeypatch, tmp_path):
+    from mygpt.limits import compile_may_run
+
+    cxx = tmp_path / "c++"
+    cxx.write_text("#!/bin/sh\nexit 0\n")
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    assert compile_may_run("cpu")
+    monkeypatch.setenv("CXX", str(tmp_path / "none"))
+    assert not compile_may_run("cpu"), "the compiler CXX names is not there"
+    monkeypatch.delenv("CXX")
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert not compile_may_run("cpu"), "no g++, clang++ or c++ on the PATH"
+    assert not compile_may_run("mps")

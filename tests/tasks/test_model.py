@@ -211,18 +211,18 @@ def test_nproc_and_compile_enter_the_version_resolved():
     assert base.model_copy(update={"compile": True}).resolved().version_params()["compile"] is True
 
 
-def test_compile_auto_compiles_a_long_run_where_torch_compile_runs(monkeypatch):
-    from mygpt import device
+def test_compile_auto_compiles_a_long_run_where_torch_compile_may_run(monkeypatch):
+    from mygpt import limits
 
     fewest = train_stage.COMPILE_FROM_STEPS
     resolved = lambda **s: train_stage.ModelSettings(device="cpu", **s).resolved().version_params()["compile"]  # noqa: E731
-    monkeypatch.setattr(device, "compile_unavailable", lambda dev, probe=False: None)
+    monkeypatch.setattr(limits, "compile_may_run", lambda dev: True)
     assert train_stage.ModelSettings().compile == "auto" and train_stage.ModelSettings().steps >= fewest
     assert resolved() is True, "the chapter's run compiles"
     assert (resolved(steps=fewest), resolved(steps=fewest - 1)) == (True, False)
     assert resolved(steps=fewest - 1, compile=True) is True and resolved(compile=False) is False, "asked for"
-    monkeypatch.setattr(device, "compile_unavailable", lambda dev, probe=False: "no C++ compiler found")
-    assert resolved() is False, "where it cannot run, auto trains eagerly (no warning: nobody asked for it)"
+    monkeypatch.setattr(limits, "compile_may_run", lambda dev: False)
+    assert resolved() is False, "where it cannot run (no C++ compiler on the CPU), auto trains eagerly"
     assert resolved(compile=True) is True, "asked for: the run warns and trains eagerly, as before"
     assert list(train_stage.ModelSettings.model_fields)[:4] == ["device", "precision", "nproc", "compile"]
 
