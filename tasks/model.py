@@ -259,18 +259,14 @@ def _checkpoint_step(path: Path, log) -> int:
         return 0
 
 
-def use_inductor_cache() -> None:
-    """TorchInductor's cache in the user's cache folder, not TMPDIR (where torch would leave a torchinductor_<user>
-    folder behind on every build), unless ``TORCHINDUCTOR_CACHE_DIR`` says where; this process's training ranks
-    inherit it."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wiki-pipeline" / "torchinductor"
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
-
-
 def build_model(ctx: BuildContext, settings: ModelSettings, shards: Path, tokenizer: Path) -> dict:
     """Train mygpt on the shards (fetched file by file, :mod:`tasks.core.shard_fetch`; ``shards`` is never copied
     whole) with ``nproc`` processes (resuming from the work directory's checkpoint) and publish it."""
-    use_inductor_cache()
+    # torch's TorchInductor cache goes to the user's cache folder, not TMPDIR (where torch would leave a
+    # torchinductor_<user> folder behind on every build); this process's training ranks inherit it
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wiki-pipeline" / "torchinductor"
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
+
     s = settings
     splits = trained_splits(s.train_splits, ctx.store.get("shards", ctx.inputs["shards"]["version"]).manifest)
     ckpt = ctx.work / CHECKPOINT

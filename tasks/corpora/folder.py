@@ -23,7 +23,7 @@ def folder_of(settings) -> Path | None:
     return path if path.is_dir() else None
 
 
-def listing(folder: Path, settings, store=None, suffix: str = ".txt") -> list[tuple[str, str]]:
+def listing(folder: Path, settings, store, suffix: str) -> list[tuple[str, str]]:
     """``[(relative path, sha256)]`` of every ``*suffix`` file under ``folder``, sorted; ``UserError`` for none, for
     a name that is not UTF-8 (it is hashed as UTF-8 into the identity, and text's documents' id), or for a file
     whose real path (a symbolic link's target) the allowed-sources list does not admit: the list judges the

@@ -11,17 +11,15 @@ One row group is read at a time, and only those three columns: memory grows with
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
 from tasks.corpora.folder import changed, digest, folder_identity, folder_of, listing
-from tasks.corpora.source import Document, SourceContext
+from tasks.corpora.source import Document, SourceContext, save_counts, saved_counts
 from tasks.sources.fetched import fetched_file
 from tasks.sources.identity import fetched_identity
 
@@ -59,8 +57,7 @@ class ParquetSource:
 
     def report_metrics(self, settings, ctx) -> dict[str, Any]:
         """What the last :meth:`documents` of this build counted (the report's rows), ``{}`` before it ended."""
-        path = Path(ctx.work) / METRICS
-        return json.loads(path.read_text()) if path.exists() else {}
+        return saved_counts(ctx.work, METRICS)
 
 
 def wikitext_shape(text: str) -> str:
@@ -93,7 +90,7 @@ def _read_all(parts: list[tuple[str, Path, str | None]], ctx) -> Iterator[Docume
                     counts["parquet_kept"] += 1
                     yield Document(doc_id, title or "", shaped)
     _check_unique(parts, np.concatenate(keys) if keys else np.zeros(0, np.uint64))
-    atomic_write_text(Path(ctx.work) / METRICS, json.dumps(counts))
+    save_counts(ctx.work, METRICS, counts)
 
 
 def _row_groups(f, where: str, columns: tuple[str, ...]) -> Iterator[tuple[int, int, list[list]]]:

@@ -8,9 +8,13 @@ owns splits, the article index, hashing, bounds and publication, so a new kind o
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
+
+from mygpt.atomic import atomic_write_text
 
 #: the splits every corpus has, in the order they are written; a source may bring its own assignment
 SPLIT_NAMES = ("train", "valid", "test")
@@ -71,3 +75,16 @@ class CorpusSource(Protocol):
     def documents(self, settings: Any, ctx: Any) -> Iterator[Document]:
         """The documents, in a deterministic order that depends only on the content named by ``identity``."""
         ...
+
+
+def save_counts(work: Path | str, name: str, counts: dict) -> None:
+    """Keep what a source counted while it gave its documents (the report's rows) as ``name`` in the build's work
+    folder, for its ``report_metrics``. Why a file: the documents are a generator the writer drains, so the counts
+    exist only once it has ended, and the writer asks for them after."""
+    atomic_write_text(Path(work) / name, json.dumps(counts))
+
+
+def saved_counts(work: Path | str, name: str) -> dict[str, Any]:
+    """What :func:`save_counts` kept as ``name``; ``{}`` before the documents ended."""
+    path = Path(work) / name
+    return json.loads(path.read_text()) if path.exists() else {}

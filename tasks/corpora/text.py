@@ -42,7 +42,7 @@ class TextSource:
     def documents(self, settings, ctx) -> Iterator[Document]:
         folder = folder_of(settings)
         if folder is not None:
-            files = listing(folder, settings, ctx.store)
+            files = listing(folder, settings, ctx.store, ".txt")
             if ctx.source and digest(files) != ctx.source.get("sha256"):
                 raise UserError(changed(settings.shown_url))
             for rel, sha in files:

@@ -9,7 +9,6 @@ against that sha1 before a page is read: bytes that do not match are refused.
 from __future__ import annotations
 
 import hashlib
-import json
 import tempfile
 import urllib.parse
 import urllib.request
@@ -18,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mygpt.atomic import atomic_write_text
 from mygpt.errors import UserError
 from tasks.core.report import human_bytes
 from tasks.core.urls import redact_url
@@ -28,7 +26,7 @@ from tasks.corpora.dump.names import DumpNames, dump_names, sha1_from_sums, shor
 from tasks.corpora.dump.pages import DumpError, SiteInfo, parse_header
 from tasks.corpora.dump.streams import StreamRange, decompressed_streams, stream_ranges
 from tasks.corpora.dump.wikitext import SiteNames
-from tasks.corpora.source import Document
+from tasks.corpora.source import Document, save_counts, saved_counts
 
 #: what the extraction makes of a dump's bytes; a change to what is kept or dropped is a new number (a new version):
 #: 2, the article index marks only each page's own title line, not a level-1 heading in its text
@@ -133,12 +131,11 @@ class DumpSource:
             "articles": counts.articles,
             **{f"dropped_{reason}": count for reason, count in counts.dropped.items()},
         }
-        atomic_write_text(Path(ctx.work) / METRICS, json.dumps(metrics))
+        save_counts(ctx.work, METRICS, metrics)
 
     def report_metrics(self, settings, ctx) -> dict[str, Any]:
         """What the last :meth:`documents` of this build counted (the report's fields), ``{}`` before it ended."""
-        path = Path(ctx.work) / METRICS
-        return json.loads(path.read_text()) if path.exists() else {}
+        return saved_counts(ctx.work, METRICS)
 
     def local_dump(self, settings, ctx, identity: dict) -> LocalDump:
         """The dump and its index on this machine (downloaded into the build's work folder, resumed by Range, when

@@ -64,22 +64,18 @@ def extract_range(
     open_file = (lambda: open_url(path)) if open_url else (lambda: open(path, "rb"))  # noqa: SIM115
     result = RangeResult([], dict.fromkeys(DROP_REASONS, 0), 0, end - start)
     with gc_paused():
-        _extract(open_file, start, end, starts, last, site, where, result)
+        for offset, data in decompressed_streams(open_file, start, end, starts, where, last):
+            for page in parse_pages(data, f"{where}, the bz2 stream at byte {offset}"):
+                result.pages += 1
+                reason = _dropped(page)
+                text = "" if reason else plain_text(page.text, site)
+                if not reason and not text:
+                    reason = "empty"
+                if reason:
+                    result.dropped[reason] += 1
+                else:
+                    result.articles.append((page.page_id, page.title, text))
     return result.to_json()
-
-
-def _extract(open_file, start, end, starts, last, site, where, result: RangeResult) -> None:
-    for offset, data in decompressed_streams(open_file, start, end, starts, where, last):
-        for page in parse_pages(data, f"{where}, the bz2 stream at byte {offset}"):
-            result.pages += 1
-            reason = _dropped(page)
-            text = "" if reason else plain_text(page.text, site)
-            if not reason and not text:
-                reason = "empty"
-            if reason:
-                result.dropped[reason] += 1
-            else:
-                result.articles.append((page.page_id, page.title, text))
 
 
 _gc_lock = threading.Lock()

@@ -15,32 +15,18 @@ SHORT = dict(steps=4, batch_size=3, micro_batch_size=1, seq_len=32, lr=3e-3, pri
              eval_batches=1, seed=3)  # fmt: skip
 
 
-@pytest.mark.slow  # compiling forward and backward
-def test_one_process_compiled_equals_one_process_eager(files, tmp_path):  # noqa: F811
+@pytest.mark.slow  # compiling forward and backward, in each process
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_compiled_run_equals_the_eager_run(files, tmp_path, nproc):  # noqa: F811
     reason = compile_unavailable("cpu")
     if reason:
         pytest.skip(f"torch.compile cannot run on this machine: {reason}")
     lines: list[str] = []
-    eager = run_training(make_job(files, tmp_path / "eager", **SHORT), 1, log=None, env=WORKER_ENV)
+    eager = run_training(make_job(files, tmp_path / "eager", **SHORT), nproc, log=None, env=WORKER_ENV)
     compiled = run_training(
-        make_job(files, tmp_path / "compiled", **SHORT, compile=True), 1, log=lines.append, env=WORKER_ENV
+        make_job(files, tmp_path / "compiled", **SHORT, compile=True), nproc, log=lines.append, env=WORKER_ENV
     )
-    assert compiled.compiled and not eager.compiled and compiled.world_size == 1
-    assert not any(line.startswith("warning: ") for line in lines), lines
-    assert_close_runs(tmp_path / "eager" / "train.ckpt", tmp_path / "compiled" / "train.ckpt")
-
-
-@pytest.mark.slow  # two processes compiling forward and backward
-def test_two_processes_compiled_equal_two_processes_eager(files, tmp_path):  # noqa: F811
-    reason = compile_unavailable("cpu")
-    if reason:
-        pytest.skip(f"torch.compile cannot run on this machine: {reason}")
-    lines: list[str] = []
-    eager = run_training(make_job(files, tmp_path / "eager", **SHORT), 2, log=None, env=WORKER_ENV)
-    compiled = run_training(
-        make_job(files, tmp_path / "compiled", **SHORT, compile=True), 2, log=lines.append, env=WORKER_ENV
-    )
-    assert compiled.compiled and not eager.compiled and compiled.world_size == 2
+    assert compiled.compiled and not eager.compiled and compiled.world_size == nproc
     assert not any(line.startswith("warning: ") for line in lines), lines
     assert_close_runs(tmp_path / "eager" / "train.ckpt", tmp_path / "compiled" / "train.ckpt")
 
