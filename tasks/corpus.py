@@ -25,6 +25,7 @@ from tasks.corpora.splits import split_file_names, split_files
 from tasks.corpora.writer import write_corpus
 from tasks.sources.download import MAX_ZIP_BYTES
 from tasks.sources.fetched import source_line
+from tasks.sources.s3_download import check_s3_url, is_s3
 from tasks.store import ArtifactStore
 from tasks.store.manifest_schema import SHA256_RE
 
@@ -95,6 +96,8 @@ class CorpusSettings(DumpFields, Settings):
     @field_validator("source_url")
     @classmethod
     def _check_url(cls, url: str) -> str:
+        if is_s3(url.strip()):  # a dump's (kind=dump): checked against the kind below
+            return check_s3_url(url.strip(), "source_url")
         return check_url(url, "source_url", " (for a local zip: file:///absolute/path/to/wikitext-103-raw-v1.zip)")
 
     @field_validator("expected_bytes", mode="before")
@@ -127,6 +130,11 @@ class CorpusSettings(DumpFields, Settings):
             raise ValueError(
                 f"valid_fraction + test_fraction must be below 1 (the rest is train), got "
                 f"{self.valid_fraction} + {self.test_fraction}"
+            )
+        if is_s3(self.source_url) and self.kind != "dump":
+            raise ValueError(
+                f"corpus.kind={self.kind} reads an http(s):// or file:// source_url; an s3:// URL names a dump "
+                "(corpus.kind=dump)"
             )
         if self.kind == "dump":
             short, url = self.wiki or self.dump_date, self.source_url != DEFAULT_URL

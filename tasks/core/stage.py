@@ -123,6 +123,11 @@ class BuildContext(Generic[S]):
             return self.store.file_location(name, version, rel)
         return str(self.store.local_copy(name, version) / rel)
 
+    def shared_file(self, path: Path, rel: str) -> str:
+        """Where a Dask worker of an external cluster reads ``path``, a file this build reads: its copy in the
+        store on an object-store root (:meth:`tasks.store.build.Build.shared`), else ``path``."""
+        return self.build.shared(path, rel)
+
     def progress(self, done: float, total: float, message: str = "", force: bool = False) -> None:
         """Report progress: a log line (at most every 10 s or 10 %) and a Prefect progress artifact."""
         fault_point(f"{self.stage}.progress")

@@ -73,6 +73,21 @@ class Build:
             rel = Path(path).absolute().relative_to(self.dir.absolute()).as_posix()
             self.store.files.save_state(Path(path), f"{self._kept_key}/{rel}")
 
+    def shared(self, path: Path, rel: str) -> str:
+        """Where a worker on another machine reads ``path``, a file this build reads: on an object-store root, its
+        copy kept as ``rel`` with this build's resume state (uploaded unless a copy of its size is there already:
+        an upload is whole or absent; restored by a resume on another machine and dropped on publish, as
+        :meth:`save`'s files are); on a local root ``path`` itself, which such a worker must share. Why: a Dask
+        worker has no disk in common with the stage, but it can read the store by range."""
+        files = self.store.files
+        if not files.remote:
+            return str(path)
+        key = f"{self._kept_key}/{rel}"
+        if files.files(self._kept_key).get(rel) != Path(path).stat().st_size:
+            self.store.files.check_held(self._lock_key)  # a build that lost its lock writes nothing more
+            files.save_state(Path(path), key)
+        return files.where(key)
+
     def hashed(self, path: Path, size: int, sha256: str) -> None:
         """Declare the ``size`` and ``sha256`` of the file ``path`` of ``out/``, computed from exactly the bytes
         its writer wrote; call it right after that writer closed (and renamed) the file. :meth:`publish` then

@@ -27,6 +27,7 @@ from tasks.corpora.dump.pages import DumpError, SiteInfo, parse_header
 from tasks.corpora.dump.streams import StreamRange, decompressed_streams, stream_ranges
 from tasks.corpora.dump.wikitext import SiteNames
 from tasks.corpora.source import Document, save_counts, saved_counts
+from tasks.sources.s3_download import fetch_s3, is_s3, s3_info
 
 #: what the extraction makes of a dump's bytes; a change to what is kept or dropped is a new number (a new version):
 #: 2, the article index marks only each page's own title line, not a level-1 heading in its text
@@ -86,8 +87,8 @@ class DumpSource:
         n = len(local.index.offsets)
         starts = {r.number: local.index.offsets[r.first : r.first + r.count] for r in ranges}
 
-        def args(item: tuple[int, int, int]) -> tuple:
-            return dump, item[1], item[2], starts[item[0]], item[2] == total, site, where
+        def args(item: tuple[int, int, int], path: str = dump) -> tuple:
+            return path, item[1], item[2], starts[item[0]], item[2] == total, site, where
 
         def run_ranges(todo: list[StreamRange]) -> Iterator[str]:
             from tasks.dask.work import dask_client, local_workers, ordered_results
@@ -97,9 +98,16 @@ class DumpSource:
                 # one process would do (one local worker, or one range left): no cluster to start
                 yield from (extract_range(*args(item)) for item in items)
                 return
-            with dask_client(ctx.run, ctx.log) as client:
+            # an external cluster's workers read the dump's copy in the store (an object-store root): no shared disk
+            path = ctx.shared_file(local.dump, f"work/download/{local.dump.name}") if ctx.run.dask_address else dump
+            with dask_client(ctx.run, ctx.log, needs=[path]) as client:
                 for _, text in ordered_results(
-                    client, extract_range, items, args, window=2 * local_workers(ctx.run), name="dump-extract"
+                    client,
+                    extract_range,
+                    items,
+                    lambda item: args(item, path),
+                    window=2 * local_workers(ctx.run),
+                    name="dump-extract",
                 ):
                     yield text
 
@@ -197,12 +205,13 @@ def _documents_of(result: RangeResult) -> Iterator[Document]:
 
 
 def _file_path(url: str) -> Path | None:
+    """The local path of a file:// URL; None for the schemes that are downloaded (http(s)://, s3://)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme == "file":
         return Path(urllib.request.url2pathname(parts.path))
-    if parts.scheme in ("http", "https"):
+    if parts.scheme in ("http", "https", "s3"):
         return None
-    raise UserError(f"corpus.source_url {redact_url(url)}: only http(s):// and file:// URLs name a dump")
+    raise UserError(f"corpus.source_url {redact_url(url)}: only http(s)://, s3:// and file:// URLs name a dump")
 
 
 def _size_of(url: str) -> int:
@@ -212,6 +221,8 @@ def _size_of(url: str) -> int:
             return path.stat().st_size
         except OSError as e:
             raise UserError(f"corpus.source_url {url}: {e.strerror}; give the path of the dump") from None
+    if is_s3(url):
+        return s3_info(url)["bytes"]
     from tasks.sources.download import probe
     from tasks.sources.fetched import stage_knobs
 
@@ -222,7 +233,8 @@ def _size_of(url: str) -> int:
 
 
 def _local_file(url: str, work: Path, name: str, max_bytes: int, size: int | None, log=None) -> Path:
-    """The file at ``url``: itself for file://, else downloaded (resumed by Range) into ``work``/download."""
+    """The file at ``url``: itself for file://, else downloaded (resumed by Range, or for s3:// from the bytes
+    copied) into ``work``/download."""
     path = _file_path(url)
     if path is not None:
         if not path.is_file():
@@ -233,7 +245,9 @@ def _local_file(url: str, work: Path, name: str, max_bytes: int, size: int | Non
 
     dest = Path(work) / "download" / name
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if not dest.exists():
+    if not dest.exists() and is_s3(url):
+        fetch_s3(url, dest, max_bytes=max_bytes, log=log)
+    elif not dest.exists():
         fetch(
             url,
             dest,

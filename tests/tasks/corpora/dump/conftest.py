@@ -40,6 +40,7 @@ def context(work: Path, workers: int = 1) -> SimpleNamespace:
         run=RunOptions.model_construct(workers=workers, dask_address=None),
         log=logging.getLogger("dump-test"),
         source=None,
+        shared_file=lambda path, rel: str(path),  # a local root: workers read the path itself
         progress=lambda done, total, message="": progress.append((done, total, message)),
         progress_calls=progress,
     )
