@@ -24,16 +24,28 @@ def is_s3(url: str) -> bool:
 
 
 def check_s3_url(url: str, field: str) -> str:
-    """``url`` when it is ``s3://bucket/key`` with no credentials, query or fragment; else ``ValueError``."""
+    """``url`` (its scheme in lower case) when it is ``s3://bucket/key``: a bucket's name, no credentials, query
+    or fragment, no ``.``/``..`` segment or ``%``-escape (the allowed-sources list resolves those, S3 does not:
+    a key read literally could lie outside the prefix the list admits); else ``ValueError``, never echoing the
+    URL."""
+    from tasks.store.s3_urls import _BUCKET_RE, _UNSAFE
+
     parts = urllib.parse.urlsplit(url)
-    if "@" in parts.netloc or parts.query or parts.fragment:
+    if not _BUCKET_RE.fullmatch(parts.netloc) or parts.query or parts.fragment or "#" in url:
         raise ValueError(
-            f"{field}: an s3:// URL names a bucket and a key only (s3://bucket/path/file); credentials and the "
-            "endpoint come from the AWS environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)"
+            f"{field}: an s3:// URL names a bucket and a key only (s3://bucket/path/file, the bucket's name 3-63 "
+            "lower-case letters, digits, '.' or '-'); credentials and the endpoint come from the AWS environment "
+            "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)"
         )
-    if not parts.netloc or len(parts.path) < 2:
-        raise ValueError(f"{field}: {url!r} names no object; write it s3://bucket/path/file")
-    return url
+    segments = parts.path.split("/")[1:]
+    if not segments or not segments[-1]:
+        raise ValueError(f"{field}: s3://{parts.netloc}{parts.path} names no object; write it s3://bucket/path/file")
+    if any(p in (".", "..") or any(c in _UNSAFE or c == "%" for c in p) for p in segments):
+        raise ValueError(
+            f"{field}: s3://{parts.netloc}/...: a '.' or '..' segment, a %-escape or one of "
+            f"{' '.join(sorted(_UNSAFE))} in the key; write the object's key as it is"
+        )
+    return urllib.parse.urlunsplit(parts._replace(scheme=SCHEME))
 
 
 @contextlib.contextmanager

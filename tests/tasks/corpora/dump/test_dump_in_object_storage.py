@@ -111,3 +111,25 @@ def test_an_external_clusters_workers_read_the_dump_from_the_store(dump, s3_root
     )  # every file's size and sha256
     assert metrics(local)["articles"] > 0
     assert not [p for p in filesystem().find(s3_root) if p.endswith(".xml.bz2")]  # the copy went with the staging
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("s3://AKIA:wJalr/K7MDENG@bucket/d/{N}", "names a bucket and a key only"),  # a secret with a "/" in it
+        ("s3://AKIA:secret@bucket/d/{N}", "names a bucket and a key only"),
+        ("s3://bucket/", "names no object"),
+        ("s3://bucket/d/{N}?versionId=1", "names a bucket and a key only"),
+        ("s3://bucket/other/../d/{N}", "a '.' or '..' segment"),  # the allow-list would read it as d/
+        ("s3://bucket/other%2F..%2Fd/{N}", "a %-escape"),  # so would it this
+    ],
+)
+def test_an_s3_url_that_is_not_a_plain_bucket_and_key_is_refused_without_echoing_a_secret(url, why):
+    from tasks.corpus import CorpusSettings
+
+    url = url.format(N="enwiki-20261101-pages-articles-multistream.xml.bz2")
+    with pytest.raises(UserError, match=why) as refused:
+        CorpusSettings.parse({"kind": "dump", "source_url": url}, "corpus")
+    assert "secret" not in str(refused.value) and "K7MDENG" not in str(refused.value)
+    shouted = CorpusSettings(kind="dump", source_url="S3://bucket/d/enwiki-20261101-pages-articles-multistream.xml.bz2")
+    assert shouted.source_url.startswith("s3://bucket/")
